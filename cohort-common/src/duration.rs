@@ -1,0 +1,88 @@
+//! Durations on the command line (`--timeout 10m`) and in tables (`3m ago`, `1h02m`).
+
+use std::time::Duration;
+
+/// Parse a duration: a sequence of `<number><unit>` with units `ms`, `s`, `m`, `h`, `d`
+/// (`90s`, `10m`, `1h30m`, `2d`); a bare number is seconds. Errors describe the expected form.
+pub fn parse(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err("empty duration".into());
+    }
+    if let Ok(secs) = t.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let bad = || format!("invalid duration {text:?} (expected e.g. 30s, 10m, 1h30m, 2d, 500ms)");
+    let mut total = Duration::ZERO;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(|b| b.is_ascii_digit()).count();
+        if digits == 0 {
+            return Err(bad());
+        }
+        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest.bytes().take_while(|b| b.is_ascii_alphabetic()).count();
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let d = match unit {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "h" => Duration::from_secs(n * 3600),
+            "d" => Duration::from_secs(n * 86400),
+            _ => return Err(bad()),
+        };
+        total += d;
+    }
+    Ok(total)
+}
+
+/// A compact human duration from milliseconds: `850ms`, `42s`, `3m05s`, `1h02m`, `2d03h`.
+pub fn human(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0 => format!("{ms}ms"),
+        1..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86399 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{:02}h", s / 86400, (s % 86400) / 3600),
+    }
+}
+
+/// An age: `just now`, `42s ago`, `3m ago`, `1h02m ago`, `2d03h ago`.
+pub fn age(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0 => "just now".into(),
+        1..=59 => format!("{s}s ago"),
+        60..=3599 => format!("{}m ago", s / 60),
+        _ => format!("{} ago", human(ms)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses() {
+        assert_eq!(parse("90").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse("2d").unwrap(), Duration::from_secs(172800));
+        for bad in ["", "m", "10x", "1.5h", "-3s"] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(human(850), "850ms");
+        assert_eq!(human(42_000), "42s");
+        assert_eq!(human(185_000), "3m05s");
+        assert_eq!(human(3_720_000), "1h02m");
+        assert_eq!(age(200_000), "3m ago");
+        assert_eq!(age(3_720_000), "1h02m ago");
+    }
+}

@@ -1,0 +1,114 @@
+//! Typed errors of the library.
+//!
+//! Every variant that involves a file names the path; binaries add what they were doing and
+//! print the chain once. [`Error::exit_code`] maps an error to the table in [`crate::exit`].
+
+use std::path::{Path, PathBuf};
+
+use crate::exit;
+use crate::runtime::RuntimeError;
+
+/// Result alias for the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything the library can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An I/O operation on `path` failed.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        /// What was being done ("read", "create", "rename", …).
+        action: &'static str,
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A JSON file could not be parsed or written.
+    #[error("invalid JSON in {}: {source}", path.display())]
+    Json {
+        /// The file involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The file was written by a newer cohort whose format this binary does not know.
+    #[error("{} has format version {found}, newer than this cohort understands ({supported}); upgrade cohort", path.display())]
+    NewerFormat {
+        /// The file involved.
+        path: PathBuf,
+        /// The version found in the file.
+        found: u32,
+        /// The newest version this binary writes.
+        supported: u32,
+    },
+    /// A run directory already exists; run directories are never reused.
+    #[error("run directory {} already exists", path.display())]
+    RunExists {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The runner lock could not be taken within the bounded wait.
+    #[error("the runner lock {} is held by another process (another runner, or a reader that did not let go)", path.display())]
+    LockBusy {
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// The Pi runtime is missing or invalid.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// A run name matched nothing.
+    #[error("no run matches {name:?}")]
+    NoSuchRun {
+        /// The name as given.
+        name: String,
+    },
+    /// A run name matched more than one run.
+    #[error("{name:?} is ambiguous; it matches {}", candidates.join(", "))]
+    AmbiguousRun {
+        /// The name as given.
+        name: String,
+        /// The full ids it matched.
+        candidates: Vec<String>,
+    },
+    /// A run name is not a valid id or id prefix.
+    #[error("{name:?} is not a run id (expected a UUID, its last 12 hex digits, or a prefix of 8 or more hex digits)")]
+    InvalidRunName {
+        /// The name as given.
+        name: String,
+    },
+    /// The environment or the arguments are wrong (the message says how).
+    #[error("{0}")]
+    Usage(String),
+    /// A run is not in a state that allows the operation.
+    #[error("{0}")]
+    State(String),
+}
+
+impl Error {
+    /// The exit code for this error (DESIGN §9).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Runtime(_) => exit::RUNTIME,
+            _ => exit::ERROR,
+        }
+    }
+}
+
+/// Attach a path and an action to an `io::Result`.
+pub(crate) trait IoContext<T> {
+    /// Turn the `io::Error` into [`Error::Io`] naming `path`.
+    fn at(self, action: &'static str, path: &Path) -> Result<T>;
+}
+
+impl<T> IoContext<T> for std::io::Result<T> {
+    fn at(self, action: &'static str, path: &Path) -> Result<T> {
+        self.map_err(|source| Error::Io {
+            action,
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+}

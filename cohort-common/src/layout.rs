@@ -1,0 +1,241 @@
+//! The one type that owns the on-disk layout (DESIGN §2, §3).
+//!
+//! Every path cohort touches is built here: the profile dir `P`, the state root `R = P/pi-cohort`,
+//! the run directories under it and the file names inside a run directory. Nothing else in the
+//! workspace joins path components by hand.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// Environment variable naming Pi's profile dir (the same one Pi itself reads).
+pub const PROFILE_ENV: &str = "PI_CODING_AGENT_DIR";
+/// Name of the state root inside the profile dir.
+pub const STATE_DIR: &str = "pi-cohort";
+/// Top-level runs, under the state root.
+pub const RUNS_DIR: &str = "async-subagent-runs";
+/// Nested runs, under the state root, grouped by root run id.
+pub const NESTED_RUNS_DIR: &str = "nested-subagent-runs";
+/// Shared routes of run trees, under the state root.
+pub const NESTED_EVENTS_DIR: &str = "nested-subagent-events";
+/// Default Pi session dirs, under the state root.
+pub const SESSIONS_DIR: &str = "sessions";
+
+/// The run record.
+pub const STATUS_FILE: &str = "status.json";
+/// The immutable launch spec written once by spawn.
+pub const SPEC_FILE: &str = "launch.json";
+/// The runner lock: held (flock, exclusive) by the runner for its whole life.
+pub const LOCK_FILE: &str = "runner.lock";
+/// Lifecycle events, JSON Lines, append-only.
+pub const EVENTS_FILE: &str = "events.jsonl";
+/// The runner's own stderr.
+pub const RUNNER_LOG: &str = "runner.log";
+
+/// The state root `R` and the profile dir `P` it lives in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateRoot {
+    profile: PathBuf,
+    root: PathBuf,
+}
+
+impl StateRoot {
+    /// The state root for an explicit profile dir `P` (`R = P/pi-cohort`).
+    pub fn for_profile(profile: impl Into<PathBuf>) -> Self {
+        let profile = profile.into();
+        let root = profile.join(STATE_DIR);
+        StateRoot { profile, root }
+    }
+
+    /// The state root from the environment: `$PI_CODING_AGENT_DIR` (a leading `~` expanded
+    /// against `$HOME`), else `$HOME/.pi/agent`. Relative values are made absolute against the
+    /// current directory, so the runner and its children see the same root.
+    ///
+    /// Errors with [`Error::Usage`] when neither variable gives a usable path.
+    pub fn from_env() -> Result<Self> {
+        let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
+        let profile = profile_dir(std::env::var_os(PROFILE_ENV), home)?;
+        let profile = if profile.is_absolute() {
+            profile
+        } else {
+            std::env::current_dir()
+                .map_err(|e| Error::Usage(format!("cannot resolve the current directory: {e}")))?
+                .join(profile)
+        };
+        Ok(Self::for_profile(profile))
+    }
+
+    /// The profile dir `P` (exported to runners and children as `PI_CODING_AGENT_DIR`).
+    pub fn profile(&self) -> &Path {
+        &self.profile
+    }
+
+    /// The state root `R`.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// `R/async-subagent-runs`: the parent of every top-level run dir.
+    pub fn runs_dir(&self) -> PathBuf {
+        self.root.join(RUNS_DIR)
+    }
+
+    /// `R/nested-subagent-runs`.
+    pub fn nested_root(&self) -> PathBuf {
+        self.root.join(NESTED_RUNS_DIR)
+    }
+
+    /// `R/nested-subagent-runs/<rootRunId>`: the nested subtree of one top-level run.
+    pub fn nested_runs_dir(&self, root_run_id: &str) -> PathBuf {
+        self.nested_root().join(root_run_id)
+    }
+
+    /// `R/nested-subagent-events/<rootRunId>`: the route of one run tree.
+    pub fn route_dir(&self, root_run_id: &str) -> PathBuf {
+        self.root.join(NESTED_EVENTS_DIR).join(root_run_id)
+    }
+
+    /// `R/sessions/async-<runId>`: the default Pi session dir of a run.
+    pub fn default_session_dir(&self, run_id: &str) -> PathBuf {
+        self.root.join(SESSIONS_DIR).join(format!("async-{run_id}"))
+    }
+
+    /// The directory of a top-level run.
+    pub fn run_dir(&self, run_id: &str) -> RunDir {
+        RunDir::new(self.runs_dir().join(run_id))
+    }
+
+    /// The directory of a nested run under its root.
+    pub fn nested_run_dir(&self, root_run_id: &str, run_id: &str) -> RunDir {
+        RunDir::new(self.nested_runs_dir(root_run_id).join(run_id))
+    }
+}
+
+/// Compute the profile dir from the values of `PI_CODING_AGENT_DIR` and `HOME` (pure).
+pub fn profile_dir(agent_dir: Option<OsString>, home: Option<OsString>) -> Result<PathBuf> {
+    if let Some(dir) = agent_dir.filter(|d| !d.is_empty()) {
+        let s = dir.to_string_lossy();
+        if s == "~" || s.starts_with("~/") {
+            let home = home.ok_or_else(|| {
+                Error::Usage(format!("{PROFILE_ENV} starts with ~ but HOME is not set"))
+            })?;
+            let rest = s.trim_start_matches('~').trim_start_matches('/');
+            return Ok(PathBuf::from(home).join(rest));
+        }
+        return Ok(PathBuf::from(dir));
+    }
+    let home = home.ok_or_else(|| {
+        Error::Usage(format!(
+            "neither {PROFILE_ENV} nor HOME is set; cannot find the Pi profile dir"
+        ))
+    })?;
+    Ok(PathBuf::from(home).join(".pi").join("agent"))
+}
+
+/// A run directory and the names of the files in it (DESIGN §3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunDir {
+    path: PathBuf,
+}
+
+impl RunDir {
+    /// Wrap a run directory path.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        RunDir { path: path.into() }
+    }
+
+    /// The directory itself.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The directory name (the run id, for dirs cohort created).
+    pub fn name(&self) -> String {
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    /// `status.json`.
+    pub fn status(&self) -> PathBuf {
+        self.path.join(STATUS_FILE)
+    }
+
+    /// `launch.json`, the immutable launch spec.
+    pub fn spec(&self) -> PathBuf {
+        self.path.join(SPEC_FILE)
+    }
+
+    /// `runner.lock`.
+    pub fn lock(&self) -> PathBuf {
+        self.path.join(LOCK_FILE)
+    }
+
+    /// `events.jsonl`.
+    pub fn events(&self) -> PathBuf {
+        self.path.join(EVENTS_FILE)
+    }
+
+    /// `runner.log`, the runner's stderr.
+    pub fn runner_log(&self) -> PathBuf {
+        self.path.join(RUNNER_LOG)
+    }
+
+    /// `output-<i>.log`: the readable output of flat step `i`.
+    pub fn output_log(&self, step: usize) -> PathBuf {
+        self.path.join(format!("output-{step}.log"))
+    }
+
+    /// `final-<i>.txt`: the final assistant text of flat step `i`.
+    pub fn final_text(&self, step: usize) -> PathBuf {
+        self.path.join(format!("final-{step}.txt"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_dir_rules() {
+        let home = Some(OsString::from("/home/u"));
+        assert_eq!(
+            profile_dir(None, home.clone()).unwrap(),
+            PathBuf::from("/home/u/.pi/agent")
+        );
+        assert_eq!(
+            profile_dir(Some("~/p".into()), home.clone()).unwrap(),
+            PathBuf::from("/home/u/p")
+        );
+        assert_eq!(
+            profile_dir(Some("/x/y".into()), home.clone()).unwrap(),
+            PathBuf::from("/x/y")
+        );
+        assert_eq!(
+            profile_dir(Some("".into()), home).unwrap(),
+            PathBuf::from("/home/u/.pi/agent")
+        );
+        assert!(profile_dir(None, None).is_err());
+    }
+
+    #[test]
+    fn layout_paths() {
+        let r = StateRoot::for_profile("/p");
+        assert_eq!(r.path(), Path::new("/p/pi-cohort"));
+        let d = r.run_dir("abc");
+        assert_eq!(
+            d.status(),
+            Path::new("/p/pi-cohort/async-subagent-runs/abc/status.json")
+        );
+        assert_eq!(
+            r.nested_run_dir("root", "x").path(),
+            Path::new("/p/pi-cohort/nested-subagent-runs/root/x")
+        );
+        assert_eq!(
+            r.default_session_dir("abc"),
+            Path::new("/p/pi-cohort/sessions/async-abc")
+        );
+    }
+}

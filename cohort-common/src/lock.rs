@@ -1,0 +1,162 @@
+//! The runner lock: liveness by flock (DESIGN §3).
+//!
+//! The runner holds an exclusive `flock` on `runner.lock` for its whole life, through its own
+//! descriptor, so the kernel answers "is the runner alive?": the lock is released when the
+//! process dies, however it dies, and pid reuse never matters (the approach of nq). Readers
+//! probe with a *shared* try-lock and release at once, so concurrent readers never make each
+//! other look like a runner.
+//!
+//! Locks use std's `File::lock` family (flock on Linux, stable since Rust 1.89) rather than the
+//! unmaintained `fs2`. std opens every file `O_CLOEXEC`, so the lock's descriptor never leaks
+//! into a Pi child: an escaped grandchild holding it would make a dead run look alive for ever.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, IoContext, Result};
+
+/// How long the runner waits for readers' probes to let go before giving up.
+pub const RUNNER_LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// What a probe of a run's lock file found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// Someone holds the lock exclusively: the runner is alive.
+    Held,
+    /// The lock is free: no runner.
+    Free,
+    /// There is no lock file (legacy or foreign record): no runner by definition.
+    NoLockFile,
+}
+
+impl Liveness {
+    /// True when a runner holds the lock.
+    pub fn is_alive(self) -> bool {
+        self == Liveness::Held
+    }
+}
+
+/// An exclusive hold on a run's lock file, released on drop (the file is closed).
+///
+/// Held by the runner for its whole life, and briefly by whoever rewrites a record whose runner
+/// is gone (reconciliation, reap).
+#[derive(Debug)]
+pub struct RunLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl RunLock {
+    /// Take the lock, waiting at most `wait` for brief holders (reader probes) to let go.
+    ///
+    /// Errors: [`Error::LockBusy`] when still held after `wait`; [`Error::Io`] when the file
+    /// cannot be opened.
+    pub fn acquire(path: &Path, wait: Duration) -> Result<RunLock> {
+        let deadline = Instant::now() + wait;
+        let mut pause = Duration::from_millis(2);
+        loop {
+            if let Some(lock) = Self::try_acquire(path)? {
+                return Ok(lock);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::LockBusy {
+                    path: path.to_path_buf(),
+                });
+            }
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// Take the lock if it is free right now; `Ok(None)` when someone holds it.
+    pub fn try_acquire(path: &Path) -> Result<Option<RunLock>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .at("open lock file", path)?;
+        match file.try_lock() {
+            Ok(()) => Ok(Some(RunLock {
+                _file: file,
+                path: path.to_path_buf(),
+            })),
+            Err(TryLockError::WouldBlock) => Ok(None),
+            Err(TryLockError::Error(e)) => Err(e).at("lock", path),
+        }
+    }
+
+    /// The lock file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Probe a lock file: try a shared lock and release it at once.
+///
+/// Errors only when the file exists but cannot be opened or locked.
+pub fn probe(path: &Path) -> Result<Liveness> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Liveness::NoLockFile),
+        Err(e) => return Err(e).at("open lock file", path),
+    };
+    match file.try_lock_shared() {
+        Ok(()) => Ok(Liveness::Free),
+        Err(TryLockError::WouldBlock) => Ok(Liveness::Held),
+        Err(TryLockError::Error(e)) => Err(e).at("lock", path),
+    }
+}
+
+/// Block until nobody holds the lock exclusively (the runner has exited), then release it.
+/// Returns at once when there is no lock file. This is how waiting avoids polling: the kernel
+/// wakes us when the runner's descriptor closes.
+pub fn wait_released(path: &Path) -> Result<()> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).at("open lock file", path),
+    };
+    file.lock_shared().at("wait for lock", path)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_sees_holder_and_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("runner.lock");
+        assert_eq!(probe(&p).unwrap(), Liveness::NoLockFile);
+        File::create(&p).unwrap();
+        assert_eq!(probe(&p).unwrap(), Liveness::Free);
+        let held = RunLock::acquire(&p, Duration::from_millis(10)).unwrap();
+        assert_eq!(probe(&p).unwrap(), Liveness::Held);
+        assert!(RunLock::try_acquire(&p).unwrap().is_none());
+        assert!(matches!(
+            RunLock::acquire(&p, Duration::from_millis(20)),
+            Err(Error::LockBusy { .. })
+        ));
+        drop(held);
+        assert_eq!(probe(&p).unwrap(), Liveness::Free);
+        wait_released(&p).unwrap();
+    }
+
+    #[test]
+    fn acquire_waits_out_a_brief_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("runner.lock");
+        File::create(&p).unwrap();
+        let reader = File::open(&p).unwrap();
+        reader.lock_shared().unwrap();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            drop(reader);
+        });
+        RunLock::acquire(&p, Duration::from_secs(5)).unwrap();
+        t.join().unwrap();
+    }
+}

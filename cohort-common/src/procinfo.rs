@@ -1,0 +1,184 @@
+//! Process identity and descendants from `/proc` (Linux).
+//!
+//! A pid alone never proves life or death (the lock does); the start time and boot id recorded
+//! beside the runner's pid let `cohort-status --pid` refuse to print a pid that now belongs to
+//! another process. The parent links let the runner find a step's descendants, including the
+//! ones Pi's bash tool started in sessions of their own.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+
+/// Identity of a live process: pid, start time in clock ticks since boot, boot id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessIdentity {
+    /// The pid.
+    pub pid: u32,
+    /// `/proc/<pid>/stat` field 22 (starttime), clock ticks since boot.
+    pub start_time: u64,
+    /// `/proc/sys/kernel/random/boot_id`.
+    pub boot_id: String,
+}
+
+/// The fields of `/proc/<pid>/stat` cohort uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stat {
+    /// Process id.
+    pub pid: u32,
+    /// `comm`, the executable name (at most 15 bytes).
+    pub comm: String,
+    /// State letter (`R`, `S`, `Z`, …).
+    pub state: char,
+    /// Parent pid.
+    pub ppid: u32,
+    /// Process group id.
+    pub pgrp: u32,
+    /// Start time, clock ticks since boot.
+    pub start_time: u64,
+}
+
+/// Parse the content of `/proc/<pid>/stat` (pure). `comm` may contain spaces and parentheses,
+/// so the fields after it are found from the *last* `)`.
+pub fn parse_stat(text: &str) -> Option<Stat> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let pid = text[..open].trim().parse().ok()?;
+    let comm = text.get(open + 1..close)?.to_string();
+    let rest: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
+    // rest[0] is field 3 (state); field n is rest[n - 3].
+    Some(Stat {
+        pid,
+        comm,
+        state: rest.first()?.chars().next()?,
+        ppid: rest.get(1)?.parse().ok()?,
+        pgrp: rest.get(2)?.parse().ok()?,
+        start_time: rest.get(19)?.parse().ok()?,
+    })
+}
+
+/// Read `/proc/<pid>/stat`.
+pub fn stat(pid: u32) -> Option<Stat> {
+    parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The boot id, or an empty string when unavailable.
+pub fn boot_id() -> String {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The identity of this process.
+pub fn own_identity() -> Option<ProcessIdentity> {
+    let pid = std::process::id();
+    Some(ProcessIdentity {
+        pid,
+        start_time: stat(pid)?.start_time,
+        boot_id: boot_id(),
+    })
+}
+
+/// Whether `pid` is alive now and is the process recorded with `start_time` and `boot_id`.
+pub fn is_same_process(pid: u32, start_time: u64, recorded_boot_id: &str) -> bool {
+    if boot_id() != recorded_boot_id {
+        return false;
+    }
+    matches!(stat(pid), Some(s) if s.start_time == start_time && s.state != 'Z')
+}
+
+/// Every live process as a pid → stat map (zombies included).
+pub fn all_processes() -> HashMap<u32, Stat> {
+    let mut out = HashMap::new();
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        if let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        {
+            if let Some(s) = stat(pid) {
+                out.insert(pid, s);
+            }
+        }
+    }
+    out
+}
+
+/// All descendants of `root` in `procs` (pure): children, their children, and so on.
+pub fn descendants(procs: &HashMap<u32, Stat>, root: u32) -> Vec<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    for s in procs.values() {
+        children.entry(s.ppid).or_default().push(s.pid);
+    }
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    let mut stack = vec![root];
+    while let Some(p) = stack.pop() {
+        for &c in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            if seen.insert(c) {
+                out.push(c);
+                stack.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// The command line of `pid`, arguments joined by spaces (empty when unreadable).
+pub fn cmdline(pid: u32) -> String {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            b.split(|&c| c == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_awkward_comm() {
+        let line = "1234 (a) b (c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10 18446744073709551615";
+        let s = parse_stat(line).unwrap();
+        assert_eq!(s.pid, 1234);
+        assert_eq!(s.comm, "a) b (c)");
+        assert_eq!(s.state, 'S');
+        assert_eq!(s.ppid, 1);
+        assert_eq!(s.pgrp, 1234);
+        assert_eq!(s.start_time, 98765);
+        assert!(parse_stat("garbage").is_none());
+    }
+
+    #[test]
+    fn own_identity_matches() {
+        let me = own_identity().unwrap();
+        assert!(is_same_process(me.pid, me.start_time, &me.boot_id));
+        assert!(!is_same_process(me.pid, me.start_time + 1, &me.boot_id));
+        assert!(!is_same_process(me.pid, me.start_time, "another-boot"));
+    }
+
+    #[test]
+    fn descendants_walk_the_tree() {
+        let mk = |pid, ppid| Stat {
+            pid,
+            comm: String::new(),
+            state: 'S',
+            ppid,
+            pgrp: pid,
+            start_time: 0,
+        };
+        let procs: HashMap<u32, Stat> = [mk(2, 1), mk(3, 2), mk(4, 3), mk(5, 1), mk(6, 4)]
+            .into_iter()
+            .map(|s| (s.pid, s))
+            .collect();
+        let mut d = descendants(&procs, 2);
+        d.sort();
+        assert_eq!(d, vec![3, 4, 6]);
+    }
+}

@@ -1,0 +1,476 @@
+//! The run record, `status.json` (DESIGN §4).
+//!
+//! Field names and state words follow the pi-subagents / pi-cohort records (camelCase, times as
+//! milliseconds since the Unix epoch), so a profile shared with the TypeScript extension reads
+//! in both directions. Readers ignore unknown fields and map an unknown state to
+//! [`RunState::Unknown`]; every field a legacy record may lack has a default. The
+//! `formatVersion` field lets an older binary refuse to overwrite a newer record
+//! ([`check_writable`]).
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::fsutil;
+use crate::runtime::Runtime;
+
+/// The format version this binary writes. Version 0 means "no version field" (legacy records).
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The state of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunState {
+    /// Published by spawn; the runner has not started yet.
+    Queued,
+    /// A runner holds the lock and supervises the run.
+    Running,
+    /// Every step completed.
+    Complete,
+    /// A step failed, the start failed, or the runner was lost.
+    Failed,
+    /// Paused (pi-subagents state; cohort itself never pauses a run).
+    Paused,
+    /// Stopped on request (SIGTERM/SIGINT to the runner).
+    Stopped,
+    /// A state word this binary does not know (written by something newer or foreign).
+    #[serde(other)]
+    Unknown,
+}
+
+impl RunState {
+    /// True for `complete`, `failed`, `paused`, `stopped`: states a runner never leaves.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunState::Complete | RunState::Failed | RunState::Paused | RunState::Stopped
+        )
+    }
+
+    /// The state word as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Queued => "queued",
+            RunState::Running => "running",
+            RunState::Complete => "complete",
+            RunState::Failed => "failed",
+            RunState::Paused => "paused",
+            RunState::Stopped => "stopped",
+            RunState::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::str::FromStr for RunState {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "queued" => Ok(RunState::Queued),
+            "running" => Ok(RunState::Running),
+            "complete" => Ok(RunState::Complete),
+            "failed" => Ok(RunState::Failed),
+            "paused" => Ok(RunState::Paused),
+            "stopped" => Ok(RunState::Stopped),
+            other => Err(format!(
+                "unknown state {other:?} (expected queued, running, complete, failed, paused or stopped)"
+            )),
+        }
+    }
+}
+
+/// The shape of a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunMode {
+    /// One task.
+    #[default]
+    Single,
+    /// Sequential steps, possibly with parallel groups.
+    Chain,
+    /// One parallel group.
+    Parallel,
+    /// A mode word this binary does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+/// The status of one flat step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StepStatus {
+    /// Not started yet.
+    #[default]
+    Pending,
+    /// Its Pi child is alive.
+    Running,
+    /// Completed successfully.
+    Complete,
+    /// Failed (exit code, signal, model error, timeout).
+    Failed,
+    /// Stopped before or while running.
+    Stopped,
+    /// A status word this binary does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+impl StepStatus {
+    /// The status word as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepStatus::Pending => "pending",
+            StepStatus::Running => "running",
+            StepStatus::Complete => "complete",
+            StepStatus::Failed => "failed",
+            StepStatus::Stopped => "stopped",
+            StepStatus::Unknown => "unknown",
+        }
+    }
+
+    /// True once the step will not change again.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            StepStatus::Complete | StepStatus::Failed | StepStatus::Stopped
+        )
+    }
+}
+
+/// Token usage summed over a step's assistant messages (Pi's `usage` object).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Usage {
+    /// Input (prompt) tokens.
+    pub input: u64,
+    /// Output (completion) tokens.
+    pub output: u64,
+    /// Tokens read from the provider's cache.
+    pub cache_read: u64,
+    /// Tokens written to the provider's cache.
+    pub cache_write: u64,
+    /// Total tokens as Pi reports them.
+    pub total_tokens: u64,
+}
+
+impl Usage {
+    /// Add another message's usage.
+    pub fn add(&mut self, other: &Usage) {
+        self.input += other.input;
+        self.output += other.output;
+        self.cache_read += other.cache_read;
+        self.cache_write += other.cache_write;
+        self.total_tokens += other.total_tokens;
+    }
+}
+
+/// One recent tool call, as shown by `cohort-status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RecentTool {
+    /// The tool's name (`bash`, `read`, …).
+    pub tool: String,
+    /// A short preview of its arguments (at most ~120 characters).
+    pub args: String,
+}
+
+/// `parallelGroups[]`: flat steps `start..start+count` ran as one parallel group, which is chain
+/// step `stepIndex`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ParallelGroup {
+    /// First flat step index of the group.
+    pub start: usize,
+    /// Number of flat steps in the group.
+    pub count: usize,
+    /// The chain step index the group occupies.
+    pub step_index: usize,
+}
+
+/// One flat step (one Pi child) of a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct StepRecord {
+    /// The step's label (pi-subagents calls it the agent).
+    pub agent: String,
+    /// The task text as given (before `{previous}` is substituted).
+    pub task: String,
+    /// The step's status.
+    pub status: StepStatus,
+    /// The Pi session file the step writes (`--session`).
+    pub session_file: Option<PathBuf>,
+    /// The model asked for (`--model`), else the one Pi reported.
+    pub model: Option<String>,
+    /// When the Pi child started, ms since epoch.
+    pub started_at: Option<u64>,
+    /// When the step ended, ms since epoch.
+    pub ended_at: Option<u64>,
+    /// The child's exit code, when it exited normally.
+    pub exit_code: Option<i32>,
+    /// The signal that killed the child, when it died by one.
+    pub signal: Option<i32>,
+    /// Why the step failed or stopped.
+    pub error: Option<String>,
+    /// True when the step ended because its deadline passed.
+    pub timed_out: Option<bool>,
+    /// Number of `turn_end` events seen.
+    pub turn_count: u64,
+    /// Number of tool executions started.
+    pub tool_count: u64,
+    /// Token usage.
+    pub usage: Usage,
+    /// The last few lines of assistant text (at most 8 lines of at most 200 characters).
+    pub recent_output: Vec<String>,
+    /// The last few tool calls (at most 5).
+    pub recent_tools: Vec<RecentTool>,
+    /// Descendant processes that survived the end of the step, as `pid command` strings.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub escaped: Vec<String>,
+}
+
+/// The record of one run: the content of `status.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRecord {
+    /// Format version ([`FORMAT_VERSION`]); 0 when absent (legacy records).
+    #[serde(default)]
+    pub format_version: u32,
+    /// The run id (the directory name).
+    pub run_id: String,
+    /// The run's state.
+    pub state: RunState,
+    /// single, chain or parallel.
+    #[serde(default)]
+    pub mode: RunMode,
+    /// The working directory of the run's Pi children.
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// The Pi runtime the run launches its children with (DESIGN §5); absent on legacy records
+    /// and on records whose start failed before it was captured.
+    #[serde(default)]
+    pub runtime: Option<Runtime>,
+    /// When spawn created the run, ms since epoch.
+    #[serde(default)]
+    pub started_at: Option<u64>,
+    /// Last write by spawn or the runner, ms since epoch (the runner's heartbeat).
+    #[serde(default)]
+    pub last_update: Option<u64>,
+    /// When the run reached a terminal state, ms since epoch.
+    #[serde(default)]
+    pub ended_at: Option<u64>,
+    /// Why the run failed or stopped.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// True when the run ended because a deadline passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timed_out: Option<bool>,
+    /// The chain step being run (0-based).
+    #[serde(default)]
+    pub current_step: Option<usize>,
+    /// The number of chain steps (a parallel group counts as one).
+    #[serde(default)]
+    pub chain_step_count: Option<usize>,
+    /// The dir of the run's Pi session files.
+    #[serde(default)]
+    pub session_dir: Option<PathBuf>,
+    /// The parallel groups, by flat step range.
+    #[serde(default)]
+    pub parallel_groups: Vec<ParallelGroup>,
+    /// The runner's pid. Never proof of life on its own: see the lock.
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// The runner's start time in clock ticks since boot (`/proc/<pid>/stat` field 22), to tell
+    /// it from a reused pid.
+    #[serde(default)]
+    pub pid_start_time: Option<u64>,
+    /// `/proc/sys/kernel/random/boot_id` when the runner started.
+    #[serde(default)]
+    pub boot_id: Option<String>,
+    /// For nested runs: the top-level run of the tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_run_id: Option<String>,
+    /// For nested runs: the run whose child started this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<String>,
+    /// For nested runs: the flat step of the parent whose child started this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_step_index: Option<usize>,
+    /// Depth in the run tree: 0 for top-level runs.
+    #[serde(default)]
+    pub depth: u32,
+    /// For revivals: the run whose session this run continues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revives: Option<String>,
+    /// One entry per flat step (one Pi child).
+    #[serde(default)]
+    pub steps: Vec<StepRecord>,
+}
+
+impl RunRecord {
+    /// A fresh `queued` record for `run_id`, stamped now.
+    pub fn queued(run_id: &str, mode: RunMode) -> Self {
+        let now = now_ms();
+        RunRecord {
+            format_version: FORMAT_VERSION,
+            run_id: run_id.to_string(),
+            state: RunState::Queued,
+            mode,
+            cwd: None,
+            runtime: None,
+            started_at: Some(now),
+            last_update: Some(now),
+            ended_at: None,
+            error: None,
+            timed_out: None,
+            current_step: None,
+            chain_step_count: None,
+            session_dir: None,
+            parallel_groups: Vec::new(),
+            pid: None,
+            pid_start_time: None,
+            boot_id: None,
+            root_run_id: None,
+            parent_run_id: None,
+            parent_step_index: None,
+            depth: 0,
+            revives: None,
+            steps: Vec::new(),
+        }
+    }
+
+    /// A one-line summary of what the run does: the first step's task, whitespace folded, at
+    /// most `max` characters (with `…` when cut).
+    pub fn task_summary(&self, max: usize) -> String {
+        let task = self.steps.first().map(|s| s.task.as_str()).unwrap_or("");
+        summarize(task, max)
+    }
+
+    /// Mark the run terminal with `state` and `error`, stamping `endedAt` and `lastUpdate`.
+    pub fn finish(&mut self, state: RunState, error: Option<String>) {
+        let now = now_ms();
+        self.state = state;
+        self.error = error;
+        self.ended_at = Some(now);
+        self.last_update = Some(now);
+    }
+}
+
+/// Fold whitespace and cut `text` to at most `max` characters, ending in `…` when cut.
+pub fn summarize(text: &str, max: usize) -> String {
+    let folded: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if folded.chars().count() <= max {
+        return folded;
+    }
+    let mut out: String = folded.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// Read and parse a record. Errors: [`Error::Io`] (unreadable), [`Error::Json`] (empty,
+/// truncated, wrong types), [`Error::NewerFormat`] (written by a newer cohort).
+pub fn load(path: &Path) -> Result<RunRecord> {
+    let record: RunRecord = fsutil::read_json(path)?;
+    if record.format_version > FORMAT_VERSION {
+        return Err(Error::NewerFormat {
+            path: path.to_path_buf(),
+            found: record.format_version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    Ok(record)
+}
+
+/// Refuse to overwrite a record written by a newer format: reads only the version field.
+pub fn check_writable(path: &Path) -> Result<()> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Version {
+        #[serde(default)]
+        format_version: u32,
+    }
+    match std::fs::read(path) {
+        Ok(bytes) => match serde_json::from_slice::<Version>(&bytes) {
+            Ok(v) if v.format_version > FORMAT_VERSION => Err(Error::NewerFormat {
+                path: path.to_path_buf(),
+                found: v.format_version,
+                supported: FORMAT_VERSION,
+            }),
+            _ => Ok(()),
+        },
+        Err(_) => Ok(()),
+    }
+}
+
+/// Write a record atomically and durably, refusing to overwrite a newer format version.
+pub fn store(path: &Path, record: &RunRecord) -> Result<()> {
+    check_writable(path)?;
+    fsutil::write_json_atomic(path, record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_defaults() {
+        let mut r = RunRecord::queued("01a22a44-9e62-7266-ab9d-e5b500ee829c", RunMode::Single);
+        r.steps.push(StepRecord {
+            task: "hello   world\nagain".into(),
+            ..Default::default()
+        });
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(json.contains("\"runId\""));
+        assert!(json.contains("\"state\":\"queued\""));
+        let back: RunRecord = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, r);
+        assert_eq!(back.task_summary(11), "hello worl…");
+    }
+
+    #[test]
+    fn unknown_state_and_fields_are_tolerated() {
+        let r: RunRecord = serde_json::from_str(
+            r#"{"runId":"x","state":"hibernating","somethingNew":1,"steps":[{"status":"warping"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.state, RunState::Unknown);
+        assert_eq!(r.steps[0].status, StepStatus::Unknown);
+        assert_eq!(r.format_version, 0);
+    }
+
+    #[test]
+    fn newer_format_is_refused_for_read_and_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("status.json");
+        std::fs::write(&p, r#"{"formatVersion":99,"runId":"x","state":"running"}"#).unwrap();
+        assert!(matches!(
+            load(&p),
+            Err(Error::NewerFormat { found: 99, .. })
+        ));
+        let r = RunRecord::queued("x", RunMode::Single);
+        assert!(matches!(store(&p, &r), Err(Error::NewerFormat { .. })));
+    }
+
+    #[test]
+    fn terminal_states() {
+        for s in [
+            RunState::Complete,
+            RunState::Failed,
+            RunState::Paused,
+            RunState::Stopped,
+        ] {
+            assert!(s.is_terminal());
+        }
+        for s in [RunState::Queued, RunState::Running, RunState::Unknown] {
+            assert!(!s.is_terminal());
+        }
+    }
+}

@@ -1,0 +1,967 @@
+//! The runner: the detached supervisor of one run (DESIGN §3, §4, §6).
+//!
+//! `cohort-runner <run-dir>` calls [`run`]. It takes the runner lock for its whole life, refuses
+//! a record that is not `queued`, publishes `running` with its pid identity, then runs the
+//! chain: each flat step is one Pi child launched as
+//! `node <entry> --mode json -p --session <file> … <task>` from the recorded runtime (validated
+//! again before every launch; never a `PATH` lookup), in its own process group, stdin from
+//! `/dev/null`, cwd = the run's cwd.
+//!
+//! One thread (the caller's) owns the record and makes every decision; reader threads parse
+//! each child's stdout and stderr and send messages; a signal thread turns SIGTERM/SIGINT/SIGCHLD
+//! into messages. Children are reaped by `waitpid(-1)` on SIGCHLD, which also reaps orphans
+//! reparented to the runner (it is a child subreaper). Record writes are coalesced to at most
+//! ten a second, and a heartbeat advances `lastUpdate` at least every 10 s.
+//!
+//! Descendants: every child gets `COHORT_PARENT_RUN_ID` and `COHORT_PARENT_STEP`; at the end of
+//! a step (and on stop and timeout) the runner signals every process that carries its step's
+//! values or descends from the step's child (TERM, grace, KILL). Nested cohort runners are
+//! started by spawn without those variables, so they are never swept.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{self, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use serde_json::json;
+
+use crate::error::{Error, IoContext, Result};
+use crate::events::EventLog;
+use crate::fsutil;
+use crate::layout::{RunDir, PROFILE_ENV};
+use crate::lock::{RunLock, RUNNER_LOCK_WAIT};
+use crate::pi::{self, ChildExit, Notice, StepVerdict, StreamParser, StreamSummary};
+use crate::procinfo;
+use crate::record::{self, now_ms, RecentTool, RunRecord, RunState, StepStatus};
+use crate::runtime::{self, Runtime, NODE_ENV, PI_ENTRY_ENV};
+use crate::spec::{self, ChainStep, FlatStep, LaunchSpec};
+
+/// Exported to every child: the run whose child it is.
+pub const PARENT_RUN_ENV: &str = "COHORT_PARENT_RUN_ID";
+/// Exported to every child: its flat step index.
+pub const PARENT_STEP_ENV: &str = "COHORT_PARENT_STEP";
+/// Most record writes per second.
+const WRITE_INTERVAL: Duration = Duration::from_millis(100);
+/// Longest silence in `lastUpdate` while the runner lives.
+pub const HEARTBEAT: Duration = Duration::from_secs(10);
+/// Lines of stderr kept for a step's error message.
+const STDERR_TAIL_LINES: usize = 5;
+/// How long to wait for a child's stdout to close after it exited (a descendant may hold it).
+const STREAM_DRAIN: Duration = Duration::from_secs(2);
+
+/// The Pi flags the runner always passes (before the step's own).
+pub fn pi_command_args(
+    step: &FlatStep,
+    session_file: &Path,
+    run_pi_args: &[String],
+    task: &str,
+) -> Vec<String> {
+    let mut args = vec![
+        "--mode".to_string(),
+        "json".into(),
+        "-p".into(),
+        "--session".into(),
+        session_file.display().to_string(),
+    ];
+    let s = &step.spec;
+    if let Some(m) = &s.model {
+        args.extend(["--model".into(), m.clone()]);
+    }
+    if let Some(t) = &s.thinking {
+        args.extend(["--thinking".into(), t.clone()]);
+    }
+    if let Some(tools) = &s.tools {
+        args.extend(["--tools".into(), tools.join(",")]);
+    }
+    args.extend(run_pi_args.iter().cloned());
+    args.extend(s.pi_args.iter().cloned());
+    // Pi's argument parser has no `--`: a message starting with `-` or `@` would be taken for a
+    // flag or a file argument, so such a task gets a leading space.
+    if task.starts_with('-') || task.starts_with('@') {
+        args.push(format!(" {task}"));
+    } else {
+        args.push(task.to_string());
+    }
+    args
+}
+
+/// The session file of flat step `i` when the spec names none: `<sessionDir>/step-<i>.jsonl`.
+pub fn default_session_file(session_dir: &Path, i: usize) -> PathBuf {
+    session_dir.join(format!("step-{i}.jsonl"))
+}
+
+enum Msg {
+    Signal(i32),
+    Progress(usize, Progress),
+    StreamEnd(usize, StreamSummary),
+    SweepDone(usize, Vec<String>),
+}
+
+#[derive(Default)]
+struct Progress {
+    turn_count: u64,
+    tool_count: u64,
+    usage: record::Usage,
+    model: Option<String>,
+    output: Vec<String>,
+    tools: Vec<RecentTool>,
+}
+
+/// Why a step's child was sent SIGTERM.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Ending {
+    Stop,
+    StepTimeout,
+    RunTimeout,
+    FailFast,
+}
+
+struct Active {
+    pid: u32,
+    term_at: Option<Instant>,
+    killed: bool,
+    ending: Option<Ending>,
+    deadline: Option<Instant>,
+    exit: Option<ChildExit>,
+    exited_at: Option<Instant>,
+    summary: Option<StreamSummary>,
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    sweeping: bool,
+    escaped: Option<Vec<String>>,
+}
+
+/// The bounded, live output log of one step.
+struct OutputLog {
+    file: File,
+    written: u64,
+    cap: u64,
+    truncated: bool,
+}
+
+impl OutputLog {
+    fn write_line(&mut self, line: &str) {
+        if self.truncated {
+            return;
+        }
+        let bytes = line.len() as u64 + 1;
+        if self.written + bytes > self.cap {
+            self.truncated = true;
+            let _ = writeln!(
+                self.file,
+                "[cohort: output truncated at {} bytes]",
+                self.cap
+            );
+            return;
+        }
+        self.written += bytes;
+        let _ = writeln!(self.file, "{line}");
+    }
+}
+
+/// Run the run in `dir` to its end. `ready` is called once `running` is published (the binary
+/// uses it to tell spawn the runner is up). Returns the final state.
+///
+/// Errors: [`Error::LockBusy`] (another runner), [`Error::State`] (the record is not `queued`),
+/// I/O and JSON errors on the run dir. Once `running` is published every failure is recorded in
+/// the record instead.
+pub fn run(dir: &RunDir, ready: impl FnOnce()) -> Result<RunState> {
+    let _lock = RunLock::acquire(&dir.lock(), RUNNER_LOCK_WAIT)?;
+    let mut rec = record::load(&dir.status())?;
+    if rec.state != RunState::Queued {
+        return Err(Error::State(format!(
+            "run {} is {}, not queued; a runner only starts queued runs",
+            rec.run_id,
+            rec.state.as_str()
+        )));
+    }
+    let spec: LaunchSpec = match fsutil::read_json(&dir.spec()) {
+        Ok(s) => s,
+        Err(e) => {
+            rec.finish(
+                RunState::Failed,
+                Some(format!("cannot read the launch spec: {e}")),
+            );
+            record::store(&dir.status(), &rec)?;
+            return Err(e);
+        }
+    };
+    let mut events = EventLog::open(&dir.events(), spec.options.events_cap_bytes)?;
+
+    let (tx, rx) = mpsc::channel();
+    start_signal_thread(tx.clone())?;
+
+    let me = procinfo::own_identity();
+    rec.state = RunState::Running;
+    rec.pid = Some(std::process::id());
+    rec.pid_start_time = me.as_ref().map(|m| m.start_time);
+    rec.boot_id = me.map(|m| m.boot_id);
+    rec.last_update = Some(now_ms());
+    rec.current_step = Some(0);
+    record::store(&dir.status(), &rec)?;
+    events.append("run.started", json!({"pid": std::process::id()}))?;
+    ready();
+
+    let mut sup = Supervisor {
+        dir: dir.clone(),
+        spec,
+        rec,
+        events,
+        tx,
+        rx,
+        active: HashMap::new(),
+        last_write: Instant::now(),
+        dirty: false,
+        stop: None,
+        run_deadline: None,
+    };
+    let state = sup.run_chain();
+    Ok(state)
+}
+
+fn start_signal_thread(tx: Sender<Msg>) -> Result<()> {
+    use signal_hook::consts::{SIGCHLD, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGCHLD])
+        .map_err(|e| Error::Usage(format!("cannot install signal handlers: {e}")))?;
+    std::thread::spawn(move || {
+        for sig in signals.forever() {
+            if tx.send(Msg::Signal(sig)).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(())
+}
+
+struct Supervisor {
+    dir: RunDir,
+    spec: LaunchSpec,
+    rec: RunRecord,
+    events: EventLog,
+    tx: Sender<Msg>,
+    rx: Receiver<Msg>,
+    active: HashMap<usize, Active>,
+    last_write: Instant,
+    dirty: bool,
+    stop: Option<Ending>,
+    run_deadline: Option<Instant>,
+}
+
+impl Supervisor {
+    fn run_chain(&mut self) -> RunState {
+        self.run_deadline = self
+            .spec
+            .options
+            .timeout_ms
+            .map(|ms| Instant::now() + Duration::from_millis(ms));
+        let chain = self.spec.chain.clone();
+        let (flat, _) = spec::flatten(&chain);
+        let mut previous = String::new();
+        let mut failure: Option<String> = None;
+        for (ci, step) in chain.iter().enumerate() {
+            if self.stop.is_some() || failure.is_some() {
+                break;
+            }
+            self.rec.current_step = Some(ci);
+            self.dirty = true;
+            let members: Vec<FlatStep> = flat
+                .iter()
+                .filter(|f| f.chain_index == ci)
+                .cloned()
+                .collect();
+            let limit = match step {
+                ChainStep::Task(_) => 1,
+                ChainStep::Parallel(p) => p
+                    .concurrency
+                    .or(self.spec.options.concurrency)
+                    .unwrap_or(members.len())
+                    .max(1),
+            };
+            failure = self.run_group(&members, limit, &previous);
+            previous = match step {
+                ChainStep::Task(_) => self.final_text(members[0].index),
+                ChainStep::Parallel(_) => spec::join_group_texts(
+                    &members
+                        .iter()
+                        .map(|m| (spec::label_of(&m.spec, m.index), self.final_text(m.index)))
+                        .collect::<Vec<_>>(),
+                ),
+            };
+        }
+        // Steps never started end `stopped`, not silently `pending`.
+        let why = match (self.stop, &failure) {
+            (Some(Ending::Stop), _) => "the run was stopped before this step started".to_string(),
+            (Some(Ending::RunTimeout), _) => {
+                "the run timed out before this step started".to_string()
+            }
+            _ => "an earlier step failed".to_string(),
+        };
+        for s in self
+            .rec
+            .steps
+            .iter_mut()
+            .filter(|s| s.status == StepStatus::Pending)
+        {
+            s.status = StepStatus::Stopped;
+            s.error = Some(why.clone());
+        }
+        let (state, error, kind) = match (self.stop, failure) {
+            (Some(Ending::Stop), _) => (
+                RunState::Stopped,
+                Some("stopped by signal".to_string()),
+                "run.stopped",
+            ),
+            (Some(Ending::RunTimeout), _) => {
+                self.rec.timed_out = Some(true);
+                let ms = self.spec.options.timeout_ms.unwrap_or(0);
+                (
+                    RunState::Failed,
+                    Some(format!(
+                        "the run timed out after {}",
+                        crate::duration::human(ms)
+                    )),
+                    "run.timedOut",
+                )
+            }
+            (_, Some(f)) => (RunState::Failed, Some(f), "run.failed"),
+            (_, None) => (RunState::Complete, None, "run.completed"),
+        };
+        self.rec.finish(state, error.clone());
+        let _ = self.events.append(kind, json!({"error": error}));
+        self.flush(true);
+        state
+    }
+
+    fn final_text(&self, i: usize) -> String {
+        std::fs::read_to_string(self.dir.final_text(i)).unwrap_or_default()
+    }
+
+    /// Run one chain step's members with at most `limit` alive; returns the failure, if any.
+    fn run_group(&mut self, members: &[FlatStep], limit: usize, previous: &str) -> Option<String> {
+        let mut queue: VecDeque<&FlatStep> = members.iter().collect();
+        let mut failure: Option<String> = None;
+        loop {
+            while self.stop.is_none() && failure.is_none() && self.active.len() < limit {
+                let Some(step) = queue.pop_front() else { break };
+                if let Err(reason) = self.launch(step, previous) {
+                    self.end_step(step.index, StepStatus::Failed, Some(reason.clone()), None);
+                    failure = Some(format!(
+                        "step {} ({}): {reason}",
+                        step.index,
+                        spec::label_of(&step.spec, step.index)
+                    ));
+                }
+            }
+            if self.active.is_empty() {
+                break;
+            }
+            self.wait_and_handle();
+            // Collect finished steps.
+            let done: Vec<usize> = self
+                .active
+                .iter()
+                .filter(|(_, a)| a.escaped.is_some())
+                .map(|(i, _)| *i)
+                .collect();
+            for i in done {
+                let a = self.active.remove(&i).expect("finished step");
+                if let Some(f) = self.finish_step(i, a) {
+                    if failure.is_none() {
+                        failure = Some(f);
+                        if self.spec.options.fail_fast {
+                            self.signal_all(Ending::FailFast);
+                        }
+                    }
+                }
+            }
+            if failure.is_some() && self.spec.options.fail_fast {
+                queue.clear();
+            }
+        }
+        // A failure in a chain ends the run; without --fail-fast a parallel group still lets
+        // its running and queued members finish (they were all started or are started above).
+        failure
+    }
+
+    fn launch(&mut self, step: &FlatStep, previous: &str) -> std::result::Result<(), String> {
+        let i = step.index;
+        let rt: Runtime = runtime::revalidate(&self.spec.runtime)
+            .map_err(|e| format!("{e}; restore it or start a new run"))?;
+        let session_file = self.rec.steps[i]
+            .session_file
+            .clone()
+            .unwrap_or_else(|| default_session_file(&self.spec.session_dir, i));
+        let task = spec::substitute_previous(&step.spec.task, previous);
+        let args = pi_command_args(step, &session_file, &self.spec.pi_args, &task);
+        let log_path = self.dir.output_log(i);
+        let log_file = fsutil::open_append(&log_path).map_err(|e| e.to_string())?;
+        let log = Arc::new(Mutex::new(OutputLog {
+            file: log_file,
+            written: 0,
+            cap: self.spec.options.output_cap_bytes,
+            truncated: false,
+        }));
+        let mut cmd = Command::new(&rt.node_exec_path);
+        cmd.arg(&rt.pi_entry_path)
+            .args(&args)
+            .current_dir(&self.spec.cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .env(PROFILE_ENV, &self.spec.profile_dir)
+            .env(NODE_ENV, &rt.node_exec_path)
+            .env(PI_ENTRY_ENV, &rt.pi_entry_path)
+            .env(PARENT_RUN_ENV, &self.rec.run_id)
+            .env(PARENT_STEP_ENV, i.to_string());
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", rt.node_exec_path.display()))?;
+        let pid = child.id();
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+        drop(child); // Reaped by waitpid(-1) on SIGCHLD, never by Child::wait.
+
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        spawn_stdout_reader(
+            i,
+            stdout,
+            log.clone(),
+            self.tx.clone(),
+            self.dir.final_text(i),
+        );
+        spawn_stderr_reader(stderr, log, tail.clone());
+
+        let now = Instant::now();
+        let s = &mut self.rec.steps[i];
+        s.status = StepStatus::Running;
+        s.started_at = Some(now_ms());
+        s.session_file = Some(session_file.clone());
+        let _ = self.events.append(
+            "step.started",
+            json!({"step": i, "pid": pid, "sessionFile": session_file}),
+        );
+        self.dirty = true;
+        self.active.insert(
+            i,
+            Active {
+                pid,
+                term_at: None,
+                killed: false,
+                ending: None,
+                deadline: self
+                    .spec
+                    .options
+                    .step_timeout_ms
+                    .map(|ms| now + Duration::from_millis(ms)),
+                exit: None,
+                exited_at: None,
+                summary: None,
+                stderr_tail: tail,
+                sweeping: false,
+                escaped: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// Wait for one message or the next deadline, and act on it.
+    fn wait_and_handle(&mut self) {
+        let now = Instant::now();
+        let mut next = now + Duration::from_millis(250);
+        if self.dirty {
+            next = next.min(self.last_write + WRITE_INTERVAL);
+        }
+        next = next.min(self.last_write + HEARTBEAT);
+        match self.rx.recv_timeout(next.saturating_duration_since(now)) {
+            Ok(msg) => self.handle(msg),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => unreachable!("the supervisor holds a sender"),
+        }
+        while let Ok(msg) = self.rx.try_recv() {
+            self.handle(msg);
+        }
+        self.check_deadlines();
+        self.advance_finished();
+        let since = self.last_write.elapsed();
+        if (self.dirty && since >= WRITE_INTERVAL) || since >= HEARTBEAT {
+            self.flush(false);
+        }
+    }
+
+    fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::Signal(sig) if sig == libc::SIGCHLD => self.reap_children(),
+            Msg::Signal(_) => {
+                if self.stop.is_none() {
+                    let _ = self.events.append("run.stopping", json!({}));
+                    self.signal_all(Ending::Stop);
+                }
+                self.stop = Some(Ending::Stop);
+            }
+            Msg::Progress(i, p) => {
+                let s = &mut self.rec.steps[i];
+                s.turn_count = p.turn_count;
+                s.tool_count = p.tool_count;
+                s.usage = p.usage;
+                if s.model.is_none() {
+                    s.model = p.model;
+                }
+                if !p.output.is_empty() {
+                    s.recent_output = p.output;
+                }
+                if !p.tools.is_empty() {
+                    s.recent_tools = p.tools;
+                }
+                self.dirty = true;
+            }
+            Msg::StreamEnd(i, summary) => {
+                if let Some(a) = self.active.get_mut(&i) {
+                    a.summary = Some(summary);
+                }
+            }
+            Msg::SweepDone(i, escaped) => {
+                if let Some(a) = self.active.get_mut(&i) {
+                    a.escaped = Some(escaped);
+                }
+            }
+        }
+    }
+
+    fn reap_children(&mut self) {
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => {
+                    self.child_exited(pid.as_raw() as u32, ChildExit::Code(code))
+                }
+                Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                    self.child_exited(pid.as_raw() as u32, ChildExit::Signal(sig as i32))
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(_) => continue,
+            }
+        }
+    }
+
+    fn child_exited(&mut self, pid: u32, exit: ChildExit) {
+        if let Some(a) = self
+            .active
+            .values_mut()
+            .find(|a| a.pid == pid && a.exit.is_none())
+        {
+            a.exit = Some(exit);
+            a.exited_at = Some(Instant::now());
+        }
+    }
+
+    fn signal_all(&mut self, why: Ending) {
+        let grace_from = Instant::now();
+        for a in self.active.values_mut() {
+            if a.exit.is_none() && a.term_at.is_none() {
+                let _ = signal::killpg(Pid::from_raw(a.pid as i32), Signal::SIGTERM);
+                a.term_at = Some(grace_from);
+                a.ending = Some(why);
+            }
+        }
+    }
+
+    fn check_deadlines(&mut self) {
+        let now = Instant::now();
+        if self.stop.is_none() {
+            if let Some(d) = self.run_deadline {
+                if now >= d {
+                    self.stop = Some(Ending::RunTimeout);
+                    self.signal_all(Ending::RunTimeout);
+                }
+            }
+        }
+        let grace = Duration::from_millis(self.spec.options.grace_ms);
+        for a in self.active.values_mut() {
+            if a.exit.is_some() {
+                continue;
+            }
+            if a.term_at.is_none() {
+                if let Some(d) = a.deadline {
+                    if now >= d {
+                        let _ = signal::killpg(Pid::from_raw(a.pid as i32), Signal::SIGTERM);
+                        a.term_at = Some(now);
+                        a.ending = Some(Ending::StepTimeout);
+                    }
+                }
+            } else if !a.killed && now >= a.term_at.expect("checked") + grace {
+                let _ = signal::killpg(Pid::from_raw(a.pid as i32), Signal::SIGKILL);
+                a.killed = true;
+            }
+        }
+    }
+
+    /// Once a child has exited and its stream has ended (or the drain time passed), sweep its
+    /// descendants in a helper thread.
+    fn advance_finished(&mut self) {
+        let grace = Duration::from_millis(self.spec.options.grace_ms);
+        for (&i, a) in self.active.iter_mut() {
+            let Some(exited_at) = a.exited_at else {
+                continue;
+            };
+            if a.sweeping || (a.summary.is_none() && exited_at.elapsed() < STREAM_DRAIN) {
+                continue;
+            }
+            a.sweeping = true;
+            let tx = self.tx.clone();
+            let run_id = self.rec.run_id.clone();
+            let root = a.pid;
+            std::thread::spawn(move || {
+                let escaped = sweep_descendants(&run_id, i, root, grace);
+                let _ = tx.send(Msg::SweepDone(i, escaped));
+            });
+        }
+    }
+
+    /// Record a finished step; returns the failure message when it failed.
+    fn finish_step(&mut self, i: usize, a: Active) -> Option<String> {
+        let summary = a.summary.unwrap_or_default();
+        let tail: Vec<String> = a
+            .stderr_tail
+            .lock()
+            .map(|t| t.iter().cloned().collect())
+            .unwrap_or_default();
+        let exit = a.exit.expect("finished steps have exited");
+        let label = spec::label_of(&spec::flatten(&self.spec.chain).0[i].spec, i);
+        {
+            let s = &mut self.rec.steps[i];
+            s.turn_count = summary.turn_count;
+            s.tool_count = summary.tool_count;
+            s.usage = summary.usage.clone();
+            if s.model.is_none() {
+                s.model = summary.model.clone();
+            }
+            match exit {
+                ChildExit::Code(c) => s.exit_code = Some(c),
+                ChildExit::Signal(sig) => s.signal = Some(sig),
+            }
+            s.escaped = a.escaped.clone().unwrap_or_default();
+        }
+        if let Some(esc) = a.escaped.as_ref().filter(|e| !e.is_empty()) {
+            let _ = self
+                .events
+                .append("step.escaped", json!({"step": i, "processes": esc}));
+        }
+        let (status, error, kind) = match a.ending {
+            Some(Ending::Stop) => (
+                StepStatus::Stopped,
+                Some("stopped by signal".to_string()),
+                "step.stopped",
+            ),
+            Some(Ending::FailFast) => (
+                StepStatus::Stopped,
+                Some("stopped: a sibling in its parallel group failed (--fail-fast)".to_string()),
+                "step.stopped",
+            ),
+            Some(Ending::StepTimeout) => {
+                self.rec.steps[i].timed_out = Some(true);
+                let ms = self.spec.options.step_timeout_ms.unwrap_or(0);
+                (
+                    StepStatus::Failed,
+                    Some(format!(
+                        "the step timed out after {}",
+                        crate::duration::human(ms)
+                    )),
+                    "step.timedOut",
+                )
+            }
+            Some(Ending::RunTimeout) => {
+                self.rec.steps[i].timed_out = Some(true);
+                (
+                    StepStatus::Failed,
+                    Some("the run timed out".to_string()),
+                    "step.timedOut",
+                )
+            }
+            None => match pi::decide_step(exit, &summary, &tail.join(" | ")) {
+                StepVerdict::Complete => (StepStatus::Complete, None, "step.completed"),
+                StepVerdict::Failed(why) => (StepStatus::Failed, Some(why), "step.failed"),
+            },
+        };
+        self.end_step(i, status, error.clone(), Some(kind));
+        match status {
+            StepStatus::Failed => {
+                Some(format!("step {i} ({label}): {}", error.unwrap_or_default()))
+            }
+            _ => None,
+        }
+    }
+
+    fn end_step(
+        &mut self,
+        i: usize,
+        status: StepStatus,
+        error: Option<String>,
+        kind: Option<&str>,
+    ) {
+        let s = &mut self.rec.steps[i];
+        s.status = status;
+        s.error = error.clone();
+        s.ended_at = Some(now_ms());
+        let kind = kind.unwrap_or(match status {
+            StepStatus::Complete => "step.completed",
+            StepStatus::Stopped => "step.stopped",
+            _ => "step.failed",
+        });
+        let _ = self.events.append(
+            kind,
+            json!({"step": i, "exitCode": s.exit_code, "signal": s.signal, "error": error}),
+        );
+        self.dirty = true;
+        self.flush(true);
+    }
+
+    fn flush(&mut self, force: bool) {
+        if !force && !self.dirty && self.last_write.elapsed() < HEARTBEAT {
+            return;
+        }
+        self.rec.last_update = Some(now_ms());
+        if let Err(e) = record::store(&self.dir.status(), &self.rec) {
+            eprintln!("cohort-runner: {e}");
+        }
+        self.last_write = Instant::now();
+        self.dirty = false;
+    }
+}
+
+fn spawn_stdout_reader(
+    i: usize,
+    stdout: std::process::ChildStdout,
+    log: Arc<Mutex<OutputLog>>,
+    tx: Sender<Msg>,
+    final_path: PathBuf,
+) {
+    std::thread::spawn(move || {
+        let mut parser = StreamParser::default();
+        let mut reader = BufReader::with_capacity(256 << 10, stdout);
+        let mut recent_output: VecDeque<String> = VecDeque::new();
+        let mut recent_tools: VecDeque<RecentTool> = VecDeque::new();
+        let mut last_sent = Instant::now() - WRITE_INTERVAL;
+        let _ = parser.run(&mut reader, |summary, notice| {
+            let line = match &notice {
+                Notice::Session { .. } => None,
+                Notice::AssistantMessage {
+                    text,
+                    stop_reason,
+                    error,
+                } => {
+                    for l in text.lines().filter(|l| !l.trim().is_empty()) {
+                        recent_output.push_back(pi::preview(l, 200));
+                        if recent_output.len() > 8 {
+                            recent_output.pop_front();
+                        }
+                    }
+                    let mut out = String::new();
+                    if !text.is_empty() {
+                        out.push_str(text);
+                    }
+                    if let Some(e) = error {
+                        out.push_str(&format!(
+                            "\n[model error ({}): {e}]",
+                            stop_reason.as_deref().unwrap_or("?")
+                        ));
+                    }
+                    (!out.is_empty()).then_some(out)
+                }
+                Notice::ToolStart { name, args } => {
+                    recent_tools.push_back(RecentTool {
+                        tool: name.clone(),
+                        args: args.clone(),
+                    });
+                    if recent_tools.len() > 5 {
+                        recent_tools.pop_front();
+                    }
+                    Some(format!("→ {name} {args}"))
+                }
+                Notice::ToolEnd {
+                    name,
+                    result,
+                    is_error,
+                } => Some(format!(
+                    "  {} {name}: {result}",
+                    if *is_error { "✗" } else { "←" }
+                )),
+            };
+            if let Some(line) = line {
+                if let Ok(mut log) = log.lock() {
+                    log.write_line(&line);
+                }
+            }
+            if last_sent.elapsed() >= WRITE_INTERVAL {
+                last_sent = Instant::now();
+                let _ = tx.send(Msg::Progress(
+                    i,
+                    Progress {
+                        turn_count: summary.turn_count,
+                        tool_count: summary.tool_count,
+                        usage: summary.usage.clone(),
+                        model: summary.model.clone(),
+                        output: recent_output.iter().cloned().collect(),
+                        tools: recent_tools.iter().cloned().collect(),
+                    },
+                ));
+            }
+        });
+        let summary = parser.summary;
+        let _ = tx.send(Msg::Progress(
+            i,
+            Progress {
+                turn_count: summary.turn_count,
+                tool_count: summary.tool_count,
+                usage: summary.usage.clone(),
+                model: summary.model.clone(),
+                output: recent_output.into_iter().collect(),
+                tools: recent_tools.into_iter().collect(),
+            },
+        ));
+        if let Err(e) = fsutil::write_atomic(&final_path, summary.final_text.as_bytes()) {
+            eprintln!("cohort-runner: {e}");
+        }
+        let _ = tx.send(Msg::StreamEnd(i, summary));
+    });
+}
+
+fn spawn_stderr_reader(
+    stderr: std::process::ChildStderr,
+    log: Arc<Mutex<OutputLog>>,
+    tail: Arc<Mutex<VecDeque<String>>>,
+) {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stderr);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            // Bounded: a stderr line longer than 64 KiB is cut.
+            match (&mut reader).take(64 << 10).read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            let line = String::from_utf8_lossy(&buf).trim_end().to_string();
+            if line.is_empty() {
+                continue;
+            }
+            if let Ok(mut log) = log.lock() {
+                log.write_line(&format!("[stderr] {line}"));
+            }
+            if let Ok(mut t) = tail.lock() {
+                t.push_back(pi::preview(&line, 300));
+                if t.len() > STDERR_TAIL_LINES {
+                    t.pop_front();
+                }
+            }
+        }
+    });
+}
+
+/// The processes that belong to step `step` of run `run_id`: those whose environment carries
+/// the step's `COHORT_PARENT_RUN_ID`/`COHORT_PARENT_STEP`, and the descendants of the step's
+/// child `root` (excluding nested cohort runners and their trees).
+pub fn step_processes(run_id: &str, step: usize, root: u32) -> Vec<u32> {
+    let me = std::process::id();
+    let procs = procinfo::all_processes();
+    let want_run = format!("{PARENT_RUN_ENV}={run_id}");
+    let want_step = format!("{PARENT_STEP_ENV}={step}");
+    let mut found: HashSet<u32> = procinfo::descendants(&procs, root).into_iter().collect();
+    for (&pid, st) in &procs {
+        if pid == me || st.state == 'Z' {
+            continue;
+        }
+        if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
+            let mut has_run = false;
+            let mut has_step = false;
+            for var in env.split(|&b| b == 0) {
+                has_run |= var == want_run.as_bytes();
+                has_step |= var == want_step.as_bytes();
+            }
+            if has_run && has_step {
+                found.insert(pid);
+            }
+        }
+    }
+    // Nested cohort runners (and everything under them) are left to their own runs.
+    let nested: Vec<u32> = found
+        .iter()
+        .copied()
+        .filter(|&p| {
+            procs
+                .get(&p)
+                .map(|s| s.comm == "cohort-runner")
+                .unwrap_or(false)
+        })
+        .collect();
+    for n in nested {
+        found.remove(&n);
+        for d in procinfo::descendants(&procs, n) {
+            found.remove(&d);
+        }
+    }
+    found.retain(|&p| procs.get(&p).map(|s| s.state != 'Z').unwrap_or(false) && p != me);
+    found.into_iter().collect()
+}
+
+/// TERM every process of the step, wait up to `grace` for them to go, KILL the rest; returns
+/// the ones still alive after that (`"<pid> <cmdline>"`).
+pub fn sweep_descendants(run_id: &str, step: usize, root: u32, grace: Duration) -> Vec<String> {
+    let first = step_processes(run_id, step, root);
+    if first.is_empty() {
+        return Vec::new();
+    }
+    for &p in &first {
+        let _ = signal::kill(Pid::from_raw(p as i32), Signal::SIGTERM);
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline && !step_processes(run_id, step, root).is_empty() {
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    for p in step_processes(run_id, step, root) {
+        let _ = signal::kill(Pid::from_raw(p as i32), Signal::SIGKILL);
+    }
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let mut left = step_processes(run_id, step, root);
+    while !left.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(25));
+        left = step_processes(run_id, step, root);
+    }
+    left.into_iter()
+        .map(|p| format!("{p} {}", procinfo::cmdline(p)))
+        .collect()
+}
+
+/// Detach the current process from its spawner: a new session (no controlling terminal, its
+/// own process group), SIGHUP ignored, and child-subreaper status so orphaned descendants of
+/// its children are reparented to it. Called first thing by `cohort-runner`.
+pub fn detach() -> Result<()> {
+    nix::unistd::setsid().map_err(|e| {
+        Error::Usage(format!(
+            "setsid failed: {e} (the runner must not be started as a process-group leader)"
+        ))
+    })?;
+    // SAFETY-free: signal-hook's flag-free ignore is not offered; nix's sigaction is safe for
+    // SIG_IGN.
+    unsafe {
+        signal::signal(Signal::SIGHUP, signal::SigHandler::SigIgn)
+            .map_err(|e| Error::Usage(format!("cannot ignore SIGHUP: {e}")))?;
+    }
+    nix::sys::prctl::set_child_subreaper(true)
+        .map_err(|e| Error::Usage(format!("cannot become a child subreaper: {e}")))?;
+    Ok(())
+}
+
+/// Open `path` (the runner log) for appending, to become the runner's stderr.
+pub fn open_runner_log(path: &Path) -> Result<File> {
+    fsutil::open_append(path).and_then(|f| {
+        f.metadata().at("stat", path)?;
+        Ok(f)
+    })
+}

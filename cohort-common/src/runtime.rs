@@ -1,0 +1,333 @@
+//! Runtime identity: the Pi installation a run launches its children with (DESIGN §5).
+//!
+//! A runtime is three canonical absolute paths: the Node executable, the Pi CLI entry script
+//! and the Pi package root. Spawn captures it once ([`capture`]); the runner validates it again
+//! before every child launch ([`validate`]) and runs `node <entry> …` directly, never through a
+//! `PATH` lookup. The paths are not a version lock: replacing Node or Pi in place changes what
+//! runs.
+
+use std::ffi::OsStr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// npm package names of the Pi coding agent (the `name` in its `package.json`).
+pub const PI_PACKAGE_NAMES: [&str; 2] = [
+    "@mariozechner/pi-coding-agent",
+    "@earendil-works/pi-coding-agent",
+];
+/// Exported by a runner to its children: the Node executable of the run's runtime.
+pub const NODE_ENV: &str = "COHORT_NODE";
+/// Exported by a runner to its children: the Pi CLI entry of the run's runtime.
+pub const PI_ENTRY_ENV: &str = "COHORT_PI_ENTRY";
+
+/// A validated Pi runtime, as recorded in `status.json` and the launch spec.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Runtime {
+    /// Canonical path of the Node executable.
+    pub node_exec_path: PathBuf,
+    /// Canonical path of the Pi CLI entry script (the package's declared `bin`).
+    pub pi_entry_path: PathBuf,
+    /// Canonical path of the Pi package root (the dir holding its `package.json`).
+    pub pi_package_root: PathBuf,
+}
+
+/// Where a captured runtime came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeSource {
+    /// `--node` / `--pi-entry`.
+    Flags,
+    /// `COHORT_NODE` / `COHORT_PI_ENTRY`, exported by a parent runner.
+    Environment,
+    /// `node` and `pi` found on `PATH`.
+    Path,
+}
+
+/// Why a runtime is missing or invalid. Maps to exit code 3.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuntimeError {
+    /// A required program could not be found.
+    #[error("no {what} found: {hint}")]
+    NotFound {
+        /// "node" or "pi".
+        what: &'static str,
+        /// What to do about it.
+        hint: String,
+    },
+    /// The Node path is not an existing executable regular file.
+    #[error("Node at {} is not usable: {reason}", path.display())]
+    BadNode {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The Pi entry is not the declared CLI of a Pi coding-agent package.
+    #[error("Pi entry {} is not supported: {reason}", path.display())]
+    BadEntry {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What the caller asked for: explicit paths, if any.
+#[derive(Clone, Debug, Default)]
+pub struct RuntimeRequest {
+    /// `--node`.
+    pub node: Option<PathBuf>,
+    /// `--pi-entry`.
+    pub pi_entry: Option<PathBuf>,
+}
+
+/// Capture the caller's runtime: flags first, then `COHORT_NODE`/`COHORT_PI_ENTRY`, then `node`
+/// and `pi` on `PATH` (resolved once, now). Each path is made absolute and canonical, then the
+/// whole is [`validate`]d. Returns the runtime and where its entry came from.
+pub fn capture(req: &RuntimeRequest) -> Result<(Runtime, RuntimeSource), RuntimeError> {
+    let env_node = std::env::var_os(NODE_ENV).filter(|v| !v.is_empty());
+    let env_entry = std::env::var_os(PI_ENTRY_ENV).filter(|v| !v.is_empty());
+    let path_var = std::env::var_os("PATH").unwrap_or_default();
+
+    let (entry, source) = match (&req.pi_entry, &env_entry) {
+        (Some(p), _) => (p.clone(), RuntimeSource::Flags),
+        (None, Some(p)) => (PathBuf::from(p), RuntimeSource::Environment),
+        (None, None) => (
+            find_on_path("pi", &path_var).ok_or_else(|| RuntimeError::NotFound {
+                what: "pi",
+                hint: "no `pi` on PATH; install it (npm install -g @mariozechner/pi-coding-agent) or pass --pi-entry PATH/TO/dist/cli.js".into(),
+            })?,
+            RuntimeSource::Path,
+        ),
+    };
+    let node = match (&req.node, &env_node) {
+        (Some(p), _) => p.clone(),
+        (None, Some(p)) => PathBuf::from(p),
+        (None, None) => find_on_path("node", &path_var).ok_or_else(|| RuntimeError::NotFound {
+            what: "node",
+            hint: "no `node` on PATH; install Node.js or pass --node PATH".into(),
+        })?,
+    };
+    Ok((validate(&node, &entry)?, source))
+}
+
+/// Validate a runtime from its Node path and Pi entry path; returns it with canonical paths.
+///
+/// Valid means: Node is an existing executable regular file; the entry is an existing regular
+/// file inside a package whose `package.json` `name` is one of [`PI_PACKAGE_NAMES`] and whose
+/// declared CLI (see [`declared_cli`]) resolves to exactly that entry.
+pub fn validate(node: &Path, entry: &Path) -> Result<Runtime, RuntimeError> {
+    let bad_node = |reason: String| RuntimeError::BadNode {
+        path: node.to_path_buf(),
+        reason,
+    };
+    let node_c = node.canonicalize().map_err(|e| bad_node(format!("{e}")))?;
+    let meta = std::fs::metadata(&node_c).map_err(|e| bad_node(format!("{e}")))?;
+    if !meta.is_file() {
+        return Err(bad_node("not a regular file".into()));
+    }
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Err(bad_node("not executable".into()));
+    }
+
+    let bad_entry = |reason: String| RuntimeError::BadEntry {
+        path: entry.to_path_buf(),
+        reason,
+    };
+    let entry_c = entry
+        .canonicalize()
+        .map_err(|e| bad_entry(format!("{e}")))?;
+    if !std::fs::metadata(&entry_c)
+        .map_err(|e| bad_entry(format!("{e}")))?
+        .is_file()
+    {
+        return Err(bad_entry("not a regular file".into()));
+    }
+    let mut dir = entry_c.parent();
+    while let Some(d) = dir {
+        let manifest = d.join("package.json");
+        if let Ok(bytes) = std::fs::read(&manifest) {
+            let pkg: serde_json::Value = serde_json::from_slice(&bytes)
+                .map_err(|e| bad_entry(format!("{} is not valid JSON: {e}", manifest.display())))?;
+            let name = pkg.get("name").and_then(|n| n.as_str()).unwrap_or("");
+            if !PI_PACKAGE_NAMES.contains(&name) {
+                return Err(bad_entry(format!(
+                    "it belongs to package {name:?} ({}), not a Pi coding-agent package; standalone binaries and custom hosts are unsupported",
+                    manifest.display()
+                )));
+            }
+            let cli = declared_cli(&pkg).ok_or_else(|| {
+                bad_entry(format!("{} declares no CLI (`bin`)", manifest.display()))
+            })?;
+            let declared = d.join(cli).canonicalize().map_err(|e| {
+                bad_entry(format!(
+                    "the declared CLI {cli:?} of {} is missing: {e}",
+                    d.display()
+                ))
+            })?;
+            if declared != entry_c {
+                return Err(bad_entry(format!(
+                    "it is not the package's declared CLI ({})",
+                    declared.display()
+                )));
+            }
+            return Ok(Runtime {
+                node_exec_path: node_c,
+                pi_entry_path: entry_c.clone(),
+                pi_package_root: d.to_path_buf(),
+            });
+        }
+        dir = d.parent();
+    }
+    Err(bad_entry(
+        "it is not inside an npm package (no package.json above it); standalone binaries and custom hosts are unsupported".into(),
+    ))
+}
+
+/// The declared CLI of a `package.json`: `bin` when it is a string, else `bin.pi`, else the only
+/// value of `bin`. `None` when none of these applies.
+pub fn declared_cli(pkg: &serde_json::Value) -> Option<&str> {
+    match pkg.get("bin")? {
+        serde_json::Value::String(s) => Some(s),
+        serde_json::Value::Object(map) => match map.get("pi") {
+            Some(v) => v.as_str(),
+            None if map.len() == 1 => map.values().next()?.as_str(),
+            None => None,
+        },
+        _ => None,
+    }
+}
+
+/// The first executable regular file named `name` in the `PATH`-style list `path_var`,
+/// made canonical (npm's `.bin/pi` symlink resolves to the package's `dist/cli.js`).
+pub fn find_on_path(name: &str, path_var: &OsStr) -> Option<PathBuf> {
+    std::env::split_paths(path_var)
+        .filter(|d| d.is_absolute())
+        .map(|d| d.join(name))
+        .find(|p| {
+            std::fs::metadata(p)
+                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+        })
+        .and_then(|p| p.canonicalize().ok())
+}
+
+/// Check a recorded runtime still exists and is valid, naming the first problem. Used before
+/// every child launch and by revival, status `--check` and `--doctor`.
+pub fn revalidate(rt: &Runtime) -> Result<Runtime, RuntimeError> {
+    validate(&rt.node_exec_path, &rt.pi_entry_path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::fs;
+
+    #[test]
+    fn declared_cli_forms() {
+        assert_eq!(
+            declared_cli(&json!({"bin": "dist/cli.js"})),
+            Some("dist/cli.js")
+        );
+        assert_eq!(
+            declared_cli(&json!({"bin": {"pi": "dist/cli.js", "other": "x.js"}})),
+            Some("dist/cli.js")
+        );
+        assert_eq!(declared_cli(&json!({"bin": {"pix": "a.js"}})), Some("a.js"));
+        assert_eq!(
+            declared_cli(&json!({"bin": {"a": "a.js", "b": "b.js"}})),
+            None
+        );
+        assert_eq!(declared_cli(&json!({})), None);
+    }
+
+    fn fake_package(dir: &Path, name: &str) -> PathBuf {
+        fs::create_dir_all(dir.join("dist")).unwrap();
+        fs::write(
+            dir.join("package.json"),
+            json!({"name": name, "bin": {"pi": "dist/cli.js"}}).to_string(),
+        )
+        .unwrap();
+        fs::write(dir.join("dist/cli.js"), "").unwrap();
+        fs::write(dir.join("dist/other.js"), "").unwrap();
+        dir.join("dist/cli.js")
+    }
+
+    fn fake_node(dir: &Path) -> PathBuf {
+        let node = dir.join("node");
+        fs::write(&node, "#!/bin/sh\n").unwrap();
+        fs::set_permissions(&node, fs::Permissions::from_mode(0o755)).unwrap();
+        node
+    }
+
+    #[test]
+    fn validates_a_pi_package() {
+        let t = tempfile::tempdir().unwrap();
+        let entry = fake_package(&t.path().join("pkg"), PI_PACKAGE_NAMES[0]);
+        let node = fake_node(t.path());
+        let rt = validate(&node, &entry).unwrap();
+        assert_eq!(
+            rt.pi_package_root,
+            t.path().join("pkg").canonicalize().unwrap()
+        );
+        assert!(rt.pi_entry_path.is_absolute());
+    }
+
+    #[test]
+    fn refuses_wrong_entries() {
+        let t = tempfile::tempdir().unwrap();
+        let entry = fake_package(&t.path().join("pkg"), PI_PACKAGE_NAMES[1]);
+        let node = fake_node(t.path());
+        let other = entry.with_file_name("other.js");
+        assert!(matches!(
+            validate(&node, &other),
+            Err(RuntimeError::BadEntry { .. })
+        ));
+        let foreign = fake_package(&t.path().join("foreign"), "left-pad");
+        assert!(matches!(
+            validate(&node, &foreign),
+            Err(RuntimeError::BadEntry { .. })
+        ));
+        assert!(matches!(
+            validate(&node, &t.path().join("missing.js")),
+            Err(RuntimeError::BadEntry { .. })
+        ));
+    }
+
+    #[test]
+    fn refuses_bad_node() {
+        let t = tempfile::tempdir().unwrap();
+        let entry = fake_package(&t.path().join("pkg"), PI_PACKAGE_NAMES[0]);
+        let plain = t.path().join("plain");
+        fs::write(&plain, "").unwrap();
+        assert!(matches!(
+            validate(&plain, &entry),
+            Err(RuntimeError::BadNode { .. })
+        ));
+        assert!(matches!(
+            validate(&t.path().join("nope"), &entry),
+            Err(RuntimeError::BadNode { .. })
+        ));
+        assert!(matches!(
+            validate(t.path(), &entry),
+            Err(RuntimeError::BadNode { .. })
+        ));
+    }
+
+    #[test]
+    fn finds_on_path_through_symlinks() {
+        let t = tempfile::tempdir().unwrap();
+        let entry = fake_package(&t.path().join("pkg"), PI_PACKAGE_NAMES[0]);
+        fs::set_permissions(&entry, fs::Permissions::from_mode(0o755)).unwrap();
+        let bin = t.path().join("bin");
+        fs::create_dir(&bin).unwrap();
+        std::os::unix::fs::symlink(&entry, bin.join("pi")).unwrap();
+        let found = find_on_path("pi", bin.as_os_str()).unwrap();
+        assert_eq!(found, entry.canonicalize().unwrap());
+        assert!(find_on_path("pi", OsStr::new("relative/dir")).is_none());
+    }
+}

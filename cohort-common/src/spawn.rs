@@ -1,0 +1,350 @@
+//! Starting a run: the library side of `cohort-spawn` (DESIGN §3, §4, §5).
+//!
+//! Order matters and is the contract: usage errors are refused before anything exists; then the
+//! run dir is created exclusively with its lock file, and `queued` is published *before*
+//! anything is validated; then cwd, runtime and session rules are checked, the launch spec is
+//! written, and the detached runner is started. If any step after `queued` fails, the record is
+//! rewritten `failed` with the reason, so a failed start always leaves a record that says why.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::json;
+
+use crate::error::{Error, IoContext, Result};
+use crate::events;
+use crate::fsutil;
+use crate::id::RunId;
+use crate::layout::{RunDir, StateRoot, PROFILE_ENV};
+use crate::lock::{self, RunLock};
+use crate::record::{self, RunMode, RunRecord, RunState, StepRecord};
+use crate::runner::{self, PARENT_RUN_ENV, PARENT_STEP_ENV};
+use crate::runtime::{self, Runtime, RuntimeRequest, RuntimeSource};
+use crate::spec::{self, ChainStep, LaunchSpec, RunOptions, SPEC_VERSION};
+
+/// The line the runner prints on stdout once `running` is published.
+pub const READY_LINE: &str = "cohort-runner: ready";
+/// Overrides where spawn finds `cohort-runner` (default: beside the spawn executable).
+pub const RUNNER_ENV: &str = "COHORT_RUNNER";
+
+/// Everything a spawn needs, already parsed (usage errors are the binary's).
+#[derive(Clone, Debug, Default)]
+pub struct SpawnRequest {
+    /// The chain (one task for a single run).
+    pub chain: Vec<ChainStep>,
+    /// single, chain or parallel.
+    pub mode: RunMode,
+    /// `--cwd`; default: the session header's cwd when continuing a session, else the current
+    /// directory.
+    pub cwd: Option<PathBuf>,
+    /// `--node` / `--pi-entry`.
+    pub runtime: RuntimeRequest,
+    /// A runtime that must be used as recorded (revival); skips capture.
+    pub pinned_runtime: Option<Runtime>,
+    /// Everything after `--`.
+    pub pi_args: Vec<String>,
+    /// Options.
+    pub options: RunOptions,
+    /// The run this one revives.
+    pub revives: Option<String>,
+    /// The path of `cohort-runner`.
+    pub runner: PathBuf,
+}
+
+/// A started run.
+#[derive(Clone, Debug)]
+pub struct Spawned {
+    /// The new run's id.
+    pub run_id: String,
+    /// Its directory.
+    pub dir: RunDir,
+    /// Where its runtime came from.
+    pub runtime_source: Option<RuntimeSource>,
+    /// The runtime.
+    pub runtime: Runtime,
+}
+
+/// A failed start: the error, and the run that was left `failed` (when one was created).
+#[derive(Debug)]
+pub struct SpawnError {
+    /// The id of the run left `failed`, if the failure came after `queued`.
+    pub run_id: Option<String>,
+    /// What went wrong.
+    pub error: Error,
+}
+
+impl From<Error> for SpawnError {
+    fn from(error: Error) -> Self {
+        SpawnError {
+            run_id: None,
+            error,
+        }
+    }
+}
+
+/// Where `cohort-runner` is: `$COHORT_RUNNER`, else beside the current executable.
+pub fn default_runner_path() -> PathBuf {
+    if let Some(p) = std::env::var_os(RUNNER_ENV).filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join("cohort-runner")))
+        .unwrap_or_else(|| PathBuf::from("cohort-runner"))
+}
+
+/// Start a run. See the module docs for the order of steps.
+pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned, SpawnError> {
+    if req.chain.is_empty() {
+        return Err(Error::Usage("nothing to run: no task".into()).into());
+    }
+    fsutil::create_dir_all_private(&root.runs_dir())?;
+    let run_id = RunId::new().to_string();
+    let dir = root.run_dir(&run_id);
+    fsutil::create_dir_exclusive(dir.path())?;
+    fsutil::create_file_exclusive(&dir.lock())?;
+
+    // Publish `queued` before validating anything.
+    let (flat, groups) = spec::flatten(&req.chain);
+    let mut rec = RunRecord::queued(&run_id, req.mode);
+    rec.cwd = req.cwd.clone();
+    rec.chain_step_count = Some(req.chain.len());
+    rec.parallel_groups = groups;
+    rec.revives = req.revives.clone();
+    rec.steps = flat
+        .iter()
+        .map(|f| StepRecord {
+            agent: spec::label_of(&f.spec, f.index),
+            task: f.spec.task.clone(),
+            model: f.spec.model.clone(),
+            session_file: f.spec.session_file.clone(),
+            ..Default::default()
+        })
+        .collect();
+    record::store(&dir.status(), &rec).map_err(|e| SpawnError {
+        run_id: Some(run_id.clone()),
+        error: e,
+    })?;
+    let _ = events::append_once(&dir.events(), "run.queued", json!({}));
+
+    match prepare_and_start(root, &dir, &mut rec, &req) {
+        Ok((runtime, source)) => Ok(Spawned {
+            run_id,
+            dir,
+            runtime_source: source,
+            runtime,
+        }),
+        Err(error) => {
+            fail_start(&dir, &error);
+            Err(SpawnError {
+                run_id: Some(run_id),
+                error,
+            })
+        }
+    }
+}
+
+/// Rewrite a run whose start failed as `failed` with the reason, unless a runner has taken it
+/// over (then the runner's record stands).
+fn fail_start(dir: &RunDir, error: &Error) {
+    let Ok(Some(_lock)) = RunLock::try_acquire(&dir.lock()) else {
+        return;
+    };
+    let Ok(mut rec) = record::load(&dir.status()) else {
+        return;
+    };
+    if rec.state.is_terminal() {
+        return;
+    }
+    let msg = format!("start failed: {error}");
+    rec.finish(RunState::Failed, Some(msg.clone()));
+    let _ = record::store(&dir.status(), &rec);
+    let _ = events::append_once(&dir.events(), "run.failed", json!({"error": msg}));
+}
+
+fn prepare_and_start(
+    root: &StateRoot,
+    dir: &RunDir,
+    rec: &mut RunRecord,
+    req: &SpawnRequest,
+) -> Result<(Runtime, Option<RuntimeSource>)> {
+    // Working directory: --cwd, else a continued session's header cwd, else ours.
+    let cwd = match &req.cwd {
+        Some(c) => c.clone(),
+        None => first_session_file(&req.chain)
+            .and_then(|f| session_header_cwd(&f))
+            .map(Ok)
+            .unwrap_or_else(|| {
+                std::env::current_dir()
+                    .map_err(|e| Error::Usage(format!("cannot read the current directory: {e}")))
+            })?,
+    };
+    let cwd = validate_cwd(&cwd)?;
+    rec.cwd = Some(cwd.clone());
+
+    let (rt, source) = match &req.pinned_runtime {
+        Some(rt) => (runtime::revalidate(rt)?, None),
+        None => {
+            let (rt, src) = runtime::capture(&req.runtime)?;
+            (rt, Some(src))
+        }
+    };
+    rec.runtime = Some(rt.clone());
+
+    let session_dir = root.default_session_dir(&rec.run_id);
+    fsutil::create_dir_all_private(&session_dir)?;
+    rec.session_dir = Some(session_dir.clone());
+    for (i, s) in rec.steps.iter_mut().enumerate() {
+        if s.session_file.is_none() {
+            s.session_file = Some(runner::default_session_file(&session_dir, i));
+        }
+    }
+
+    let spec = LaunchSpec {
+        format_version: SPEC_VERSION,
+        run_id: rec.run_id.clone(),
+        mode: rec.mode,
+        cwd,
+        runtime: rt.clone(),
+        profile_dir: root.profile().to_path_buf(),
+        session_dir,
+        chain: req.chain.clone(),
+        pi_args: req.pi_args.clone(),
+        options: req.options.clone(),
+        placement: None,
+        max_depth: 2,
+    };
+    fsutil::write_json_atomic(&dir.spec(), &spec)?;
+    rec.last_update = Some(record::now_ms());
+    record::store(&dir.status(), rec)?;
+
+    start_runner(root, dir, &req.runner)?;
+    Ok((rt, source))
+}
+
+fn first_session_file(chain: &[ChainStep]) -> Option<PathBuf> {
+    match chain.first()? {
+        ChainStep::Task(t) => t.session_file.clone(),
+        ChainStep::Parallel(_) => None,
+    }
+}
+
+/// The `cwd` in a Pi session file's header (its first line), if readable.
+pub fn session_header_cwd(file: &Path) -> Option<PathBuf> {
+    let f = std::fs::File::open(file).ok()?;
+    let mut line = String::new();
+    BufReader::new(f).take_line(&mut line)?;
+    let v: serde_json::Value = serde_json::from_str(&line).ok()?;
+    (v.get("type")?.as_str()? == "session")
+        .then(|| v.get("cwd")?.as_str().map(PathBuf::from))
+        .flatten()
+}
+
+trait TakeLine {
+    fn take_line(self, out: &mut String) -> Option<()>;
+}
+
+impl<R: BufRead> TakeLine for R {
+    fn take_line(self, out: &mut String) -> Option<()> {
+        self.take(1 << 20)
+            .read_line(out)
+            .ok()
+            .filter(|&n| n > 0)
+            .map(|_| ())
+    }
+}
+
+/// A cwd must exist and be a directory; returns its canonical form.
+pub fn validate_cwd(cwd: &Path) -> Result<PathBuf> {
+    let meta = std::fs::metadata(cwd).map_err(|e| {
+        Error::Usage(format!(
+            "working directory {} is not usable: {e}",
+            cwd.display()
+        ))
+    })?;
+    if !meta.is_dir() {
+        return Err(Error::Usage(format!(
+            "working directory {} is not a directory",
+            cwd.display()
+        )));
+    }
+    cwd.canonicalize().at("resolve", cwd)
+}
+
+/// Start the detached runner for `dir` and wait until it reports `running` (or dies).
+fn start_runner(root: &StateRoot, dir: &RunDir, runner: &Path) -> Result<()> {
+    let log = fsutil::open_append(&dir.runner_log())?;
+    let mut child = Command::new(runner)
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .env(PROFILE_ENV, root.profile())
+        // The runner is not a step process of any parent run: keep it out of the parent's
+        // descendant sweep (see runner::step_processes).
+        .env_remove(PARENT_RUN_ENV)
+        .env_remove(PARENT_STEP_ENV)
+        .spawn()
+        .map_err(|e| Error::Usage(format!("cannot start the runner {}: {e}", runner.display())))?;
+    let stdout = child.stdout.take().expect("piped");
+    let mut line = String::new();
+    let _ = BufReader::new(stdout).read_line(&mut line);
+    if line.trim_end() == READY_LINE {
+        // The runner is detached (its own session); it is reparented to init when we exit.
+        return Ok(());
+    }
+    let status = child.wait().ok();
+    let tail = std::fs::read_to_string(dir.runner_log())
+        .unwrap_or_default()
+        .lines()
+        .rev()
+        .take(3)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join(" | ");
+    // The runner may have got as far as `running` before dying.
+    let _ = lock::probe(&dir.lock());
+    Err(Error::Usage(format!(
+        "the runner did not start ({}){}",
+        status
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "unknown status".into()),
+        if tail.is_empty() {
+            String::new()
+        } else {
+            format!(": {tail}")
+        }
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_header_cwd_reads_the_first_line() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("s.jsonl");
+        std::fs::write(&f, "{\"type\":\"session\",\"version\":3,\"id\":\"x\",\"cwd\":\"/some/where\"}\n{\"type\":\"message\"}\n").unwrap();
+        assert_eq!(session_header_cwd(&f), Some(PathBuf::from("/some/where")));
+        std::fs::write(&f, "{\"type\":\"message\"}\n").unwrap();
+        assert_eq!(session_header_cwd(&f), None);
+        assert_eq!(session_header_cwd(&d.path().join("missing")), None);
+    }
+
+    #[test]
+    fn cwd_must_be_a_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("file");
+        std::fs::write(&f, "").unwrap();
+        assert!(validate_cwd(&f)
+            .unwrap_err()
+            .to_string()
+            .contains("not a directory"));
+        assert!(validate_cwd(&d.path().join("nope")).is_err());
+        assert!(validate_cwd(d.path()).is_ok());
+    }
+}

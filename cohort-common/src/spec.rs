@@ -1,0 +1,336 @@
+//! The launch spec (`launch.json`) and the chain file format (DESIGN §6).
+//!
+//! Spawn writes the launch spec once, before starting the runner; it is immutable and holds
+//! everything the runner needs: the chain of steps, options, runtime, cwd, profile and session
+//! dir. The chain file a user passes to `cohort-spawn --chain` is parsed by [`parse_chain`],
+//! which refuses unknown keys so that a typo is never silently ignored.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::record::{ParallelGroup, RunMode};
+use crate::runtime::Runtime;
+
+/// Format version of `launch.json`.
+pub const SPEC_VERSION: u32 = 1;
+
+/// One Pi task: what a flat step runs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TaskSpec {
+    /// The prompt; `{previous}` is replaced by the previous step's final text.
+    pub task: String,
+    /// A label shown in listings and heading this step's text in `{previous}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// `--model provider/id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// `--thinking LEVEL`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
+    /// `--tools a,b,c`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    /// Extra Pi arguments for this step, after the run-wide ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pi_args: Vec<String>,
+    /// An existing session file to continue (`--session`); default: a new file in the run's
+    /// session dir.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_file: Option<PathBuf>,
+}
+
+/// A parallel group: tasks that run at once, at most `concurrency` alive together.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ParallelSpec {
+    /// The members.
+    pub parallel: Vec<TaskSpec>,
+    /// Most members alive at once (default: the run's `--concurrency`, else all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<usize>,
+}
+
+/// One chain step: a task or a parallel group.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ChainStep {
+    /// A single task.
+    Task(TaskSpec),
+    /// A parallel group.
+    Parallel(ParallelSpec),
+}
+
+/// Run-wide options.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunOptions {
+    /// Grace between SIGTERM and SIGKILL when stopping a child, ms.
+    pub grace_ms: u64,
+    /// Deadline for the whole run, ms from the runner's start.
+    pub timeout_ms: Option<u64>,
+    /// Deadline for each step, ms from its child's start.
+    pub step_timeout_ms: Option<u64>,
+    /// In a parallel group, the first failed member stops its siblings.
+    pub fail_fast: bool,
+    /// Default bound on members alive at once in a parallel group.
+    pub concurrency: Option<usize>,
+    /// Cap of each `output-<i>.log`, bytes.
+    pub output_cap_bytes: u64,
+    /// Cap of `events.jsonl`, bytes.
+    pub events_cap_bytes: u64,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            grace_ms: 5_000,
+            timeout_ms: None,
+            step_timeout_ms: None,
+            fail_fast: false,
+            concurrency: None,
+            output_cap_bytes: 16 << 20,
+            events_cap_bytes: 4 << 20,
+        }
+    }
+}
+
+/// Where a nested run sits in its tree (DESIGN §7).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    /// The top-level run of the tree.
+    pub root_run_id: String,
+    /// The run whose child started this one.
+    pub parent_run_id: String,
+    /// The parent's flat step index.
+    pub parent_step_index: usize,
+    /// This run's depth (parent's depth + 1).
+    pub depth: u32,
+    /// Deepest depth allowed in the tree.
+    pub max_depth: u32,
+    /// The route dir of the tree.
+    pub route_dir: PathBuf,
+    /// The tree's capability token.
+    pub capability_token: String,
+}
+
+/// The content of `launch.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LaunchSpec {
+    /// [`SPEC_VERSION`].
+    pub format_version: u32,
+    /// The run id.
+    pub run_id: String,
+    /// single, chain or parallel.
+    pub mode: RunMode,
+    /// Canonical working directory of every child.
+    pub cwd: PathBuf,
+    /// The validated runtime.
+    pub runtime: Runtime,
+    /// The Pi profile dir, pinned as `PI_CODING_AGENT_DIR` for every child.
+    pub profile_dir: PathBuf,
+    /// Where new session files go.
+    pub session_dir: PathBuf,
+    /// The steps.
+    pub chain: Vec<ChainStep>,
+    /// Run-wide extra Pi args (everything after `--`), before each step's own.
+    pub pi_args: Vec<String>,
+    /// Options.
+    pub options: RunOptions,
+    /// Nested placement, for nested runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+    /// Max depth for the tree this run roots (top-level runs only).
+    #[serde(default)]
+    pub max_depth: u32,
+}
+
+/// A flat step: one Pi child, with the chain step it belongs to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlatStep {
+    /// Index among all flat steps.
+    pub index: usize,
+    /// Index of its chain step.
+    pub chain_index: usize,
+    /// The task.
+    pub spec: TaskSpec,
+}
+
+/// Flatten a chain into flat steps and the parallel groups' ranges.
+pub fn flatten(chain: &[ChainStep]) -> (Vec<FlatStep>, Vec<ParallelGroup>) {
+    let mut flat = Vec::new();
+    let mut groups = Vec::new();
+    for (ci, step) in chain.iter().enumerate() {
+        match step {
+            ChainStep::Task(t) => flat.push(FlatStep {
+                index: flat.len(),
+                chain_index: ci,
+                spec: t.clone(),
+            }),
+            ChainStep::Parallel(p) => {
+                groups.push(ParallelGroup {
+                    start: flat.len(),
+                    count: p.parallel.len(),
+                    step_index: ci,
+                });
+                for t in &p.parallel {
+                    flat.push(FlatStep {
+                        index: flat.len(),
+                        chain_index: ci,
+                        spec: t.clone(),
+                    });
+                }
+            }
+        }
+    }
+    (flat, groups)
+}
+
+/// The label of a task: its `label`, else `step-<i>`.
+pub fn label_of(spec: &TaskSpec, flat_index: usize) -> String {
+    spec.label
+        .clone()
+        .unwrap_or_else(|| format!("step-{flat_index}"))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChainFile {
+    steps: Vec<serde_json::Value>,
+}
+
+/// Parse a chain file (JSON: `{"steps": [...]}`; each step a task object or
+/// `{"parallel": [...], "concurrency": N}`).
+///
+/// Errors ([`Error::Usage`]) name the step and the problem: unknown keys, an empty task, an empty
+/// group, a `concurrency` of 0, no steps, a session file (not allowed in chain files).
+pub fn parse_chain(text: &str) -> Result<Vec<ChainStep>> {
+    let file: ChainFile =
+        serde_json::from_str(text).map_err(|e| Error::Usage(format!("chain file: {e}")))?;
+    if file.steps.is_empty() {
+        return Err(Error::Usage("chain file: `steps` is empty".into()));
+    }
+    let mut out = Vec::new();
+    for (i, raw) in file.steps.into_iter().enumerate() {
+        let n = i + 1;
+        let step = if raw.get("parallel").is_some() {
+            let p: ParallelSpec = serde_json::from_value(raw)
+                .map_err(|e| Error::Usage(format!("chain file: step {n}: {e}")))?;
+            if p.parallel.is_empty() {
+                return Err(Error::Usage(format!(
+                    "chain file: step {n}: `parallel` is empty"
+                )));
+            }
+            if p.concurrency == Some(0) {
+                return Err(Error::Usage(format!(
+                    "chain file: step {n}: `concurrency` must be at least 1"
+                )));
+            }
+            for t in &p.parallel {
+                check_task(t, n)?;
+            }
+            ChainStep::Parallel(p)
+        } else {
+            let t: TaskSpec = serde_json::from_value(raw)
+                .map_err(|e| Error::Usage(format!("chain file: step {n}: {e}")))?;
+            check_task(&t, n)?;
+            ChainStep::Task(t)
+        };
+        out.push(step);
+    }
+    Ok(out)
+}
+
+fn check_task(t: &TaskSpec, n: usize) -> Result<()> {
+    if t.task.trim().is_empty() {
+        return Err(Error::Usage(format!("chain file: step {n}: empty `task`")));
+    }
+    if t.session_file.is_some() {
+        return Err(Error::Usage(format!(
+            "chain file: step {n}: `sessionFile` is not accepted in a chain file; use cohort-spawn --session"
+        )));
+    }
+    Ok(())
+}
+
+/// Substitute `{previous}` in a task with the previous chain step's text.
+pub fn substitute_previous(task: &str, previous: &str) -> String {
+    task.replace("{previous}", previous)
+}
+
+/// The `{previous}` text a parallel group hands on: each member's text headed by its label.
+pub fn join_group_texts(members: &[(String, String)]) -> String {
+    members
+        .iter()
+        .map(|(label, text)| format!("## {label}\n{text}"))
+        .collect::<Vec<_>>()
+        .join("\n\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"{ "steps": [
+        { "task": "List the modules in src/", "label": "scout", "model": "provider/id" },
+        { "parallel": [ { "task": "Review {previous} for bugs", "label": "bugs" },
+                        { "task": "Review {previous} for style", "label": "style" } ],
+          "concurrency": 2 },
+        { "task": "Summarize: {previous}", "thinking": "high", "tools": ["read"], "piArgs": ["--no-skills"] }
+    ] }"#;
+
+    #[test]
+    fn parses_the_design_example_and_flattens() {
+        let chain = parse_chain(EXAMPLE).unwrap();
+        assert_eq!(chain.len(), 3);
+        let (flat, groups) = flatten(&chain);
+        assert_eq!(flat.len(), 4);
+        assert_eq!(
+            groups,
+            vec![ParallelGroup {
+                start: 1,
+                count: 2,
+                step_index: 1
+            }]
+        );
+        assert_eq!(flat[3].chain_index, 2);
+        assert_eq!(flat[3].spec.pi_args, vec!["--no-skills"]);
+        // Round trip through the launch-spec form.
+        let json = serde_json::to_string(&chain).unwrap();
+        let back: Vec<ChainStep> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, chain);
+    }
+
+    #[test]
+    fn refuses_typos_and_empties() {
+        for (bad, needle) in [
+            (r#"{"steps":[{"tsk":"x"}]}"#, "step 1"),
+            (r#"{"steps":[{"task":"x","modle":"m"}]}"#, "modle"),
+            (r#"{"steps":[{"parallel":[]}]}"#, "empty"),
+            (
+                r#"{"steps":[{"parallel":[{"task":"a"}],"concurrency":0}]}"#,
+                "at least 1",
+            ),
+            (r#"{"steps":[]}"#, "empty"),
+            (r#"{"steps":[{"task":"  "}]}"#, "empty"),
+            (r#"{"stepz":[]}"#, "stepz"),
+        ] {
+            let err = parse_chain(bad).unwrap_err().to_string();
+            assert!(err.contains(needle), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn previous_substitution() {
+        assert_eq!(substitute_previous("Sum: {previous}!", "abc"), "Sum: abc!");
+        assert_eq!(
+            join_group_texts(&[("a".into(), "x".into()), ("b".into(), "y".into())]),
+            "## a\nx\n\n## b\ny"
+        );
+    }
+}
