@@ -8,6 +8,7 @@
 
 #![deny(missing_docs)]
 
+pub mod cli;
 pub mod duration;
 pub mod error;
 pub mod events;
@@ -20,6 +21,7 @@ pub mod pi;
 pub mod procinfo;
 pub mod reap;
 pub mod record;
+pub mod render;
 pub mod runner;
 pub mod runtime;
 pub mod spawn;

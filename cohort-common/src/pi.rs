@@ -489,15 +489,12 @@ pub fn decide_step(exit: ChildExit, summary: &StreamSummary, stderr_tail: &str) 
         }
         ChildExit::Code(_) => {}
     }
-    match summary.last_stop_reason.as_deref() {
-        Some(reason @ ("error" | "aborted")) => {
-            let msg = summary
-                .last_error
-                .clone()
-                .unwrap_or_else(|| format!("the model call ended with stopReason {reason}"));
-            return StepVerdict::Failed(msg);
-        }
-        _ => {}
+    if let Some(reason @ ("error" | "aborted")) = summary.last_stop_reason.as_deref() {
+        let msg = summary
+            .last_error
+            .clone()
+            .unwrap_or_else(|| format!("the model call ended with stopReason {reason}"));
+        return StepVerdict::Failed(msg);
     }
     if !summary.saw_agent_end {
         return StepVerdict::Failed(with_tail(

@@ -587,17 +587,19 @@ impl Supervisor {
             if a.exit.is_some() {
                 continue;
             }
-            if a.term_at.is_none() {
-                if let Some(d) = a.deadline {
-                    if now >= d {
+            match a.term_at {
+                None => {
+                    if a.deadline.is_some_and(|d| now >= d) {
                         let _ = signal::killpg(Pid::from_raw(a.pid as i32), Signal::SIGTERM);
                         a.term_at = Some(now);
                         a.ending = Some(Ending::StepTimeout);
                     }
                 }
-            } else if !a.killed && now >= a.term_at.expect("checked") + grace {
-                let _ = signal::killpg(Pid::from_raw(a.pid as i32), Signal::SIGKILL);
-                a.killed = true;
+                Some(t) if !a.killed && now >= t + grace => {
+                    let _ = signal::killpg(Pid::from_raw(a.pid as i32), Signal::SIGKILL);
+                    a.killed = true;
+                }
+                Some(_) => {}
             }
         }
     }
@@ -947,12 +949,13 @@ pub fn detach() -> Result<()> {
             "setsid failed: {e} (the runner must not be started as a process-group leader)"
         ))
     })?;
-    // SAFETY-free: signal-hook's flag-free ignore is not offered; nix's sigaction is safe for
-    // SIG_IGN.
-    unsafe {
-        signal::signal(Signal::SIGHUP, signal::SigHandler::SigIgn)
-            .map_err(|e| Error::Usage(format!("cannot ignore SIGHUP: {e}")))?;
-    }
+    // A handler that only sets a flag: SIGHUP no longer kills the runner, and (unlike SIG_IGN)
+    // the Pi children it execs get the default disposition back.
+    signal_hook::flag::register(
+        signal_hook::consts::SIGHUP,
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    )
+    .map_err(|e| Error::Usage(format!("cannot ignore SIGHUP: {e}")))?;
     nix::sys::prctl::set_child_subreaper(true)
         .map_err(|e| Error::Usage(format!("cannot become a child subreaper: {e}")))?;
     Ok(())

@@ -298,6 +298,23 @@ pub fn paths_of(dir: &RunDir) -> Vec<(&'static str, PathBuf)> {
     ]
 }
 
+/// The runner's pid, only if the runner is alive now *and* the process with that pid is the
+/// recorded runner (same start time and boot id): safe to `kill`. `None` otherwise.
+pub fn live_runner_pid(dir: &RunDir) -> Result<Option<u32>> {
+    let rec = record::load(&dir.status())?;
+    if !lock::probe(&dir.lock())?.is_alive() {
+        return Ok(None);
+    }
+    match (rec.pid, rec.pid_start_time, rec.boot_id.as_deref()) {
+        (Some(pid), Some(start), Some(boot))
+            if crate::procinfo::is_same_process(pid, start, boot) =>
+        {
+            Ok(Some(pid))
+        }
+        _ => Ok(None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

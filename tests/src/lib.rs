@@ -1,1 +1,9 @@
+//! The end-to-end harness of cohort: a fake model server, the pinned Pi CLI, and a temp Pi
+//! profile per test, driving the real binaries.
+//!
+//! Every test gets its own `HOME` and `PI_CODING_AGENT_DIR` in a temp dir, so runs never touch
+//! the user's profile, and a fake model server on 127.0.0.1. Waits poll a condition with a
+//! deadline; nothing sleeps and hopes.
 
+pub mod fake_server;
+pub mod harness;

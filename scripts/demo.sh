@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The main job end to end, on the bundled fake model server: build cohort, install the pinned
+# Pi CLI (once, into .pi-cli/), start a background run in a temp Pi profile, watch it go
+# queued → running → complete, print the model's reply, and reap the finished run.
+# Touches nothing outside the repo and a temp dir; the fake server listens on 127.0.0.1 only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PI_VERSION=0.73.1
+for tool in cargo node npm; do
+  command -v "$tool" >/dev/null || { echo "demo: $tool is required (Node.js 20+ and npm for Pi)" >&2; exit 2; }
+done
+
+echo "== building cohort"
+cargo build --quiet --workspace --bins
+BIN="$PWD/target/debug"
+PI_DIR="$PWD/.pi-cli/$PI_VERSION"
+ENTRY="$PI_DIR/node_modules/@mariozechner/pi-coding-agent/dist/cli.js"
+if [ ! -f "$ENTRY" ]; then
+  echo "== installing @mariozechner/pi-coding-agent@$PI_VERSION into $PI_DIR"
+  npm install --no-audit --no-fund --loglevel=error --prefix "$PI_DIR" "@mariozechner/pi-coding-agent@$PI_VERSION"
+fi
+
+WORK=$(mktemp -d)
+trap 'kill "$SERVER_PID" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+export HOME="$WORK/home" PI_CODING_AGENT_DIR="$WORK/profile"
+mkdir -p "$HOME" "$PI_CODING_AGENT_DIR" "$WORK/bin"
+ln -s "$ENTRY" "$WORK/bin/pi"          # `pi` on PATH, as a user would have it
+export PATH="$BIN:$WORK/bin:$PATH"
+
+"$BIN/fake-model-server" --log "$WORK/requests.jsonl" --profile "$PI_CODING_AGENT_DIR" > "$WORK/port" &
+SERVER_PID=$!
+for _ in $(seq 100); do [ -s "$WORK/port" ] && break; sleep 0.05; done
+echo "== fake model server on 127.0.0.1:$(cat "$WORK/port")"
+
+HERMETIC=(--no-extensions --no-skills --no-prompt-templates --no-themes --no-context-files)
+echo "== cohort-spawn --model fake/tool 'RUN: uname -s'"
+ID=$(cohort-spawn --model fake/tool "RUN: uname -s" -- "${HERMETIC[@]}")
+echo "run id: $ID"
+last=""
+while :; do
+  state=$(sed -n 's/^  "state": "\([a-z]*\)".*/\1/p' "$PI_CODING_AGENT_DIR/pi-cohort/async-subagent-runs/$ID/status.json")
+  [ "$state" != "$last" ] && echo "state: $state" && last=$state
+  case $state in complete|failed|stopped|paused) break ;; esac
+  sleep 0.1
+done
+echo "== the run's lifecycle, from its events.jsonl (queued is published by spawn before the runner starts)"
+sed -n 's/.*"type":"\([a-zA-Z.]*\)".*/  \1/p' "$PI_CODING_AGENT_DIR/pi-cohort/async-subagent-runs/$ID/events.jsonl"
+
+echo "== cohort-status"
+cohort-status
+echo "== cohort-status --wait $ID"
+cohort-status --wait "$ID" && echo "completed"
+echo "== cohort-status --output $ID"
+cohort-status --output "$ID"
+echo "== cohort-status $ID"
+cohort-status "$ID"
+echo "== cohort-reap $ID"
+cohort-reap "$ID"
+[ "$state" = complete ]

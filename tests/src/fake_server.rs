@@ -1,0 +1,281 @@
+//! A fake OpenAI-compatible model server for end-to-end tests and the demo.
+//!
+//! Listens on 127.0.0.1 only (an ephemeral port). Pi POSTs `/v1/chat/completions` with
+//! `stream: true` and reads SSE chunks ending in `data: [DONE]`. The behaviour is chosen by the
+//! model id:
+//!
+//! | model | behaviour |
+//! |---|---|
+//! | `plain` | replies `ECHO: <last user text>` |
+//! | `tool` | first asks for a `bash` tool call (the command is the text after `RUN:` in the last user message, else `echo hi`), then replies `TOOL DONE: <tool output>` |
+//! | `err400` | HTTP 400 with an OpenAI-style error `bad request from fake model` |
+//! | `err500` | HTTP 500 |
+//! | `slow` | streams `tick ` every 200 ms for 60 s |
+//! | `big` | replies with 50 MiB of text in 5 MiB chunks |
+//!
+//! Every request is appended to the request log (JSON Lines: `ts`, `model`, `messages`,
+//! `active` = requests in flight when it arrived) so tests can check what Pi sent.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+/// The model ids the server knows.
+pub const MODELS: [&str; 6] = ["plain", "tool", "err400", "err500", "slow", "big"];
+
+/// A running server.
+pub struct FakeServer {
+    /// The port on 127.0.0.1.
+    pub port: u16,
+    /// Where requests are logged.
+    pub log: PathBuf,
+}
+
+struct Shared {
+    log: Mutex<std::fs::File>,
+    active: AtomicUsize,
+}
+
+impl FakeServer {
+    /// Start on 127.0.0.1 with an ephemeral port, logging requests to `log`.
+    pub fn start(log: &Path) -> std::io::Result<FakeServer> {
+        let listener = TcpListener::bind(("127.0.0.1", 0))?;
+        let port = listener.local_addr()?.port();
+        let shared = Arc::new(Shared {
+            log: Mutex::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(log)?,
+            ),
+            active: AtomicUsize::new(0),
+        });
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let shared = shared.clone();
+                std::thread::spawn(move || {
+                    let _ = handle(stream, &shared);
+                });
+            }
+        });
+        Ok(FakeServer {
+            port,
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// The base URL Pi's `models.json` should name.
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    /// Every logged request so far.
+    pub fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+/// Write `models.json` (provider `fake`, all [`MODELS`]) and `settings.json` (retries off) into
+/// a Pi profile dir.
+pub fn write_pi_profile(agent_dir: &Path, server: &FakeServer) -> std::io::Result<()> {
+    std::fs::create_dir_all(agent_dir)?;
+    let models: Vec<Value> = MODELS.iter().map(|m| json!({"id": m})).collect();
+    std::fs::write(
+        agent_dir.join("models.json"),
+        json!({"providers": {"fake": {
+            "baseUrl": server.base_url(),
+            "api": "openai-completions",
+            "apiKey": "fake-key",
+            "models": models,
+        }}})
+        .to_string(),
+    )?;
+    std::fs::write(
+        agent_dir.join("settings.json"),
+        json!({"retry": {"enabled": false}}).to_string(),
+    )
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn handle(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut out = stream;
+    loop {
+        let mut request_line = String::new();
+        if reader.read_line(&mut request_line)? == 0 {
+            return Ok(());
+        }
+        let mut len = 0usize;
+        loop {
+            let mut h = String::new();
+            reader.read_line(&mut h)?;
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+            }
+        }
+        let mut body = vec![0; len];
+        reader.read_exact(&mut body)?;
+        if !request_line.starts_with("POST") || !request_line.contains("/chat/completions") {
+            write!(out, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")?;
+            continue;
+        }
+        let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let active = shared.active.fetch_add(1, Ordering::SeqCst) + 1;
+        let model = req["model"].as_str().unwrap_or("").to_string();
+        if let Ok(mut log) = shared.log.lock() {
+            let line = json!({"ts": now_ms(), "model": model, "messages": req["messages"], "active": active});
+            let _ = writeln!(log, "{line}");
+        }
+        let result = respond(&mut out, &model, &req);
+        shared.active.fetch_sub(1, Ordering::SeqCst);
+        result?;
+        // One request per connection keeps the SSE framing simple.
+        return Ok(());
+    }
+}
+
+fn message_text(m: &Value) -> String {
+    match &m["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+fn chunk(
+    out: &mut TcpStream,
+    model: &str,
+    delta: Value,
+    finish: Option<&str>,
+) -> std::io::Result<()> {
+    let c = json!({
+        "id": "fake", "object": "chat.completion.chunk", "created": 1, "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    });
+    write!(out, "data: {c}\n\n")?;
+    out.flush()
+}
+
+fn finish(out: &mut TcpStream, model: &str, reason: &str) -> std::io::Result<()> {
+    let c = json!({
+        "id": "fake", "object": "chat.completion.chunk", "created": 1, "model": model,
+        "choices": [{"index": 0, "delta": {}, "finish_reason": reason}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+    });
+    write!(out, "data: {c}\n\ndata: [DONE]\n\n")?;
+    out.flush()
+}
+
+fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()> {
+    let messages = req["messages"].as_array().cloned().unwrap_or_default();
+    let last_user = messages
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .map(message_text)
+        .unwrap_or_default();
+    let last_tool = messages
+        .last()
+        .filter(|m| m["role"] == "tool")
+        .map(message_text);
+    match model {
+        "err400" | "err500" => {
+            let (code, text) = if model == "err400" {
+                (400, "Bad Request")
+            } else {
+                (500, "Internal Server Error")
+            };
+            let body = json!({"error": {"message": format!("{} from fake model", if code == 400 {"bad request"} else {"server error"}), "type": "invalid_request_error"}}).to_string();
+            write!(out, "HTTP/1.1 {code} {text}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())?;
+            return out.flush();
+        }
+        _ => {}
+    }
+    write!(out, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n")?;
+    match model {
+        "tool" if last_tool.is_none() => {
+            let command = last_user
+                .split_once("RUN:")
+                .map(|(_, c)| c.trim().to_string())
+                .unwrap_or_else(|| "echo hi".into());
+            chunk(
+                out,
+                model,
+                json!({"role": "assistant", "tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "bash", "arguments": json!({"command": command}).to_string()}}]}),
+                None,
+            )?;
+            finish(out, model, "tool_calls")
+        }
+        "tool" => {
+            let text = format!("TOOL DONE: {}", last_tool.unwrap_or_default().trim());
+            chunk(
+                out,
+                model,
+                json!({"role": "assistant", "content": text}),
+                None,
+            )?;
+            finish(out, model, "stop")
+        }
+        "slow" => {
+            chunk(
+                out,
+                model,
+                json!({"role": "assistant", "content": "tick "}),
+                None,
+            )?;
+            for _ in 0..300 {
+                std::thread::sleep(Duration::from_millis(200));
+                chunk(out, model, json!({"content": "tick "}), None)?;
+            }
+            finish(out, model, "stop")
+        }
+        "big" => {
+            let piece = "z".repeat(5 << 20);
+            chunk(
+                out,
+                model,
+                json!({"role": "assistant", "content": "BIG:"}),
+                None,
+            )?;
+            for _ in 0..10 {
+                chunk(out, model, json!({"content": piece}), None)?;
+            }
+            finish(out, model, "stop")
+        }
+        _ => {
+            let text = format!("ECHO: {last_user}");
+            chunk(
+                out,
+                model,
+                json!({"role": "assistant", "content": text}),
+                None,
+            )?;
+            finish(out, model, "stop")
+        }
+    }
+}

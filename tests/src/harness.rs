@@ -1,0 +1,276 @@
+//! Test environment: installs the pinned Pi CLI once (under a file lock), builds the workspace
+//! binaries once, and gives each test a temp profile, a fake model server and helpers to run
+//! the binaries and wait on conditions.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::fake_server::{self, FakeServer};
+
+/// The Pi version the suite pins.
+pub const PI_VERSION: &str = "0.73.1";
+/// The npm package.
+pub const PI_PACKAGE: &str = "@mariozechner/pi-coding-agent";
+/// Flags that keep a Pi child hermetic (no extensions, skills, templates, themes, context
+/// files from the machine).
+pub const HERMETIC: [&str; 5] = [
+    "--no-extensions",
+    "--no-skills",
+    "--no-prompt-templates",
+    "--no-themes",
+    "--no-context-files",
+];
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// Where the pinned Pi CLI is installed (an ignored folder of the workspace).
+pub fn pi_install_dir() -> PathBuf {
+    workspace().join(".pi-cli").join(PI_VERSION)
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    cohort_common::runtime::find_on_path(name, &std::env::var_os("PATH").unwrap_or_default())
+}
+
+/// Install the pinned Pi CLI into [`pi_install_dir`] unless present; returns its `dist/cli.js`.
+/// Panics with what to install when node or npm is missing: the suite never passes silently.
+pub fn pi_entry() -> PathBuf {
+    static ENTRY: OnceLock<PathBuf> = OnceLock::new();
+    ENTRY
+        .get_or_init(|| {
+            let dir = pi_install_dir();
+            let entry = dir.join("node_modules").join(PI_PACKAGE).join("dist/cli.js");
+            if entry.is_file() {
+                return entry;
+            }
+            assert!(
+                which("node").is_some() && which("npm").is_some(),
+                "the end-to-end suite needs Node.js 20+ and npm on PATH (Debian: apt-get install nodejs npm) to install {PI_PACKAGE}@{PI_VERSION}"
+            );
+            std::fs::create_dir_all(&dir).expect("create .pi-cli");
+            let lock = File::create(dir.join("install.lock")).expect("lock file");
+            lock.lock().expect("lock");
+            if !entry.is_file() {
+                let status = Command::new("npm")
+                    .args(["install", "--no-audit", "--no-fund", "--loglevel=error", "--prefix"])
+                    .arg(&dir)
+                    .arg(format!("{PI_PACKAGE}@{PI_VERSION}"))
+                    .status()
+                    .expect("run npm");
+                assert!(status.success(), "npm install {PI_PACKAGE}@{PI_VERSION} failed: {status}");
+            }
+            assert!(entry.is_file(), "{} missing after npm install", entry.display());
+            entry
+        })
+        .clone()
+}
+
+/// The directory holding the workspace binaries, built once per test process with
+/// `cargo build --bins` (a no-op when `cargo test --workspace` already built them).
+pub fn bin_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "--workspace", "--bins"])
+            .current_dir(workspace())
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "cargo build --bins failed");
+        // tests run from target/<profile>/deps/<test>-<hash>
+        let exe = std::env::current_exe().expect("current exe");
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target dir")
+            .to_path_buf();
+        assert!(
+            dir.join("cohort-spawn").is_file(),
+            "no cohort-spawn in {}",
+            dir.display()
+        );
+        dir
+    })
+    .clone()
+}
+
+/// One test's world: temp HOME and profile, a fake server, a PATH with `pi` and `node`.
+pub struct TestEnv {
+    /// Keeps the temp dir alive.
+    pub tmp: tempfile::TempDir,
+    /// `$HOME`.
+    pub home: PathBuf,
+    /// `$PI_CODING_AGENT_DIR`.
+    pub profile: PathBuf,
+    /// A dir on `PATH` holding a `pi` symlink to the pinned CLI.
+    pub path_bin: PathBuf,
+    /// The fake model server.
+    pub server: FakeServer,
+    /// The pinned Pi entry.
+    pub pi_entry: PathBuf,
+}
+
+impl TestEnv {
+    /// A fresh world.
+    pub fn new() -> TestEnv {
+        let pi_entry = pi_entry();
+        bin_dir();
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let home = tmp.path().join("home");
+        let profile = tmp.path().join("profile");
+        let path_bin = tmp.path().join("bin");
+        for d in [&home, &profile, &path_bin] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::os::unix::fs::symlink(&pi_entry, path_bin.join("pi")).unwrap();
+        let server = FakeServer::start(&tmp.path().join("requests.jsonl")).expect("fake server");
+        fake_server::write_pi_profile(&profile, &server).unwrap();
+        TestEnv {
+            tmp,
+            home,
+            profile,
+            path_bin,
+            server,
+            pi_entry,
+        }
+    }
+
+    /// The state root.
+    pub fn state_root(&self) -> cohort_common::layout::StateRoot {
+        cohort_common::layout::StateRoot::for_profile(&self.profile)
+    }
+
+    /// `PATH` for the binaries: our `pi`, then the system's.
+    pub fn path_var(&self) -> std::ffi::OsString {
+        let mut dirs = vec![self.path_bin.clone()];
+        dirs.extend(std::env::split_paths(
+            &std::env::var_os("PATH").unwrap_or_default(),
+        ));
+        std::env::join_paths(dirs).unwrap()
+    }
+
+    /// A command for one of the binaries with this world's environment (and no inherited
+    /// `COHORT_*` variables).
+    pub fn cmd(&self, bin: &str) -> Command {
+        self.program(bin_dir().join(bin))
+    }
+
+    /// Any program (found on `PATH` unless a path) with this world's environment.
+    pub fn program(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new(program);
+        c.env("HOME", &self.home)
+            .env("PI_CODING_AGENT_DIR", &self.profile)
+            .env("PATH", self.path_var())
+            .current_dir(self.tmp.path())
+            .stdin(Stdio::null());
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("COHORT_") {
+                c.env_remove(k);
+            }
+        }
+        c
+    }
+
+    /// Run `cohort-spawn ARGS -- <hermetic flags>`; returns the output.
+    pub fn spawn_raw(&self, args: &[&str]) -> Output {
+        let mut c = self.cmd("cohort-spawn");
+        c.args(args).arg("--").args(HERMETIC);
+        c.output().expect("run cohort-spawn")
+    }
+
+    /// Spawn and expect success; returns the run id.
+    pub fn spawn(&self, args: &[&str]) -> String {
+        let out = self.spawn_raw(args);
+        assert!(
+            out.status.success(),
+            "cohort-spawn {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let id = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        assert_eq!(id.len(), 36, "not a run id: {id:?}");
+        id
+    }
+
+    /// Run a binary with args; returns the output.
+    pub fn run(&self, bin: &str, args: &[&str]) -> Output {
+        self.cmd(bin).args(args).output().expect("run binary")
+    }
+
+    /// The run's directory.
+    pub fn run_dir(&self, id: &str) -> PathBuf {
+        self.state_root().run_dir(id).path().to_path_buf()
+    }
+
+    /// The run's `status.json`, parsed.
+    pub fn record(&self, id: &str) -> Value {
+        let text =
+            std::fs::read_to_string(self.run_dir(id).join("status.json")).expect("status.json");
+        serde_json::from_str(&text).expect("status.json parses")
+    }
+
+    /// Wait (up to `secs`) until the run's state is terminal; returns the record.
+    pub fn wait_terminal(&self, id: &str, secs: u64) -> Value {
+        let mut last = Value::Null;
+        wait_for(Duration::from_secs(secs), || {
+            last = self.record(id);
+            matches!(
+                last["state"].as_str(),
+                Some("complete" | "failed" | "stopped" | "paused")
+            )
+        })
+        .unwrap_or_else(|_| panic!("run {id} did not end in {secs}s: {last:#}"));
+        last
+    }
+}
+
+impl Default for TestEnv {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The condition of a [`wait_for`] did not hold in time.
+#[derive(Debug)]
+pub struct TimedOut;
+
+/// Poll `cond` every 20 ms until it holds or `limit` passes ([`TimedOut`] then).
+pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> Result<(), TimedOut> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(TimedOut);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether a process is alive (not a zombie).
+pub fn alive(pid: u32) -> bool {
+    cohort_common::procinfo::stat(pid)
+        .map(|s| s.state != 'Z')
+        .unwrap_or(false)
+}
+
+/// Stdout as a string.
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Stderr as a string.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}

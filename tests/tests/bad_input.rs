@@ -1,0 +1,227 @@
+//! End-to-end: bad input gets a clear one-line error and a non-zero exit, and a record created
+//! before the problem was found is left `failed` with the reason.
+
+use cohort_e2e::harness::{stderr, stdout, TestEnv, HERMETIC};
+use serde_json::Value;
+
+/// Every top-level record, parsed.
+fn records(env: &TestEnv) -> Vec<Value> {
+    let dir = env.state_root().runs_dir();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .map(|e| {
+            serde_json::from_str(&std::fs::read_to_string(e.path().join("status.json")).unwrap())
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Spawn with `args`, expect exit `code`, one stderr line containing `needle`, and (when
+/// `recorded`) one `failed` record whose error contains `needle`.
+fn refused(env: &TestEnv, args: &[&str], code: i32, needle: &str, recorded: bool) {
+    let before = records(env).len();
+    let out = env.spawn_raw(args);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+    assert!(
+        err.contains(needle),
+        "{args:?}: stderr lacks {needle:?}: {err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(
+        stdout(&out).is_empty(),
+        "nothing on stdout: {}",
+        stdout(&out)
+    );
+    let after = records(env);
+    if recorded {
+        assert_eq!(after.len(), before + 1, "{args:?}");
+        let failed: Vec<&Value> = after
+            .iter()
+            .filter(|r| {
+                r["error"]
+                    .as_str()
+                    .map(|e| e.contains(needle))
+                    .unwrap_or(false)
+            })
+            .collect();
+        assert_eq!(failed.len(), 1, "{args:?}: {after:#?}");
+        assert_eq!(failed[0]["state"], "failed");
+    } else {
+        assert_eq!(after.len(), before, "usage errors leave no record");
+    }
+}
+
+#[test]
+fn start_errors_leave_a_failed_record() {
+    let env = TestEnv::new();
+    let file = env.tmp.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let plain = env.tmp.path().join("not-exec");
+    std::fs::write(&plain, "").unwrap();
+    let missing = env.tmp.path().join("missing");
+
+    refused(
+        &env,
+        &["--cwd", missing.to_str().unwrap(), "t"],
+        2,
+        "is not usable",
+        true,
+    );
+    refused(
+        &env,
+        &["--cwd", file.to_str().unwrap(), "t"],
+        2,
+        "is not a directory",
+        true,
+    );
+    refused(
+        &env,
+        &["--node", missing.to_str().unwrap(), "t"],
+        3,
+        "Node at",
+        true,
+    );
+    refused(
+        &env,
+        &["--node", plain.to_str().unwrap(), "t"],
+        3,
+        "not executable",
+        true,
+    );
+    // An entry outside any Pi package, and a file of the package that is not its CLI.
+    refused(
+        &env,
+        &["--pi-entry", file.to_str().unwrap(), "t"],
+        3,
+        "not inside an npm package",
+        true,
+    );
+    let not_cli = env.pi_entry.parent().unwrap().join("main.js");
+    refused(
+        &env,
+        &["--pi-entry", not_cli.to_str().unwrap(), "t"],
+        3,
+        "not the package's declared CLI",
+        true,
+    );
+}
+
+#[test]
+fn no_pi_on_path_is_a_runtime_error() {
+    let env = TestEnv::new();
+    let node_dir = cohort_common::runtime::find_on_path("node", &std::env::var_os("PATH").unwrap())
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    // A PATH with node (and whatever else lives beside it) but no pi.
+    let empty = env.tmp.path().join("empty-bin");
+    std::fs::create_dir(&empty).unwrap();
+    std::os::unix::fs::symlink(node_dir.join("node"), empty.join("node")).unwrap();
+    let out = env
+        .cmd("cohort-spawn")
+        .env("PATH", &empty)
+        .args(["t", "--"])
+        .args(HERMETIC)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no `pi` on PATH"), "{}", stderr(&out));
+    assert_eq!(records(&env)[0]["state"], "failed");
+}
+
+#[test]
+fn usage_errors_leave_no_record() {
+    let env = TestEnv::new();
+    refused(&env, &[""], 2, "the task is empty", false);
+    refused(&env, &["   "], 2, "the task is empty", false);
+    let out = env.cmd("cohort-spawn").args(["-"]).output().unwrap(); // stdin is /dev/null
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("the task is empty"));
+    let out = env.run("cohort-spawn", &["--bogus-flag", "x"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(records(&env).is_empty());
+}
+
+#[test]
+fn run_names_that_match_nothing_or_several() {
+    let env = TestEnv::new();
+    let root = env.state_root();
+    // Two records created in the same millisecond share their first 8+ hex digits.
+    for id in [
+        "01a22a44-9e62-7266-ab9d-e5b500ee829c",
+        "01a22a44-9e62-7440-8179-f67becacc1b9",
+    ] {
+        let dir = root.run_dir(id);
+        cohort_common::fsutil::create_dir_all_private(dir.path()).unwrap();
+        let mut r =
+            cohort_common::record::RunRecord::queued(id, cohort_common::record::RunMode::Single);
+        r.finish(cohort_common::record::RunState::Complete, None);
+        cohort_common::record::store(&dir.status(), &r).unwrap();
+    }
+    let out = env.run("cohort-status", &["01a22a44-9e62"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("ambiguous") && err.contains("e5b500ee829c") && err.contains("f67becacc1b9"),
+        "{err}"
+    );
+    let out = env.run("cohort-status", &["deadbeefdead"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("no run matches"), "{}", stderr(&out));
+    let out = env.run("cohort-reap", &["01a22a44"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("ambiguous"), "{}", stdout(&out));
+    // Both still there.
+    assert_eq!(records(&env).len(), 2);
+    // A unique short id works.
+    let out = env.run("cohort-status", &["e5b500ee829c"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn a_corrupt_record_lists_as_an_error_row() {
+    let env = TestEnv::new();
+    let good = env.spawn(&["--model", "fake/plain", "fine"]);
+    env.wait_terminal(&good, 60);
+    let bad = "01a22a44-9e62-7266-ab9d-e5b500ee829c";
+    let dir = env.state_root().run_dir(bad);
+    std::fs::create_dir_all(dir.path()).unwrap();
+    std::fs::write(dir.status(), "{\"runId\": \"trunc").unwrap();
+    let before = std::fs::read(dir.status()).unwrap();
+
+    let out = env.run("cohort-status", &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let table = stdout(&out);
+    let bad_row = table
+        .lines()
+        .find(|l| l.starts_with("e5b500ee829c"))
+        .expect("error row");
+    assert!(
+        bad_row.contains("error") && bad_row.contains("invalid JSON"),
+        "{bad_row}"
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(&good[24..]) && l.contains("complete")),
+        "{table}"
+    );
+
+    let out = env.run("cohort-status", &["--json"]);
+    let lines: Vec<Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    let err_line = lines.iter().find(|l| l["runId"] == bad).unwrap();
+    assert!(err_line["error"].as_str().unwrap().contains("invalid JSON"));
+    assert_eq!(
+        std::fs::read(dir.status()).unwrap(),
+        before,
+        "nothing on disk changes"
+    );
+}
