@@ -15,7 +15,10 @@
 
 use std::io::{self, BufRead};
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::record::Usage;
@@ -25,9 +28,10 @@ pub const MAX_KEPT_LINE: usize = 512 << 20;
 /// How many leading bytes decide whether a line is kept.
 const PREFIX_BYTES: usize = 40;
 
-/// What one event line told us, for the output log and the record.
+/// What one event line told us, for the output log and the record. Text borrows from the line
+/// being parsed whenever it has no JSON escapes, so a huge message is not copied.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Notice {
+pub enum Notice<'a> {
     /// The session header: Pi's session id and cwd.
     Session {
         /// Session id.
@@ -35,10 +39,10 @@ pub enum Notice {
         /// The session's cwd.
         cwd: Option<String>,
     },
-    /// An assistant message ended; its text (may be empty) and tool calls.
+    /// An assistant message ended: its text (may be empty), `stopReason` and `errorMessage`.
     AssistantMessage {
         /// Concatenated text parts.
-        text: String,
+        text: Cow<'a, str>,
         /// `stopReason`.
         stop_reason: Option<String>,
         /// `errorMessage`.
@@ -62,7 +66,8 @@ pub enum Notice {
     },
 }
 
-/// Everything the runner keeps from a child's stream.
+/// Everything the runner keeps from a child's stream. The final text itself is not kept here
+/// (it can be many MiB): callers take it from [`Notice::AssistantMessage`] as it passes.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StreamSummary {
     /// An `agent_end` event was seen.
@@ -71,8 +76,8 @@ pub struct StreamSummary {
     pub last_stop_reason: Option<String>,
     /// `errorMessage` of the last assistant message.
     pub last_error: Option<String>,
-    /// Text of the last assistant message that had text: the step's final text.
-    pub final_text: String,
+    /// Length in bytes of the last non-empty assistant text (the step's final text).
+    pub final_text_len: usize,
     /// `turn_end` events.
     pub turn_count: u64,
     /// `tool_execution_start` events.
@@ -90,18 +95,18 @@ pub struct StreamSummary {
 }
 
 #[derive(Deserialize)]
-struct Envelope {
-    #[serde(rename = "type")]
-    kind: String,
+struct Envelope<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Message {
-    #[serde(default)]
-    role: String,
-    #[serde(default)]
-    content: Value,
+struct Message<'a> {
+    #[serde(default, borrow)]
+    role: Cow<'a, str>,
+    #[serde(default, borrow)]
+    content: Option<&'a RawValue>,
     #[serde(default)]
     usage: Option<Usage>,
     #[serde(default)]
@@ -115,26 +120,42 @@ struct Message {
 }
 
 #[derive(Deserialize)]
-struct MessageEnd {
-    message: Message,
+struct MessageEnd<'a> {
+    #[serde(borrow)]
+    message: Message<'a>,
+}
+
+#[derive(Deserialize)]
+struct Part<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Cow<'a, str>,
+    // Directly a `Cow` (not an `Option<Cow>`): only then does serde borrow it from the line.
+    #[serde(default, borrow)]
+    text: Cow<'a, str>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ToolStart {
+struct ToolStart<'a> {
     #[serde(default)]
     tool_name: String,
-    #[serde(default)]
-    args: Value,
+    #[serde(default, borrow)]
+    args: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct ToolResult<'a> {
+    #[serde(default, borrow)]
+    content: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ToolEnd {
+struct ToolEnd<'a> {
     #[serde(default)]
     tool_name: String,
-    #[serde(default)]
-    result: Value,
+    #[serde(default, borrow)]
+    result: Option<&'a RawValue>,
     #[serde(default)]
     is_error: bool,
 }
@@ -189,7 +210,7 @@ impl StreamParser {
     pub fn run<R: BufRead>(
         &mut self,
         reader: &mut R,
-        mut on_notice: impl FnMut(&StreamSummary, Notice),
+        mut on_notice: impl FnMut(&StreamSummary, Notice<'_>),
     ) -> io::Result<()> {
         let mut splitter = LineSplitter::default();
         loop {
@@ -233,7 +254,7 @@ impl StreamParser {
     }
 
     /// Parse one whole line (without its newline).
-    pub fn parse_line(&mut self, line: &[u8]) -> Option<Notice> {
+    pub fn parse_line<'l>(&mut self, line: &'l [u8]) -> Option<Notice<'l>> {
         if line.iter().all(|b| b.is_ascii_whitespace()) {
             return None;
         }
@@ -245,7 +266,7 @@ impl StreamParser {
             self.summary.garbage_lines += 1;
             return None;
         };
-        match env.kind.as_str() {
+        match env.kind.as_ref() {
             "session" => {
                 let s: Session = serde_json::from_slice(line).ok()?;
                 Some(Notice::Session {
@@ -254,12 +275,12 @@ impl StreamParser {
                 })
             }
             "message_end" => {
-                let m: MessageEnd = serde_json::from_slice(line).ok()?;
+                let m: MessageEnd<'l> = serde_json::from_slice(line).ok()?;
                 let m = m.message;
                 if m.role != "assistant" {
                     return None;
                 }
-                let text = text_of(&m.content);
+                let text = m.content.map(text_of_raw).unwrap_or_default();
                 let s = &mut self.summary;
                 if let Some(u) = &m.usage {
                     s.usage.add(u);
@@ -273,7 +294,7 @@ impl StreamParser {
                 s.last_stop_reason = m.stop_reason.clone();
                 s.last_error = m.error_message.clone();
                 if !text.is_empty() {
-                    s.final_text = text.clone();
+                    s.final_text_len = text.len();
                 }
                 Some(Notice::AssistantMessage {
                     text,
@@ -286,19 +307,20 @@ impl StreamParser {
                 self.summary.tool_count += 1;
                 Some(Notice::ToolStart {
                     name: t.tool_name,
-                    args: preview(&compact(&t.args), 120),
+                    args: t.args.map(args_preview).unwrap_or_default(),
                 })
             }
             "tool_execution_end" => {
                 let t: ToolEnd = serde_json::from_slice(line).ok()?;
                 let result = t
                     .result
-                    .get("content")
-                    .map(text_of)
-                    .unwrap_or_else(|| compact(&t.result));
+                    .and_then(|r| serde_json::from_str::<ToolResult>(r.get()).ok())
+                    .and_then(|r| r.content)
+                    .map(|c| preview(&text_of_raw(c), 400))
+                    .unwrap_or_default();
                 Some(Notice::ToolEnd {
                     name: t.tool_name,
-                    result: preview(&result, 400),
+                    result,
                     is_error: t.is_error,
                 })
             }
@@ -315,36 +337,56 @@ impl StreamParser {
     }
 }
 
-/// The text parts of a Pi message content (a string, or an array of `{type:"text",text}`
-/// parts), concatenated.
-pub fn text_of(content: &Value) -> String {
-    match content {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join(""),
-        _ => String::new(),
+/// The text of a Pi message `content` (a string, or an array of `{type:"text",text}` parts),
+/// concatenated. Borrows from `raw` when there is one unescaped text.
+pub fn text_of_raw(raw: &RawValue) -> Cow<'_, str> {
+    if let Ok(parts) = serde_json::from_str::<Vec<Part<'_>>>(raw.get()) {
+        let mut texts = parts
+            .into_iter()
+            .filter(|p| p.kind == "text")
+            .map(|p| p.text);
+        let Some(first) = texts.next() else {
+            return Cow::Borrowed("");
+        };
+        return match texts.next() {
+            None => first,
+            Some(second) => {
+                let mut all = first.into_owned();
+                all.push_str(&second);
+                texts.for_each(|t| all.push_str(&t));
+                Cow::Owned(all)
+            }
+        };
     }
+    serde_json::from_str::<Cow<'_, str>>(raw.get()).unwrap_or_default()
 }
 
-fn compact(v: &Value) -> String {
-    match v {
-        Value::Object(map) if map.len() == 1 => match map.values().next() {
-            Some(Value::String(s)) => s.clone(),
-            _ => v.to_string(),
+/// A short preview of tool arguments: the value itself when there is one string argument,
+/// else the compact JSON, cut to 120 characters.
+fn args_preview(raw: &RawValue) -> String {
+    let text = raw.get();
+    if text.len() > 64 << 10 {
+        return preview(text, 120);
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(map)) if map.len() == 1 => match map.values().next() {
+            Some(Value::String(s)) => preview(s, 120),
+            _ => preview(text, 120),
         },
-        Value::Null => String::new(),
-        _ => v.to_string(),
+        _ => preview(text, 120),
     }
 }
 
 /// One line on a single line: newlines folded to `⏎`, cut to `max` characters with `…`.
+/// Looks at no more than the first `4 * max + 4` bytes of `s`, however long it is.
 pub fn preview(s: &str, max: usize) -> String {
-    let one: String = s.trim().replace('\n', " ⏎ ");
-    if one.chars().count() <= max {
+    let mut end = s.len().min(4 * max + 4);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    let head = &s[..end];
+    let one: String = head.trim().replace('\n', " ⏎ ");
+    if one.chars().count() <= max && end == s.len() {
         return one;
     }
     let mut out: String = one.chars().take(max.saturating_sub(1)).collect();
@@ -407,6 +449,13 @@ impl LineSplitter {
                         self.oversized = true;
                         self.buf = Vec::new();
                     } else {
+                        // Grow by an eighth rather than doubling: a kept line costs at most
+                        // ~1.125× its length.
+                        let need = self.buf.len() + part.len();
+                        if need > self.buf.capacity() {
+                            let extra = part.len().max(self.buf.capacity() / 8);
+                            self.buf.reserve_exact(extra);
+                        }
                         self.buf.extend_from_slice(part);
                     }
                 }
@@ -515,12 +564,23 @@ pub fn signal_name(sig: i32) -> String {
 mod tests {
     use super::*;
 
-    fn parse(text: &str, chunk: usize) -> (StreamSummary, Vec<Notice>) {
+    /// Parse with the given chunk size; returns the summary, the notices (owned) and the final
+    /// text.
+    fn parse(text: &str, chunk: usize) -> (StreamSummary, Vec<String>, String) {
         let mut p = StreamParser::default();
         let mut notices = Vec::new();
+        let mut last_text = String::new();
         let mut reader = io::BufReader::with_capacity(chunk, text.as_bytes());
-        p.run(&mut reader, |_, n| notices.push(n)).unwrap();
-        (p.summary, notices)
+        p.run(&mut reader, |_, n| {
+            if let Notice::AssistantMessage { text, .. } = &n {
+                if !text.is_empty() {
+                    last_text = text.to_string();
+                }
+            }
+            notices.push(format!("{n:?}"));
+        })
+        .unwrap();
+        (p.summary, notices, last_text)
     }
 
     const PLAIN: &str = concat!(
@@ -549,9 +609,10 @@ mod tests {
     #[test]
     fn summarises_a_stream_whatever_the_chunking() {
         for chunk in [1, 3, 7, 64, 4096] {
-            let (s, notices) = parse(PLAIN, chunk);
+            let (s, notices, text) = parse(PLAIN, chunk);
             assert!(s.saw_agent_end, "chunk {chunk}");
-            assert_eq!(s.final_text, "Hello world");
+            assert_eq!(text, "Hello world");
+            assert_eq!(s.final_text_len, 11);
             assert_eq!(s.turn_count, 2);
             assert_eq!(s.tool_count, 1);
             assert_eq!(s.usage.total_tokens, 12);
@@ -590,8 +651,9 @@ mod tests {
         let text = format!(
             "{{\"type\":\"message_end\",\"message\":{{\"role\":\"assistant\",\"content\":[{{\"type\":\"text\",\"text\":\"{big}\"}}],\"stopReason\":\"stop\"}}}}\n{{\"type\":\"agent_end\"}}"
         );
-        let (s, _) = parse(&text, 8192);
-        assert_eq!(s.final_text.len(), 3 << 20);
+        let (s, _, t) = parse(&text, 8192);
+        assert_eq!(t.len(), 3 << 20);
+        assert_eq!(s.final_text_len, 3 << 20);
         assert!(s.saw_agent_end);
     }
 
@@ -629,8 +691,15 @@ mod tests {
     }
 
     #[test]
+    fn preview_cuts_without_copying_everything() {
+        assert_eq!(preview("a\nb", 10), "a ⏎ b");
+        assert_eq!(preview(&"x".repeat(1000), 5), "xxxx…");
+        assert_eq!(preview("ééééééé", 3), "éé…");
+    }
+
+    #[test]
     fn garbage_is_counted_not_fatal() {
-        let (s, _) = parse("not json\n{\"type\":\"agent_end\"}\n", 16);
+        let (s, _, _) = parse("not json\n{\"type\":\"agent_end\"}\n", 16);
         assert_eq!(s.garbage_lines, 1);
         assert!(s.saw_agent_end);
     }

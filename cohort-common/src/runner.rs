@@ -52,8 +52,8 @@ pub const PARENT_STEP_ENV: &str = "COHORT_PARENT_STEP";
 const WRITE_INTERVAL: Duration = Duration::from_millis(100);
 /// Longest silence in `lastUpdate` while the runner lives.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
-/// Lines of stderr kept for a step's error message.
-const STDERR_TAIL_LINES: usize = 5;
+/// Lines of stderr kept from each end for a step's error message.
+const STDERR_KEEP: usize = 3;
 /// How long to wait for a child's stdout to close after it exited (a descendant may hold it).
 const STREAM_DRAIN: Duration = Duration::from_secs(2);
 
@@ -133,7 +133,7 @@ struct Active {
     exit: Option<ChildExit>,
     exited_at: Option<Instant>,
     summary: Option<StreamSummary>,
-    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    stderr_tail: Arc<Mutex<StderrDigest>>,
     sweeping: bool,
     escaped: Option<Vec<String>>,
 }
@@ -147,22 +147,29 @@ struct OutputLog {
 }
 
 impl OutputLog {
+    /// Append `line` and a newline; at the cap, write what fits and one truncation marker,
+    /// then nothing more.
     fn write_line(&mut self, line: &str) {
         if self.truncated {
             return;
         }
-        let bytes = line.len() as u64 + 1;
-        if self.written + bytes > self.cap {
-            self.truncated = true;
-            let _ = writeln!(
-                self.file,
-                "[cohort: output truncated at {} bytes]",
-                self.cap
-            );
+        let room = self.cap.saturating_sub(self.written) as usize;
+        if line.len() < room {
+            self.written += line.len() as u64 + 1;
+            let _ = writeln!(self.file, "{line}");
             return;
         }
-        self.written += bytes;
-        let _ = writeln!(self.file, "{line}");
+        let mut end = room;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        let _ = writeln!(self.file, "{}", &line[..end]);
+        let _ = writeln!(
+            self.file,
+            "[cohort: output truncated at {} bytes]",
+            self.cap
+        );
+        self.truncated = true;
     }
 }
 
@@ -334,7 +341,9 @@ impl Supervisor {
             (_, None) => (RunState::Complete, None, "run.completed"),
         };
         self.rec.finish(state, error.clone());
-        let _ = self.events.append(kind, json!({"error": error}));
+        let _ = self
+            .events
+            .append(kind, json!({"error": error, "rusage": own_rusage()}));
         self.flush(true);
         state
     }
@@ -429,7 +438,7 @@ impl Supervisor {
         let stderr = child.stderr.take().expect("piped stderr");
         drop(child); // Reaped by waitpid(-1) on SIGCHLD, never by Child::wait.
 
-        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let tail = Arc::new(Mutex::new(StderrDigest::default()));
         spawn_stdout_reader(
             i,
             stdout,
@@ -629,10 +638,10 @@ impl Supervisor {
     /// Record a finished step; returns the failure message when it failed.
     fn finish_step(&mut self, i: usize, a: Active) -> Option<String> {
         let summary = a.summary.unwrap_or_default();
-        let tail: Vec<String> = a
+        let tail = a
             .stderr_tail
             .lock()
-            .map(|t| t.iter().cloned().collect())
+            .map(|t| t.summary())
             .unwrap_or_default();
         let exit = a.exit.expect("finished steps have exited");
         let label = spec::label_of(&spec::flatten(&self.spec.chain).0[i].spec, i);
@@ -686,7 +695,7 @@ impl Supervisor {
                     "step.timedOut",
                 )
             }
-            None => match pi::decide_step(exit, &summary, &tail.join(" | ")) {
+            None => match pi::decide_step(exit, &summary, &tail) {
                 StepVerdict::Complete => (StepStatus::Complete, None, "step.completed"),
                 StepVerdict::Failed(why) => (StepStatus::Failed, Some(why), "step.failed"),
             },
@@ -737,6 +746,18 @@ impl Supervisor {
     }
 }
 
+/// The runner's own resource use: `{maxRssKiB, userMs, sysMs}` (getrusage, RUSAGE_SELF).
+fn own_rusage() -> serde_json::Value {
+    use nix::sys::resource::{getrusage, UsageWho};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(u) => {
+            let ms = |t: nix::sys::time::TimeVal| t.tv_sec() * 1000 + t.tv_usec() / 1000;
+            json!({"maxRssKiB": u.max_rss(), "userMs": ms(u.user_time()), "sysMs": ms(u.system_time())})
+        }
+        Err(_) => serde_json::Value::Null,
+    }
+}
+
 fn spawn_stdout_reader(
     i: usize,
     stdout: std::process::ChildStdout,
@@ -750,6 +771,7 @@ fn spawn_stdout_reader(
         let mut recent_output: VecDeque<String> = VecDeque::new();
         let mut recent_tools: VecDeque<RecentTool> = VecDeque::new();
         let mut last_sent = Instant::now() - WRITE_INTERVAL;
+        let mut wrote_final = false;
         let _ = parser.run(&mut reader, |summary, notice| {
             let line = match &notice {
                 Notice::Session { .. } => None,
@@ -758,23 +780,40 @@ fn spawn_stdout_reader(
                     stop_reason,
                     error,
                 } => {
-                    for l in text.lines().filter(|l| !l.trim().is_empty()) {
+                    if !text.is_empty() {
+                        // The final text goes straight to disk from the parsed line: a huge
+                        // reply is never held twice.
+                        if let Err(e) = fsutil::write_atomic(&final_path, text.as_bytes()) {
+                            eprintln!("cohort-runner: {e}");
+                        }
+                        wrote_final = true;
+                    }
+                    for l in text
+                        .lines()
+                        .rev()
+                        .filter(|l| !l.trim().is_empty())
+                        .take(8)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                    {
                         recent_output.push_back(pi::preview(l, 200));
                         if recent_output.len() > 8 {
                             recent_output.pop_front();
                         }
                     }
-                    let mut out = String::new();
-                    if !text.is_empty() {
-                        out.push_str(text);
+                    if let Ok(mut log) = log.lock() {
+                        if !text.is_empty() {
+                            log.write_line(text);
+                        }
+                        if let Some(e) = error {
+                            log.write_line(&format!(
+                                "[model error ({}): {e}]",
+                                stop_reason.as_deref().unwrap_or("?")
+                            ));
+                        }
                     }
-                    if let Some(e) = error {
-                        out.push_str(&format!(
-                            "\n[model error ({}): {e}]",
-                            stop_reason.as_deref().unwrap_or("?")
-                        ));
-                    }
-                    (!out.is_empty()).then_some(out)
+                    None
                 }
                 Notice::ToolStart { name, args } => {
                     recent_tools.push_back(RecentTool {
@@ -827,17 +866,69 @@ fn spawn_stdout_reader(
                 tools: recent_tools.into_iter().collect(),
             },
         ));
-        if let Err(e) = fsutil::write_atomic(&final_path, summary.final_text.as_bytes()) {
-            eprintln!("cohort-runner: {e}");
+        if !wrote_final {
+            if let Err(e) = fsutil::write_atomic(&final_path, b"") {
+                eprintln!("cohort-runner: {e}");
+            }
         }
         let _ = tx.send(Msg::StreamEnd(i, summary));
     });
 }
 
+/// What a step's error message keeps of its stderr: the first lines, the first line that
+/// names an error (Node prints the source location before the message), and the last lines.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StderrDigest {
+    head: Vec<String>,
+    first_error: Option<String>,
+    tail: VecDeque<String>,
+    seen: usize,
+}
+
+impl StderrDigest {
+    /// Take one stderr line.
+    pub fn push(&mut self, line: &str) {
+        let line = pi::preview(line, 300);
+        self.seen += 1;
+        if self.head.len() < STDERR_KEEP {
+            self.head.push(line);
+            return;
+        }
+        if self.first_error.is_none() && line.to_ascii_lowercase().contains("error") {
+            self.first_error = Some(line.clone());
+        }
+        self.tail.push_back(line);
+        if self.tail.len() > STDERR_KEEP {
+            self.tail.pop_front();
+        }
+    }
+
+    /// One line: head, the first error line, `…` where lines were left out, tail; ` | `
+    /// between lines.
+    pub fn summary(&self) -> String {
+        let mut parts: Vec<String> = self.head.clone();
+        let shown_tail_start = self.seen - self.tail.len();
+        if let Some(e) = &self.first_error {
+            if !self.tail.contains(e) {
+                if shown_tail_start > self.head.len() + 1 {
+                    parts.push("…".into());
+                }
+                parts.push(e.clone());
+            }
+        }
+        if shown_tail_start > self.head.len() + usize::from(self.first_error.is_some()) {
+            parts.push("…".into());
+        }
+        parts.extend(self.tail.iter().cloned());
+        parts.dedup();
+        parts.join(" | ")
+    }
+}
+
 fn spawn_stderr_reader(
     stderr: std::process::ChildStderr,
     log: Arc<Mutex<OutputLog>>,
-    tail: Arc<Mutex<VecDeque<String>>>,
+    tail: Arc<Mutex<StderrDigest>>,
 ) {
     std::thread::spawn(move || {
         let mut reader = BufReader::new(stderr);
@@ -857,10 +948,7 @@ fn spawn_stderr_reader(
                 log.write_line(&format!("[stderr] {line}"));
             }
             if let Ok(mut t) = tail.lock() {
-                t.push_back(pi::preview(&line, 300));
-                if t.len() > STDERR_TAIL_LINES {
-                    t.pop_front();
-                }
+                t.push(&line);
             }
         }
     });
@@ -967,4 +1055,75 @@ pub fn open_runner_log(path: &Path) -> Result<File> {
         f.metadata().at("stat", path)?;
         Ok(f)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stderr_digest_keeps_head_error_and_tail() {
+        let mut d = StderrDigest::default();
+        for l in ["a", "b"] {
+            d.push(l);
+        }
+        assert_eq!(d.summary(), "a | b");
+        let mut d = StderrDigest::default();
+        for l in [
+            "/x.js:3",
+            "throw e",
+            "   ^",
+            "",
+            "TypeError: boom",
+            "at f",
+            "at g",
+            "at h",
+            "at i",
+            "Node.js v20",
+        ] {
+            d.push(l);
+        }
+        assert_eq!(
+            d.summary(),
+            "/x.js:3 | throw e | ^ | … | TypeError: boom | … | at h | at i | Node.js v20"
+        );
+    }
+
+    #[test]
+    fn pi_args_put_the_task_last_and_guard_dashes() {
+        let step = FlatStep {
+            index: 0,
+            chain_index: 0,
+            spec: spec::TaskSpec {
+                task: "x".into(),
+                model: Some("p/m".into()),
+                tools: Some(vec!["read".into(), "bash".into()]),
+                pi_args: vec!["--step-arg".into()],
+                ..Default::default()
+            },
+        };
+        let args = pi_command_args(
+            &step,
+            Path::new("/s/step-0.jsonl"),
+            &["--run-arg".into()],
+            "-rf everything",
+        );
+        assert_eq!(
+            args,
+            [
+                "--mode",
+                "json",
+                "-p",
+                "--session",
+                "/s/step-0.jsonl",
+                "--model",
+                "p/m",
+                "--tools",
+                "read,bash",
+                "--run-arg",
+                "--step-arg",
+                " -rf everything"
+            ]
+        );
+    }
 }

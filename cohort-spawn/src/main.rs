@@ -79,6 +79,9 @@ struct Args {
     /// Cap of each step's output log, in bytes.
     #[arg(long, default_value_t = 16 << 20)]
     output_cap: u64,
+    /// Cap of the run's events.jsonl, in bytes.
+    #[arg(long, default_value_t = 4 << 20)]
+    events_cap: u64,
     /// Print one JSON object ({"runId", "shortId", "runDir", "runtime"}) instead of the id.
     #[arg(long)]
     json: bool,
@@ -196,7 +199,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             fail_fast: args.fail_fast,
             concurrency: args.concurrency.map(|c| c as usize),
             output_cap_bytes: args.output_cap,
-            ..RunOptions::default()
+            events_cap_bytes: args.events_cap,
         },
         revives: None,
         runner: spawn::default_runner_path(),

@@ -11,7 +11,7 @@
 //! | `err400` | HTTP 400 with an OpenAI-style error `bad request from fake model` |
 //! | `err500` | HTTP 500 |
 //! | `slow` | streams `tick ` every 200 ms for 60 s |
-//! | `big` | replies with 50 MiB of text in 5 MiB chunks |
+//! | `big` | replies with 10 MiB of text in 1 MiB chunks (Pi 0.73.1 on Node 20 dies with ENOBUFS writing much larger lines to a pipe) |
 //!
 //! Every request is appended to the request log (JSON Lines: `ts`, `model`, `messages`,
 //! `active` = requests in flight when it arrived) so tests can check what Pi sent.
@@ -255,7 +255,7 @@ fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()>
             finish(out, model, "stop")
         }
         "big" => {
-            let piece = "z".repeat(5 << 20);
+            let piece = "z".repeat(1 << 20);
             chunk(
                 out,
                 model,

@@ -105,6 +105,20 @@ pub fn bin_dir() -> PathBuf {
     .clone()
 }
 
+/// Write a synthetic Pi package at `dir` (the real package's name, `bin.pi` = `dist/cli.js`)
+/// whose CLI is `js`; returns the entry path. For cases the real Pi cannot produce.
+pub fn fake_pi_package(dir: &Path, js: &str) -> PathBuf {
+    std::fs::create_dir_all(dir.join("dist")).unwrap();
+    std::fs::write(
+        dir.join("package.json"),
+        serde_json::json!({"name": PI_PACKAGE, "version": "0.0.0-synthetic", "bin": {"pi": "dist/cli.js"}}).to_string(),
+    )
+    .unwrap();
+    let entry = dir.join("dist/cli.js");
+    std::fs::write(&entry, js).unwrap();
+    entry
+}
+
 /// One test's world: temp HOME and profile, a fake server, a PATH with `pi` and `node`.
 pub struct TestEnv {
     /// Keeps the temp dir alive.
