@@ -36,18 +36,16 @@ use serde_json::json;
 use crate::error::{Error, IoContext, Result};
 use crate::events::EventLog;
 use crate::fsutil;
+use crate::layout::StateRoot;
 use crate::layout::{RunDir, PROFILE_ENV};
 use crate::lock::{RunLock, RUNNER_LOCK_WAIT};
 use crate::pi::{self, ChildExit, Notice, StepVerdict, StreamParser, StreamSummary};
 use crate::procinfo;
 use crate::record::{self, now_ms, RecentTool, RunRecord, RunState, StepStatus};
+use crate::route::{self, PARENT_RUN_ENV, PARENT_STEP_ENV};
 use crate::runtime::{self, Runtime, NODE_ENV, PI_ENTRY_ENV};
-use crate::spec::{self, ChainStep, FlatStep, LaunchSpec};
+use crate::spec::{self, ChainStep, FlatStep, LaunchSpec, Placement};
 
-/// Exported to every child: the run whose child it is.
-pub const PARENT_RUN_ENV: &str = "COHORT_PARENT_RUN_ID";
-/// Exported to every child: its flat step index.
-pub const PARENT_STEP_ENV: &str = "COHORT_PARENT_STEP";
 /// Most record writes per second.
 const WRITE_INTERVAL: Duration = Duration::from_millis(100);
 /// Longest silence in `lastUpdate` while the runner lives.
@@ -201,6 +199,31 @@ pub fn run(dir: &RunDir, ready: impl FnOnce()) -> Result<RunState> {
         }
     };
     let mut events = EventLog::open(&dir.events(), spec.options.events_cap_bytes)?;
+    let state_root = StateRoot::for_profile(&spec.profile_dir);
+    // The route of the tree: a top-level run creates it before any child can start a nested
+    // run; a nested run passes its tree's route on.
+    let tree = match &spec.placement {
+        Some(p) => p.clone(),
+        None => match route::create(&state_root, &rec.run_id, spec.max_depth) {
+            Ok(file) => Placement {
+                root_run_id: rec.run_id.clone(),
+                parent_run_id: String::new(),
+                parent_step_index: 0,
+                depth: 0,
+                max_depth: file.max_depth,
+                route_dir: state_root.route_dir(&rec.run_id),
+                capability_token: file.capability_token,
+            },
+            Err(e) => {
+                rec.finish(
+                    RunState::Failed,
+                    Some(format!("cannot create the run's route: {e}")),
+                );
+                record::store(&dir.status(), &rec)?;
+                return Err(e);
+            }
+        },
+    };
 
     let (tx, rx) = mpsc::channel();
     start_signal_thread(tx.clone())?;
@@ -218,12 +241,15 @@ pub fn run(dir: &RunDir, ready: impl FnOnce()) -> Result<RunState> {
 
     let mut sup = Supervisor {
         dir: dir.clone(),
+        state_root,
+        tree,
         spec,
         rec,
         events,
         tx,
         rx,
         active: HashMap::new(),
+        nested_stopping: Vec::new(),
         last_write: Instant::now(),
         dirty: false,
         stop: None,
@@ -249,12 +275,16 @@ fn start_signal_thread(tx: Sender<Msg>) -> Result<()> {
 
 struct Supervisor {
     dir: RunDir,
+    state_root: StateRoot,
+    /// The route of the run's tree, exported to children.
+    tree: Placement,
     spec: LaunchSpec,
     rec: RunRecord,
     events: EventLog,
     tx: Sender<Msg>,
     rx: Receiver<Msg>,
     active: HashMap<usize, Active>,
+    nested_stopping: Vec<RunDir>,
     last_write: Instant,
     dirty: bool,
     stop: Option<Ending>,
@@ -301,6 +331,9 @@ impl Supervisor {
                         .collect::<Vec<_>>(),
                 ),
             };
+        }
+        if self.stop.is_some() {
+            self.wait_nested_stopped();
         }
         // Steps never started end `stopped`, not silently `pending`.
         let why = match (self.stop, &failure) {
@@ -428,8 +461,12 @@ impl Supervisor {
             .env(PROFILE_ENV, &self.spec.profile_dir)
             .env(NODE_ENV, &rt.node_exec_path)
             .env(PI_ENTRY_ENV, &rt.pi_entry_path)
-            .env(PARENT_RUN_ENV, &self.rec.run_id)
-            .env(PARENT_STEP_ENV, i.to_string());
+            .envs(route::child_env(
+                &self.tree,
+                &self.rec.run_id,
+                i,
+                self.rec.depth,
+            ));
         let mut child = cmd
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", rt.node_exec_path.display()))?;
@@ -512,6 +549,7 @@ impl Supervisor {
                 if self.stop.is_none() {
                     let _ = self.events.append("run.stopping", json!({}));
                     self.signal_all(Ending::Stop);
+                    self.stop_nested_runs();
                 }
                 self.stop = Some(Ending::Stop);
             }
@@ -577,6 +615,50 @@ impl Supervisor {
                 let _ = signal::killpg(Pid::from_raw(a.pid as i32), Signal::SIGTERM);
                 a.term_at = Some(grace_from);
                 a.ending = Some(why);
+            }
+        }
+    }
+
+    /// Send SIGTERM to the live runners of the nested runs started from this run's children
+    /// (each stops its own children and nested runs in turn), and remember them so the run
+    /// waits for them before it ends.
+    fn stop_nested_runs(&mut self) {
+        let dir = self.state_root.nested_runs_dir(&self.tree.root_run_id);
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let run = RunDir::new(e.path());
+            let Ok(rec) = record::load(&run.status()) else {
+                continue;
+            };
+            if rec.parent_run_id.as_deref() != Some(self.rec.run_id.as_str())
+                || rec.state.is_terminal()
+            {
+                continue;
+            }
+            if let Ok(Some(pid)) = crate::status::live_runner_pid(&run) {
+                let _ = signal::kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+                let _ = self
+                    .events
+                    .append("nested.stopping", json!({"runId": rec.run_id, "pid": pid}));
+                self.nested_stopping.push(run);
+            }
+        }
+    }
+
+    /// Wait (bounded) for the nested runs this run stopped to end.
+    fn wait_nested_stopped(&mut self) {
+        let deadline = Instant::now()
+            + Duration::from_millis(self.spec.options.grace_ms)
+            + Duration::from_secs(5);
+        for run in std::mem::take(&mut self.nested_stopping) {
+            while Instant::now() < deadline
+                && crate::lock::probe(&run.lock())
+                    .map(|l| l.is_alive())
+                    .unwrap_or(false)
+            {
+                std::thread::sleep(Duration::from_millis(20));
             }
         }
     }

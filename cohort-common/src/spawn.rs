@@ -19,9 +19,10 @@ use crate::id::RunId;
 use crate::layout::{RunDir, StateRoot, PROFILE_ENV};
 use crate::lock::{self, RunLock};
 use crate::record::{self, RunMode, RunRecord, RunState, StepRecord};
-use crate::runner::{self, PARENT_RUN_ENV, PARENT_STEP_ENV};
+use crate::route;
+use crate::runner;
 use crate::runtime::{self, Runtime, RuntimeRequest, RuntimeSource};
-use crate::spec::{self, ChainStep, LaunchSpec, RunOptions, SPEC_VERSION};
+use crate::spec::{self, ChainStep, LaunchSpec, Placement, RunOptions, SPEC_VERSION};
 
 /// The line the runner prints on stdout once `running` is published.
 pub const READY_LINE: &str = "cohort-runner: ready";
@@ -48,6 +49,12 @@ pub struct SpawnRequest {
     pub options: RunOptions,
     /// The run this one revives.
     pub revives: Option<String>,
+    /// Where the run sits in a tree, for a nested start (from [`route::validate`]).
+    pub placement: Option<Placement>,
+    /// For a top-level run: the deepest depth its tree allows.
+    pub max_depth: u32,
+    /// `--session-root`: the root every reused session file must be inside.
+    pub session_root: Option<PathBuf>,
     /// The path of `cohort-runner`.
     pub runner: PathBuf,
 }
@@ -99,9 +106,17 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     if req.chain.is_empty() {
         return Err(Error::Usage("nothing to run: no task".into()).into());
     }
-    fsutil::create_dir_all_private(&root.runs_dir())?;
     let run_id = RunId::new().to_string();
-    let dir = root.run_dir(&run_id);
+    let dir = match &req.placement {
+        Some(p) => {
+            fsutil::create_dir_all_private(&root.nested_runs_dir(&p.root_run_id))?;
+            root.nested_run_dir(&p.root_run_id, &run_id)
+        }
+        None => {
+            fsutil::create_dir_all_private(&root.runs_dir())?;
+            root.run_dir(&run_id)
+        }
+    };
     fsutil::create_dir_exclusive(dir.path())?;
     fsutil::create_file_exclusive(&dir.lock())?;
 
@@ -112,6 +127,12 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     rec.chain_step_count = Some(req.chain.len());
     rec.parallel_groups = groups;
     rec.revives = req.revives.clone();
+    if let Some(p) = &req.placement {
+        rec.root_run_id = Some(p.root_run_id.clone());
+        rec.parent_run_id = Some(p.parent_run_id.clone());
+        rec.parent_step_index = Some(p.parent_step_index);
+        rec.depth = p.depth;
+    }
     rec.steps = flat
         .iter()
         .map(|f| StepRecord {
@@ -183,6 +204,17 @@ fn prepare_and_start(
     let cwd = validate_cwd(&cwd)?;
     rec.cwd = Some(cwd.clone());
 
+    let reused = session_files(&req.chain);
+    match (&req.session_root, &req.placement) {
+        (Some(sr), _) => route::check_session_root(sr, &reused)?,
+        (None, Some(_)) if !reused.is_empty() => {
+            return Err(Error::Usage(
+                "a nested start that reuses session files needs --session-root DIR".into(),
+            ))
+        }
+        _ => {}
+    }
+
     let (rt, source) = match &req.pinned_runtime {
         Some(rt) => (runtime::revalidate(rt)?, None),
         None => {
@@ -212,15 +244,33 @@ fn prepare_and_start(
         chain: req.chain.clone(),
         pi_args: req.pi_args.clone(),
         options: req.options.clone(),
-        placement: None,
-        max_depth: 2,
+        placement: req.placement.clone(),
+        max_depth: req
+            .placement
+            .as_ref()
+            .map(|p| p.max_depth)
+            .unwrap_or(req.max_depth),
     };
     fsutil::write_json_atomic(&dir.spec(), &spec)?;
     rec.last_update = Some(record::now_ms());
     record::store(&dir.status(), rec)?;
+    if let Some(p) = &req.placement {
+        route::stamp_started(p, &rec.run_id, &rt).map_err(|e| {
+            Error::State(format!("cannot stamp nested.started into the route: {e}"))
+        })?;
+    }
 
     start_runner(root, dir, &req.runner)?;
     Ok((rt, source))
+}
+
+/// Every session file the chain reuses.
+fn session_files(chain: &[ChainStep]) -> Vec<PathBuf> {
+    spec::flatten(chain)
+        .0
+        .into_iter()
+        .filter_map(|f| f.spec.session_file)
+        .collect()
 }
 
 fn first_session_file(chain: &[ChainStep]) -> Option<PathBuf> {
@@ -275,16 +325,19 @@ pub fn validate_cwd(cwd: &Path) -> Result<PathBuf> {
 /// Start the detached runner for `dir` and wait until it reports `running` (or dies).
 fn start_runner(root: &StateRoot, dir: &RunDir, runner: &Path) -> Result<()> {
     let log = fsutil::open_append(&dir.runner_log())?;
-    let mut child = Command::new(runner)
-        .arg(dir.path())
+    let mut cmd = Command::new(runner);
+    cmd.arg(dir.path())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log)
-        .env(PROFILE_ENV, root.profile())
-        // The runner is not a step process of any parent run: keep it out of the parent's
-        // descendant sweep (see runner::step_processes).
-        .env_remove(PARENT_RUN_ENV)
-        .env_remove(PARENT_STEP_ENV)
+        .env(PROFILE_ENV, root.profile());
+    // The runner is not a step process of any parent run: without the route variables it stays
+    // out of the parent's descendant sweep (see runner::step_processes). Its placement is in
+    // the launch spec.
+    for k in route::ROUTE_VARS {
+        cmd.env_remove(k);
+    }
+    let mut child = cmd
         .spawn()
         .map_err(|e| Error::Usage(format!("cannot start the runner {}: {e}", runner.display())))?;
     let stdout = child.stdout.take().expect("piped");

@@ -13,7 +13,7 @@ use clap::Parser;
 use cohort_common::record::RunMode;
 use cohort_common::runtime::RuntimeRequest;
 use cohort_common::spec::{self, ChainStep, ParallelSpec, RunOptions, TaskSpec};
-use cohort_common::{cli, duration, exit, layout::StateRoot, spawn};
+use cohort_common::{cli, duration, exit, layout::StateRoot, route, spawn};
 
 /// Start a Pi coding-agent run in the background and print its run id.
 ///
@@ -82,6 +82,13 @@ struct Args {
     /// Cap of the run's events.jsonl, in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     events_cap: u64,
+    /// The deepest nesting depth this run's tree allows (top-level spawns only; default 2).
+    #[arg(long)]
+    max_depth: Option<u32>,
+    /// The directory every reused session file (--session) must be inside (checked strictly:
+    /// absolute, existing, canonical; files regular, non-symlink, .jsonl, inside it).
+    #[arg(long)]
+    session_root: Option<PathBuf>,
     /// Print one JSON object ({"runId", "shortId", "runDir", "runtime"}) instead of the id.
     #[arg(long)]
     json: bool,
@@ -112,6 +119,19 @@ fn read_task(t: &str) -> anyhow::Result<String> {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
+    // Route variables decide whether and where a record is created: check them first.
+    let root = StateRoot::from_env()?;
+    let placement = match route::parse_env(|k| std::env::var_os(k))? {
+        Some(inherited) => {
+            if args.max_depth.is_some() {
+                bail!(cohort_common::Error::Usage(
+                    "--max-depth is set by the top-level spawn and inherited; a nested spawn cannot change it".into()
+                ));
+            }
+            Some(route::validate(&root, &inherited)?)
+        }
+        None => None,
+    };
     let base = TaskSpec {
         task: String::new(),
         label: args.label.clone(),
@@ -181,7 +201,6 @@ fn run(args: Args) -> anyhow::Result<()> {
             )),
         }
     };
-    let root = StateRoot::from_env()?;
     let req = spawn::SpawnRequest {
         chain,
         mode,
@@ -202,6 +221,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             events_cap_bytes: args.events_cap,
         },
         revives: None,
+        placement,
+        max_depth: args.max_depth.unwrap_or(route::DEFAULT_MAX_DEPTH),
+        session_root: args.session_root.clone(),
         runner: spawn::default_runner_path(),
     };
     let started = match spawn::spawn(&root, req) {

@@ -235,9 +235,18 @@ impl TestEnv {
 
     /// Wait (up to `secs`) until the run's state is terminal; returns the record.
     pub fn wait_terminal(&self, id: &str, secs: u64) -> Value {
+        self.wait_terminal_at(&self.run_dir(id), secs)
+    }
+
+    /// [`TestEnv::wait_terminal`] for a run dir anywhere (nested runs).
+    pub fn wait_terminal_at(&self, dir: &Path, secs: u64) -> Value {
+        let id = dir.display();
         let mut last = Value::Null;
         wait_for(Duration::from_secs(secs), || {
-            last = self.record(id);
+            last = std::fs::read_to_string(dir.join("status.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or(Value::Null);
             matches!(
                 last["state"].as_str(),
                 Some("complete" | "failed" | "stopped" | "paused")
