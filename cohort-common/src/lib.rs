@@ -22,6 +22,7 @@ pub mod procinfo;
 pub mod reap;
 pub mod record;
 pub mod render;
+pub mod revive;
 pub mod route;
 pub mod runner;
 pub mod runtime;

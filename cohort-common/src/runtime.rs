@@ -73,6 +73,35 @@ pub enum RuntimeError {
         /// Why.
         reason: String,
     },
+    /// A run's recorded runtime is no longer there or no longer valid. There is no fallback to
+    /// another installation.
+    #[error("the runtime recorded by run {run} is gone ({cause}); restore it at {} or start a new run", path.display())]
+    Gone {
+        /// The run whose runtime it is.
+        run: String,
+        /// The recorded path that is missing or invalid.
+        path: PathBuf,
+        /// What is wrong with it.
+        cause: Box<RuntimeError>,
+    },
+    /// A record without a runtime (legacy or foreign): inspectable only.
+    #[error("run {run} has no recorded runtime (a legacy or foreign record): inspectable only; start a new run")]
+    NotRecorded {
+        /// The run.
+        run: String,
+    },
+}
+
+impl RuntimeError {
+    /// The path this error is about, if any.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            RuntimeError::BadNode { path, .. }
+            | RuntimeError::BadEntry { path, .. }
+            | RuntimeError::Gone { path, .. } => Some(path),
+            _ => None,
+        }
+    }
 }
 
 /// What the caller asked for: explicit paths, if any.

@@ -11,9 +11,9 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::Parser;
 use cohort_common::record::RunMode;
-use cohort_common::runtime::RuntimeRequest;
+use cohort_common::runtime::{self, RuntimeRequest};
 use cohort_common::spec::{self, ChainStep, ParallelSpec, RunOptions, TaskSpec};
-use cohort_common::{cli, duration, exit, layout::StateRoot, route, spawn};
+use cohort_common::{cli, duration, exit, layout::StateRoot, revive, route, spawn};
 
 /// Start a Pi coding-agent run in the background and print its run id.
 ///
@@ -55,6 +55,14 @@ struct Args {
     /// PATH).
     #[arg(long)]
     pi_entry: Option<PathBuf>,
+    /// Continue a finished run's Pi session in a new run, on the original's recorded runtime
+    /// (TASK defaults to "Continue where you left off.").
+    #[arg(long, value_name = "RUN", conflicts_with_all = ["chain", "parallel", "session", "cwd"])]
+    revive: Option<String>,
+    /// With --revive: the flat step whose session to continue (default: the last step with a
+    /// session file).
+    #[arg(long, requires = "revive")]
+    step: Option<usize>,
     /// Run the chain in this JSON file (see docs/chain.md).
     #[arg(long, conflicts_with_all = ["parallel", "session"])]
     chain: Option<PathBuf>,
@@ -141,7 +149,48 @@ fn run(args: Args) -> anyhow::Result<()> {
         pi_args: Vec::new(),
         session_file: None,
     };
-    let (chain, mode) = if let Some(file) = &args.chain {
+    let mut pinned_runtime = None;
+    let mut revives = None;
+    let mut cwd = args.cwd.clone();
+    let mut pi_args = args.pi_args.clone();
+    let (chain, mode) = if let Some(name) = &args.revive {
+        let task = match args.tasks.as_slice() {
+            [] => revive::DEFAULT_TASK.to_string(),
+            [t] => read_task(t)?,
+            _ => bail!(cohort_common::Error::Usage(
+                "--revive takes at most one TASK".into()
+            )),
+        };
+        let plan = revive::plan(&revive::gather(&root, name, args.step)?)?;
+        // Say so when the runtime used is not the one flags or PATH would give today.
+        match runtime::capture(&RuntimeRequest {
+            node: args.node.clone(),
+            pi_entry: args.pi_entry.clone(),
+        }) {
+            Ok((now, _)) if revive::same_runtime(&now, &plan.runtime) => {}
+            _ => eprintln!(
+                "cohort-spawn: reviving on run {}'s recorded runtime ({})",
+                cohort_common::id::short_of(&plan.original),
+                revive::describe(&plan.runtime)
+            ),
+        }
+        if pi_args.is_empty() {
+            pi_args = plan.pi_args.clone();
+        }
+        cwd = plan.cwd.clone();
+        pinned_runtime = Some(plan.runtime.clone());
+        revives = Some(plan.original.clone());
+        let t = TaskSpec {
+            task,
+            label: args.label.clone(),
+            model: args.model.clone().or(plan.model),
+            thinking: args.thinking.clone().or(plan.thinking),
+            tools: args.tools.clone().or(plan.tools),
+            pi_args: Vec::new(),
+            session_file: Some(plan.session_file),
+        };
+        (vec![ChainStep::Task(t)], RunMode::Single)
+    } else if let Some(file) = &args.chain {
         if !args.tasks.is_empty() {
             bail!(cohort_common::Error::Usage(
                 "--chain takes its tasks from the file; give no TASK".into()
@@ -204,13 +253,13 @@ fn run(args: Args) -> anyhow::Result<()> {
     let req = spawn::SpawnRequest {
         chain,
         mode,
-        cwd: args.cwd.clone(),
+        cwd,
         runtime: RuntimeRequest {
             node: args.node.clone(),
             pi_entry: args.pi_entry.clone(),
         },
-        pinned_runtime: None,
-        pi_args: args.pi_args.clone(),
+        pinned_runtime,
+        pi_args,
         options: RunOptions {
             grace_ms: args.grace.as_millis() as u64,
             timeout_ms: args.timeout.map(|d| d.as_millis() as u64),
@@ -220,7 +269,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             output_cap_bytes: args.output_cap,
             events_cap_bytes: args.events_cap,
         },
-        revives: None,
+        revives,
         placement,
         max_depth: args.max_depth.unwrap_or(route::DEFAULT_MAX_DEPTH),
         session_root: args.session_root.clone(),
