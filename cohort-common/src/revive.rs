@@ -280,12 +280,17 @@ mod tests {
         assert_eq!(p.step, 1);
         assert_eq!(p.session_file, PathBuf::from("/s/1.jsonl"));
         assert_eq!(p.runtime, rt());
+        // A step whose session file never appeared (no assistant message) is passed over...
         let mut f = facts();
         f.existing_sessions.pop();
-        assert!(plan(&f).unwrap_err().to_string().contains("missing"));
-        f.step = Some(0);
         let p = plan(&f).unwrap();
         assert_eq!((p.step, p.model.as_deref()), (0, Some("p/m")));
+        // ...unless asked for, and then refused.
+        f.step = Some(1);
+        assert!(plan(&f).unwrap_err().to_string().contains("missing"));
+        f.existing_sessions.clear();
+        f.step = None;
+        assert!(plan(&f).unwrap_err().to_string().contains("missing"));
     }
 
     #[test]
