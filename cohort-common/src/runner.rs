@@ -390,7 +390,11 @@ impl Supervisor {
         let mut queue: VecDeque<&FlatStep> = members.iter().collect();
         let mut failure: Option<String> = None;
         loop {
-            while self.stop.is_none() && failure.is_none() && self.active.len() < limit {
+            let fail_fast = self.spec.options.fail_fast;
+            while self.stop.is_none()
+                && (failure.is_none() || !fail_fast)
+                && self.active.len() < limit
+            {
                 let Some(step) = queue.pop_front() else { break };
                 if let Err(reason) = self.launch(step, previous) {
                     self.end_step(step.index, StepStatus::Failed, Some(reason.clone()), None);

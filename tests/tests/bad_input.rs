@@ -225,3 +225,48 @@ fn a_corrupt_record_lists_as_an_error_row() {
         "nothing on disk changes"
     );
 }
+
+#[test]
+fn a_runner_that_cannot_start_leaves_a_failed_record() {
+    let env = TestEnv::new();
+    let out = env
+        .cmd("cohort-spawn")
+        .env("COHORT_RUNNER", env.tmp.path().join("no-such-runner"))
+        .args(["--model", "fake/plain", "t", "--"])
+        .args(HERMETIC)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot start the runner"),
+        "{}",
+        stderr(&out)
+    );
+    let recs = records(&env);
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0]["state"], "failed");
+    assert!(recs[0]["error"]
+        .as_str()
+        .unwrap()
+        .contains("cannot start the runner"));
+}
+
+#[test]
+fn the_runner_refuses_a_record_that_is_not_queued() {
+    let env = TestEnv::new();
+    let id = env.spawn(&["--model", "fake/plain", "once"]);
+    let done = env.wait_terminal(&id, 60);
+    assert_eq!(done["state"], "complete");
+    let before = std::fs::read(env.run_dir(&id).join("status.json")).unwrap();
+    let out = env.run("cohort-runner", &[env.run_dir(&id).to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("is complete, not queued"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        std::fs::read(env.run_dir(&id).join("status.json")).unwrap(),
+        before
+    );
+}

@@ -457,3 +457,31 @@ fn the_heartbeat_advances_last_update_while_the_child_is_silent() {
     .unwrap();
     assert_eq!(env.wait_terminal(&id, 20)["state"], "stopped");
 }
+
+#[test]
+fn without_fail_fast_a_group_finishes_its_members_and_the_run_fails() {
+    let env = TestEnv::new();
+    let chain = env.tmp.path().join("chain.json");
+    std::fs::write(
+        &chain,
+        r#"{"steps": [
+            {"parallel": [
+                {"task": "broken", "model": "fake/err400"},
+                {"task": "fine one", "model": "fake/plain"},
+                {"task": "fine two", "model": "fake/plain"}
+            ], "concurrency": 1},
+            {"task": "never runs", "model": "fake/plain"}
+        ]}"#,
+    )
+    .unwrap();
+    let id = env.spawn(&["--chain", chain.to_str().unwrap()]);
+    let rec = env.wait_terminal(&id, 90);
+    assert_eq!(rec["state"], "failed", "{rec:#}");
+    let st: Vec<&str> = rec["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(st, ["failed", "complete", "complete", "stopped"], "{rec:#}");
+}
