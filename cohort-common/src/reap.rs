@@ -667,6 +667,7 @@ pub fn reap(
         subtrees: &subtrees,
         pending_restore: &pending_restore,
         trash: &trash,
+        trash_ready: std::cell::Cell::new(false),
     };
 
     // The candidates: named runs (reported whatever happens) or every listed run (filters).
@@ -687,7 +688,7 @@ pub fn reap(
     }
 
     // Examine each, and (unless dry) move every removable unit into the trash.
-    let mut committed: Vec<ReportEntry> = Vec::new();
+    let mut committed: Vec<(ReportEntry, bool)> = Vec::new();
     let mut moved_nested = false;
     for (id, name, kind) in candidates {
         let named = name.is_some();
@@ -717,7 +718,7 @@ pub fn reap(
             Ok(nested) => {
                 moved_nested |= nested;
                 entry.outcome = Outcome::Removed;
-                committed.push(entry);
+                committed.push((entry, nested));
             }
             Err(r) => report.entries.push(ReportEntry::refused(id, name, r)),
         }
@@ -733,18 +734,20 @@ pub fn reap(
     if moved_nested {
         fsutil::sync_dir(&nested_root)?;
     }
-    for mut entry in committed {
+    let trash_dir = trash::OpenDir::open(&trash).at("open", &trash)?;
+    for (mut entry, nested) in committed {
         let mut freed = 0;
-        for (half, hook) in [
-            (trash::nested_entry(&entry.run_id), None),
-            (trash::run_entry(&entry.run_id), Some("during-delete")),
-        ] {
+        let halves = [
+            (nested, trash::nested_entry(&entry.run_id), None),
+            (true, trash::run_entry(&entry.run_id), Some("during-delete")),
+        ];
+        for (_, half, hook) in halves.into_iter().filter(|h| h.0) {
             let mut after_unlink = || {
                 if let Some(point) = hook {
                     test_hook(point);
                 }
             };
-            match trash::remove_entry(&trash, &half, &mut after_unlink) {
+            match trash_dir.remove(&half, &mut after_unlink) {
                 Ok(b) => freed += b,
                 Err(e) => {
                     report.cleanup_error.get_or_insert_with(|| {
@@ -771,6 +774,7 @@ struct Ctx<'a> {
     subtrees: &'a HashSet<String>,
     pending_restore: &'a HashSet<String>,
     trash: &'a Path,
+    trash_ready: std::cell::Cell<bool>,
 }
 
 /// A unit cleared for removal, with the locks that must be held until it is in the trash.
@@ -914,7 +918,11 @@ fn observe_subtree(
 /// Returns whether a subtree was moved. On any failure nothing stays moved.
 fn commit(ctx: &Ctx<'_>, id: &str, unit: &Unit) -> std::result::Result<bool, Refusal> {
     let move_failed = |e: std::io::Error| Refusal::MoveFailed(e.to_string());
-    fsutil::create_dir_all_private(ctx.trash).map_err(|e| Refusal::MoveFailed(e.to_string()))?;
+    if !ctx.trash_ready.get() {
+        fsutil::create_dir_all_private(ctx.trash)
+            .map_err(|e| Refusal::MoveFailed(e.to_string()))?;
+        ctx.trash_ready.set(true);
+    }
     let nested_to = ctx.trash.join(trash::nested_entry(id));
     let mut moved_nested = false;
     if let Some(from) = &unit.subtree {

@@ -156,9 +156,23 @@ pub fn remove_entry(
     name: &str,
     after_unlink: &mut dyn FnMut(),
 ) -> std::io::Result<u64> {
-    let dir = open_dir_at(None, parent).map_err(std::io::Error::from)?;
-    let name = CString::new(name).map_err(std::io::Error::other)?;
-    walk(dir.as_fd(), &name, true, after_unlink).map_err(std::io::Error::from)
+    OpenDir::open(parent)?.remove(name, after_unlink)
+}
+
+/// A directory opened once (`O_NOFOLLOW`) to delete many of its entries relative to it.
+pub struct OpenDir(Dir);
+
+impl OpenDir {
+    /// Open `path`, which must be a real directory (not a symlink).
+    pub fn open(path: &Path) -> std::io::Result<OpenDir> {
+        Ok(OpenDir(open_dir_at(None, path)?))
+    }
+
+    /// [`remove_entry`] of an entry of this directory.
+    pub fn remove(&self, name: &str, after_unlink: &mut dyn FnMut()) -> std::io::Result<u64> {
+        let name = CString::new(name).map_err(std::io::Error::other)?;
+        Ok(walk(self.0.as_fd(), &name, true, after_unlink)?)
+    }
 }
 
 fn open_dir_at(
