@@ -211,6 +211,11 @@ impl fmt::Display for Refusal {
                 f,
                 "it is queued (its runner never took over); a queued run is never removed"
             ),
+            Refusal::NotTerminal(RunState::Running) => write!(
+                f,
+                "its record says running but no runner holds its lock; \
+                 `cohort-status <id>` records it as failed (runner lost), then it can be reaped"
+            ),
             Refusal::NotTerminal(s) => write!(f, "it is {}, not terminal", s.as_str()),
             Refusal::NotSelected => write!(f, "it does not match --state/--older-than"),
             Refusal::NestedUnsafe(why) => write!(f, "{why}"),
@@ -618,7 +623,11 @@ pub fn reap(
         .collect();
 
     // Finish what an interrupted reap left in the trash.
-    let trash_entries: Vec<String> = list_dir(&trash)?.into_iter().map(|(n, _)| n).collect();
+    let trash_entries: Vec<String> = list_dir_all(&trash)
+        .at("list", &trash)?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
     let plan = trash::plan_recovery(
         &trash_entries,
         |id| listed.contains(id),
