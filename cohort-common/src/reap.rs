@@ -300,7 +300,8 @@ pub fn decide_run(obs: &RunObservation, sel: &Selection, named: bool, now_ms: u6
         Err(_) if !named => return Decision::Skip,
         Err(e) => return Refuse(Refusal::Unreadable(e.clone())),
     };
-    if !named && !(rec.state.is_terminal() && sel.matches(rec, now_ms)) {
+    let picked_by_filters = rec.state.is_terminal() && sel.matches(rec, now_ms);
+    if !named && !picked_by_filters {
         return Decision::Skip;
     }
     if !id::is_plausible_name(&obs.id) {

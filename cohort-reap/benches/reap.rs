@@ -24,7 +24,11 @@ fn env_num(name: &str, default: usize) -> usize {
 /// Build the same `n` terminal runs (status.json, runner.lock, events.jsonl) under each
 /// profile. Plain writes: setup speed is not what is measured.
 fn build(profiles: &[&Path], n: usize) {
-    let roots: Vec<StateRoot> = profiles.iter().map(|p| StateRoot::for_profile(p)).collect();
+    let roots: Vec<StateRoot> = profiles
+        .iter()
+        .copied()
+        .map(StateRoot::for_profile)
+        .collect();
     for r in &roots {
         std::fs::create_dir_all(r.runs_dir()).unwrap();
     }

@@ -270,14 +270,19 @@ fn removes_a_unit_with_its_nested_subtree_and_keeps_routes_and_sessions() {
     assert!(text.contains("removed 1, refused 0, freed"), "{text}");
 }
 
+/// What a case's `block` hands to its `lift` (a held lock, a moved path, …).
+type Held = Box<dyn std::any::Any>;
+/// Undo a case's obstacle.
+type Lift = Box<dyn FnOnce(&TestEnv, &str, Held)>;
+
 /// One refusal rule: `block` makes an otherwise removable unit unremovable (by name), the reap
 /// is refused with `code` and changes nothing; `lift` (if any) removes the obstacle, and the
 /// same reap then removes it.
 fn refusal_case(
     code: &str,
-    block: impl FnOnce(&TestEnv, &str) -> Box<dyn std::any::Any>,
+    block: impl FnOnce(&TestEnv, &str) -> Held,
     name: impl FnOnce(&str) -> String,
-    lift: Option<Box<dyn FnOnce(&TestEnv, &str, Box<dyn std::any::Any>)>>,
+    lift: Option<Lift>,
 ) {
     let env = TestEnv::new();
     let id = top(&env, RunState::Complete, HOUR);
