@@ -1,46 +1,92 @@
 //! Manual pruning of terminal top-level runs: the library side of `cohort-reap` (DESIGN §8).
 //!
-//! Two halves. [`decide`] is pure: given what was observed of a run and its nested subtree it
-//! says "remove" or "refuse, because …"; `--dry-run` prints exactly these decisions. [`reap`]
-//! acts: for each run it takes the runner locks without waiting for a runner (held ⇒ refused),
-//! re-reads every record *under the locks*, decides again, and only then removes.
+//! Decisions are pure functions over what was observed: [`resolve_name`] (which run a name
+//! means), [`decide_run`] and [`decide_subtree`] (may this run and its nested subtree go?),
+//! [`trash::plan_recovery`] (how to finish an interrupted reap). [`reap`] does the I/O around
+//! them; `--dry-run` runs the very same observation and decisions with shared lock probes and
+//! stops before changing anything (no lock file, no trash, no recovery).
 //!
-//! Removal is crash-safe: the nested subtree and then the run dir are *renamed* into
-//! `R/.reap-trash/` (same filesystem, so each rename is atomic) before anything is deleted, and
-//! every reap first finishes leftover trash. A `kill -9` at any point leaves the run either
-//! fully listed and intact, or gone — never a half-removed record in a listing. Routes
-//! (`nested-subagent-events/`) and session files are never touched; symlinks are never
-//! followed (std's `remove_dir_all` does not follow them).
+//! # Safety rules
+//!
+//! A unit is a top-level run dir `async-subagent-runs/<id>/` plus its whole nested subtree
+//! `nested-subagent-runs/<id>/`. It is removed only when, *under the runner locks* (taken
+//! without waiting for a runner; only a short bounded wait rides out a reader's probe), the
+//! run's record reads as terminal, and every run of the subtree is terminal with a free lock.
+//! Nothing is followed through a symlink: a run dir, subtree, lock file or record that is a
+//! symlink is refused, as is anything under a parent that resolves outside the state root, and
+//! any name holding `/`, `..` or NUL. Routes (`nested-subagent-events/`) and sessions
+//! (`sessions/`) are never touched. A record that cannot be read is never removed.
+//!
+//! # Crash safety
+//!
+//! Removal renames into `R/.reap-trash/` first (see [`trash`]): the subtree to
+//! `<id>.nested`, then the run dir to `<id>.run`, which is the commit point (the run leaves the
+//! listing in one atomic rename). Only then, after one fsync of the directories involved, is
+//! anything deleted. A `kill -9` before the commit leaves the run listed with an intact record
+//! (at worst its subtree waits in the trash and the next reap renames it back); after the
+//! commit the run is gone and the next reap deletes what is left. Listings skip dot-names, so
+//! the trash never shows as a run.
+//!
+//! Reapers exclude each other with `R/.reap.lock` (a bounded wait), so a second reap of the
+//! same run either waits and then reports it "removed by another cohort-reap", or reports the
+//! other reap as busy; it never claims a half-moved unit, and recovery never races a live reap.
+
+pub mod trash;
 
 use std::collections::HashSet;
+use std::fmt;
+use std::fs::{File, FileType, OpenOptions, TryLockError};
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use crate::error::{Error, IoContext, Result};
 use crate::fsutil;
 use crate::id;
-use crate::layout::{RunDir, StateRoot};
-use crate::lock::{Liveness, RunLock};
-use crate::record::{self, now_ms, RunRecord, RunState};
+use crate::layout::StateRoot;
+use crate::lock::Liveness;
+use crate::record::{now_ms, RunRecord, RunState, FORMAT_VERSION};
 use crate::status;
 
 /// The hidden trash directory under the state root.
 pub const TRASH_DIR: &str = ".reap-trash";
-/// How long the reaper waits for brief lock holders (reader probes) before calling a run busy.
-const PROBE_WAIT: Duration = Duration::from_millis(300);
+/// The reaper lock under the state root: held exclusively by a (non-dry) reap for its whole run.
+pub const REAPER_LOCK: &str = ".reap.lock";
+/// How long a reap waits for brief holders of a runner lock (reader probes, a reconciling
+/// reader) before calling the run busy. A live runner holds it for good, so this is all the
+/// "waiting for a runner" there is.
+pub const PROBE_WAIT: Duration = Duration::from_millis(300);
+/// Default wait for another reap to finish before giving up.
+pub const REAPER_WAIT: Duration = Duration::from_secs(30);
+/// Environment variable of the test hook: kill the reaper with `SIGKILL` at this point.
+pub const CRASH_ENV: &str = "COHORT_REAP_CRASH_AT";
+/// Environment variable of the test hook: pause at this point (see [`PAUSE_FILE_ENV`]).
+pub const PAUSE_ENV: &str = "COHORT_REAP_PAUSE_AT";
+/// With [`PAUSE_ENV`]: the file the paused reaper creates, then waits for someone to delete.
+pub const PAUSE_FILE_ENV: &str = "COHORT_REAP_PAUSE_FILE";
+/// The points the test hooks know, in the order a reap reaches them.
+pub const HOOK_POINTS: [&str; 5] = [
+    "before-nested-rename",
+    "after-nested-rename",
+    "after-run-rename",
+    "during-delete",
+    "after-delete",
+];
 
 /// Which runs to reap.
 #[derive(Clone, Debug, Default)]
 pub struct Selection {
-    /// Named runs (ids, short ids, prefixes).
+    /// Named runs (full ids, short ids, unique prefixes of 8+ characters).
     pub names: Vec<String>,
-    /// `--state` (terminal states only).
+    /// `--state`: only runs in one of these (terminal) states.
     pub states: Vec<RunState>,
-    /// `--older-than`: ended at least this long ago.
+    /// `--older-than`: only runs whose `endedAt` is at least this long ago.
     pub older_than: Option<Duration>,
-    /// `--all-terminal`.
+    /// `--all-terminal`: every terminal top-level run.
     pub all_terminal: bool,
 }
 
@@ -53,472 +99,1083 @@ impl Selection {
             && !self.all_terminal
     }
 
-    /// Whether a record matches the filters (`--state`, `--older-than`), pure. Named runs are
-    /// matched by name elsewhere; filters narrow names too when both are given.
-    pub fn filters_match(&self, rec: &RunRecord, now: u64) -> bool {
+    /// Whether a record passes `--state` and `--older-than` (pure). A record without `endedAt`
+    /// never passes `--older-than`: its age is unknown.
+    pub fn matches(&self, rec: &RunRecord, now_ms: u64) -> bool {
         if !self.states.is_empty() && !self.states.contains(&rec.state) {
             return false;
         }
-        if let Some(age) = self.older_than {
-            match rec.ended_at {
-                Some(end) if now.saturating_sub(end) >= age.as_millis() as u64 => {}
-                _ => return false,
-            }
+        match (self.older_than, rec.ended_at) {
+            (None, _) => true,
+            (Some(age), Some(end)) => now_ms.saturating_sub(end) >= age.as_millis() as u64,
+            (Some(_), None) => false,
         }
-        true
     }
 }
 
-/// What was observed of one nested run in a subtree.
+/// Why a run was not removed. [`Refusal::code`] is a stable word for scripts; `Display` is the
+/// sentence for people.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NestedObservation {
-    /// Its id.
-    pub id: String,
-    /// Its state, or why its record could not be read.
-    pub state: std::result::Result<RunState, String>,
-    /// Its lock.
-    pub liveness: Liveness,
+pub enum Refusal {
+    /// The name cannot be a run id (holds `/`, `..`, NUL, or is not hex digits and `-`).
+    InvalidName,
+    /// No run matches the name.
+    NotFound,
+    /// The name matches several runs.
+    Ambiguous {
+        /// The full ids it matches.
+        candidates: Vec<String>,
+    },
+    /// It was listed when the name was resolved, and removed by another reap meanwhile.
+    AlreadyRemoved,
+    /// It is a nested run; only whole top-level units are reaped.
+    NestedRun {
+        /// Its top-level run, when known.
+        root: Option<String>,
+    },
+    /// A symlink, a non-directory, a parent resolving outside the state root, a bad name.
+    UnsafePath(String),
+    /// Its record cannot be read (missing, corrupt, newer format).
+    Unreadable(String),
+    /// Its runner lock is held.
+    Running,
+    /// Its record is not terminal.
+    NotTerminal(RunState),
+    /// Named, but it does not pass `--state`/`--older-than`.
+    NotSelected,
+    /// Something in its nested subtree is not a plain run directory, or cannot be listed.
+    NestedUnsafe(String),
+    /// A nested run's lock is held.
+    NestedRunning(String),
+    /// A nested run is not terminal.
+    NestedNotTerminal(String, RunState),
+    /// A nested run's record cannot be read.
+    NestedUnreadable(String, String),
+    /// The subtree changed between the check and the move (a nested run appeared): put back.
+    Changed,
+    /// The rename into the trash failed (for example another filesystem): put back.
+    MoveFailed(String),
 }
 
-/// What was observed of a top-level run.
-#[derive(Clone, Debug)]
-pub struct Observation {
-    /// Its id.
-    pub id: String,
-    /// The record, or why it could not be read.
-    pub record: std::result::Result<RunRecord, String>,
-    /// Its lock.
-    pub liveness: Liveness,
-    /// The run dir is a symlink, or resolves outside the state root.
-    pub unsafe_path: Option<String>,
-    /// Every run in `nested-subagent-runs/<id>/`.
-    pub nested: Vec<NestedObservation>,
+impl Refusal {
+    /// A stable kebab-case word for the reason (the `code` field of `--json`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::InvalidName => "invalid-name",
+            Refusal::NotFound => "not-found",
+            Refusal::Ambiguous { .. } => "ambiguous",
+            Refusal::AlreadyRemoved => "already-removed",
+            Refusal::NestedRun { .. } => "nested-run",
+            Refusal::UnsafePath(_) => "unsafe-path",
+            Refusal::Unreadable(_) => "unreadable",
+            Refusal::Running => "running",
+            Refusal::NotTerminal(_) => "not-terminal",
+            Refusal::NotSelected => "not-selected",
+            Refusal::NestedUnsafe(_) => "nested-unsafe",
+            Refusal::NestedRunning(_) => "nested-running",
+            Refusal::NestedNotTerminal(..) => "nested-not-terminal",
+            Refusal::NestedUnreadable(..) => "nested-unreadable",
+            Refusal::Changed => "changed",
+            Refusal::MoveFailed(_) => "move-failed",
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::InvalidName => write!(
+                f,
+                "not a run id (expected hex digits and '-': a full id, a short id or a prefix of 8+)"
+            ),
+            Refusal::NotFound => write!(f, "no run matches it"),
+            Refusal::Ambiguous { candidates } => {
+                write!(f, "ambiguous; it matches {}", candidates.join(", "))
+            }
+            Refusal::AlreadyRemoved => write!(f, "already removed by another cohort-reap"),
+            Refusal::NestedRun { root: Some(r) } => write!(
+                f,
+                "it is a nested run; reap its top-level run {} instead",
+                id::short_of(r)
+            ),
+            Refusal::NestedRun { root: None } => {
+                write!(f, "its record says it is a nested run; reap its top-level run")
+            }
+            Refusal::UnsafePath(why) => write!(f, "{why}"),
+            Refusal::Unreadable(why) => write!(
+                f,
+                "its record cannot be read ({why}); inspect it with cohort-status"
+            ),
+            Refusal::Running => write!(f, "its runner holds the lock (still running)"),
+            Refusal::NotTerminal(RunState::Queued) => write!(
+                f,
+                "it is queued (its runner never took over); a queued run is never removed"
+            ),
+            Refusal::NotTerminal(RunState::Running) => write!(
+                f,
+                "its record says running but no runner holds its lock; \
+                 `cohort-status <id>` records it as failed (runner lost), then it can be reaped"
+            ),
+            Refusal::NotTerminal(s) => write!(f, "it is {}, not terminal", s.as_str()),
+            Refusal::NotSelected => write!(f, "it does not match --state/--older-than"),
+            Refusal::NestedUnsafe(why) => write!(f, "{why}"),
+            Refusal::NestedRunning(n) => {
+                write!(f, "nested run {} is still running", id::short_of(n))
+            }
+            Refusal::NestedNotTerminal(n, RunState::Queued) => write!(
+                f,
+                "nested run {} is queued; a queued run is never removed",
+                id::short_of(n)
+            ),
+            Refusal::NestedNotTerminal(n, s) => write!(
+                f,
+                "nested run {} is {}, not terminal",
+                id::short_of(n),
+                s.as_str()
+            ),
+            Refusal::NestedUnreadable(n, why) => write!(
+                f,
+                "nested run {}'s record cannot be read ({why})",
+                id::short_of(n)
+            ),
+            Refusal::Changed => write!(
+                f,
+                "its nested subtree changed during the reap (a nested run appeared); nothing was removed"
+            ),
+            Refusal::MoveFailed(why) => write!(
+                f,
+                "cannot move it to the trash ({why}); nothing was removed"
+            ),
+        }
+    }
 }
 
 /// The decision on one run.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase", tag = "action")]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Remove it (and its nested subtree).
+    /// Remove it (with its nested subtree).
     Remove,
-    /// Leave it, for this reason.
-    Refuse {
-        /// Why.
-        reason: String,
-    },
+    /// Not selected by the filters (not terminal, unreadable, does not match): not reported.
+    Skip,
+    /// Selected, but it stays, for this reason.
+    Refuse(Refusal),
 }
 
-/// Decide whether a run may be reaped (pure). Refused: an unsafe path; an unreadable record;
-/// a live runner; a non-terminal state (`queued` is never removed); any nested run that is
-/// alive, not terminal, or unreadable.
-pub fn decide(obs: &Observation) -> Decision {
-    let refuse = |reason: String| Decision::Refuse { reason };
+/// What was observed of a top-level run (under its lock, or by probe in a dry run).
+#[derive(Clone, Debug)]
+pub struct RunObservation {
+    /// The directory name.
+    pub id: String,
+    /// Why the path is unsafe (symlink, not a directory, parent outside the root), if it is.
+    pub unsafe_path: Option<String>,
+    /// The record, or why it could not be read.
+    pub record: std::result::Result<RunRecord, String>,
+    /// The runner lock.
+    pub liveness: Liveness,
+}
+
+/// What was observed of one run in a nested subtree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NestedObservation {
+    /// The directory name.
+    pub id: String,
+    /// Why the entry is not a plain run directory, if it is not.
+    pub unsafe_path: Option<String>,
+    /// Its state, or why its record could not be read.
+    pub state: std::result::Result<RunState, String>,
+    /// Its runner lock.
+    pub liveness: Liveness,
+}
+
+/// Decide on a top-level run itself (pure). `named`: the user named it (refusals are
+/// reported); otherwise it came from the filters, and a run that is unreadable, not terminal
+/// or not matching is simply not selected ([`Decision::Skip`]).
+pub fn decide_run(obs: &RunObservation, sel: &Selection, named: bool, now_ms: u64) -> Decision {
+    use Decision::Refuse;
     if let Some(why) = &obs.unsafe_path {
-        return refuse(why.clone());
+        return Refuse(Refusal::UnsafePath(why.clone()));
     }
     let rec = match &obs.record {
         Ok(r) => r,
-        Err(e) => {
-            return refuse(format!(
-                "its record cannot be read ({e}); inspect it with cohort-status"
-            ))
-        }
+        Err(_) if !named => return Decision::Skip,
+        Err(e) => return Refuse(Refusal::Unreadable(e.clone())),
     };
-    if obs.liveness.is_alive() {
-        return refuse("its runner is alive (still running)".into());
+    let picked_by_filters = rec.state.is_terminal() && sel.matches(rec, now_ms);
+    if !named && !picked_by_filters {
+        return Decision::Skip;
     }
-    if !rec.state.is_terminal() {
-        return refuse(format!("it is {}, not terminal", rec.state.as_str()));
+    if !id::is_plausible_name(&obs.id) {
+        return Refuse(Refusal::UnsafePath(
+            "its directory name is not a run id".into(),
+        ));
     }
     if rec.root_run_id.is_some() || rec.depth > 0 {
-        return refuse("it is a nested run; reap its top-level run instead".into());
+        return Refuse(Refusal::NestedRun {
+            root: rec.root_run_id.clone(),
+        });
     }
-    for n in &obs.nested {
-        if n.liveness.is_alive() {
-            return refuse(format!(
-                "nested run {} is still running",
-                id::short_of(&n.id)
-            ));
-        }
-        match &n.state {
-            Ok(s) if s.is_terminal() => {}
-            Ok(s) => {
-                return refuse(format!(
-                    "nested run {} is {}",
-                    id::short_of(&n.id),
-                    s.as_str()
-                ))
-            }
-            Err(e) => {
-                return refuse(format!(
-                    "nested run {} cannot be read ({e})",
-                    id::short_of(&n.id)
-                ))
-            }
-        }
+    if obs.liveness.is_alive() {
+        return Refuse(Refusal::Running);
+    }
+    if !rec.state.is_terminal() {
+        return Refuse(Refusal::NotTerminal(rec.state));
+    }
+    if !sel.matches(rec, now_ms) {
+        return Refuse(Refusal::NotSelected);
     }
     Decision::Remove
 }
 
-/// One line of a reap report.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ReportEntry {
-    /// The run id (full, when known; else the name as given).
-    pub run_id: String,
-    /// The decision (for a dry run) or what happened.
-    #[serde(flatten)]
-    pub decision: Decision,
-    /// Bytes the run dir and its nested subtree occupy (freed, when removed).
-    pub bytes: u64,
-    /// Nested runs removed with it.
-    pub nested_runs: usize,
-    /// Session files left in place (reaping never deletes sessions).
-    pub sessions_kept: Vec<PathBuf>,
-    /// True for a dry run (nothing was changed).
-    pub dry_run: bool,
+/// Decide on a run's nested subtree (pure): `None` when every run in it is a plain run
+/// directory, terminal, with a free lock (or no lock file). `Err` is a subtree that could not be
+/// examined at all (a symlink, not a directory, unlistable).
+pub fn decide_subtree(
+    subtree: &std::result::Result<Vec<NestedObservation>, String>,
+) -> Option<Refusal> {
+    let runs = match subtree {
+        Ok(r) => r,
+        Err(why) => return Some(Refusal::NestedUnsafe(why.clone())),
+    };
+    for n in runs {
+        if let Some(why) = &n.unsafe_path {
+            return Some(Refusal::NestedUnsafe(why.clone()));
+        }
+        if n.liveness.is_alive() {
+            return Some(Refusal::NestedRunning(n.id.clone()));
+        }
+        match &n.state {
+            Ok(s) if s.is_terminal() => {}
+            Ok(s) => return Some(Refusal::NestedNotTerminal(n.id.clone(), *s)),
+            Err(e) => return Some(Refusal::NestedUnreadable(n.id.clone(), e.clone())),
+        }
+    }
+    None
 }
 
-/// Reap the selected runs. With `dry_run`, decide and report without taking locks or changing
-/// anything. Returns one entry per run considered; names that match nothing are refusals.
-pub fn reap(root: &StateRoot, sel: &Selection, dry_run: bool) -> Result<Vec<ReportEntry>> {
+/// The whole decision on a unit (pure): [`decide_run`], then, if it would be removed,
+/// [`decide_subtree`].
+pub fn decide(
+    obs: &RunObservation,
+    subtree: &std::result::Result<Vec<NestedObservation>, String>,
+    sel: &Selection,
+    named: bool,
+    now_ms: u64,
+) -> Decision {
+    match decide_run(obs, sel, named, now_ms) {
+        Decision::Remove => match decide_subtree(subtree) {
+            Some(r) => Decision::Refuse(r),
+            None => Decision::Remove,
+        },
+        other => other,
+    }
+}
+
+/// Resolve a name the user gave against the top-level ids and the nested `(id, rootId)` pairs
+/// (pure). A name holding `/`, `..` or NUL, or anything that cannot be an id, is
+/// [`Refusal::InvalidName`]; a nested run is [`Refusal::NestedRun`]. Names are resolved among
+/// all runs, as cohort-status does, so a prefix shared by a top-level and a nested run is
+/// ambiguous rather than silently the top-level one.
+pub fn resolve_name(
+    name: &str,
+    top: &[String],
+    nested: &[(String, String)],
+) -> std::result::Result<String, Refusal> {
+    if name.contains('/') || name.contains("..") || name.contains('\0') {
+        return Err(Refusal::InvalidName);
+    }
+    let all = top
+        .iter()
+        .map(String::as_str)
+        .chain(nested.iter().map(|(i, _)| i.as_str()));
+    match id::resolve(name, all) {
+        Ok(full) => match nested.iter().find(|(i, _)| *i == full) {
+            Some((_, root)) if !top.contains(&full) => Err(Refusal::NestedRun {
+                root: Some(root.clone()),
+            }),
+            _ => Ok(full),
+        },
+        Err(Error::AmbiguousRun { candidates, .. }) => Err(Refusal::Ambiguous { candidates }),
+        Err(Error::NoSuchRun { .. }) => Err(Refusal::NotFound),
+        Err(_) => Err(Refusal::InvalidName),
+    }
+}
+
+/// What happened to one run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Removed (with its subtree).
+    Removed,
+    /// A dry run: it would be removed.
+    WouldRemove,
+    /// Left in place.
+    Refused(Refusal),
+}
+
+/// One line of a reap report.
+#[derive(Clone, Debug)]
+pub struct ReportEntry {
+    /// The full run id; for a name that resolved to no run, the name as given.
+    pub run_id: String,
+    /// The name the user gave, when the run was named.
+    pub name: Option<String>,
+    /// What happened.
+    pub outcome: Outcome,
+    /// Disk space of the run dir and its subtree (allocated blocks): freed when removed, to be
+    /// freed in a dry run, 0 when refused.
+    pub bytes: u64,
+    /// Number of nested runs removed (or to be removed) with it.
+    pub nested_runs: usize,
+    /// Session files of the run and its nested runs, left in place (reaping never deletes
+    /// sessions).
+    pub sessions_kept: Vec<PathBuf>,
+}
+
+/// The JSON Lines form of a [`ReportEntry`] (documented in `docs/reap.md`).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonEntry<'a> {
+    run_id: &'a str,
+    short_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    code: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    bytes: u64,
+    nested_runs: usize,
+    sessions_kept: Vec<String>,
+    dry_run: bool,
+}
+
+impl ReportEntry {
+    fn refused(run_id: &str, name: Option<&str>, r: Refusal) -> ReportEntry {
+        ReportEntry {
+            run_id: run_id.to_string(),
+            name: name.map(str::to_string),
+            outcome: Outcome::Refused(r),
+            bytes: 0,
+            nested_runs: 0,
+            sessions_kept: Vec::new(),
+        }
+    }
+
+    /// True when the run was (or, in a dry run, would be) removed.
+    pub fn is_removal(&self) -> bool {
+        matches!(self.outcome, Outcome::Removed | Outcome::WouldRemove)
+    }
+
+    /// One JSON object (a line of `cohort-reap --json`).
+    pub fn to_json_line(&self, dry_run: bool) -> String {
+        let (outcome, code, reason) = match &self.outcome {
+            Outcome::Removed => ("removed", None, None),
+            Outcome::WouldRemove => ("would-remove", None, None),
+            Outcome::Refused(r) => ("refused", Some(r.code()), Some(r.to_string())),
+        };
+        let j = JsonEntry {
+            run_id: &self.run_id,
+            short_id: id::short_of(&self.run_id),
+            name: self.name.as_deref(),
+            outcome,
+            code,
+            reason,
+            bytes: self.bytes,
+            nested_runs: self.nested_runs,
+            sessions_kept: self
+                .sessions_kept
+                .iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect(),
+            dry_run,
+        };
+        serde_json::to_string(&j).expect("plain data serializes")
+    }
+}
+
+/// The result of a reap.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// One entry per run considered (removed or refused), named refusals first.
+    pub entries: Vec<ReportEntry>,
+    /// True for a dry run: nothing was changed.
+    pub dry_run: bool,
+    /// Runs whose nested subtree an interrupted reap had moved to the trash, renamed back before
+    /// anything else (in a dry run: would be).
+    pub restored: Vec<String>,
+    /// Trash entries left by an interrupted reap that were deleted (would be, in a dry run).
+    pub trash_finished: usize,
+    /// Trash entries kept, with why.
+    pub trash_kept: Vec<String>,
+    /// Deleting from the trash failed: the runs are out of the listing, but their space is not
+    /// yet free; a later reap retries.
+    pub cleanup_error: Option<String>,
+}
+
+impl Report {
+    /// Number of refused runs.
+    pub fn refused(&self) -> usize {
+        self.entries.iter().filter(|e| !e.is_removal()).count()
+    }
+}
+
+/// How to reap.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Plan only: observe and decide with shared probes; change nothing at all.
+    pub dry_run: bool,
+    /// How long to wait for another reap holding the reaper lock.
+    pub reaper_wait: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            dry_run: false,
+            reaper_wait: REAPER_WAIT,
+        }
+    }
+}
+
+/// Reap the selected runs (see the module docs for the rules). `on_wait` is called once if
+/// another reap holds the reaper lock and this one has to wait.
+///
+/// Every refusal is a report entry; errors are operational (the state root cannot be listed,
+/// another reap kept the lock past `reaper_wait`, the trash is not a directory).
+pub fn reap(
+    root: &StateRoot,
+    sel: &Selection,
+    opts: &Options,
+    on_wait: &mut dyn FnMut(),
+) -> Result<Report> {
     if sel.is_empty() {
         return Err(Error::Usage(
             "nothing selected: name runs, or use --state, --older-than or --all-terminal".into(),
         ));
     }
-    if !dry_run {
-        finish_trash(root)?;
+    if !sel.names.is_empty() && sel.all_terminal {
+        return Err(Error::Usage(
+            "name runs or use --all-terminal, not both".into(),
+        ));
     }
-    let all = status::top_level(root)?;
+    let dry = opts.dry_run;
+    let mut report = Report {
+        dry_run: dry,
+        ..Report::default()
+    };
     let now = now_ms();
-    let mut report = Vec::new();
-    let mut chosen: Vec<status::Found> = Vec::new();
-    let mut seen = HashSet::new();
+    let runs_dir = root.runs_dir();
 
-    for name in &sel.names {
-        if name.contains('/') || name.contains('\0') || name.contains("..") {
-            report.push(refused(name, format!("{name:?} is not a run id")));
-            continue;
-        }
-        match id::resolve(name, all.iter().map(|f| f.id.as_str())) {
-            Ok(full) => {
-                if seen.insert(full.clone()) {
-                    chosen.push(all.iter().find(|f| f.id == full).expect("resolved").clone());
+    // Names are resolved before waiting for another reap, so a run it removes meanwhile is
+    // reported as such rather than as "not found".
+    let mut wanted: Vec<(String, String)> = Vec::new();
+    if !sel.names.is_empty() {
+        let top: Vec<String> = list_dir(&runs_dir)?.into_iter().map(|(n, _)| n).collect();
+        let nested: Vec<(String, String)> = status::nested(root)?
+            .into_iter()
+            .map(|f| {
+                let r = match f.origin {
+                    status::Origin::Nested { root } => root,
+                    status::Origin::TopLevel => String::new(),
+                };
+                (f.id, r)
+            })
+            .collect();
+        let mut seen = HashSet::new();
+        for name in &sel.names {
+            match resolve_name(name, &top, &nested) {
+                Ok(full) => {
+                    if seen.insert(full.clone()) {
+                        wanted.push((full, name.clone()));
+                    }
                 }
+                Err(r) => report
+                    .entries
+                    .push(ReportEntry::refused(name, Some(name), r)),
             }
-            Err(Error::NoSuchRun { .. }) => {
-                let nested = status::nested(root)?;
-                let reason = match id::resolve(name, nested.iter().map(|f| f.id.as_str())) {
-                    Ok(full) => {
-                        report.push(refused(
-                            &full,
-                            "it is a nested run; reap its top-level run instead".into(),
-                        ));
+        }
+    }
+    if !root.path().is_dir() {
+        return Ok(report);
+    }
+
+    let _reaper = if dry {
+        None
+    } else {
+        Some(reaper_lock(root, opts.reaper_wait, on_wait)?)
+    };
+
+    let trash = root.path().join(TRASH_DIR);
+    match std::fs::symlink_metadata(&trash) {
+        Ok(m) if !m.is_dir() => {
+            return Err(Error::State(format!(
+                "{} is not a directory (a symlink or a file); remove it by hand",
+                trash.display()
+            )))
+        }
+        _ => {}
+    }
+    let listing = list_dir(&runs_dir)?;
+    let listed: HashSet<&str> = listing.iter().map(|(n, _)| n.as_str()).collect();
+    let nested_root = root.nested_root();
+    let mut subtrees: HashSet<String> = list_dir(&nested_root)?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+
+    // Finish what an interrupted reap left in the trash.
+    let trash_entries: Vec<String> = list_dir_all(&trash)
+        .at("list", &trash)?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    let plan = trash::plan_recovery(
+        &trash_entries,
+        |id| listed.contains(id),
+        |id| subtrees.contains(id),
+    );
+    let mut pending_restore: HashSet<String> = HashSet::new();
+    for step in plan {
+        match step {
+            trash::RecoveryStep::Restore { id } => {
+                if !dry {
+                    fsutil::create_dir_all_private(&nested_root)?;
+                    let from = trash.join(trash::nested_entry(&id));
+                    let to = root.nested_runs_dir(&id);
+                    rename_noreplace(&from, &to).at("restore from the trash", &from)?;
+                    fsutil::sync_dir(&nested_root)?;
+                    subtrees.insert(id.clone());
+                } else {
+                    pending_restore.insert(id.clone());
+                }
+                report.restored.push(id);
+            }
+            trash::RecoveryStep::Delete { entry } => {
+                if !dry {
+                    if let Err(e) = trash::remove_entry(&trash, &entry, &mut || {}) {
+                        report.cleanup_error.get_or_insert_with(|| {
+                            format!("cannot delete {}: {e}", trash.join(&entry).display())
+                        });
                         continue;
                     }
-                    Err(_) => format!("no top-level run matches {name:?}"),
-                };
-                report.push(refused(name, reason));
+                }
+                report.trash_finished += 1;
             }
-            Err(e) => report.push(refused(name, e.to_string())),
+            trash::RecoveryStep::Keep { entry, why } => {
+                report.trash_kept.push(format!("{entry}: {why}"));
+            }
         }
-    }
-    let by_filter = sel.names.is_empty();
-    if by_filter {
-        chosen = all.clone();
     }
 
-    for found in chosen {
-        let obs = observe_for_reap(root, &found)?;
-        if let Ok(rec) = &obs.record {
-            if by_filter && (!rec.state.is_terminal() || !sel.filters_match(rec, now)) {
+    let ctx = Ctx {
+        root,
+        sel,
+        now,
+        dry,
+        runs_outside: resolves_outside(root, &runs_dir),
+        nested_outside: resolves_outside(root, &nested_root),
+        subtrees: &subtrees,
+        pending_restore: &pending_restore,
+        trash: &trash,
+        trash_ready: std::cell::Cell::new(false),
+    };
+
+    // The candidates: named runs (reported whatever happens) or every listed run (filters).
+    let mut candidates: Vec<(&str, Option<&str>, Option<FileType>)> = Vec::new();
+    if sel.names.is_empty() {
+        candidates.extend(listing.iter().map(|(n, t)| (n.as_str(), None, *t)));
+    } else {
+        for (full, name) in &wanted {
+            match listing.iter().find(|(n, _)| n == full) {
+                Some((n, t)) => candidates.push((n.as_str(), Some(name.as_str()), *t)),
+                None => report.entries.push(ReportEntry::refused(
+                    full,
+                    Some(name),
+                    Refusal::AlreadyRemoved,
+                )),
+            }
+        }
+    }
+
+    // Examine each, and (unless dry) move every removable unit into the trash.
+    let mut committed: Vec<(ReportEntry, bool)> = Vec::new();
+    let mut moved_nested = false;
+    for (id, name, kind) in candidates {
+        let named = name.is_some();
+        let unit = match examine(&ctx, id, named, kind) {
+            Examined::Skip => continue,
+            Examined::Refuse(r) => {
+                report.entries.push(ReportEntry::refused(id, name, r));
                 continue;
             }
-            if !by_filter && !sel.filters_match(rec, now) {
-                report.push(refused(
-                    &found.id,
-                    "it does not match --state/--older-than".into(),
-                ));
-                continue;
-            }
-        } else if by_filter && !sel.all_terminal {
+            Examined::Remove(u) => u,
+        };
+        let mut entry = ReportEntry {
+            run_id: id.to_string(),
+            name: name.map(str::to_string),
+            outcome: Outcome::WouldRemove,
+            bytes: 0,
+            nested_runs: unit.nested_ids.len(),
+            sessions_kept: unit.sessions.clone(),
+        };
+        if dry {
+            entry.bytes = trash::measure(root.run_dir(id).path())
+                + unit.subtree.as_deref().map(trash::measure).unwrap_or(0);
+            report.entries.push(entry);
             continue;
         }
-        let entry = if dry_run {
-            entry_for(root, &found, &obs, decide(&obs), true)
-        } else {
-            remove_one(root, &found)?
-        };
-        report.push(entry);
+        match commit(&ctx, id, &unit) {
+            Ok(nested) => {
+                moved_nested |= nested;
+                entry.outcome = Outcome::Removed;
+                committed.push((entry, nested));
+            }
+            Err(r) => report.entries.push(ReportEntry::refused(id, name, r)),
+        }
+        drop(unit);
+    }
+    if committed.is_empty() {
+        return Ok(report);
+    }
+
+    // The moves are done; make them durable once, then delete.
+    fsutil::sync_dir(&trash)?;
+    fsutil::sync_dir(&runs_dir)?;
+    if moved_nested {
+        fsutil::sync_dir(&nested_root)?;
+    }
+    let trash_dir = trash::OpenDir::open(&trash).at("open", &trash)?;
+    for (mut entry, nested) in committed {
+        let mut freed = 0;
+        let halves = [
+            (nested, trash::nested_entry(&entry.run_id), None),
+            (true, trash::run_entry(&entry.run_id), Some("during-delete")),
+        ];
+        for (_, half, hook) in halves.into_iter().filter(|h| h.0) {
+            let mut after_unlink = || {
+                if let Some(point) = hook {
+                    test_hook(point);
+                }
+            };
+            match trash_dir.remove(&half, &mut after_unlink) {
+                Ok(b) => freed += b,
+                Err(e) => {
+                    report.cleanup_error.get_or_insert_with(|| {
+                        format!("cannot delete {}: {e}", trash.join(&half).display())
+                    });
+                }
+            }
+        }
+        test_hook("after-delete");
+        entry.bytes = freed;
+        report.entries.push(entry);
     }
     Ok(report)
 }
 
-fn refused(name: &str, reason: String) -> ReportEntry {
-    ReportEntry {
-        run_id: name.to_string(),
-        decision: Decision::Refuse { reason },
-        bytes: 0,
-        nested_runs: 0,
-        sessions_kept: Vec::new(),
-        dry_run: false,
-    }
+/// Everything [`examine`] needs, computed once per reap.
+struct Ctx<'a> {
+    root: &'a StateRoot,
+    sel: &'a Selection,
+    now: u64,
+    dry: bool,
+    runs_outside: Option<String>,
+    nested_outside: Option<String>,
+    subtrees: &'a HashSet<String>,
+    pending_restore: &'a HashSet<String>,
+    trash: &'a Path,
+    trash_ready: std::cell::Cell<bool>,
 }
 
-fn entry_for(
-    root: &StateRoot,
-    found: &status::Found,
-    obs: &Observation,
-    decision: Decision,
-    dry_run: bool,
-) -> ReportEntry {
-    let removing = decision == Decision::Remove;
-    ReportEntry {
-        run_id: found.id.clone(),
-        bytes: if removing {
-            dir_size(found.dir.path()) + dir_size(&root.nested_runs_dir(&found.id))
-        } else {
-            0
-        },
-        nested_runs: if removing { obs.nested.len() } else { 0 },
-        sessions_kept: if removing {
-            sessions_of(obs)
-        } else {
-            Vec::new()
-        },
-        decision,
-        dry_run,
-    }
+/// A unit cleared for removal, with the locks that must be held until it is in the trash.
+struct Unit {
+    _locks: Vec<File>,
+    subtree: Option<PathBuf>,
+    nested_ids: Vec<String>,
+    sessions: Vec<PathBuf>,
 }
 
-fn sessions_of(obs: &Observation) -> Vec<PathBuf> {
-    obs.record
-        .as_ref()
-        .map(|r| {
-            r.steps
-                .iter()
-                .filter_map(|s| s.session_file.clone())
-                .filter(|p| p.exists())
-                .collect()
-        })
-        .unwrap_or_default()
+enum Examined {
+    Skip,
+    Refuse(Refusal),
+    Remove(Unit),
 }
 
-/// Observe a run and its subtree without taking locks.
-fn observe_for_reap(root: &StateRoot, found: &status::Found) -> Result<Observation> {
-    let unsafe_path = path_problem(root, found.dir.path());
-    let (record, liveness) = if unsafe_path.is_some() {
-        (Err("not inspected".to_string()), Liveness::NoLockFile)
-    } else {
-        (
-            record::load(&found.dir.status()).map_err(|e| e.to_string()),
-            crate::lock::probe(&found.dir.lock()).unwrap_or(Liveness::Held),
-        )
+/// Observe one top-level run and its subtree (taking the locks unless dry), and decide.
+fn examine(ctx: &Ctx<'_>, id: &str, named: bool, kind: Option<FileType>) -> Examined {
+    let dir = ctx.root.run_dir(id);
+    let mut obs = RunObservation {
+        id: id.to_string(),
+        unsafe_path: kind_problem(kind, "run directory").or_else(|| ctx.runs_outside.clone()),
+        record: Err("not read".into()),
+        liveness: Liveness::Free,
     };
-    let nested = observe_subtree(root, &found.id)?;
-    Ok(Observation {
-        id: found.id.clone(),
-        record,
-        liveness,
-        unsafe_path,
-        nested,
+    let mut locks = Vec::new();
+    if obs.unsafe_path.is_none() {
+        let exclusive = !ctx.dry;
+        match take_lock(&dir.lock(), exclusive, Duration::ZERO) {
+            Err(why) => obs.unsafe_path = Some(why),
+            Ok((Liveness::Held, _)) if exclusive => {
+                // Busy: a runner, or a reader's brief probe. Only a run the filters would pick
+                // is worth riding out a probe for.
+                obs.liveness = Liveness::Held;
+                obs.record = read_record(&dir.status());
+                if decide_run(&obs, ctx.sel, named, ctx.now) == Decision::Skip {
+                    return Examined::Skip;
+                }
+                match take_lock(&dir.lock(), true, PROBE_WAIT) {
+                    Ok((l, guard)) => {
+                        obs.liveness = l;
+                        locks.extend(guard);
+                    }
+                    Err(why) => obs.unsafe_path = Some(why),
+                }
+            }
+            Ok((l, guard)) => {
+                obs.liveness = l;
+                locks.extend(guard);
+            }
+        }
+        // Read (again) under the lock: this is the record the decision trusts.
+        if obs.unsafe_path.is_none() {
+            obs.record = read_record(&dir.status());
+        }
+    }
+    match decide_run(&obs, ctx.sel, named, ctx.now) {
+        Decision::Remove => {}
+        Decision::Skip => return Examined::Skip,
+        Decision::Refuse(r) => return Examined::Refuse(r),
+    }
+    let rec = obs.record.as_ref().expect("Remove implies a record");
+    let mut sessions = session_files(rec);
+
+    let subtree = if ctx.pending_restore.contains(id) {
+        Some(ctx.trash.join(trash::nested_entry(id)))
+    } else if ctx.subtrees.contains(id) {
+        Some(ctx.root.nested_runs_dir(id))
+    } else {
+        None
+    };
+    let nested = match &subtree {
+        None => Ok(Vec::new()),
+        Some(p) => observe_subtree(ctx, p, &mut locks, &mut sessions),
+    };
+    if let Some(r) = decide_subtree(&nested) {
+        return Examined::Refuse(r);
+    }
+    sessions.sort();
+    sessions.dedup();
+    Examined::Remove(Unit {
+        _locks: locks,
+        subtree,
+        nested_ids: nested
+            .expect("decide_subtree refuses Err")
+            .into_iter()
+            .map(|n| n.id)
+            .collect(),
+        sessions,
     })
 }
 
-fn observe_subtree(root: &StateRoot, id: &str) -> Result<Vec<NestedObservation>> {
-    let base = root.nested_runs_dir(id);
-    let rd = match std::fs::read_dir(&base) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).at("list", &base),
-    };
+fn observe_subtree(
+    ctx: &Ctx<'_>,
+    path: &Path,
+    locks: &mut Vec<File>,
+    sessions: &mut Vec<PathBuf>,
+) -> std::result::Result<Vec<NestedObservation>, String> {
+    if let Some(why) = &ctx.nested_outside {
+        return Err(why.clone());
+    }
+    let kind = std::fs::symlink_metadata(path)
+        .map(|m| m.file_type())
+        .map_err(|e| format!("cannot read its nested subtree {}: {e}", path.display()))?;
+    if let Some(why) = kind_problem(Some(kind), "nested subtree") {
+        return Err(format!("{why} ({})", path.display()));
+    }
+    let entries = list_dir_all(path).map_err(|e| format!("cannot list {}: {e}", path.display()))?;
     let mut out = Vec::new();
-    for e in rd.flatten() {
-        let dir = RunDir::new(e.path());
-        out.push(NestedObservation {
-            id: dir.name(),
-            state: record::load(&dir.status())
-                .map(|r| r.state)
-                .map_err(|e| e.to_string()),
-            liveness: crate::lock::probe(&dir.lock()).unwrap_or(Liveness::Held),
-        });
+    for (name, kind) in entries {
+        let dir = crate::layout::RunDir::new(path.join(&name));
+        let mut n = NestedObservation {
+            id: name.clone(),
+            unsafe_path: kind_problem(kind, "nested run directory")
+                .map(|w| format!("{w} ({})", dir.path().display())),
+            state: Err("not read".into()),
+            liveness: Liveness::Free,
+        };
+        if n.unsafe_path.is_none() {
+            match take_lock(&dir.lock(), !ctx.dry, PROBE_WAIT) {
+                Ok((l, guard)) => {
+                    n.liveness = l;
+                    locks.extend(guard);
+                }
+                Err(why) => n.unsafe_path = Some(format!("nested run {}: {why}", name)),
+            }
+        }
+        if n.unsafe_path.is_none() {
+            let rec = read_record(&dir.status());
+            if let Ok(r) = &rec {
+                sessions.extend(session_files(r));
+            }
+            n.state = rec.map(|r| r.state);
+        }
+        out.push(n);
     }
     Ok(out)
 }
 
-/// Why a run dir path is unsafe to remove: a symlink, not a directory, or outside the state
-/// root once resolved.
-fn path_problem(root: &StateRoot, path: &Path) -> Option<String> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() => {
-            return Some("its run directory is a symlink".into())
+/// Move a cleared unit into the trash: subtree first, then the run dir (the commit point).
+/// Returns whether a subtree was moved. On any failure nothing stays moved.
+fn commit(ctx: &Ctx<'_>, id: &str, unit: &Unit) -> std::result::Result<bool, Refusal> {
+    let move_failed = |e: std::io::Error| Refusal::MoveFailed(e.to_string());
+    if !ctx.trash_ready.get() {
+        fsutil::create_dir_all_private(ctx.trash)
+            .map_err(|e| Refusal::MoveFailed(e.to_string()))?;
+        ctx.trash_ready.set(true);
+    }
+    let nested_to = ctx.trash.join(trash::nested_entry(id));
+    let mut moved_nested = false;
+    if let Some(from) = &unit.subtree {
+        test_hook("before-nested-rename");
+        rename_noreplace(from, &nested_to).map_err(move_failed)?;
+        moved_nested = true;
+        // Nothing new may have slipped in between the check and the move.
+        let mut now: Vec<String> = list_dir_all(&nested_to)
+            .map(|v| v.into_iter().map(|(n, _)| n).collect())
+            .unwrap_or_default();
+        let mut then = unit.nested_ids.clone();
+        now.sort();
+        then.sort();
+        if now != then {
+            let _ = rename_noreplace(&nested_to, from);
+            return Err(Refusal::Changed);
         }
-        Ok(m) if !m.is_dir() => return Some("its run directory is not a directory".into()),
-        Ok(_) => {}
-        Err(e) => return Some(format!("its run directory cannot be read ({e})")),
+        test_hook("after-nested-rename");
     }
-    let real_root = root.path().canonicalize().ok()?;
-    match path.canonicalize() {
-        Ok(p) if p.starts_with(&real_root) => None,
-        _ => Some("its run directory resolves outside the state root".into()),
+    let run_from = ctx.root.run_dir(id);
+    if let Err(e) = rename_noreplace(run_from.path(), &ctx.trash.join(trash::run_entry(id))) {
+        if let (true, Some(from)) = (moved_nested, &unit.subtree) {
+            let _ = rename_noreplace(&nested_to, from);
+        }
+        return Err(move_failed(e));
     }
+    test_hook("after-run-rename");
+    Ok(moved_nested)
 }
 
-/// Remove one run under its locks. Every refusal is an entry, not an error.
-fn remove_one(root: &StateRoot, found: &status::Found) -> Result<ReportEntry> {
-    let pre = observe_for_reap(root, found)?;
-    if let Decision::Refuse { reason } = decide(&pre) {
-        return Ok(entry_for(
-            root,
-            found,
-            &pre,
-            Decision::Refuse { reason },
-            false,
-        ));
-    }
-    // Take the run's lock, then every nested lock; hold them until the renames are done.
-    let Some(_top) = acquire_briefly(&found.dir.lock())? else {
-        let why = if found.dir.path().exists() {
-            "its lock is held (a runner started, or another reap is removing it)"
-        } else {
-            "it was removed by another reap"
-        };
-        return Ok(entry_for(
-            root,
-            found,
-            &pre,
-            Decision::Refuse { reason: why.into() },
-            false,
-        ));
-    };
-    let mut nested_locks = Vec::new();
-    let subtree = root.nested_runs_dir(&found.id);
-    if let Ok(rd) = std::fs::read_dir(&subtree) {
-        for e in rd.flatten() {
-            let lock_path = RunDir::new(e.path()).lock();
-            if !lock_path.exists() {
-                continue;
-            }
-            match acquire_briefly(&lock_path)? {
-                Some(l) => nested_locks.push(l),
-                None => {
-                    let reason = format!(
-                        "nested run {} is still running",
-                        id::short_of(&e.file_name().to_string_lossy())
-                    );
-                    return Ok(entry_for(
-                        root,
-                        found,
-                        &pre,
-                        Decision::Refuse { reason },
-                        false,
-                    ));
-                }
-            }
-        }
-    }
-    // Re-read everything under the locks and decide again.
-    let obs = observe_for_reap(root, found)?;
-    let obs = Observation {
-        liveness: Liveness::Free,
-        ..obs
-    };
-    let nested_free: Vec<NestedObservation> = obs
-        .nested
+/// Session files a record names that exist (they are kept; listed in the report).
+fn session_files(rec: &RunRecord) -> Vec<PathBuf> {
+    rec.steps
         .iter()
-        .cloned()
-        .map(|n| NestedObservation {
-            liveness: if n.liveness == Liveness::NoLockFile {
-                n.liveness
-            } else {
-                Liveness::Free
-            },
-            ..n
-        })
-        .collect();
-    let obs = Observation {
-        nested: nested_free,
-        ..obs
-    };
-    let decision = decide(&obs);
-    if decision != Decision::Remove {
-        return Ok(entry_for(root, found, &obs, decision, false));
-    }
-    let entry = entry_for(root, found, &obs, Decision::Remove, false);
-    let trash = root.path().join(TRASH_DIR);
-    fsutil::create_dir_all_private(&trash)?;
-    let nonce = crate::id::RunId::new().short();
-    if subtree.exists() {
-        crash_point("before-nested-rename");
-        let to = trash.join(format!("{}-nested-{nonce}", found.id));
-        std::fs::rename(&subtree, &to).at("move to trash", &subtree)?;
-    }
-    crash_point("before-run-rename");
-    let to = trash.join(format!("{}-{nonce}", found.id));
-    std::fs::rename(found.dir.path(), &to).at("move to trash", found.dir.path())?;
-    fsutil::sync_dir(&trash)?;
-    crash_point("after-rename");
-    drop(nested_locks);
-    std::fs::remove_dir_all(&to).at("remove", &to)?;
-    let nested_to = trash.join(format!("{}-nested-{nonce}", found.id));
-    if nested_to.exists() {
-        std::fs::remove_dir_all(&nested_to).at("remove", &nested_to)?;
-    }
-    Ok(entry)
+        .filter_map(|s| s.session_file.clone())
+        .filter(|p| p.exists())
+        .collect()
 }
 
-fn acquire_briefly(path: &Path) -> Result<Option<RunLock>> {
-    match RunLock::acquire(path, PROBE_WAIT) {
-        Ok(l) => Ok(Some(l)),
-        Err(Error::LockBusy { .. }) => Ok(None),
-        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+/// Why an entry of this kind is not a plain directory, if it is not.
+fn kind_problem(kind: Option<FileType>, what: &str) -> Option<String> {
+    match kind {
+        Some(k) if k.is_symlink() => Some(format!("its {what} is a symlink")),
+        Some(k) if k.is_dir() => None,
+        Some(_) => Some(format!("its {what} is not a directory")),
+        None => Some(format!("its {what} cannot be examined")),
     }
 }
 
-/// Delete whatever an interrupted reap left in the trash. Returns the entries removed.
-pub fn finish_trash(root: &StateRoot) -> Result<usize> {
-    let trash = root.path().join(TRASH_DIR);
-    let rd = match std::fs::read_dir(&trash) {
+/// Why `dir` (a fixed directory under the root) resolves outside the root, if it does.
+fn resolves_outside(root: &StateRoot, dir: &Path) -> Option<String> {
+    let real_root = root.path().canonicalize().ok()?;
+    match dir.canonicalize() {
+        Ok(p) if p.starts_with(&real_root) => None,
+        Ok(p) => Some(format!(
+            "{} resolves outside the state root (to {})",
+            dir.display(),
+            p.display()
+        )),
+        Err(_) => None,
+    }
+}
+
+/// The non-hidden entries of a directory with their types (from `readdir`, no `stat`), sorted;
+/// empty when it does not exist. Names that are not UTF-8 cannot be run ids and are left out.
+fn list_dir(path: &Path) -> Result<Vec<(String, Option<FileType>)>> {
+    let mut v = list_dir_all(path).at("list", path)?;
+    v.retain(|(n, _)| !n.starts_with('.'));
+    Ok(v)
+}
+
+/// Every entry of a directory (hidden ones too), sorted; empty when it does not exist.
+fn list_dir_all(path: &Path) -> std::io::Result<Vec<(String, Option<FileType>)>> {
+    let rd = match std::fs::read_dir(path) {
         Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(e).at("list", &trash),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
     };
-    let mut n = 0;
-    for e in rd.flatten() {
-        let p = e.path();
-        let is_dir = e.file_type().map(|t| t.is_dir()).unwrap_or(false);
-        let r = if is_dir {
-            std::fs::remove_dir_all(&p)
-        } else {
-            std::fs::remove_file(&p)
+    let mut out = Vec::new();
+    for e in rd {
+        let e = e?;
+        let Ok(name) = e.file_name().into_string() else {
+            continue;
         };
-        r.at("remove", &p)?;
-        n += 1;
+        out.push((name, e.file_type().ok()));
     }
-    Ok(n)
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
 }
 
-/// Test hook: when `COHORT_REAP_CRASH_AT` names this point, the process dies at once
-/// (`SIGKILL`), as a crash would. Unused otherwise.
-fn crash_point(name: &str) {
-    if std::env::var("COHORT_REAP_CRASH_AT").as_deref() == Ok(name) {
+/// Flags for every file the reaper opens inside a run: never through a symlink, never block on
+/// a planted FIFO, never leak into a child.
+const OPEN_FLAGS: i32 = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+
+/// Take (exclusive) or probe (shared, released at once) a runner lock. `Ok((Held, None))` when
+/// someone else still holds it after `wait`; `Ok((Free, Some(guard)))` when taken;
+/// `Ok((NoLockFile, None))` when there is no lock file. `Err` is an unsafe or unusable lock file.
+fn take_lock(
+    path: &Path,
+    exclusive: bool,
+    wait: Duration,
+) -> std::result::Result<(Liveness, Option<File>), String> {
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(OPEN_FLAGS)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok((Liveness::NoLockFile, None))
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err("its lock file is a symlink".into())
+        }
+        Err(e) => return Err(format!("cannot open its lock file: {e}")),
+    };
+    if !exclusive {
+        return match file.try_lock_shared() {
+            Ok(()) => Ok((Liveness::Free, None)),
+            Err(TryLockError::WouldBlock) => Ok((Liveness::Held, None)),
+            Err(TryLockError::Error(e)) => Err(format!("cannot lock its lock file: {e}")),
+        };
+    }
+    let deadline = Instant::now() + wait;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok((Liveness::Free, Some(file))),
+            Err(TryLockError::WouldBlock) => {}
+            Err(TryLockError::Error(e)) => return Err(format!("cannot lock its lock file: {e}")),
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok((Liveness::Held, None));
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Read a record without following a symlink (a refusal reason on failure).
+fn read_record(path: &Path) -> std::result::Result<RunRecord, String> {
+    let mut f = OpenOptions::new()
+        .read(true)
+        .custom_flags(OPEN_FLAGS)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => "status.json is a symlink".to_string(),
+            _ => format!("cannot read status.json: {e}"),
+        })?;
+    let mut bytes = Vec::with_capacity(4096);
+    f.read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read status.json: {e}"))?;
+    let rec: RunRecord =
+        serde_json::from_slice(&bytes).map_err(|e| format!("invalid JSON in status.json: {e}"))?;
+    if rec.format_version > FORMAT_VERSION {
+        return Err(format!(
+            "format version {} is newer than this cohort understands ({FORMAT_VERSION})",
+            rec.format_version
+        ));
+    }
+    Ok(rec)
+}
+
+/// Take `R/.reap.lock`, waiting at most `wait` for another reap (calling `on_wait` once).
+fn reaper_lock(root: &StateRoot, wait: Duration, on_wait: &mut dyn FnMut()) -> Result<File> {
+    let path = root.path().join(REAPER_LOCK);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(fsutil::FILE_MODE)
+        .custom_flags(OPEN_FLAGS)
+        .open(&path)
+        .at("open the reaper lock", &path)?;
+    let deadline = Instant::now() + wait;
+    let mut told = false;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(TryLockError::WouldBlock) => {}
+            Err(TryLockError::Error(e)) => return Err(e).at("lock", &path),
+        }
+        if !told {
+            on_wait();
+            told = true;
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::State(format!(
+                "another cohort-reap is still working on {} (it holds {}); try again when it has finished",
+                root.path().display(),
+                path.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `rename(from, to)` that fails with `AlreadyExists` instead of replacing `to`
+/// (`renameat2(RENAME_NOREPLACE)`, with a checked plain rename where the filesystem lacks it;
+/// the reaper lock makes that check race-free among reapers).
+fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
+    match renameat2(AT_FDCWD, from, AT_FDCWD, to, RenameFlags::RENAME_NOREPLACE) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOSYS) => {
+            if std::fs::symlink_metadata(to).is_ok() {
+                return Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists));
+            }
+            std::fs::rename(from, to)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Test hooks, inert unless their environment variables are set: [`CRASH_ENV`] names a point
+/// at which the process kills itself with `SIGKILL` (as a crash would); [`PAUSE_ENV`] names a
+/// point at which it creates [`PAUSE_FILE_ENV`] and waits (at most two minutes) until that file
+/// is deleted.
+fn test_hook(point: &str) {
+    struct Hooks {
+        crash: Option<String>,
+        pause: Option<(String, PathBuf)>,
+    }
+    static HOOKS: OnceLock<Hooks> = OnceLock::new();
+    let hooks = HOOKS.get_or_init(|| Hooks {
+        crash: std::env::var(CRASH_ENV).ok(),
+        pause: std::env::var(PAUSE_ENV)
+            .ok()
+            .zip(std::env::var_os(PAUSE_FILE_ENV).map(PathBuf::from)),
+    });
+    if hooks.crash.as_deref() == Some(point) {
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
     }
-}
-
-/// Bytes used by files under `path` (not following symlinks); 0 when missing.
-pub fn dir_size(path: &Path) -> u64 {
-    let Ok(meta) = std::fs::symlink_metadata(path) else {
-        return 0;
-    };
-    if !meta.is_dir() {
-        return meta.len();
+    if let Some((p, file)) = &hooks.pause {
+        if p == point {
+            let _ = std::fs::write(file, point);
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while file.exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
     }
-    std::fs::read_dir(path)
-        .map(|rd| rd.flatten().map(|e| dir_size(&e.path())).sum())
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -526,80 +1183,241 @@ mod tests {
     use super::*;
     use crate::record::RunMode;
 
-    fn obs(state: RunState, live: Liveness) -> Observation {
-        let mut r = RunRecord::queued("a", RunMode::Single);
+    const ALL_STATES: [RunState; 7] = [
+        RunState::Queued,
+        RunState::Running,
+        RunState::Complete,
+        RunState::Failed,
+        RunState::Paused,
+        RunState::Stopped,
+        RunState::Unknown,
+    ];
+    const ALL_LIVENESS: [Liveness; 3] = [Liveness::Held, Liveness::Free, Liveness::NoLockFile];
+    const ID: &str = "01a22a44-9e62-7266-ab9d-e5b500ee829c";
+
+    fn rec(state: RunState, ended_at: Option<u64>) -> RunRecord {
+        let mut r = RunRecord::queued(ID, RunMode::Single);
         r.state = state;
-        Observation {
-            id: "a".into(),
-            record: Ok(r),
-            liveness: live,
+        r.ended_at = ended_at;
+        r
+    }
+
+    fn obs(state: RunState, live: Liveness) -> RunObservation {
+        RunObservation {
+            id: ID.into(),
             unsafe_path: None,
-            nested: vec![],
+            record: Ok(rec(state, Some(1_000))),
+            liveness: live,
         }
     }
 
+    fn all_terminal() -> Selection {
+        Selection {
+            all_terminal: true,
+            ..Default::default()
+        }
+    }
+
+    /// Every combination of state and lock, named or by filter: removal exactly when terminal
+    /// and unlocked; a named run is never silently skipped; a filter never reports non-terminal
+    /// runs.
     #[test]
-    fn decisions() {
+    fn decide_run_table() {
+        for state in ALL_STATES {
+            for live in ALL_LIVENESS {
+                for named in [true, false] {
+                    let d = decide_run(&obs(state, live), &all_terminal(), named, 5_000);
+                    let removable = state.is_terminal() && !live.is_alive();
+                    assert_eq!(
+                        d == Decision::Remove,
+                        removable,
+                        "{state:?} {live:?} {named}"
+                    );
+                    if named {
+                        assert_ne!(d, Decision::Skip);
+                    }
+                    if !named && !state.is_terminal() {
+                        assert_eq!(d, Decision::Skip);
+                    }
+                    if state == RunState::Queued {
+                        assert_ne!(d, Decision::Remove);
+                    }
+                }
+            }
+        }
         assert_eq!(
-            decide(&obs(RunState::Complete, Liveness::Free)),
-            Decision::Remove
+            decide_run(
+                &obs(RunState::Complete, Liveness::Held),
+                &all_terminal(),
+                false,
+                0
+            ),
+            Decision::Refuse(Refusal::Running)
         );
-        assert_eq!(
-            decide(&obs(RunState::Failed, Liveness::NoLockFile)),
-            Decision::Remove
-        );
-        for (s, l) in [
-            (RunState::Complete, Liveness::Held),
-            (RunState::Queued, Liveness::Free),
-            (RunState::Running, Liveness::Free),
-            (RunState::Unknown, Liveness::Free),
-        ] {
-            assert!(
-                matches!(decide(&obs(s, l)), Decision::Refuse { .. }),
-                "{s:?} {l:?}"
+    }
+
+    #[test]
+    fn decide_run_refusals_beat_removal() {
+        let sel = all_terminal();
+        let mut o = obs(RunState::Complete, Liveness::Free);
+        o.unsafe_path = Some("its run directory is a symlink".into());
+        for named in [true, false] {
+            assert_eq!(
+                decide_run(&o, &sel, named, 0).refusal().map(Refusal::code),
+                Some("unsafe-path")
             );
         }
         let mut o = obs(RunState::Complete, Liveness::Free);
-        o.nested.push(NestedObservation {
-            id: "n".into(),
-            state: Ok(RunState::Complete),
-            liveness: Liveness::Held,
-        });
-        assert!(matches!(decide(&o), Decision::Refuse { reason } if reason.contains("nested")));
-        o.nested[0] = NestedObservation {
-            id: "n".into(),
-            state: Ok(RunState::Queued),
-            liveness: Liveness::Free,
-        };
-        assert!(matches!(decide(&o), Decision::Refuse { .. }));
-        o.nested[0] = NestedObservation {
-            id: "n".into(),
-            state: Ok(RunState::Stopped),
-            liveness: Liveness::Free,
-        };
-        assert_eq!(decide(&o), Decision::Remove);
+        o.record = Err("invalid JSON".into());
+        assert_eq!(
+            decide_run(&o, &sel, true, 0).refusal().map(Refusal::code),
+            Some("unreadable")
+        );
+        assert_eq!(decide_run(&o, &sel, false, 0), Decision::Skip);
         let mut o = obs(RunState::Complete, Liveness::Free);
-        o.unsafe_path = Some("symlink".into());
-        assert!(matches!(decide(&o), Decision::Refuse { .. }));
+        o.record.as_mut().unwrap().root_run_id = Some("root".into());
+        o.record.as_mut().unwrap().depth = 1;
+        assert_eq!(
+            decide_run(&o, &sel, true, 0).refusal().map(Refusal::code),
+            Some("nested-run")
+        );
         let mut o = obs(RunState::Complete, Liveness::Free);
-        o.record = Err("bad json".into());
-        assert!(matches!(decide(&o), Decision::Refuse { .. }));
+        o.id = "notes".into();
+        assert_eq!(
+            decide_run(&o, &sel, false, 0).refusal().map(Refusal::code),
+            Some("unsafe-path")
+        );
     }
 
     #[test]
-    fn filters() {
-        let mut r = RunRecord::queued("a", RunMode::Single);
-        r.state = RunState::Failed;
-        r.ended_at = Some(1_000);
+    fn filters_by_state_and_age() {
         let sel = Selection {
             states: vec![RunState::Failed],
             older_than: Some(Duration::from_secs(1)),
             ..Default::default()
         };
-        assert!(sel.filters_match(&r, 2_000));
-        assert!(!sel.filters_match(&r, 1_500));
-        r.state = RunState::Complete;
-        assert!(!sel.filters_match(&r, 5_000));
+        assert!(sel.matches(&rec(RunState::Failed, Some(1_000)), 2_000));
+        assert!(!sel.matches(&rec(RunState::Failed, Some(1_000)), 1_999));
+        assert!(!sel.matches(&rec(RunState::Failed, None), 10_000_000));
+        assert!(!sel.matches(&rec(RunState::Complete, Some(0)), 5_000));
+        // Named but not matching: refused, not skipped; by filter: skipped.
+        let o = RunObservation {
+            record: Ok(rec(RunState::Complete, Some(0))),
+            ..obs(RunState::Complete, Liveness::Free)
+        };
+        assert_eq!(
+            decide_run(&o, &sel, true, 5_000),
+            Decision::Refuse(Refusal::NotSelected)
+        );
+        assert_eq!(decide_run(&o, &sel, false, 5_000), Decision::Skip);
         assert!(Selection::default().is_empty());
+        assert!(!all_terminal().is_empty());
+    }
+
+    #[test]
+    fn decide_subtree_table() {
+        let n = |state: std::result::Result<RunState, String>, live| NestedObservation {
+            id: "n".into(),
+            unsafe_path: None,
+            state,
+            liveness: live,
+        };
+        for state in ALL_STATES {
+            for live in ALL_LIVENESS {
+                let ok = decide_subtree(&Ok(vec![
+                    n(Ok(RunState::Complete), Liveness::Free),
+                    n(Ok(state), live),
+                ]))
+                .is_none();
+                assert_eq!(
+                    ok,
+                    state.is_terminal() && !live.is_alive(),
+                    "{state:?} {live:?}"
+                );
+            }
+        }
+        assert_eq!(decide_subtree(&Ok(vec![])), None);
+        assert_eq!(
+            decide_subtree(&Ok(vec![n(Err("bad".into()), Liveness::Free)])).map(|r| r.code()),
+            Some("nested-unreadable")
+        );
+        let mut link = n(Ok(RunState::Complete), Liveness::Free);
+        link.unsafe_path = Some("symlink".into());
+        assert_eq!(
+            decide_subtree(&Ok(vec![link])).map(|r| r.code()),
+            Some("nested-unsafe")
+        );
+        assert_eq!(
+            decide_subtree(&Err("symlink".into())).map(|r| r.code()),
+            Some("nested-unsafe")
+        );
+        // The whole decision: a removable run with a live nested run is refused.
+        let d = decide(
+            &obs(RunState::Complete, Liveness::Free),
+            &Ok(vec![n(Ok(RunState::Complete), Liveness::Held)]),
+            &all_terminal(),
+            true,
+            0,
+        );
+        assert_eq!(d, Decision::Refuse(Refusal::NestedRunning("n".into())));
+    }
+
+    #[test]
+    fn names_resolve_among_all_runs_and_hostile_names_are_refused() {
+        let top = vec![ID.to_string()];
+        let nested_id = "01a22a44-b1f7-7440-8179-f67becacc1b9".to_string();
+        let nested = vec![(nested_id.clone(), ID.to_string())];
+        assert_eq!(resolve_name("e5b500ee829c", &top, &nested), Ok(ID.into()));
+        assert_eq!(
+            resolve_name("f67becac", &top, &nested),
+            Err(Refusal::NestedRun {
+                root: Some(ID.into())
+            })
+        );
+        assert!(matches!(
+            resolve_name("01a22a44", &top, &nested),
+            Err(Refusal::Ambiguous { .. })
+        ));
+        assert_eq!(
+            resolve_name("deadbeef", &top, &nested),
+            Err(Refusal::NotFound)
+        );
+        for bad in [
+            "../async-subagent-runs",
+            "01a22a44/",
+            "01a22a44..",
+            "01a22a44\0",
+            "..",
+            "x",
+        ] {
+            assert_eq!(
+                resolve_name(bad, &top, &nested),
+                Err(Refusal::InvalidName),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn json_line_fields() {
+        let e = ReportEntry::refused(ID, Some("e5b500ee"), Refusal::Running);
+        let v: serde_json::Value = serde_json::from_str(&e.to_json_line(true)).unwrap();
+        assert_eq!(v["runId"], ID);
+        assert_eq!(v["shortId"], "e5b500ee829c");
+        assert_eq!(v["name"], "e5b500ee");
+        assert_eq!(v["outcome"], "refused");
+        assert_eq!(v["code"], "running");
+        assert!(v["reason"].as_str().unwrap().contains("still running"));
+        assert_eq!(v["dryRun"], true);
+        assert_eq!(v["bytes"], 0);
+    }
+
+    impl Decision {
+        fn refusal(&self) -> Option<&Refusal> {
+            match self {
+                Decision::Refuse(r) => Some(r),
+                _ => None,
+            }
+        }
     }
 }

@@ -1,23 +1,27 @@
 //! `cohort-reap`: remove terminal top-level runs by hand, never anything still alive.
 //!
 //! Thin over [`cohort_common::reap`]: parse the selection, reap (or plan with `--dry-run`),
-//! print the report, exit 0 when everything selected was removed and 1 when anything was
-//! refused.
+//! print the report (stdout: one line per run, or JSON Lines with `--json`; notes on stderr),
+//! exit 0 when everything selected was removed and 1 when anything was refused (DESIGN §9).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
 use cohort_common::layout::StateRoot;
-use cohort_common::reap::{self, Decision, Selection};
+use cohort_common::reap::{self, Options, Outcome, Selection};
 use cohort_common::record::RunState;
-use cohort_common::{cli, duration, exit};
+use cohort_common::{cli, duration, exit, id};
 
-/// Remove finished cohort runs (and their nested runs). Session files are kept.
+/// Remove finished cohort runs, each with its nested runs. Routes and session files are kept.
+///
+/// A run is removed only when its record is terminal and no runner holds its lock or the lock
+/// of any run in its nested subtree. Nothing is removed unless selected: name runs, or use
+/// --state, --older-than or --all-terminal.
 #[derive(Parser)]
 #[command(
     version,
-    after_help = "Exit codes: 0 everything selected was removed; 1 some runs were refused; 2 usage or operational error."
+    after_help = "Exit codes: 0 everything selected was removed (or would be, with --dry-run); 1 some runs were refused; 2 usage or operational error.\nJSON Lines fields: see docs/reap.md."
 )]
 struct Args {
     /// Runs to remove (full id, short id, or a unique prefix of 8+ characters).
@@ -25,18 +29,22 @@ struct Args {
     /// Select terminal runs in this state (complete, failed, paused, stopped; repeatable).
     #[arg(long, value_parser = parse_terminal)]
     state: Vec<RunState>,
-    /// Select runs that ended at least this long ago (e.g. 7d).
-    #[arg(long, value_parser = duration::parse)]
+    /// Select runs that ended at least this long ago (e.g. 7d, 12h, 90m).
+    #[arg(long, value_parser = duration::parse, value_name = "DURATION")]
     older_than: Option<Duration>,
-    /// Select every terminal top-level run.
-    #[arg(long)]
+    /// Select every terminal top-level run (narrow it with --state/--older-than).
+    #[arg(long, conflicts_with = "ids")]
     all_terminal: bool,
-    /// Print the plan and change nothing.
+    /// Print the plan (what would be removed, with sizes, and what would be refused, and why);
+    /// change nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Print the report as JSON Lines.
+    /// Print the report as JSON Lines, one object per run.
     #[arg(long)]
     json: bool,
+    /// How long to wait for another cohort-reap working on the same state root.
+    #[arg(long, value_parser = duration::parse, value_name = "DURATION", default_value = "30s")]
+    wait: Duration,
 }
 
 fn parse_terminal(s: &str) -> Result<RunState, String> {
@@ -44,7 +52,9 @@ fn parse_terminal(s: &str) -> Result<RunState, String> {
     if st.is_terminal() {
         Ok(st)
     } else {
-        Err(format!("{s} is not a terminal state; only complete, failed, paused and stopped runs can be reaped"))
+        Err(format!(
+            "{s} is not a terminal state; only complete, failed, paused and stopped runs can be reaped"
+        ))
     }
 }
 
@@ -64,55 +74,109 @@ fn run(args: Args) -> anyhow::Result<u8> {
         older_than: args.older_than,
         all_terminal: args.all_terminal,
     };
-    let report = reap::reap(&root, &sel, args.dry_run)?;
-    let mut refused = 0;
-    let mut freed = 0;
-    let mut removed = 0;
+    let opts = Options {
+        dry_run: args.dry_run,
+        reaper_wait: args.wait,
+    };
+    let report = reap::reap(&root, &sel, &opts, &mut || {
+        eprintln!("cohort-reap: waiting for another cohort-reap to finish…")
+    })?;
+
+    let would = if report.dry_run { "would be " } else { "" };
+    for id in &report.restored {
+        eprintln!(
+            "cohort-reap: an interrupted reap had moved the nested runs of {} to the trash; they {would}put back",
+            id::short_of(id)
+        );
+    }
+    if report.trash_finished > 0 {
+        eprintln!(
+            "cohort-reap: {} entries left in the trash by an interrupted reap {would}deleted",
+            report.trash_finished
+        );
+    }
+    for k in &report.trash_kept {
+        eprintln!("cohort-reap: kept in the trash: {k}");
+    }
+
     let mut text = String::new();
-    for e in &report {
+    let (mut removed, mut freed) = (0, 0);
+    for e in &report.entries {
+        if e.is_removal() {
+            removed += 1;
+            freed += e.bytes;
+        }
         if args.json {
-            text.push_str(&serde_json::to_string(e)?);
+            text.push_str(&e.to_json_line(report.dry_run));
             text.push('\n');
-            if matches!(e.decision, Decision::Refuse { .. }) {
-                refused += 1;
-            }
             continue;
         }
-        let short = cohort_common::id::short_of(&e.run_id);
-        match &e.decision {
-            Decision::Remove => {
-                removed += 1;
-                freed += e.bytes;
-                let verb = if args.dry_run {
+        let shown = if e.name.is_some() && matches!(e.outcome, Outcome::Refused(_)) {
+            e.name.clone().unwrap_or_default()
+        } else {
+            id::short_of(&e.run_id).to_string()
+        };
+        match &e.outcome {
+            Outcome::Removed | Outcome::WouldRemove => {
+                let verb = if report.dry_run {
                     "would remove"
                 } else {
                     "removed"
                 };
-                text.push_str(&format!("{verb} {short} ({} bytes", e.bytes));
+                text.push_str(&format!("{verb} {shown} ({}", human_bytes(e.bytes)));
                 if e.nested_runs > 0 {
-                    text.push_str(&format!(", {} nested runs", e.nested_runs));
+                    let s = if e.nested_runs == 1 { "" } else { "s" };
+                    text.push_str(&format!(", {} nested run{s}", e.nested_runs));
                 }
                 text.push_str(")\n");
                 for s in &e.sessions_kept {
                     text.push_str(&format!("  kept session {}\n", s.display()));
                 }
             }
-            Decision::Refuse { reason } => {
-                refused += 1;
-                text.push_str(&format!("refused {short}: {reason}\n"));
-            }
+            Outcome::Refused(r) => text.push_str(&format!("refused {shown}: {r}\n")),
         }
     }
+    let refused = report.refused();
     if !args.json {
-        let verb = if args.dry_run { "would free" } else { "freed" };
+        let verb = if report.dry_run {
+            "would free"
+        } else {
+            "freed"
+        };
+        let head = if report.dry_run {
+            "would remove"
+        } else {
+            "removed"
+        };
         text.push_str(&format!(
-            "{removed} removed, {refused} refused, {verb} {freed} bytes\n"
+            "{head} {removed}, refused {refused}, {verb} {}\n",
+            human_bytes(freed)
         ));
     }
     cli::out(&text)?;
+    if let Some(err) = &report.cleanup_error {
+        anyhow::bail!(cohort_common::Error::State(format!(
+            "the removed runs are out of the listing, but deleting them from the trash failed ({err}); a later cohort-reap retries"
+        )));
+    }
     Ok(if refused > 0 {
         exit::NEGATIVE
     } else {
         exit::SUCCESS
     })
+}
+
+/// `4.0 KiB`, `12 B`, `1.5 MiB`.
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", UNITS[u])
 }

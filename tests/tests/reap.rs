@@ -1,0 +1,913 @@
+//! End-to-end: `cohort-reap` (issue 5) on the real binaries.
+//!
+//! Most tests need no Pi at all: they write records, lock files, routes and sessions with
+//! cohort-common, and simulate a live runner by holding its lock in the test process (a flock
+//! held by another process is exactly what the reaper sees of a runner). One test races a reap
+//! against a real runner on the real Pi CLI. Crashes are real `SIGKILL`s at the points of the
+//! `COHORT_REAP_CRASH_AT` hook; pauses use `COHORT_REAP_PAUSE_AT`.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use cohort_common::fsutil;
+use cohort_common::id::RunId;
+use cohort_common::layout::RunDir;
+use cohort_common::lock::RunLock;
+use cohort_common::reap::HOOK_POINTS;
+use cohort_common::record::{self, now_ms, RunMode, RunRecord, RunState, StepRecord};
+use cohort_e2e::harness::{alive, stderr, stdout, wait_for, TestEnv};
+use serde_json::Value;
+
+const HOUR: u64 = 3_600_000;
+
+/// Write a record with one step whose session file exists.
+fn write_run(env: &TestEnv, dir: &RunDir, id: &str, state: RunState, ended_ago: u64) {
+    fsutil::create_dir_all_private(dir.path()).unwrap();
+    std::fs::write(dir.lock(), b"").unwrap();
+    std::fs::write(dir.events(), b"{\"type\":\"run.queued\"}\n").unwrap();
+    let session = env
+        .state_root()
+        .default_session_dir(id)
+        .join("step-0.jsonl");
+    fsutil::create_dir_all_private(session.parent().unwrap()).unwrap();
+    std::fs::write(&session, b"{\"type\":\"session\"}\n").unwrap();
+    let mut r = RunRecord::queued(id, RunMode::Single);
+    r.state = state;
+    if state.is_terminal() {
+        r.ended_at = Some(now_ms() - ended_ago);
+    }
+    r.steps.push(StepRecord {
+        task: "t".into(),
+        session_file: Some(session),
+        ..Default::default()
+    });
+    record::store(&dir.status(), &r).unwrap();
+}
+
+/// A top-level run in `state`, ended `ended_ago` ms ago, with a route; returns its id.
+fn top(env: &TestEnv, state: RunState, ended_ago: u64) -> String {
+    let id = RunId::new().to_string();
+    write_run(env, &env.state_root().run_dir(&id), &id, state, ended_ago);
+    let route = env.state_root().route_dir(&id);
+    fsutil::create_dir_all_private(&route).unwrap();
+    std::fs::write(route.join("route.json"), b"{}").unwrap();
+    id
+}
+
+/// A nested run of `root_id` in `state`; returns its id.
+fn nested(env: &TestEnv, root_id: &str, state: RunState) -> String {
+    let id = RunId::new().to_string();
+    let dir = env.state_root().nested_run_dir(root_id, &id);
+    write_run(env, &dir, &id, state, 0);
+    let mut r = record::load(&dir.status()).unwrap();
+    r.root_run_id = Some(root_id.into());
+    r.parent_run_id = Some(root_id.into());
+    r.depth = 1;
+    record::store(&dir.status(), &r).unwrap();
+    id
+}
+
+/// Every path under `dir` (not following symlinks) with its kind, mode, size, mtime and
+/// content (or link target). Access times are left out: reading is not changing.
+fn tree(dir: &Path) -> BTreeMap<PathBuf, String> {
+    fn walk(base: &Path, p: &Path, out: &mut BTreeMap<PathBuf, String>) {
+        let m = std::fs::symlink_metadata(p).unwrap();
+        let rel = p.strip_prefix(base).unwrap().to_path_buf();
+        let what = if m.file_type().is_symlink() {
+            format!("link {:?}", std::fs::read_link(p).unwrap())
+        } else if m.is_dir() {
+            let mut names: Vec<_> = std::fs::read_dir(p).unwrap().flatten().collect();
+            names.sort_by_key(|e| e.file_name());
+            for e in names {
+                walk(base, &e.path(), out);
+            }
+            "dir".to_string()
+        } else {
+            format!("file {:?}", std::fs::read(p).unwrap())
+        };
+        out.insert(
+            rel,
+            format!(
+                "{what} mode={:o} len={} mtime={}.{}",
+                m.mode(),
+                m.len(),
+                m.mtime(),
+                m.mtime_nsec()
+            ),
+        );
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// The profile tree without the reaper's own lock file (which a real reap may create).
+fn tree_sans_reaper_lock(env: &TestEnv) -> BTreeMap<PathBuf, String> {
+    let mut t = tree(&env.profile);
+    t.retain(|p, _| !p.ends_with(".reap.lock"));
+    t.remove(Path::new("pi-cohort"));
+    t
+}
+
+fn reap(env: &TestEnv, args: &[&str]) -> Output {
+    env.run("cohort-reap", args)
+}
+
+/// `cohort-reap --json ARGS`: exit code and parsed lines.
+fn reap_json(env: &TestEnv, args: &[&str]) -> (Option<i32>, Vec<Value>, String) {
+    let mut a = vec!["--json"];
+    a.extend_from_slice(args);
+    let out = reap(env, &a);
+    let lines = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    (out.status.code(), lines, stderr(&out))
+}
+
+/// The ids a JSON report says were removed (or would be).
+fn removed_ids(lines: &[Value]) -> Vec<String> {
+    let mut v: Vec<String> = lines
+        .iter()
+        .filter(|l| l["outcome"] == "removed" || l["outcome"] == "would-remove")
+        .map(|l| l["runId"].as_str().unwrap().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+/// `cohort-status --all --json`, asserting no row is a broken record; returns the rows.
+fn listing(env: &TestEnv) -> Vec<Value> {
+    let out = env.run("cohort-status", &["--all", "--json", "--limit", "1000"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let rows: Vec<Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for r in &rows {
+        assert!(
+            r["state"].is_string() && r["origin"].is_string(),
+            "a broken record is listed: {r}"
+        );
+    }
+    rows
+}
+
+fn listed(rows: &[Value], id: &str) -> bool {
+    rows.iter().any(|r| r["runId"] == id)
+}
+
+fn trash_entries(env: &TestEnv) -> Vec<String> {
+    let t = env.state_root().path().join(".reap-trash");
+    match std::fs::read_dir(t) {
+        Ok(rd) => rd
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The unit is gone; its route and sessions are not.
+fn assert_unit_gone(env: &TestEnv, id: &str) {
+    let root = env.state_root();
+    assert!(!root.run_dir(id).path().exists(), "run dir of {id} remains");
+    assert!(
+        !root.nested_runs_dir(id).exists(),
+        "subtree of {id} remains"
+    );
+    assert!(
+        root.route_dir(id).join("route.json").is_file(),
+        "routes are never reaped"
+    );
+    assert!(
+        root.default_session_dir(id).join("step-0.jsonl").is_file(),
+        "sessions are never reaped"
+    );
+}
+
+#[test]
+fn nothing_selected_is_a_usage_error_and_changes_nothing() {
+    let env = TestEnv::new();
+    let id = top(&env, RunState::Complete, HOUR);
+    let before = tree(&env.profile);
+    for args in [
+        &[][..],
+        &["--json"][..],
+        &["--dry-run"][..],
+        &[id.as_str(), "--all-terminal"][..],
+    ] {
+        let out = reap(&env, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stdout(&out).is_empty());
+    }
+    let out = reap(&env, &["--state", "running"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("not a terminal state"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(tree(&env.profile), before);
+}
+
+#[test]
+fn removes_a_unit_with_its_nested_subtree_and_keeps_routes_and_sessions() {
+    let env = TestEnv::new();
+    let id = top(&env, RunState::Complete, HOUR);
+    let n1 = nested(&env, &id, RunState::Complete);
+    let n2 = nested(&env, &id, RunState::Failed);
+    let other = top(&env, RunState::Complete, HOUR);
+
+    let (code, lines, err) = reap_json(&env, &[&id[24..]]);
+    assert_eq!(code, Some(0), "{lines:?} {err}");
+    assert_eq!(lines.len(), 1);
+    let l = &lines[0];
+    assert_eq!(l["runId"], id.as_str());
+    assert_eq!(l["outcome"], "removed");
+    assert_eq!(l["nestedRuns"], 2);
+    assert_eq!(l["dryRun"], false);
+    assert!(l["bytes"].as_u64().unwrap() >= 3 * 4096, "{l}");
+    let kept: Vec<&str> = l["sessionsKept"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    for rid in [&id, &n1, &n2] {
+        let s = env
+            .state_root()
+            .default_session_dir(rid)
+            .join("step-0.jsonl");
+        assert!(kept.contains(&s.to_str().unwrap()), "{kept:?} lacks {s:?}");
+        assert!(s.is_file());
+    }
+    assert_unit_gone(&env, &id);
+    assert!(trash_entries(&env).is_empty(), "{:?}", trash_entries(&env));
+    let rows = listing(&env);
+    assert!(listed(&rows, &other) && !listed(&rows, &n1) && !listed(&rows, &id));
+
+    // The text form says the same, with the kept sessions' paths.
+    let out = reap(&env, &[&other]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = stdout(&out);
+    let s = env
+        .state_root()
+        .default_session_dir(&other)
+        .join("step-0.jsonl");
+    assert!(
+        text.starts_with(&format!("removed {}", &other[24..])),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("kept session {}", s.display())),
+        "{text}"
+    );
+    assert!(text.contains("removed 1, refused 0, freed"), "{text}");
+}
+
+/// What a case's `block` hands to its `lift` (a held lock, a moved path, …).
+type Held = Box<dyn std::any::Any>;
+/// Undo a case's obstacle.
+type Lift = Box<dyn FnOnce(&TestEnv, &str, Held)>;
+
+/// One refusal rule: `block` makes an otherwise removable unit unremovable (by name), the reap
+/// is refused with `code` and changes nothing; `lift` (if any) removes the obstacle, and the
+/// same reap then removes it.
+fn refusal_case(
+    code: &str,
+    block: impl FnOnce(&TestEnv, &str) -> Held,
+    name: impl FnOnce(&str) -> String,
+    lift: Option<Lift>,
+) {
+    let env = TestEnv::new();
+    let id = top(&env, RunState::Complete, HOUR);
+    nested(&env, &id, RunState::Complete);
+    let held = block(&env, &id);
+    let named = name(&id);
+    let before = tree_sans_reaper_lock(&env);
+    for dry in [true, false] {
+        let mut args = vec![named.as_str()];
+        if dry {
+            args.push("--dry-run");
+        }
+        let (status, lines, err) = reap_json(&env, &args);
+        assert_eq!(status, Some(1), "{code}: {lines:?} {err}");
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert_eq!(lines[0]["outcome"], "refused", "{lines:?}");
+        assert_eq!(lines[0]["code"], code, "{lines:?}");
+        assert!(!lines[0]["reason"].as_str().unwrap().is_empty());
+        assert_eq!(
+            tree_sans_reaper_lock(&env),
+            before,
+            "{code}: refusal changed the tree"
+        );
+    }
+    // The text form shows the reason too.
+    let out = reap(&env, &[&named]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("refused"), "{}", stdout(&out));
+    if let Some(lift) = lift {
+        lift(&env, &id, held);
+        let (status, lines, err) = reap_json(&env, &[&id]);
+        assert_eq!(status, Some(0), "{code} lifted: {lines:?} {err}");
+        assert_unit_gone(&env, &id);
+    }
+}
+
+#[test]
+fn refuses_a_run_whose_runner_holds_the_lock() {
+    refusal_case(
+        "running",
+        |env, id| {
+            let lock = env.state_root().run_dir(id).lock();
+            Box::new(RunLock::acquire(&lock, Duration::from_secs(1)).unwrap())
+        },
+        |id| id.to_string(),
+        Some(Box::new(|_, _, held| drop(held))),
+    );
+}
+
+#[test]
+fn refuses_a_queued_run() {
+    refusal_case(
+        "not-terminal",
+        |env, id| {
+            let dir = env.state_root().run_dir(id);
+            let mut r = record::load(&dir.status()).unwrap();
+            r.state = RunState::Queued;
+            record::store(&dir.status(), &r).unwrap();
+            Box::new(())
+        },
+        |id| id.to_string(),
+        Some(Box::new(|env, id, _| {
+            let dir = env.state_root().run_dir(id);
+            let mut r = record::load(&dir.status()).unwrap();
+            r.finish(RunState::Failed, None);
+            record::store(&dir.status(), &r).unwrap();
+        })),
+    );
+}
+
+#[test]
+fn refuses_a_unit_with_a_live_nested_run() {
+    refusal_case(
+        "nested-running",
+        |env, id| {
+            let n = nested(env, id, RunState::Complete);
+            let lock = env.state_root().nested_run_dir(id, &n).lock();
+            Box::new(RunLock::acquire(&lock, Duration::from_secs(1)).unwrap())
+        },
+        |id| id.to_string(),
+        Some(Box::new(|_, _, held| drop(held))),
+    );
+}
+
+#[test]
+fn refuses_a_unit_with_a_non_terminal_nested_run() {
+    refusal_case(
+        "nested-not-terminal",
+        |env, id| Box::new(nested(env, id, RunState::Queued)),
+        |id| id.to_string(),
+        Some(Box::new(|env, id, n| {
+            let n = n.downcast::<String>().unwrap();
+            let dir = env.state_root().nested_run_dir(id, &n);
+            let mut r = record::load(&dir.status()).unwrap();
+            r.finish(RunState::Stopped, None);
+            record::store(&dir.status(), &r).unwrap();
+        })),
+    );
+}
+
+#[test]
+fn refuses_a_nested_run_named_directly() {
+    let nested_id = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let n2 = nested_id.clone();
+    refusal_case(
+        "nested-run",
+        move |env, id| {
+            *n2.lock().unwrap() = nested(env, id, RunState::Complete);
+            Box::new(())
+        },
+        |_| nested_id.lock().unwrap().clone(),
+        // Naming the top-level run removes the nested one with it.
+        Some(Box::new(|_, _, _| {})),
+    );
+}
+
+#[test]
+fn refuses_an_unreadable_record() {
+    refusal_case(
+        "unreadable",
+        |env, id| {
+            std::fs::write(env.state_root().run_dir(id).status(), "{\"runId\": \"tru").unwrap();
+            Box::new(())
+        },
+        |id| id.to_string(),
+        Some(Box::new(|env, id, _| {
+            let mut r = RunRecord::queued(id, RunMode::Single);
+            r.finish(RunState::Complete, None);
+            record::store(&env.state_root().run_dir(id).status(), &r).unwrap();
+        })),
+    );
+}
+
+#[test]
+fn refuses_a_record_of_a_newer_format() {
+    refusal_case(
+        "unreadable",
+        |env, id| {
+            let p = env.state_root().run_dir(id).status();
+            let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            v["formatVersion"] = 99.into();
+            std::fs::write(&p, v.to_string()).unwrap();
+            Box::new(())
+        },
+        |id| id.to_string(),
+        None,
+    );
+}
+
+#[test]
+fn refuses_a_lock_file_or_record_that_is_a_symlink() {
+    for file in ["runner.lock", "status.json"] {
+        let code = if file == "runner.lock" {
+            "unsafe-path"
+        } else {
+            "unreadable"
+        };
+        refusal_case(
+            code,
+            |env, id| {
+                let outside = env.tmp.path().join(format!("outside-{file}"));
+                let p = env.state_root().run_dir(id).path().join(file);
+                std::fs::rename(&p, &outside).unwrap();
+                std::os::unix::fs::symlink(&outside, &p).unwrap();
+                Box::new(outside)
+            },
+            |id| id.to_string(),
+            Some(Box::new(move |env, id, outside| {
+                let outside = outside.downcast::<PathBuf>().unwrap();
+                let p = env.state_root().run_dir(id).path().join(file);
+                std::fs::remove_file(&p).unwrap();
+                std::fs::copy(&*outside, &p).unwrap();
+            })),
+        );
+    }
+}
+
+#[test]
+fn refuses_a_run_dir_that_is_a_symlink_and_its_target_survives() {
+    refusal_case(
+        "unsafe-path",
+        |env, id| {
+            let dir = env.state_root().run_dir(id);
+            let outside = env.tmp.path().join("elsewhere");
+            std::fs::rename(dir.path(), &outside).unwrap();
+            std::os::unix::fs::symlink(&outside, dir.path()).unwrap();
+            Box::new(outside)
+        },
+        |id| id.to_string(),
+        Some(Box::new(|env, id, outside| {
+            let outside = outside.downcast::<PathBuf>().unwrap();
+            assert!(outside.join("status.json").is_file(), "the target survives");
+            let dir = env.state_root().run_dir(id);
+            std::fs::remove_file(dir.path()).unwrap();
+            std::fs::rename(&*outside, dir.path()).unwrap();
+        })),
+    );
+}
+
+#[test]
+fn refuses_a_nested_subtree_that_is_a_symlink_and_its_target_survives() {
+    refusal_case(
+        "nested-unsafe",
+        |env, id| {
+            let sub = env.state_root().nested_runs_dir(id);
+            let outside = env.tmp.path().join("elsewhere");
+            std::fs::rename(&sub, &outside).unwrap();
+            std::os::unix::fs::symlink(&outside, &sub).unwrap();
+            Box::new(outside)
+        },
+        |id| id.to_string(),
+        Some(Box::new(|env, id, outside| {
+            let outside = outside.downcast::<PathBuf>().unwrap();
+            assert_eq!(std::fs::read_dir(&*outside).unwrap().count(), 1);
+            let sub = env.state_root().nested_runs_dir(id);
+            std::fs::remove_file(&sub).unwrap();
+            std::fs::rename(&*outside, &sub).unwrap();
+        })),
+    );
+}
+
+#[test]
+fn refuses_runs_whose_parent_resolves_outside_the_state_root() {
+    refusal_case(
+        "unsafe-path",
+        |env, _| {
+            let runs = env.state_root().runs_dir();
+            let outside = env.tmp.path().join("runs-elsewhere");
+            std::fs::rename(&runs, &outside).unwrap();
+            std::os::unix::fs::symlink(&outside, &runs).unwrap();
+            Box::new(outside)
+        },
+        |id| id.to_string(),
+        None,
+    );
+}
+
+#[test]
+fn refuses_a_named_run_that_does_not_match_the_filters() {
+    let env = TestEnv::new();
+    let id = top(&env, RunState::Complete, HOUR);
+    let (code, lines, _) = reap_json(&env, &[&id, "--state", "failed"]);
+    assert_eq!(
+        (code, lines[0]["code"].as_str()),
+        (Some(1), Some("not-selected"))
+    );
+    let (code, lines, _) = reap_json(&env, &[&id, "--older-than", "2h"]);
+    assert_eq!(
+        (code, lines[0]["code"].as_str()),
+        (Some(1), Some("not-selected"))
+    );
+    let (code, _, _) = reap_json(&env, &[&id, "--state", "complete", "--older-than", "30m"]);
+    assert_eq!(code, Some(0));
+    assert_unit_gone(&env, &id);
+}
+
+#[test]
+fn refuses_names_that_are_not_run_ids() {
+    let env = TestEnv::new();
+    let id = top(&env, RunState::Complete, HOUR);
+    let before = tree_sans_reaper_lock(&env);
+    let traversal = format!("../async-subagent-runs/{id}");
+    let slash = format!("{id}/");
+    let dots = format!("{}..", &id[..12]);
+    for name in [
+        traversal.as_str(),
+        slash.as_str(),
+        dots.as_str(),
+        "..",
+        "abc",
+    ] {
+        let (code, lines, err) = reap_json(&env, &[name]);
+        assert_eq!(code, Some(1), "{name}: {err}");
+        assert_eq!(lines[0]["code"], "invalid-name", "{name}: {lines:?}");
+        assert_eq!(lines[0]["runId"], name);
+    }
+    let (code, lines, _) = reap_json(&env, &["deadbeefdead"]);
+    assert_eq!(
+        (code, lines[0]["code"].as_str()),
+        (Some(1), Some("not-found"))
+    );
+    assert_eq!(tree_sans_reaper_lock(&env), before);
+    // A refused name does not stop the others.
+    let (code, lines, _) = reap_json(&env, &["deadbeefdead", &id]);
+    assert_eq!(code, Some(1));
+    assert_eq!(removed_ids(&lines), vec![id.clone()]);
+}
+
+#[test]
+fn planted_symlinks_inside_run_dirs_are_unlinked_and_their_targets_survive() {
+    let env = TestEnv::new();
+    let id = top(&env, RunState::Complete, HOUR);
+    let n = nested(&env, &id, RunState::Complete);
+    let outside = env.tmp.path().join("precious");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("data"), b"keep").unwrap();
+    let run = env.state_root().run_dir(&id);
+    std::os::unix::fs::symlink(&outside, run.path().join("evil-dir")).unwrap();
+    std::os::unix::fs::symlink(outside.join("data"), run.path().join("evil-file")).unwrap();
+    std::os::unix::fs::symlink(
+        "/",
+        env.state_root().nested_run_dir(&id, &n).path().join("root"),
+    )
+    .unwrap();
+    let (code, lines, err) = reap_json(&env, &[&id]);
+    assert_eq!(code, Some(0), "{lines:?} {err}");
+    assert_unit_gone(&env, &id);
+    assert_eq!(std::fs::read(outside.join("data")).unwrap(), b"keep");
+    assert!(Path::new("/").read_dir().unwrap().next().is_some());
+}
+
+#[test]
+fn selects_by_state_and_by_age_and_never_touches_unfinished_runs() {
+    let env = TestEnv::new();
+    let complete_old = top(&env, RunState::Complete, 2 * HOUR);
+    let failed_old = top(&env, RunState::Failed, 2 * HOUR);
+    let failed_new = top(&env, RunState::Failed, 0);
+    let stopped_ancient = top(&env, RunState::Stopped, 72 * HOUR);
+    let paused_old = top(&env, RunState::Paused, 2 * HOUR);
+    let queued = top(&env, RunState::Queued, 0);
+    let running = top(&env, RunState::Running, 0);
+    let _runner = RunLock::acquire(
+        &env.state_root().run_dir(&running).lock(),
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    let finishing = top(&env, RunState::Complete, 3 * HOUR);
+    let _finishing_runner = RunLock::acquire(
+        &env.state_root().run_dir(&finishing).lock(),
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+
+    let (code, lines, _) = reap_json(&env, &["--state", "failed", "--older-than", "1h"]);
+    assert_eq!(code, Some(0), "{lines:?}");
+    assert_eq!(removed_ids(&lines), vec![failed_old.clone()]);
+
+    let (code, lines, _) = reap_json(&env, &["--older-than", "1d"]);
+    assert_eq!(code, Some(0), "{lines:?}");
+    assert_eq!(removed_ids(&lines), vec![stopped_ancient.clone()]);
+
+    let (code, lines, _) = reap_json(&env, &["--state", "complete", "--state", "paused"]);
+    // The complete run whose runner still holds the lock is refused, not removed.
+    assert_eq!(code, Some(1), "{lines:?}");
+    assert_eq!(
+        removed_ids(&lines),
+        sorted(vec![complete_old.clone(), paused_old.clone()])
+    );
+    let refused: Vec<_> = lines.iter().filter(|l| l["outcome"] == "refused").collect();
+    assert_eq!(refused.len(), 1);
+    assert_eq!(
+        (refused[0]["runId"].as_str(), refused[0]["code"].as_str()),
+        (Some(finishing.as_str()), Some("running"))
+    );
+
+    let (code, lines, _) = reap_json(&env, &["--all-terminal", "--dry-run"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(removed_ids(&lines), vec![failed_new.clone()]);
+    let (code, lines, _) = reap_json(&env, &["--all-terminal"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(removed_ids(&lines), vec![failed_new.clone()]);
+
+    // Queued and running runs were never selected, never removed.
+    let rows = listing(&env);
+    let mut left: Vec<String> = rows
+        .iter()
+        .map(|r| r["runId"].as_str().unwrap().to_string())
+        .collect();
+    left.sort();
+    assert_eq!(left, sorted(vec![queued, running, finishing]));
+}
+
+#[test]
+fn dry_run_prints_the_plan_and_changes_nothing() {
+    let env = TestEnv::new();
+    let root = env.state_root();
+    let good = top(&env, RunState::Complete, HOUR);
+    nested(&env, &good, RunState::Failed);
+    let live = top(&env, RunState::Complete, HOUR);
+    let _runner = RunLock::acquire(&root.run_dir(&live).lock(), Duration::from_secs(1)).unwrap();
+    let queued = top(&env, RunState::Queued, 0);
+    // What interrupted reaps leave: a committed unit, and a subtree moved before a crash.
+    let trash = root.path().join(".reap-trash");
+    let committed = top(&env, RunState::Complete, HOUR);
+    fsutil::create_dir_all_private(&trash).unwrap();
+    std::fs::rename(
+        root.run_dir(&committed).path(),
+        trash.join(format!("{committed}.run")),
+    )
+    .unwrap();
+    let half = top(&env, RunState::Stopped, HOUR);
+    nested(&env, &half, RunState::Complete);
+    std::fs::rename(
+        root.nested_runs_dir(&half),
+        trash.join(format!("{half}.nested")),
+    )
+    .unwrap();
+
+    let before = tree(&env.profile);
+    let (code, lines, err) = reap_json(&env, &["--all-terminal", "--dry-run"]);
+    assert_eq!(code, Some(1), "{lines:?} {err}");
+    assert_eq!(removed_ids(&lines), {
+        let mut v = vec![good.clone(), half.clone()];
+        v.sort();
+        v
+    });
+    for l in &lines {
+        assert_eq!(l["dryRun"], true);
+        if l["outcome"] == "would-remove" {
+            assert!(l["bytes"].as_u64().unwrap() > 0, "{l}");
+            assert_eq!(l["nestedRuns"], 1, "{l}");
+        }
+    }
+    let refused: Vec<_> = lines.iter().filter(|l| l["outcome"] == "refused").collect();
+    assert_eq!(refused.len(), 1, "{lines:?}");
+    assert_eq!(refused[0]["runId"], live.as_str());
+    assert!(
+        err.contains("would be put back") && err.contains("would be deleted"),
+        "{err}"
+    );
+    let out = reap(&env, &["--dry-run", &good, &queued, &live]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!("would remove {} (", &good[24..])),
+        "{text}"
+    );
+    assert!(text.contains("1 nested run"), "{text}");
+    assert!(
+        text.contains(&format!("refused {queued}: it is queued")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("refused {live}: its runner holds the lock")),
+        "{text}"
+    );
+    assert!(
+        text.contains("would remove 1, refused 2, would free"),
+        "{text}"
+    );
+    assert_eq!(tree(&env.profile), before, "a dry run changed the tree");
+
+    // The real reap first puts the half-moved subtree back, finishes the trash, then removes.
+    let (code, lines, err) = reap_json(&env, &["--all-terminal"]);
+    assert_eq!(code, Some(1), "{lines:?} {err}");
+    assert_eq!(removed_ids(&lines).len(), 2);
+    assert_unit_gone(&env, &half);
+    assert_unit_gone(&env, &good);
+    assert!(trash_entries(&env).is_empty());
+}
+
+/// Start a reap unit with two nested runs, crash the reaper at `point`, check the listing,
+/// then let a second reap finish.
+fn crash_then_finish(point: &str) {
+    let env = TestEnv::new();
+    let id = top(&env, RunState::Complete, HOUR);
+    let n1 = nested(&env, &id, RunState::Complete);
+    let n2 = nested(&env, &id, RunState::Failed);
+    let bystander = top(&env, RunState::Complete, HOUR);
+    let out = env
+        .cmd("cohort-reap")
+        .arg(&id)
+        .env("COHORT_REAP_CRASH_AT", point)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.signal(), Some(9), "{point}: {out:?}");
+
+    let rows = listing(&env);
+    assert!(listed(&rows, &bystander), "{point}");
+    let committed = !matches!(point, "before-nested-rename" | "after-nested-rename");
+    if committed {
+        assert!(
+            !listed(&rows, &id) && !listed(&rows, &n1) && !listed(&rows, &n2),
+            "{point}: {rows:?}"
+        );
+    } else {
+        // Listed, with its whole record.
+        let row = rows
+            .iter()
+            .find(|r| r["runId"] == id.as_str())
+            .expect("still listed");
+        assert_eq!(row["state"], "complete", "{point}");
+        let out = env.run("cohort-status", &[&id]);
+        assert_eq!(out.status.code(), Some(0), "{point}: {}", stderr(&out));
+    }
+
+    if point == "after-nested-rename" {
+        // Any later reap puts the subtree back first, even one that selects nothing.
+        let out = reap(&env, &["--state", "paused"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert!(stderr(&out).contains("put back"), "{}", stderr(&out));
+        let rows = listing(&env);
+        assert!(listed(&rows, &id) && listed(&rows, &n1) && listed(&rows, &n2));
+    }
+    let (code, lines, err) = if committed {
+        reap_json(&env, &["--state", "paused"])
+    } else {
+        reap_json(&env, &[&id])
+    };
+    assert_eq!(code, Some(0), "{point}: {lines:?} {err}");
+    if matches!(point, "after-run-rename" | "during-delete") {
+        assert!(err.contains("interrupted reap"), "{point}: {err}");
+    }
+    if !committed {
+        assert_eq!(removed_ids(&lines), vec![id.clone()], "{point}");
+        assert_eq!(lines[0]["nestedRuns"], 2, "{point}");
+    }
+    assert_unit_gone(&env, &id);
+    assert!(
+        trash_entries(&env).is_empty(),
+        "{point}: {:?}",
+        trash_entries(&env)
+    );
+    let rows = listing(&env);
+    assert!(
+        listed(&rows, &bystander) && rows.len() == 1,
+        "{point}: {rows:?}"
+    );
+}
+
+#[test]
+fn a_kill_at_any_point_leaves_the_run_whole_or_gone_and_a_second_reap_finishes() {
+    assert_eq!(HOOK_POINTS.len(), 5);
+    for point in HOOK_POINTS {
+        crash_then_finish(point);
+    }
+}
+
+#[test]
+fn two_reaps_of_the_same_run_one_removes_and_the_other_says_so() {
+    let env = TestEnv::new();
+    let id = top(&env, RunState::Complete, HOUR);
+    nested(&env, &id, RunState::Complete);
+    let pause = env.tmp.path().join("paused");
+    let first = env
+        .cmd("cohort-reap")
+        .args(["--json", &id])
+        .env("COHORT_REAP_PAUSE_AT", "before-nested-rename")
+        .env("COHORT_REAP_PAUSE_FILE", &pause)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(Duration::from_secs(20), || pause.exists()).expect("first reap reaches the pause");
+
+    // A reap that will not wait says the other one is busy, and removes nothing.
+    let out = reap(&env, &["--wait", "100ms", &id]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("another cohort-reap is still working"),
+        "{}",
+        stderr(&out)
+    );
+
+    // One that waits reports the run as removed by the other.
+    let err_file = env.tmp.path().join("second.err");
+    let second = env
+        .cmd("cohort-reap")
+        .args(["--json", &id])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&err_file).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for(Duration::from_secs(20), || {
+        std::fs::read_to_string(&err_file).is_ok_and(|s| s.contains("waiting for another"))
+    })
+    .expect("the second reap waits");
+    std::fs::remove_file(&pause).unwrap();
+
+    let a = first.wait_with_output().unwrap();
+    let b = second.wait_with_output().unwrap();
+    assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
+    let a: Value = serde_json::from_str(stdout(&a).trim()).unwrap();
+    assert_eq!(a["outcome"], "removed");
+    assert_eq!(b.status.code(), Some(1), "{}", stdout(&b));
+    let b: Value = serde_json::from_str(stdout(&b).trim()).unwrap();
+    assert_eq!(
+        (b["runId"].as_str(), b["code"].as_str()),
+        (Some(id.as_str()), Some("already-removed"))
+    );
+    assert_unit_gone(&env, &id);
+}
+
+#[test]
+fn a_reap_racing_a_live_runner_removes_the_run_only_after_its_runner_exited() {
+    let env = TestEnv::new();
+    let id = env.spawn(&["--model", "fake/plain", "quick"]);
+    let mut pid = None;
+    let mut attempts = 0;
+    let mut refusals = std::collections::BTreeSet::new();
+    wait_for(Duration::from_secs(60), || {
+        if pid.is_none() {
+            pid = std::fs::read_to_string(env.run_dir(&id).join("status.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .and_then(|v| v["pid"].as_u64());
+        }
+        let Some(p) = pid else { return false };
+        attempts += 1;
+        let (code, lines, err) = reap_json(&env, &[&id]);
+        match code {
+            Some(0) => {
+                // Removed: so its runner had released the lock, i.e. it had exited.
+                assert!(!alive(p as u32), "removed while runner {p} was alive");
+                assert_eq!(lines[0]["outcome"], "removed");
+                true
+            }
+            Some(1) => {
+                let c = lines[0]["code"].as_str().unwrap().to_string();
+                assert!(c == "running" || c == "not-terminal", "{lines:?}");
+                assert!(env.run_dir(&id).join("status.json").is_file());
+                refusals.insert(c);
+                false
+            }
+            other => panic!("reap exited {other:?}: {err}"),
+        }
+    })
+    .expect("the run is reaped once it ends");
+    assert!(
+        attempts > 1 && !refusals.is_empty(),
+        "the reap never raced the runner"
+    );
+    assert!(!env.run_dir(&id).exists());
+}
