@@ -179,7 +179,7 @@ pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
     let top = found.len();
     found.extend(status::nested(root)?);
     let obs = status::par_map(&found, |f| {
-        status::observe_found(f).map_err(|e| e.to_string())
+        status::observe_found(f).map_err(|e| status::reason(&e))
     });
     let mut cache: HashMap<Runtime, std::result::Result<(), String>> = HashMap::new();
     let mut runtime_ok = |rt: &Runtime| {

@@ -142,10 +142,10 @@ pub fn entry_problem(name: &OsStr, kind: EntryKind) -> Option<String> {
     match kind {
         EntryKind::Dir => None,
         EntryKind::Symlink => {
-            Some("is a symlink where a run directory should be; cohort never follows it".into())
+            Some("a symlink where a run directory should be; cohort never follows it".into())
         }
-        EntryKind::File => Some("is a file where a run directory should be".into()),
-        EntryKind::Other => Some("is not a directory".into()),
+        EntryKind::File => Some("a file where a run directory should be".into()),
+        EntryKind::Other => Some("not a directory (a fifo, socket or device)".into()),
     }
 }
 

@@ -94,7 +94,7 @@ struct Cand {
 }
 
 fn observe_row(f: &Found) -> std::result::Result<Observed, String> {
-    status::observe_found(f).map_err(|e| e.to_string())
+    status::observe_found(f).map_err(|e| status::reason(&e))
 }
 
 fn outcome_of(o: &std::result::Result<Observed, String>) -> Outcome {

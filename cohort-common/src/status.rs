@@ -218,7 +218,7 @@ pub fn read_regular(path: &Path) -> Result<Vec<u8>> {
         .map_err(|e| match e.raw_os_error() {
             Some(libc::ELOOP) => Error::State(format!(
                 "{} is a symlink; cohort never follows it",
-                path.display()
+                file_name(path)
             )),
             _ => Error::Io {
                 action: "read",
@@ -230,12 +230,37 @@ pub fn read_regular(path: &Path) -> Result<Vec<u8>> {
     if !meta.is_file() {
         return Err(Error::State(format!(
             "{} is not a regular file",
-            path.display()
+            file_name(path)
         )));
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize + 1);
     f.read_to_end(&mut bytes).at("read", path)?;
     Ok(bytes)
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// The one-line reason shown in a listing's error row: the error without the run dir's path
+/// (the row already names the run).
+pub fn reason(e: &Error) -> String {
+    match e {
+        Error::Io {
+            action,
+            path,
+            source,
+        } => format!("cannot {action} {}: {source}", file_name(path)),
+        Error::Json { path, source } => format!("invalid JSON in {}: {source}", file_name(path)),
+        Error::NewerFormat {
+            found, supported, ..
+        } => format!(
+            "format version {found} is newer than this cohort understands ({supported}); upgrade cohort"
+        ),
+        other => other.to_string(),
+    }
 }
 
 /// Observe a found run: refuse entries that cannot be runs, read legacy records read-only, and
