@@ -1,10 +1,11 @@
 //! Which runs a listing shows, and reading only those (issue 4, "scale").
 //!
-//! The default listing shows the newest `--limit` top-level runs, plus every older run that is
-//! still in progress (its runner holds the lock, or it is a `queued` run still starting), so a
-//! long job never scrolls out of view. It reads the records it shows, the records the index
-//! lists as active or broken (so lost runners are reconciled and repaired records noticed), and
-//! nothing else: the names come from the tail of the index ([`crate::index`]).
+//! The default listing shows the newest `--limit` top-level runs and reads exactly those
+//! records: the names come from the tail of the index ([`crate::index`]), so its cost does not
+//! grow with history, nor with the number of runs in progress. Older runs the index last saw in
+//! progress are only counted ([`Listing::older_active`]; the binary mentions them on a
+//! terminal); `--state running` (or `queued`) lists them by reading just the runs the index
+//! holds as active, and reconciles the lost ones.
 //!
 //! Filters narrow the rows: `--state` (any of), `--since` (started at or after now − since).
 //! With filters, runs the index knows to be terminal are skipped without being read when they
@@ -23,7 +24,7 @@ use crate::index::{Entry, EntryKind, Known, Outcome, View};
 use crate::layout::StateRoot;
 use crate::record::{now_ms, RunState};
 use crate::render::Row;
-use crate::status::{self, Found, Judgement, Observed, Origin};
+use crate::status::{self, Found, Observed, Origin};
 
 /// What to list.
 #[derive(Clone, Debug, Default)]
@@ -32,8 +33,7 @@ pub struct ListOptions {
     pub states: Vec<RunState>,
     /// Only runs started at most this long ago.
     pub since: Option<Duration>,
-    /// At most this many runs (0: no limit); in-progress runs beyond it are still shown when no
-    /// filter is given.
+    /// At most this many runs (0: no limit).
     pub limit: usize,
     /// Include nested and legacy runs.
     pub all: bool,
@@ -114,8 +114,18 @@ fn top_cand(root: &StateRoot, e: &Entry) -> Cand {
     }
 }
 
+/// What a listing found.
+#[derive(Debug)]
+pub struct Listing {
+    /// The rows, newest first (with `--tree`, each run's nested runs follow it).
+    pub rows: Vec<Row>,
+    /// Top-level runs older than the shown ones that the index last saw in progress (not read;
+    /// 0 when filters were given or nothing was cut off).
+    pub older_active: usize,
+}
+
 /// List runs per `opts`, reading as little as the options allow.
-pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Vec<Row>> {
+pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
     let now = now_ms();
     let cutoff = opts.since.map(|d| now.saturating_sub(d.as_millis() as u64));
     let filtered = !opts.states.is_empty() || cutoff.is_some();
@@ -217,34 +227,11 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Vec<Row>> {
         }
     }
 
-    // In-progress runs beyond the limit, and a refresh of the active and broken entries.
-    if !filtered {
-        let extra: Vec<Found> = view
-            .active
-            .iter()
-            .filter(|id| !seen.contains(*id))
-            .map(|id| top_cand(root, &dir_entry(id)).found)
-            .chain(
-                view.broken
-                    .iter()
-                    .filter(|e| !seen.contains(&e.display_name()))
-                    .map(|e| status::found_in(&root.runs_dir(), e, Origin::TopLevel)),
-            )
-            .collect();
-        let obs = status::par_map(&extra, observe_row);
-        for (f, o) in extra.into_iter().zip(obs) {
-            view.note(file_name(&f), outcome_of(&o));
-            let in_progress = matches!(
-                &o,
-                Ok(o) if matches!(o.judgement, Judgement::Alive | Judgement::Starting)
-            );
-            if in_progress {
-                let time = id_time(&f.id).unwrap_or(0);
-                rows.push((time, Row::new(f.id, f.origin, o)));
-            }
-        }
-        rows.sort_by(|a, b| (b.0, &b.1.id).cmp(&(a.0, &a.1.id)));
-    }
+    let older_active = if filtered {
+        0
+    } else {
+        view.active.iter().filter(|id| !seen.contains(*id)).count()
+    };
     view.save();
 
     let mut out: Vec<Row> = Vec::with_capacity(rows.len());
@@ -258,7 +245,10 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Vec<Row>> {
             out.extend(subtree_rows(root, &id)?);
         }
     }
-    Ok(out)
+    Ok(Listing {
+        rows: out,
+        older_active,
+    })
 }
 
 fn dir_entry(id: &str) -> Entry {
@@ -372,6 +362,7 @@ fn walk(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::status::Judgement;
 
     #[test]
     fn uuid_v7_time() {

@@ -4,6 +4,7 @@
 //! [`cohort_common::doctor`] and [`cohort_common::render`]: stdout is data only, stderr is
 //! everything else, a closed pipe exits 0 (see [`cohort_common::cli`]).
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -56,8 +57,7 @@ struct Args {
     /// failures (default 24h).
     #[arg(long, value_parser = duration::parse)]
     since: Option<Duration>,
-    /// List at most this many runs, newest first (0: all). Runs still in progress are listed
-    /// even beyond the limit when no filter is given.
+    /// List at most this many runs, newest first (0: all).
     #[arg(long, default_value_t = 50)]
     limit: usize,
     /// Include nested runs and legacy (pi-subagents) runs in the listing.
@@ -192,7 +192,14 @@ fn list(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
         all: args.all,
         tree: args.tree,
     };
-    let rows = listing::list(root, &opts)?;
+    let listing = listing::list(root, &opts)?;
+    let rows = listing.rows;
+    if listing.older_active > 0 && std::io::stderr().is_terminal() {
+        eprintln!(
+            "cohort-status: {} older run(s) were in progress when last seen; cohort-status --state running --state queued lists them",
+            listing.older_active
+        );
+    }
     if args.json {
         // Written in pieces so a long listing streams and a closed pipe stops it early.
         let mut text = String::with_capacity(64 * 1024);
