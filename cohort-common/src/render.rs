@@ -376,3 +376,47 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour_allowed(None, true));
+        assert!(colour_allowed(Some(OsStr::new("")), true));
+        assert!(!colour_allowed(Some(OsStr::new("1")), true));
+        assert!(!colour_allowed(None, false));
+    }
+
+    #[test]
+    fn json_line_splices_listing_fields_into_the_record() {
+        let rec = RunRecord::queued(
+            "01a22a44-9e62-7266-ab9d-e5b500ee829c",
+            crate::record::RunMode::Single,
+        );
+        let row = Row::new(
+            rec.run_id.clone(),
+            Origin::Nested { root: "r".into() },
+            Ok(Observed {
+                record: rec,
+                judgement: Judgement::Unresolved,
+                liveness: Liveness::Free,
+            }),
+        );
+        let v: serde_json::Value = serde_json::from_str(&json_line(&row)).unwrap();
+        assert_eq!(v["shortId"], "e5b500ee829c");
+        assert_eq!(v["origin"], "nested");
+        assert_eq!(v["unresolved"], true);
+        assert_eq!(v["live"], false);
+        assert_eq!(v["state"], "queued");
+        let err = Row::new("x".into(), Origin::TopLevel, Err("bad".into()));
+        let v: serde_json::Value = serde_json::from_str(&json_line(&err)).unwrap();
+        assert_eq!(
+            (v["runId"].as_str(), v["error"].as_str()),
+            (Some("x"), Some("bad"))
+        );
+        assert!(table(&[err], true).contains("\x1b[31merror\x1b[0m"));
+    }
+}
