@@ -244,7 +244,7 @@ enum Names {
 pub struct View {
     /// Number of entries in the runs directory.
     pub total: usize,
-    /// Runs last seen non-terminal, in name order.
+    /// Runs last seen non-terminal, sorted by name.
     pub active: Vec<String>,
     /// Entries last seen unreadable as runs, in name order.
     pub broken: Vec<Entry>,
@@ -430,9 +430,14 @@ impl View {
 
     /// Record what a reader found for `name` (a top-level entry), so the next listing knows.
     pub fn note(&mut self, name: &OsStr, outcome: Outcome) {
+        // Both lists are kept sorted by name: binary searches keep a listing's cost independent
+        // of how many runs are active.
         let text = name.to_str();
-        let in_active = text.and_then(|t| self.active.iter().position(|a| a == t));
-        let in_broken = self.broken.iter().position(|e| e.name == name);
+        let in_active = text.and_then(|t| self.active.binary_search_by(|a| a.as_str().cmp(t)).ok());
+        let in_broken = self
+            .broken
+            .binary_search_by(|e| e.name.as_os_str().cmp(name))
+            .ok();
         match outcome {
             Outcome::Terminal(k) => {
                 let Some(id) = text else { return };
@@ -724,6 +729,8 @@ fn parse_active(bytes: &[u8]) -> Option<ActiveFile> {
             return None;
         }
     }
+    active.sort();
+    broken.sort_by(|a, b| a.name.cmp(&b.name));
     Some((stamp, active, broken))
 }
 
