@@ -8,14 +8,19 @@
 
 #![deny(missing_docs)]
 
+pub mod check;
 pub mod cli;
+pub mod doctor;
 pub mod duration;
 pub mod error;
 pub mod events;
 pub mod exit;
 pub mod fsutil;
 pub mod id;
+pub mod index;
 pub mod layout;
+pub mod legacy;
+pub mod listing;
 pub mod lock;
 pub mod pi;
 pub mod procinfo;

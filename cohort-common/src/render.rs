@@ -1,11 +1,17 @@
 //! How runs are printed: the table, the single-run view, and the JSON Lines form.
 //!
 //! One place owns all human output so the binaries stay thin and the formats are tested.
-//! `--json` prints one object per line: the stored record (camelCase, times in ms since the
-//! epoch) plus `shortId`, `origin` (`top`, `nested`), `live` (the runner lock is held) and
-//! `unresolved`; a record that cannot be read is `{"runId": …, "error": …}`.
+//! `--json` prints one object per line ([`json_line`]): the stored record (camelCase, times in
+//! ms since the epoch) plus `shortId`, `origin` (`top`, `nested`, `legacy`), `live` (the runner
+//! lock is held; probed only for records that are not terminal) and `unresolved`; a record that
+//! cannot be read is `{"runId": …, "origin": …, "error": …}`. `docs/format.md` documents it.
+//!
+//! Colour is used only for the state word of the table, only when the caller says stdout is a
+//! terminal and `NO_COLOR` is unset ([`use_colour`]).
 
-use serde_json::{json, Value};
+use std::io::IsTerminal;
+
+use serde_json::json;
 
 use crate::duration;
 use crate::layout::RunDir;
@@ -22,12 +28,59 @@ pub struct Row {
     pub origin: Origin,
     /// The observation, or the one-line reason it failed.
     pub observed: Result<Observed, String>,
+    /// Depth under a tree root (`--tree`): 0 for a listed run, 1 for its nested runs, ….
+    pub depth: usize,
+    /// For a row shown under its parent: the parent's flat step that started it.
+    pub parent_step: Option<usize>,
 }
 
-/// The state word shown for an observed run (`queued?` marks an unresolved queued run).
+impl Row {
+    /// A row at depth 0.
+    pub fn new(id: String, origin: Origin, observed: Result<Observed, String>) -> Row {
+        Row {
+            id,
+            origin,
+            observed,
+            depth: 0,
+            parent_step: None,
+        }
+    }
+}
+
+/// Whether to colour output: stdout is a terminal and `NO_COLOR` is unset or empty.
+pub fn use_colour() -> bool {
+    colour_allowed(
+        std::env::var_os("NO_COLOR").as_deref(),
+        std::io::stdout().is_terminal(),
+    )
+}
+
+/// The colour rule (pure): never when `NO_COLOR` is set to anything non-empty, never when
+/// stdout is not a terminal.
+pub fn colour_allowed(no_color: Option<&std::ffi::OsStr>, is_terminal: bool) -> bool {
+    is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+fn paint(word: &str, colour: bool) -> String {
+    if !colour {
+        return word.to_string();
+    }
+    let code = match word {
+        "complete" => "32",
+        "failed" | "lost" | "error" => "31",
+        "running" => "36",
+        "queued" | "queued?" => "33",
+        _ => "2",
+    };
+    format!("\x1b[{code}m{word}\x1b[0m")
+}
+
+/// The state word shown for an observed run: `queued?` marks an unresolved queued run, `lost`
+/// a `running` record that has no lock file (so it cannot be reconciled).
 pub fn state_word(o: &Observed) -> String {
     match o.judgement {
         Judgement::Unresolved => "queued?".to_string(),
+        Judgement::Lost => "lost".to_string(),
         _ => o.record.state.as_str().to_string(),
     }
 }
@@ -50,8 +103,10 @@ fn duration_of(r: &RunRecord, now: u64) -> String {
 }
 
 /// The table: ID, STATE, MODE, AGENT, AGE, DURATION, STEPS, TASK. Error rows show `error` and
-/// the reason in the TASK column.
-pub fn table(rows: &[Row]) -> String {
+/// the reason in the TASK column. Nested rows under a tree root are indented in the ID column
+/// and name their parent step; legacy and (flat) nested rows are marked in the TASK column.
+/// `colour` paints the state word (see [`use_colour`]).
+pub fn table(rows: &[Row], colour: bool) -> String {
     let now = now_ms();
     let mut cells: Vec<[String; 8]> = vec![[
         "ID".into(),
@@ -64,18 +119,30 @@ pub fn table(rows: &[Row]) -> String {
         "TASK".into(),
     ]];
     for row in rows {
-        let short = crate::id::short_of(&row.id).to_string();
+        let mut short = crate::id::short_of(&row.id).to_string();
+        if row.depth > 0 {
+            short = format!("{}└ {short}", "  ".repeat(row.depth - 1));
+        }
+        let mut marks = String::new();
+        if let Some(step) = row.parent_step.filter(|_| row.depth > 0) {
+            marks.push_str(&format!("step {step} ▸ "));
+        }
+        match row.origin {
+            Origin::Legacy => marks.push_str("(legacy) "),
+            Origin::Nested { .. } if row.depth == 0 => marks.push_str("(nested) "),
+            _ => {}
+        }
         cells.push(match &row.observed {
             Ok(o) => {
                 let r = &o.record;
-                let mut task = r.task_summary(60);
+                let mut task = format!("{marks}{}", r.task_summary(60));
                 if o.judgement == Judgement::Unresolved {
-                    task = format!("(no runner; start a new run) {task}");
+                    task = format!("{marks}(no runner; start a new run) {}", r.task_summary(60));
                 }
                 [
                     short,
                     state_word(o),
-                    format!("{:?}", r.mode).to_lowercase(),
+                    mode_word(r),
                     r.steps.first().map(|s| s.agent.clone()).unwrap_or_default(),
                     r.started_at
                         .map(|s| duration::age(now.saturating_sub(s)))
@@ -93,7 +160,7 @@ pub fn table(rows: &[Row]) -> String {
                 "-".into(),
                 "-".into(),
                 "-".into(),
-                crate::record::summarize(e, 100),
+                format!("{marks}{}", crate::record::summarize(e, 100)),
             ],
         });
     }
@@ -107,13 +174,15 @@ pub fn table(rows: &[Row]) -> String {
         })
         .collect();
     let mut out = String::new();
-    for r in &cells {
+    for (i, r) in cells.iter().enumerate() {
         let mut line = String::new();
         for (c, cell) in r.iter().enumerate() {
-            if c == 7 {
-                line.push_str(cell);
+            if c == 1 && i > 0 {
+                line.push_str(&paint(cell, colour));
             } else {
                 line.push_str(cell);
+            }
+            if c != 7 {
                 line.push_str(&" ".repeat(widths[c] - cell.chars().count() + 2));
             }
         }
@@ -123,40 +192,60 @@ pub fn table(rows: &[Row]) -> String {
     out
 }
 
-/// One JSON Lines entry for a row.
-pub fn json_row(row: &Row) -> Value {
+fn mode_word(r: &RunRecord) -> String {
+    format!("{:?}", r.mode).to_lowercase()
+}
+
+/// One JSON Lines entry for a row, without the newline. The record is serialized once and the
+/// listing fields are spliced in front, so a full listing costs one serialization per run.
+pub fn json_line(row: &Row) -> String {
     match &row.observed {
         Ok(o) => {
-            let mut v = serde_json::to_value(&o.record).unwrap_or(Value::Null);
-            if let Value::Object(map) = &mut v {
-                map.insert("shortId".into(), json!(crate::id::short_of(&row.id)));
-                map.insert(
-                    "origin".into(),
-                    json!(match row.origin {
-                        Origin::TopLevel => "top",
-                        Origin::Nested { .. } => "nested",
-                    }),
-                );
-                map.insert("live".into(), json!(o.liveness == Liveness::Held));
-                map.insert(
-                    "unresolved".into(),
-                    json!(o.judgement == Judgement::Unresolved),
-                );
+            let rec = serde_json::to_string(&o.record).unwrap_or_else(|_| "{}".into());
+            let mut s = String::with_capacity(rec.len() + 128);
+            s.push_str(&format!(
+                "{{\"shortId\":{},\"origin\":\"{}\",\"live\":{},\"unresolved\":{}",
+                json!(crate::id::short_of(&row.id)),
+                row.origin.word(),
+                o.liveness == Liveness::Held,
+                o.judgement == Judgement::Unresolved
+            ));
+            match rec.strip_prefix('{') {
+                Some(rest) if rest != "}" => {
+                    s.push(',');
+                    s.push_str(rest);
+                }
+                _ => s.push('}'),
             }
-            v
+            s
         }
-        Err(e) => json!({"runId": row.id, "error": e}),
+        Err(e) => json!({"runId": row.id, "origin": row.origin.word(), "error": e}).to_string(),
     }
 }
 
-/// The single-run view: header, runtime, steps, paths.
-pub fn show(dir: &RunDir, o: &Observed) -> String {
+/// The single-run view: header, runtime, steps, nested children (rows from
+/// [`crate::listing::subtree_rows`]), paths.
+pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> String {
     let r = &o.record;
     let now = now_ms();
     let mut s = String::new();
     let line = |s: &mut String, k: &str, v: String| s.push_str(&format!("{k:<12} {v}\n"));
     line(&mut s, "run", r.run_id.clone());
     line(&mut s, "state", state_word(o));
+    if *origin == Origin::Legacy {
+        line(
+            &mut s,
+            "origin",
+            "legacy pi-subagents record (read-only: never reconciled, rewritten or revived)".into(),
+        );
+    }
+    if o.judgement == Judgement::Lost {
+        line(
+            &mut s,
+            "note",
+            "the record says running but there is no runner lock file: no runner can exist".into(),
+        );
+    }
     if o.judgement == Judgement::Unresolved {
         line(
             &mut s,
@@ -164,7 +253,7 @@ pub fn show(dir: &RunDir, o: &Observed) -> String {
             "queued, but no runner ever took it: it will not run; start a new run".into(),
         );
     }
-    line(&mut s, "mode", format!("{:?}", r.mode).to_lowercase());
+    line(&mut s, "mode", mode_word(r));
     if let Some(e) = &r.error {
         line(&mut s, "error", e.clone());
     }
@@ -262,9 +351,72 @@ pub fn show(dir: &RunDir, o: &Observed) -> String {
             s.push_str(&format!("      | {l}\n"));
         }
     }
+    if !children.is_empty() {
+        s.push_str("nested runs:\n");
+        for c in children {
+            let indent = "  ".repeat(c.depth);
+            let step = c
+                .parent_step
+                .map(|p| format!("step {p}"))
+                .unwrap_or_else(|| "step ?".into());
+            match &c.observed {
+                Ok(co) => s.push_str(&format!(
+                    "{indent}{} {:<9} from {step}  {}\n",
+                    c.id,
+                    state_word(co),
+                    co.record.task_summary(60)
+                )),
+                Err(e) => s.push_str(&format!("{indent}{} error     {e}\n", c.id)),
+            }
+        }
+    }
     s.push_str("paths:\n");
     for (k, p) in crate::status::paths_of(dir) {
         s.push_str(&format!("  {k:<11} {}\n", p.display()));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour_allowed(None, true));
+        assert!(colour_allowed(Some(OsStr::new("")), true));
+        assert!(!colour_allowed(Some(OsStr::new("1")), true));
+        assert!(!colour_allowed(None, false));
+    }
+
+    #[test]
+    fn json_line_splices_listing_fields_into_the_record() {
+        let rec = RunRecord::queued(
+            "01a22a44-9e62-7266-ab9d-e5b500ee829c",
+            crate::record::RunMode::Single,
+        );
+        let row = Row::new(
+            rec.run_id.clone(),
+            Origin::Nested { root: "r".into() },
+            Ok(Observed {
+                record: rec,
+                judgement: Judgement::Unresolved,
+                liveness: Liveness::Free,
+            }),
+        );
+        let v: serde_json::Value = serde_json::from_str(&json_line(&row)).unwrap();
+        assert_eq!(v["shortId"], "e5b500ee829c");
+        assert_eq!(v["origin"], "nested");
+        assert_eq!(v["unresolved"], true);
+        assert_eq!(v["live"], false);
+        assert_eq!(v["state"], "queued");
+        let err = Row::new("x".into(), Origin::TopLevel, Err("bad".into()));
+        let v: serde_json::Value = serde_json::from_str(&json_line(&err)).unwrap();
+        assert_eq!(
+            (v["runId"].as_str(), v["error"].as_str()),
+            (Some("x"), Some("bad"))
+        );
+        assert!(table(&[err], true).contains("\x1b[31merror\x1b[0m"));
+    }
 }

@@ -1,23 +1,33 @@
-//! Reading runs: discovery, reconciliation, waiting and output (DESIGN §4, §10).
+//! Reading runs: discovery, reconciliation, waiting, following and output (DESIGN §4, §10).
 //!
-//! The decisions are pure functions over data ([`judge`]); the I/O around them is separate.
-//! A stored terminal state is trusted as it is. Only a `running` record is reconciled: if its
-//! runner lock is free, it is rewritten `failed` ("runner lost") under the lock, with an event
-//! appended ([`reconcile`]). A `queued` record is never rewritten. A pid alone never proves
-//! life or death.
+//! The decisions are pure functions over data ([`judge`], [`crate::index::entry_problem`]); the
+//! I/O around them is separate. A stored terminal state is trusted as it is. Only a `running`
+//! record is reconciled: if its runner lock is free, it is rewritten `failed` ("runner lost")
+//! under the lock, with an event appended ([`reconcile`]). A `queued` record is never
+//! rewritten. A pid alone never proves life or death: the lock decides, so an unrelated process
+//! that happens to own the recorded pid changes nothing.
+//!
+//! Records are read without following symlinks and only from regular files ([`read_record`]):
+//! a run dir that is a symlink, a `status.json` that is a fifo or a directory, is an error row,
+//! never a hang and never a read through a link. Legacy records ([`crate::legacy`]) are read
+//! through their own parser and are never reconciled or probed.
 
-use std::path::PathBuf;
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, IoContext, Result};
 use crate::events;
 use crate::id;
+use crate::index::{self, EntryKind};
 use crate::layout::{RunDir, StateRoot};
+use crate::legacy;
 use crate::lock::{self, Liveness, RunLock};
-use crate::record::{self, now_ms, RunRecord, RunState, StepStatus};
+use crate::record::{self, now_ms, RunRecord, RunState, StepStatus, FORMAT_VERSION};
 
 /// The error text of a reconciled run whose runner disappeared.
 pub const RUNNER_LOST: &str = "runner lost";
@@ -35,6 +45,19 @@ pub enum Origin {
         /// The root run id.
         root: String,
     },
+    /// A pi-subagents record in a legacy runs directory (read-only).
+    Legacy,
+}
+
+impl Origin {
+    /// The word used in listings and `--json`: `top`, `nested` or `legacy`.
+    pub fn word(&self) -> &'static str {
+        match self {
+            Origin::TopLevel => "top",
+            Origin::Nested { .. } => "nested",
+            Origin::Legacy => "legacy",
+        }
+    }
 }
 
 /// A run directory found on disk.
@@ -44,8 +67,19 @@ pub struct Found {
     pub dir: RunDir,
     /// Its id (directory name).
     pub id: String,
-    /// Top-level or nested.
+    /// Top-level, nested or legacy.
     pub origin: Origin,
+    /// What the directory entry is (a run needs a real directory).
+    pub kind: EntryKind,
+}
+
+impl Found {
+    /// Why this entry cannot be read as a run, if it cannot (see
+    /// [`crate::index::entry_problem`]).
+    pub fn problem(&self) -> Option<String> {
+        let name = self.dir.path().file_name().unwrap_or_default();
+        index::entry_problem(name, self.kind)
+    }
 }
 
 /// What a reader should believe about a run (pure: see [`judge`]).
@@ -63,6 +97,9 @@ pub enum Judgement {
     Unresolved,
     /// A state word this binary does not know.
     Unknown,
+    /// A legacy record in a non-terminal state: it has no lock, so nothing can prove the run
+    /// alive or dead; it is shown as stored, never reconciled.
+    Legacy,
 }
 
 /// Judge a record from its state, the lock probe and its age in ms (pure).
@@ -77,68 +114,63 @@ pub fn judge(state: RunState, liveness: Liveness, age_ms: u64) -> Judgement {
     }
 }
 
-/// Every top-level run dir, sorted by id (creation order for UUIDv7 ids).
+/// Every top-level run dir entry, sorted by id (creation order for UUIDv7 ids). Entries that
+/// cannot be runs (symlinks, files, odd names) are included; [`Found::problem`] says why.
 pub fn top_level(root: &StateRoot) -> Result<Vec<Found>> {
     list_dir(&root.runs_dir(), Origin::TopLevel)
 }
 
-/// Every nested run dir of every tree.
+/// Every nested run dir of every tree, sorted by id.
 pub fn nested(root: &StateRoot) -> Result<Vec<Found>> {
     let mut out = Vec::new();
-    let base = root.nested_root();
-    let rd = match std::fs::read_dir(&base) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => {
-            return Err(Error::Io {
-                action: "list",
-                path: base,
-                source: e,
-            })
-        }
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') {
+    for tree in index::read_entries(&root.nested_root())? {
+        // A tree dir that is a symlink or a file is never entered.
+        let (Some(name), EntryKind::Dir) = (tree.name.to_str(), tree.kind) else {
             continue;
-        }
-        out.extend(list_dir(&e.path(), Origin::Nested { root: name })?);
+        };
+        out.extend(nested_of(root, name)?);
     }
     out.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(out)
 }
 
-fn list_dir(path: &std::path::Path, origin: Origin) -> Result<Vec<Found>> {
-    let rd = match std::fs::read_dir(path) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => {
-            return Err(Error::Io {
-                action: "list",
-                path: path.to_path_buf(),
-                source: e,
-            })
-        }
-    };
-    let mut out: Vec<Found> = rd
-        .flatten()
-        .filter_map(|e| {
-            let id = e.file_name().to_string_lossy().into_owned();
-            (!id.starts_with('.')).then(|| Found {
-                dir: RunDir::new(e.path()),
-                id,
-                origin: origin.clone(),
-            })
-        })
-        .collect();
-    out.sort_by(|a, b| a.id.cmp(&b.id));
-    Ok(out)
+/// The nested runs of one tree (`R/nested-subagent-runs/<root_id>/`), sorted by id.
+pub fn nested_of(root: &StateRoot, root_id: &str) -> Result<Vec<Found>> {
+    list_dir(
+        &root.nested_runs_dir(root_id),
+        Origin::Nested {
+            root: root_id.to_string(),
+        },
+    )
 }
 
-/// Find one run by name (full id, short id or unique prefix), top-level or nested.
+/// Every run in the legacy runs directory ([`legacy::runs_dir`]), in name order.
+pub fn legacy_runs() -> Result<Vec<Found>> {
+    list_dir(&legacy::runs_dir(), Origin::Legacy)
+}
+
+fn list_dir(path: &Path, origin: Origin) -> Result<Vec<Found>> {
+    Ok(index::read_entries(path)?
+        .into_iter()
+        .map(|e| found_in(path, &e, origin.clone()))
+        .collect())
+}
+
+/// The [`Found`] for entry `e` of directory `parent`.
+pub fn found_in(parent: &Path, e: &index::Entry, origin: Origin) -> Found {
+    Found {
+        dir: RunDir::new(parent.join(&e.name)),
+        id: e.display_name(),
+        origin,
+        kind: e.kind,
+    }
+}
+
+/// Find one run by name (full id, short id or unique prefix), top-level, nested or legacy.
 pub fn find(root: &StateRoot, name: &str) -> Result<Found> {
     let mut all = top_level(root)?;
     all.extend(nested(root)?);
+    all.extend(legacy_runs()?);
     let picked = id::resolve(name, all.iter().map(|f| f.id.as_str()))?;
     Ok(all
         .into_iter()
@@ -157,9 +189,120 @@ pub struct Observed {
     pub liveness: Liveness,
 }
 
-/// Load a run, probing its lock, and reconcile it if its runner is lost.
+/// Read a `status.json` the way every reader must: without following a symlink, only from a
+/// regular file (a fifo is never opened for a blocking read), refusing a newer format version.
+/// Errors: [`Error::Io`], [`Error::Json`], [`Error::NewerFormat`], [`Error::State`] (not a
+/// regular file).
+pub fn read_record(path: &Path) -> Result<RunRecord> {
+    let bytes = read_regular(path)?;
+    let rec: RunRecord = serde_json::from_slice(&bytes).map_err(|source| Error::Json {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if rec.format_version > FORMAT_VERSION {
+        return Err(Error::NewerFormat {
+            path: path.to_path_buf(),
+            found: rec.format_version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    Ok(rec)
+}
+
+/// The bytes of a regular file, opened with `O_NOFOLLOW | O_NONBLOCK`.
+pub fn read_regular(path: &Path) -> Result<Vec<u8>> {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => Error::State(format!(
+                "{} is a symlink; cohort never follows it",
+                file_name(path)
+            )),
+            _ => Error::Io {
+                action: "read",
+                path: path.to_path_buf(),
+                source: e,
+            },
+        })?;
+    let meta = f.metadata().at("stat", path)?;
+    if !meta.is_file() {
+        return Err(Error::State(format!(
+            "{} is not a regular file",
+            file_name(path)
+        )));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize + 1);
+    f.read_to_end(&mut bytes).at("read", path)?;
+    Ok(bytes)
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// The one-line reason shown in a listing's error row: the error without the run dir's path
+/// (the row already names the run).
+pub fn reason(e: &Error) -> String {
+    match e {
+        Error::Io {
+            action,
+            path,
+            source,
+        } => format!("cannot {action} {}: {source}", file_name(path)),
+        Error::Json { path, source } => format!("invalid JSON in {}: {source}", file_name(path)),
+        Error::NewerFormat {
+            found, supported, ..
+        } => format!(
+            "format version {found} is newer than this cohort understands ({supported}); upgrade cohort"
+        ),
+        other => other.to_string(),
+    }
+}
+
+/// Observe a found run: refuse entries that cannot be runs, read legacy records read-only, and
+/// [`observe`] the others.
+pub fn observe_found(f: &Found) -> Result<Observed> {
+    if let Some(p) = f.problem() {
+        return Err(Error::State(p));
+    }
+    match f.origin {
+        Origin::Legacy => observe_legacy(&f.dir),
+        _ => observe(&f.dir),
+    }
+}
+
+/// Read a legacy record: never probed, never reconciled.
+pub fn observe_legacy(dir: &RunDir) -> Result<Observed> {
+    let path = dir.status();
+    let rec = legacy::parse(&read_regular(&path)?, &dir.name(), &path)?;
+    let judgement = if rec.state.is_terminal() {
+        Judgement::Trusted
+    } else {
+        Judgement::Legacy
+    };
+    Ok(Observed {
+        record: rec,
+        judgement,
+        liveness: Liveness::NoLockFile,
+    })
+}
+
+/// Load a run, probe its lock (records that are not terminal only: a terminal state is trusted
+/// whatever the lock says, so its liveness is reported `Free` unprobed), and reconcile it if
+/// its runner is lost.
 pub fn observe(dir: &RunDir) -> Result<Observed> {
-    let rec = record::load(&dir.status())?;
+    let rec = read_record(&dir.status())?;
+    if rec.state.is_terminal() {
+        return Ok(Observed {
+            record: rec,
+            judgement: Judgement::Trusted,
+            liveness: Liveness::Free,
+        });
+    }
     let liveness = lock::probe(&dir.lock())?;
     let age = now_ms().saturating_sub(rec.started_at.unwrap_or(0));
     let judgement = judge(rec.state, liveness, age);
@@ -172,11 +315,43 @@ pub fn observe(dir: &RunDir) -> Result<Observed> {
                 liveness,
             });
         }
+        // The lock was taken between the probe and the reconcile: a runner is alive.
+        let rec = read_record(&dir.status())?;
+        let liveness = lock::probe(&dir.lock())?;
+        return Ok(Observed {
+            judgement: judge(rec.state, liveness, age),
+            record: rec,
+            liveness,
+        });
     }
     Ok(Observed {
         record: rec,
         judgement,
         liveness,
+    })
+}
+
+/// Apply `f` to every item, on up to 4 threads when there are many (order kept). Reading
+/// thousands of small records is latency-bound, so a few threads help even on 2 cores.
+pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 4);
+    if items.len() < 512 || threads == 1 {
+        return items.iter().map(f).collect();
+    }
+    let chunk = items.len().div_ceil(threads);
+    let f = &f;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items
+            .chunks(chunk)
+            .map(|c| s.spawn(move || c.iter().map(f).collect::<Vec<R>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("reader thread panicked"))
+            .collect()
     })
 }
 
@@ -221,13 +396,16 @@ pub enum WaitOutcome {
 /// A running run is waited on with a blocking shared lock on its runner lock, so the kernel
 /// wakes the waiter when the runner exits: no polling. Only a run still `queued` (its runner
 /// is starting) is re-checked every 50 ms.
-pub fn wait(dirs: Vec<RunDir>, timeout: Option<Duration>) -> Result<WaitOutcome> {
+///
+/// A legacy record is never waited on: it has no lock and nothing will ever change it, so its
+/// stored state is the answer.
+pub fn wait(runs: Vec<Found>, timeout: Option<Duration>) -> Result<WaitOutcome> {
     let (tx, rx) = mpsc::channel();
-    let n = dirs.len();
-    for dir in dirs {
+    let n = runs.len();
+    for found in runs {
         let tx = tx.clone();
         std::thread::spawn(move || {
-            let _ = tx.send(wait_one(&dir).map(|s| (dir.name(), s)));
+            let _ = tx.send(wait_one(&found).map(|s| (found.id.clone(), s)));
         });
     }
     let deadline = timeout.map(|t| Instant::now() + t);
@@ -245,11 +423,12 @@ pub fn wait(dirs: Vec<RunDir>, timeout: Option<Duration>) -> Result<WaitOutcome>
     Ok(WaitOutcome::Done(done))
 }
 
-fn wait_one(dir: &RunDir) -> Result<RunState> {
+fn wait_one(found: &Found) -> Result<RunState> {
+    let dir = &found.dir;
     loop {
-        let obs = observe(dir)?;
+        let obs = observe_found(found)?;
         match obs.judgement {
-            Judgement::Trusted | Judgement::Unresolved | Judgement::Unknown => {
+            Judgement::Trusted | Judgement::Unresolved | Judgement::Unknown | Judgement::Legacy => {
                 return Ok(obs.record.state)
             }
             Judgement::Lost => {
@@ -257,9 +436,85 @@ fn wait_one(dir: &RunDir) -> Result<RunState> {
                 return Ok(obs.record.state);
             }
             Judgement::Alive => lock::wait_released(&dir.lock())?,
+            // A runner holds the lock but has not published `running` yet: wait on the lock.
+            Judgement::Starting if obs.liveness.is_alive() => lock::wait_released(&dir.lock())?,
             Judgement::Starting => std::thread::sleep(Duration::from_millis(50)),
         }
     }
+}
+
+/// Stream a run's output logs (`output-<i>.log`) to `out` as they grow, like `tail -f`, until
+/// the run ends; returns its final state. Steps appear as they start; when the run has more
+/// than one step, a `==> step <i> (<label>) <==` line heads each switch between logs. Lines are
+/// written whole while the run lives; what remains is flushed at the end. The record is checked
+/// every `poll`; the logs are read after the record, so once the record is terminal the last
+/// read holds everything the runner wrote.
+pub fn follow(
+    found: &Found,
+    poll: Duration,
+    out: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+) -> Result<RunState> {
+    let mut offsets: Vec<u64> = Vec::new();
+    let mut current: Option<usize> = None;
+    loop {
+        let obs = observe_found(found)?;
+        let done = !matches!(obs.judgement, Judgement::Alive | Judgement::Starting);
+        let steps = &obs.record.steps;
+        if offsets.len() < steps.len() {
+            offsets.resize(steps.len(), 0);
+        }
+        for (i, off) in offsets.iter_mut().enumerate() {
+            let path = found.dir.output_log(i);
+            let Ok(bytes) = read_from(&path, *off) else {
+                continue;
+            };
+            let take = if done {
+                bytes.len()
+            } else {
+                bytes.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1)
+            };
+            if take == 0 {
+                continue;
+            }
+            if steps.len() > 1 && current != Some(i) {
+                let label = steps.get(i).map(|s| s.agent.as_str()).unwrap_or("");
+                out(format!("==> step {i} ({label}) <==\n").as_bytes()).map_err(io_err)?;
+            }
+            current = Some(i);
+            out(&bytes[..take]).map_err(io_err)?;
+            if done && !bytes[..take].ends_with(b"\n") {
+                out(b"\n").map_err(io_err)?;
+            }
+            *off += take as u64;
+        }
+        if done {
+            return Ok(obs.record.state);
+        }
+        std::thread::sleep(poll);
+    }
+}
+
+fn io_err(e: std::io::Error) -> Error {
+    Error::Io {
+        action: "write",
+        path: PathBuf::from("<stdout>"),
+        source: e,
+    }
+}
+
+fn read_from(path: &Path, offset: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Ok(Vec::new());
+    }
+    f.seek(SeekFrom::Start(offset))?;
+    let mut v = Vec::new();
+    f.read_to_end(&mut v)?;
+    Ok(v)
 }
 
 /// The final assistant text of a step (`None` step: the last step). Errors when the step does
@@ -392,8 +647,14 @@ mod tests {
         let root = StateRoot::for_profile(t.path());
         let dir = make_run(&root, RunState::Running);
         let held = RunLock::acquire(&dir.lock(), Duration::from_millis(10)).unwrap();
+        let found = Found {
+            dir: dir.clone(),
+            id: dir.name(),
+            origin: Origin::TopLevel,
+            kind: EntryKind::Dir,
+        };
         assert_eq!(
-            wait(vec![dir.clone()], Some(Duration::from_millis(100))).unwrap(),
+            wait(vec![found.clone()], Some(Duration::from_millis(100))).unwrap(),
             WaitOutcome::TimedOut
         );
         let d2 = dir.clone();
@@ -403,7 +664,7 @@ mod tests {
             record::store(&d2.status(), &r).unwrap();
             drop(held);
         });
-        let out = wait(vec![dir.clone()], Some(Duration::from_secs(10))).unwrap();
+        let out = wait(vec![found], Some(Duration::from_secs(10))).unwrap();
         finisher.join().unwrap();
         assert_eq!(
             out,

@@ -1,29 +1,35 @@
-//! `cohort-status`: list and explain runs, wait on them, print their output.
+//! `cohort-status`: list and explain runs, wait on them, follow them, check them from cron.
 //!
-//! Thin over [`cohort_common::status`] and [`cohort_common::render`]: stdout is data only,
-//! stderr is everything else, a closed pipe exits 0.
+//! Thin over [`cohort_common::listing`], [`cohort_common::status`], [`cohort_common::check`],
+//! [`cohort_common::doctor`] and [`cohort_common::render`]: stdout is data only, stderr is
+//! everything else, a closed pipe exits 0 (see [`cohort_common::cli`]).
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use cohort_common::layout::StateRoot;
+use cohort_common::listing::{self, ListOptions};
 use cohort_common::record::RunState;
 use cohort_common::render::{self, Row};
-use cohort_common::status::{self, Found, WaitOutcome};
-use cohort_common::{cli, duration, exit};
+use cohort_common::status::{self, WaitOutcome};
+use cohort_common::{check, cli, doctor, duration, exit};
 
-/// Inspect cohort runs: list them, show one, wait on them, print their output.
+/// Inspect cohort runs: list them, show one, wait on or follow them, check them from cron.
 #[derive(Parser)]
 #[command(
     version,
-    after_help = "Exit codes: 0 success; 1 a waited run did not complete (or no output yet); 2 usage or operational error; 124 --wait timed out."
+    after_help = "Exit codes: 0 success (a listing with unreadable records still exits 0; they \
+show as `error` rows); 1 a negative answer: a waited or followed run did not complete, --check \
+found problems, --doctor found a warning, --output has no text yet, --pid has no live runner; \
+2 usage or operational error; 124 --wait --timeout expired."
 )]
 struct Args {
     /// Runs to show or wait on (full id, short id, or a unique prefix of 8+ characters).
     ids: Vec<String>,
-    /// Print JSON Lines (one record per run) instead of a table.
+    /// Print JSON Lines (one object per run, or per problem with --check) instead of text.
     #[arg(long)]
     json: bool,
     /// Block until every named run has ended; exit 0 if all completed, 1 otherwise.
@@ -32,6 +38,9 @@ struct Args {
     /// With --wait: give up after this long (exit 124).
     #[arg(long, value_parser = duration::parse, requires = "wait")]
     timeout: Option<Duration>,
+    /// Stream a run's output logs live, like `tail -f`; exit 0 if it completes, 1 otherwise.
+    #[arg(long, value_name = "ID", conflicts_with_all = ["wait", "output", "pid", "check", "doctor"])]
+    follow: Option<String>,
     /// Print the final assistant text of a run (the last step, or --step N).
     #[arg(long)]
     output: bool,
@@ -44,12 +53,26 @@ struct Args {
     /// List only runs in this state (repeatable).
     #[arg(long, value_parser = parse_state)]
     state: Vec<RunState>,
-    /// List at most this many runs, newest first.
+    /// List only runs started within this long (e.g. 2h, 3d); with --check, the window for
+    /// failures (default 24h).
+    #[arg(long, value_parser = duration::parse)]
+    since: Option<Duration>,
+    /// List at most this many runs, newest first (0: all).
     #[arg(long, default_value_t = 50)]
     limit: usize,
-    /// Include nested runs in the listing.
+    /// Include nested runs and legacy (pi-subagents) runs in the listing.
     #[arg(long)]
     all: bool,
+    /// Show nested runs indented under the run and step that started them.
+    #[arg(long)]
+    tree: bool,
+    /// Cron check: print nothing and exit 0 when all is well, else one line per problem, exit 1.
+    #[arg(long, conflicts_with_all = ["wait", "output", "pid", "doctor"])]
+    check: bool,
+    /// Report the runtime that would be captured now, the state root, counts, legacy runs and
+    /// disk use.
+    #[arg(long, conflicts_with_all = ["wait", "output", "pid"])]
+    doctor: bool,
 }
 
 fn parse_state(s: &str) -> Result<RunState, String> {
@@ -64,19 +87,40 @@ fn main() -> ExitCode {
     }
 }
 
+fn usage(msg: &str) -> anyhow::Error {
+    cohort_common::Error::Usage(msg.into()).into()
+}
+
 fn run(args: Args) -> anyhow::Result<u8> {
     let root = StateRoot::from_env()?;
+    if args.check {
+        return check(&root, &args);
+    }
+    if args.doctor {
+        let report = doctor::doctor(&root)?;
+        if args.json {
+            cli::out(&format!("{}\n", serde_json::to_string(&report)?))?;
+        } else {
+            cli::out(&doctor::render(&report))?;
+        }
+        return Ok(if report.has_warnings() {
+            exit::NEGATIVE
+        } else {
+            exit::SUCCESS
+        });
+    }
+    if let Some(name) = &args.follow {
+        return follow(&root, name);
+    }
     if args.wait {
         return wait(&root, &args);
     }
     if args.output {
         let [name] = args.ids.as_slice() else {
-            anyhow::bail!(cohort_common::Error::Usage(
-                "--output takes exactly one run".into()
-            ));
+            return Err(usage("--output takes exactly one run"));
         };
         let found = status::find(&root, name)?;
-        let obs = status::observe(&found.dir)?;
+        let obs = status::observe_found(&found)?;
         return match status::final_text(&found.dir, &obs.record, args.step) {
             Ok(text) => {
                 cli::out(&text)?;
@@ -94,11 +138,16 @@ fn run(args: Args) -> anyhow::Result<u8> {
     }
     if args.pid {
         let [name] = args.ids.as_slice() else {
-            anyhow::bail!(cohort_common::Error::Usage(
-                "--pid takes exactly one run".into()
-            ));
+            return Err(usage("--pid takes exactly one run"));
         };
         let found = status::find(&root, name)?;
+        if found.origin == status::Origin::Legacy {
+            eprintln!(
+                "cohort-status: run {} is a legacy record; it has no runner cohort can vouch for",
+                found.id
+            );
+            return Ok(exit::NEGATIVE);
+        }
         return match status::live_runner_pid(&found.dir)? {
             Some(pid) => {
                 cli::out(&format!("{pid}\n"))?;
@@ -113,17 +162,21 @@ fn run(args: Args) -> anyhow::Result<u8> {
     if !args.ids.is_empty() {
         for name in &args.ids {
             let found = status::find(&root, name)?;
-            let obs = status::observe(&found.dir)
+            let obs = status::observe_found(&found)
                 .with_context(|| format!("cannot read run {}", found.id))?;
             if args.json {
-                let row = Row {
-                    id: found.id.clone(),
-                    origin: found.origin.clone(),
-                    observed: Ok(obs),
-                };
-                cli::out(&format!("{}\n", render::json_row(&row)))?;
+                let children = listing::descendants(&root, &obs.record)?;
+                let row = Row::new(found.id.clone(), found.origin.clone(), Ok(obs));
+                let mut text = render::json_line(&row);
+                text.push('\n');
+                for c in &children {
+                    text.push_str(&render::json_line(c));
+                    text.push('\n');
+                }
+                cli::out(&text)?;
             } else {
-                cli::out(&render::show(&found.dir, &obs))?;
+                let children = listing::descendants(&root, &obs.record)?;
+                cli::out(&render::show(&found.dir, &found.origin, &obs, &children))?;
             }
         }
         return Ok(exit::SUCCESS);
@@ -132,53 +185,87 @@ fn run(args: Args) -> anyhow::Result<u8> {
 }
 
 fn list(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
-    let mut found: Vec<Found> = status::top_level(root)?;
-    if args.all {
-        found.extend(status::nested(root)?);
-        found.sort_by(|a, b| a.id.cmp(&b.id));
-    }
-    let mut rows = Vec::new();
-    for f in found.into_iter().rev() {
-        if rows.len() >= args.limit {
-            break;
-        }
-        let observed = status::observe(&f.dir).map_err(|e| e.to_string());
-        if !args.state.is_empty() {
-            match &observed {
-                Ok(o) if args.state.contains(&o.record.state) => {}
-                _ => continue,
-            }
-        }
-        rows.push(Row {
-            id: f.id,
-            origin: f.origin,
-            observed,
-        });
+    let opts = ListOptions {
+        states: args.state.clone(),
+        since: args.since,
+        limit: args.limit,
+        all: args.all,
+        tree: args.tree,
+    };
+    let listing = listing::list(root, &opts)?;
+    let rows = listing.rows;
+    if listing.older_active > 0 && std::io::stderr().is_terminal() {
+        eprintln!(
+            "cohort-status: {} older run(s) were in progress when last seen; cohort-status --state running --state queued lists them",
+            listing.older_active
+        );
     }
     if args.json {
-        let mut text = String::new();
+        // Written in pieces so a long listing streams and a closed pipe stops it early.
+        let mut text = String::with_capacity(64 * 1024);
         for r in &rows {
-            text.push_str(&render::json_row(r).to_string());
+            text.push_str(&render::json_line(r));
             text.push('\n');
+            if text.len() >= 60 * 1024 {
+                cli::out(&text)?;
+                text.clear();
+            }
         }
         cli::out(&text)?;
     } else {
-        cli::out(&render::table(&rows))?;
+        cli::out(&render::table(&rows, render::use_colour()))?;
     }
     Ok(exit::SUCCESS)
 }
 
+fn check(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
+    if !args.ids.is_empty() {
+        return Err(usage("--check takes no run names; it checks every run"));
+    }
+    let problems = check::check(root, args.since.unwrap_or(check::DEFAULT_SINCE))?;
+    let mut text = String::new();
+    for p in &problems {
+        if args.json {
+            text.push_str(&serde_json::to_string(p)?);
+        } else {
+            text.push_str(&p.line());
+        }
+        text.push('\n');
+    }
+    cli::out(&text)?;
+    Ok(if problems.is_empty() {
+        exit::SUCCESS
+    } else {
+        exit::NEGATIVE
+    })
+}
+
+fn follow(root: &StateRoot, name: &str) -> anyhow::Result<u8> {
+    let found = status::find(root, name)?;
+    let mut write = |b: &[u8]| -> std::io::Result<()> {
+        use std::io::Write;
+        let mut o = std::io::stdout().lock();
+        o.write_all(b)?;
+        o.flush()
+    };
+    let state = status::follow(&found, Duration::from_millis(100), &mut write)?;
+    if state == RunState::Complete {
+        Ok(exit::SUCCESS)
+    } else {
+        eprintln!("cohort-status: run {} ended {}", found.id, state.as_str());
+        Ok(exit::NEGATIVE)
+    }
+}
+
 fn wait(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
     if args.ids.is_empty() {
-        anyhow::bail!(cohort_common::Error::Usage(
-            "--wait needs at least one run".into()
-        ));
+        return Err(usage("--wait needs at least one run"));
     }
-    let mut dirs = Vec::new();
+    let mut runs = Vec::new();
     for name in &args.ids {
-        dirs.push(status::find(root, name)?.dir);
+        runs.push(status::find(root, name)?);
     }
-    match status::wait(dirs, args.timeout)? {
+    match status::wait(runs, args.timeout)? {
         WaitOutcome::TimedOut => {
             eprintln!("cohort-status: timed out waiting");
             Ok(exit::TIMEOUT)

@@ -1,0 +1,308 @@
+//! `cohort-status --check`: the cron health check (issue 4).
+//!
+//! Silent and exit 0 when all is well; otherwise one line per problem and exit 1. A problem is:
+//!
+//! - `failed`: a run that failed within the window (`--since`, default 24 h), by `endedAt`;
+//! - `lost`: the same, when the failure is "runner lost" (reconciled now or earlier), or a
+//!   `running` record without any lock file (no runner can exist);
+//! - `unresolved`: a `queued` run that no runner took, older than [`UNRESOLVED_AFTER_MS`];
+//! - `runtime-gone`: a live `running` run whose recorded Node or Pi no longer validates
+//!   ([`crate::runtime::revalidate`]): its next step will fail;
+//! - `corrupt`: a record that cannot be read, or an entry that cannot be a run.
+//!
+//! The decision for one run is [`assess`], a pure function. [`check`] gathers the runs: the
+//! top-level ones through the index (known-terminal runs outside the window are not read), every
+//! nested run, and no legacy run (not ours to judge).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::index::{Outcome, View};
+use crate::layout::StateRoot;
+use crate::record::{now_ms, RunState};
+use crate::runtime::{self, Runtime};
+use crate::status::{self, Found, Judgement, Observed, Origin, RUNNER_LOST};
+
+/// The default window of `--check`: 24 h.
+pub const DEFAULT_SINCE: Duration = Duration::from_secs(24 * 3600);
+/// A `queued` run without a runner is a problem once it is this old (ms): 10 minutes.
+pub const UNRESOLVED_AFTER_MS: u64 = 10 * 60 * 1000;
+
+/// The kind of a problem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// Failed within the window.
+    Failed,
+    /// Its runner was lost.
+    Lost,
+    /// Queued, never started, older than 10 minutes.
+    Unresolved,
+    /// Running, but its recorded runtime is gone.
+    RuntimeGone,
+    /// Unreadable record or stray entry.
+    Corrupt,
+}
+
+impl Kind {
+    /// The word printed.
+    pub fn word(self) -> &'static str {
+        match self {
+            Kind::Failed => "failed",
+            Kind::Lost => "lost",
+            Kind::Unresolved => "unresolved",
+            Kind::RuntimeGone => "runtime-gone",
+            Kind::Corrupt => "corrupt",
+        }
+    }
+}
+
+/// One problem found by `--check`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Problem {
+    /// The run id (directory name).
+    pub run_id: String,
+    /// `top` or `nested`.
+    pub origin: &'static str,
+    /// What is wrong.
+    pub kind: Kind,
+    /// One line saying why.
+    pub message: String,
+}
+
+impl Problem {
+    /// The line printed for this problem: `<short id> <kind>: <message>`.
+    pub fn line(&self) -> String {
+        format!(
+            "{} {}: {}",
+            crate::id::short_of(&self.run_id),
+            self.kind.word(),
+            self.message
+        )
+    }
+}
+
+/// Decide whether one observed run is a problem (pure). `cutoff` is the start of the window
+/// (ms since epoch); `runtime_ok` validates a recorded runtime.
+pub fn assess(
+    observed: &std::result::Result<Observed, String>,
+    now: u64,
+    cutoff: u64,
+    runtime_ok: &mut dyn FnMut(&Runtime) -> std::result::Result<(), String>,
+) -> Option<(Kind, String)> {
+    let o = match observed {
+        Err(e) => return Some((Kind::Corrupt, e.clone())),
+        Ok(o) => o,
+    };
+    let r = &o.record;
+    match o.judgement {
+        Judgement::Lost => {
+            return Some((
+                Kind::Lost,
+                "the record says running but it has no runner lock file".into(),
+            ))
+        }
+        Judgement::Unresolved => {
+            let age = now.saturating_sub(r.started_at.unwrap_or(0));
+            if age >= UNRESOLVED_AFTER_MS {
+                return Some((
+                    Kind::Unresolved,
+                    format!(
+                        "queued {} ago and no runner ever took it; start a new run",
+                        crate::duration::human(age)
+                    ),
+                ));
+            }
+            return None;
+        }
+        Judgement::Alive if r.state == RunState::Running => {
+            return match &r.runtime {
+                None => Some((Kind::RuntimeGone, "no runtime is recorded".into())),
+                Some(rt) => runtime_ok(rt).err().map(|e| {
+                    (
+                        Kind::RuntimeGone,
+                        format!("its recorded runtime no longer validates: {e}"),
+                    )
+                }),
+            };
+        }
+        _ => {}
+    }
+    if r.state == RunState::Failed {
+        let when = r.ended_at.or(r.last_update).or(r.started_at).unwrap_or(0);
+        if when >= cutoff {
+            let err = r
+                .error
+                .clone()
+                .unwrap_or_else(|| "no error recorded".into());
+            let kind = if err == RUNNER_LOST {
+                Kind::Lost
+            } else {
+                Kind::Failed
+            };
+            return Some((
+                kind,
+                format!(
+                    "{} ago: {}",
+                    crate::duration::human(now.saturating_sub(when)),
+                    crate::record::summarize(&err, 160)
+                ),
+            ));
+        }
+    }
+    None
+}
+
+/// Run the check over top-level and nested runs; problems in id order.
+pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
+    let now = now_ms();
+    let cutoff = now.saturating_sub(since.as_millis() as u64);
+    let mut view = View::open(root)?;
+    let known = view.terminal().clone();
+    // Top-level: read everything except terminal runs that cannot be failures in the window.
+    let mut found: Vec<Found> = view
+        .all()
+        .iter()
+        .map(|e| status::found_in(&root.runs_dir(), e, Origin::TopLevel))
+        .filter(|f| match known.get(&f.id) {
+            Some(k) => {
+                k.state == RunState::Failed
+                    && k.ended_at.or(k.started_at).unwrap_or(u64::MAX) >= cutoff
+            }
+            None => true,
+        })
+        .collect();
+    let top = found.len();
+    found.extend(status::nested(root)?);
+    let obs = status::par_map(&found, |f| {
+        status::observe_found(f).map_err(|e| status::reason(&e))
+    });
+    let mut cache: HashMap<Runtime, std::result::Result<(), String>> = HashMap::new();
+    let mut runtime_ok = |rt: &Runtime| {
+        cache
+            .entry(rt.clone())
+            .or_insert_with(|| {
+                runtime::revalidate(rt)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+    };
+    let mut out = Vec::new();
+    for (i, (f, o)) in found.iter().zip(&obs).enumerate() {
+        if i < top {
+            view.note(
+                f.dir.path().file_name().unwrap_or_default(),
+                match o {
+                    Ok(o) if o.record.state.is_terminal() => {
+                        Outcome::Terminal(crate::index::Known::of(&o.record))
+                    }
+                    Ok(_) => Outcome::Active,
+                    Err(_) => Outcome::Broken,
+                },
+            );
+        }
+        if let Some((kind, message)) = assess(o, now, cutoff, &mut runtime_ok) {
+            out.push(Problem {
+                run_id: f.id.clone(),
+                origin: f.origin.word(),
+                kind,
+                message,
+            });
+        }
+    }
+    view.save();
+    out.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::Liveness;
+    use crate::record::{RunMode, RunRecord};
+
+    fn obs(state: RunState, judgement: Judgement) -> std::result::Result<Observed, String> {
+        let mut r = RunRecord::queued("01a22a44-9e62-7266-ab9d-e5b500ee829c", RunMode::Single);
+        r.state = state;
+        r.started_at = Some(1_000);
+        Ok(Observed {
+            record: r,
+            judgement,
+            liveness: Liveness::Free,
+        })
+    }
+
+    fn ok(_: &Runtime) -> std::result::Result<(), String> {
+        Ok(())
+    }
+
+    #[test]
+    fn failures_count_inside_the_window_only() {
+        let mut o = obs(RunState::Failed, Judgement::Trusted);
+        if let Ok(o) = &mut o {
+            o.record.ended_at = Some(50_000);
+            o.record.error = Some("boom".into());
+        }
+        let got = assess(&o, 60_000, 40_000, &mut ok).unwrap();
+        assert_eq!(got.0, Kind::Failed);
+        assert!(got.1.contains("boom"), "{}", got.1);
+        assert_eq!(assess(&o, 60_000, 50_001, &mut ok), None);
+        if let Ok(o) = &mut o {
+            o.record.error = Some(RUNNER_LOST.into());
+        }
+        assert_eq!(assess(&o, 60_000, 0, &mut ok).unwrap().0, Kind::Lost);
+    }
+
+    #[test]
+    fn healthy_runs_are_silent() {
+        for (s, j) in [
+            (RunState::Complete, Judgement::Trusted),
+            (RunState::Stopped, Judgement::Trusted),
+            (RunState::Queued, Judgement::Starting),
+        ] {
+            assert_eq!(assess(&obs(s, j), 10_000_000, 0, &mut ok), None);
+        }
+    }
+
+    #[test]
+    fn unresolved_after_ten_minutes() {
+        let o = obs(RunState::Queued, Judgement::Unresolved);
+        assert_eq!(
+            assess(&o, 1_000 + UNRESOLVED_AFTER_MS - 1, 0, &mut ok),
+            None
+        );
+        let got = assess(&o, 1_000 + UNRESOLVED_AFTER_MS, 0, &mut ok).unwrap();
+        assert_eq!(got.0, Kind::Unresolved);
+        assert!(got.1.contains("start a new run"));
+    }
+
+    #[test]
+    fn running_with_a_gone_runtime() {
+        let mut o = obs(RunState::Running, Judgement::Alive);
+        if let Ok(o) = &mut o {
+            o.record.runtime = Some(Runtime {
+                node_exec_path: "/gone/node".into(),
+                pi_entry_path: "/gone/cli.js".into(),
+                pi_package_root: "/gone".into(),
+            });
+        }
+        let mut gone = |_: &Runtime| Err("Node at /gone/node is not usable".to_string());
+        let got = assess(&o, 0, 0, &mut gone).unwrap();
+        assert_eq!(got.0, Kind::RuntimeGone);
+        assert!(got.1.contains("/gone/node"));
+        assert_eq!(assess(&o, 0, 0, &mut ok), None);
+    }
+
+    #[test]
+    fn corrupt_and_lockless() {
+        let e: std::result::Result<Observed, String> = Err("invalid JSON".into());
+        assert_eq!(assess(&e, 0, 0, &mut ok).unwrap().0, Kind::Corrupt);
+        let o = obs(RunState::Running, Judgement::Lost);
+        assert_eq!(assess(&o, 0, 0, &mut ok).unwrap().0, Kind::Lost);
+    }
+}

@@ -1,0 +1,327 @@
+//! `cohort-status --doctor`: what cohort would run with, where its state lives and how it is.
+//!
+//! The report has parts, each gathered by its own function so later work can add to it (the
+//! revival work adds the recorded runtimes of revivable runs beside [`runtime_now`]):
+//!
+//! - [`runtime_now`]: the runtime `cohort-spawn` would capture now (default request: flags
+//!   absent, so `COHORT_NODE`/`COHORT_PI_ENTRY`, else `PATH`) and why it is or isn't valid;
+//! - [`state_root`]: the state root, whether it exists, its owner and permission bits (it
+//!   should be 0700 and ours: tasks and outputs may hold secrets);
+//! - counts per state (through the index, so only active records are read);
+//! - the legacy runs directory, if any;
+//! - disk use of the state root (a walk that never follows symlinks), split by part.
+//!
+//! Exit status (binary): 0 when nothing is wrong, 1 when the report holds a warning (invalid
+//! runtime, a state root others can read, owned by someone else).
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::index::{Outcome, View, INDEX_DIR};
+use crate::layout::{StateRoot, NESTED_RUNS_DIR, RUNS_DIR, SESSIONS_DIR};
+use crate::runtime::{self, RuntimeRequest};
+use crate::status::{self, Origin};
+
+/// The runtime part of the report.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeReport {
+    /// Where it came from (`flags`, `environment`, `path`) when captured.
+    pub source: Option<String>,
+    /// The captured runtime, when valid.
+    pub runtime: Option<runtime::Runtime>,
+    /// Why there is no valid runtime.
+    pub error: Option<String>,
+}
+
+/// The runtime `cohort-spawn` would capture now, with the default request.
+pub fn runtime_now() -> RuntimeReport {
+    match runtime::capture(&RuntimeRequest::default()) {
+        Ok((rt, src)) => RuntimeReport {
+            source: Some(
+                serde_json::to_value(src)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default(),
+            ),
+            runtime: Some(rt),
+            error: None,
+        },
+        Err(e) => RuntimeReport {
+            source: None,
+            runtime: None,
+            error: Some(e.to_string()),
+        },
+    }
+}
+
+/// The state-root part of the report.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RootReport {
+    /// The state root `R`.
+    pub path: PathBuf,
+    /// Whether it exists.
+    pub exists: bool,
+    /// Its permission bits (e.g. `0700`).
+    pub mode: Option<String>,
+    /// Its owner's uid.
+    pub owner: Option<u32>,
+    /// What is wrong with it, if anything.
+    pub warnings: Vec<String>,
+}
+
+/// Inspect the state root (its owner and mode; see [`root_warnings`]).
+pub fn state_root(root: &StateRoot) -> RootReport {
+    let path = root.path().to_path_buf();
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) => RootReport {
+            warnings: root_warnings(
+                m.is_dir(),
+                m.permissions().mode(),
+                m.uid(),
+                nix::unistd::getuid().as_raw(),
+            ),
+            path,
+            exists: true,
+            mode: Some(format!("{:04o}", m.permissions().mode() & 0o7777)),
+            owner: Some(m.uid()),
+        },
+        Err(_) => RootReport {
+            path,
+            exists: false,
+            mode: None,
+            owner: None,
+            warnings: Vec::new(),
+        },
+    }
+}
+
+/// What is wrong with a state root of this kind, mode and owner for user `me` (pure).
+pub fn root_warnings(is_dir: bool, mode: u32, owner: u32, me: u32) -> Vec<String> {
+    let mut w = Vec::new();
+    if !is_dir {
+        w.push("the state root is not a directory (a symlink or a file)".into());
+    }
+    if mode & 0o077 != 0 {
+        w.push(format!(
+            "mode {:04o} lets other users in; tasks and outputs may hold secrets: chmod 700",
+            mode & 0o7777
+        ));
+    }
+    if owner != me {
+        w.push(format!("owned by uid {owner}, not by you (uid {me})"));
+    }
+    w
+}
+
+/// The whole report.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// The runtime that would be captured now.
+    pub runtime: RuntimeReport,
+    /// The state root.
+    pub state_root: RootReport,
+    /// Top-level runs per state word (`error` for unreadable entries).
+    pub top_level_counts: BTreeMap<String, usize>,
+    /// The legacy runs directory, when it exists, and how many entries it holds.
+    pub legacy: Option<(PathBuf, usize)>,
+    /// Bytes on disk under the state root, by part (`runs`, `nested`, `sessions`, `index`,
+    /// `other`, `total`).
+    pub disk_bytes: BTreeMap<String, u64>,
+}
+
+impl Report {
+    /// Whether anything in the report is a problem (exit 1).
+    pub fn has_warnings(&self) -> bool {
+        self.runtime.error.is_some() || !self.state_root.warnings.is_empty()
+    }
+}
+
+/// Gather the report.
+pub fn doctor(root: &StateRoot) -> Result<Report> {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut view = View::open(root)?;
+    for k in view.terminal().clone().values() {
+        *counts.entry(k.state.as_str().to_string()).or_default() += 1;
+    }
+    let live: Vec<status::Found> = view
+        .active
+        .iter()
+        .map(|id| {
+            status::found_in(
+                &root.runs_dir(),
+                &crate::index::Entry {
+                    name: id.into(),
+                    kind: crate::index::EntryKind::Dir,
+                },
+                Origin::TopLevel,
+            )
+        })
+        .collect();
+    for f in &live {
+        let o = status::observe_found(f);
+        let word = match &o {
+            Ok(o) => crate::render::state_word(o),
+            Err(_) => "error".into(),
+        };
+        *counts.entry(word).or_default() += 1;
+        view.note(
+            f.dir.path().file_name().unwrap_or_default(),
+            match &o {
+                Ok(o) if o.record.state.is_terminal() => {
+                    Outcome::Terminal(crate::index::Known::of(&o.record))
+                }
+                Ok(_) => Outcome::Active,
+                Err(_) => Outcome::Broken,
+            },
+        );
+    }
+    if !view.broken.is_empty() {
+        *counts.entry("error".into()).or_default() += view.broken.len();
+    }
+    view.save();
+    let legacy_dir = crate::legacy::runs_dir();
+    let legacy = std::fs::read_dir(&legacy_dir)
+        .ok()
+        .map(|rd| (legacy_dir.clone(), rd.count()));
+    Ok(Report {
+        runtime: runtime_now(),
+        state_root: state_root(root),
+        top_level_counts: counts,
+        legacy,
+        disk_bytes: disk_use(root.path()),
+    })
+}
+
+/// Bytes on disk (allocated blocks) under `r`, by top-level part; never follows symlinks.
+pub fn disk_use(r: &Path) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let mut total = 0;
+    if let Ok(rd) = std::fs::read_dir(r) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let part = match name.as_str() {
+                RUNS_DIR => "runs",
+                NESTED_RUNS_DIR => "nested",
+                SESSIONS_DIR => "sessions",
+                INDEX_DIR => "index",
+                _ => "other",
+            };
+            let n = walk_bytes(&e.path());
+            *out.entry(part.to_string()).or_default() += n;
+            total += n;
+        }
+    }
+    out.insert("total".into(), total);
+    out
+}
+
+fn walk_bytes(p: &Path) -> u64 {
+    let Ok(m) = std::fs::symlink_metadata(p) else {
+        return 0;
+    };
+    let mut n = m.blocks() * 512;
+    if m.is_dir() {
+        if let Ok(rd) = std::fs::read_dir(p) {
+            for e in rd.flatten() {
+                n += walk_bytes(&e.path());
+            }
+        }
+    }
+    n
+}
+
+/// Bytes in a human unit: `512 B`, `3.4 KiB`, `12.0 MiB`, `1.2 GiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", UNITS[u])
+}
+
+/// The report as text.
+pub fn render(r: &Report) -> String {
+    let mut s = String::new();
+    s.push_str("runtime (what cohort-spawn would capture now):\n");
+    match (&r.runtime.runtime, &r.runtime.error) {
+        (Some(rt), _) => {
+            s.push_str(&format!(
+                "  ok, from {}\n",
+                r.runtime.source.as_deref().unwrap_or("?")
+            ));
+            s.push_str(&format!("  node        {}\n", rt.node_exec_path.display()));
+            s.push_str(&format!("  pi entry    {}\n", rt.pi_entry_path.display()));
+            s.push_str(&format!("  pi package  {}\n", rt.pi_package_root.display()));
+        }
+        (None, Some(e)) => s.push_str(&format!("  NOT VALID: {e}\n")),
+        (None, None) => s.push_str("  unknown\n"),
+    }
+    let root = &r.state_root;
+    s.push_str(&format!("state root {}\n", root.path.display()));
+    if root.exists {
+        s.push_str(&format!(
+            "  mode {}, owner uid {}\n",
+            root.mode.as_deref().unwrap_or("?"),
+            root.owner.map(|o| o.to_string()).unwrap_or("?".into())
+        ));
+    } else {
+        s.push_str("  does not exist yet (created by the first cohort-spawn)\n");
+    }
+    for w in &root.warnings {
+        s.push_str(&format!("  WARNING: {w}\n"));
+    }
+    s.push_str("top-level runs by state:\n");
+    if r.top_level_counts.is_empty() {
+        s.push_str("  none\n");
+    }
+    for (k, v) in &r.top_level_counts {
+        s.push_str(&format!("  {k:<10} {v}\n"));
+    }
+    match &r.legacy {
+        Some((p, n)) => s.push_str(&format!(
+            "legacy runs: {n} in {} (cohort-status --all lists them)\n",
+            p.display()
+        )),
+        None => s.push_str("legacy runs: none found\n"),
+    }
+    s.push_str("disk use:\n");
+    for (k, v) in &r.disk_bytes {
+        s.push_str(&format!("  {k:<10} {}\n", human_bytes(*v)));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_warning_rules() {
+        assert!(root_warnings(true, 0o40700, 5, 5).is_empty());
+        let w = root_warnings(true, 0o40755, 5, 5);
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("0755"), "{w:?}");
+        assert_eq!(root_warnings(true, 0o700, 6, 5).len(), 1);
+        assert_eq!(root_warnings(false, 0o700, 5, 5).len(), 1);
+    }
+
+    #[test]
+    fn bytes() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 * 1024 + 512), "3.5 KiB");
+        assert_eq!(human_bytes(5 * 1024 * 1024), "5.0 MiB");
+    }
+}

@@ -1,0 +1,982 @@
+//! The listing index of top-level runs: a cache, never the truth.
+//!
+//! `cohort-status` must not slow down as history grows. Run ids are UUIDv7, so the directory
+//! names of `R/async-subagent-runs/` sort by creation and "the newest N runs" are the last N
+//! names. What costs time at 100,000 runs is listing the directory at all (`readdir` of 100,000
+//! entries is tens of ms) and reading records that will not be shown. The index removes both from
+//! the common path. It lives in `R/.status-index/` (0700, files 0600) and holds three files:
+//!
+//! - `names`: the sorted entry names of the runs directory with their kinds, under a header
+//!   holding the directory's mtime (s, ns) when it was listed. A name list is current exactly
+//!   while the directory's mtime is unchanged (creating, renaming or removing an entry changes
+//!   it). Mtimes come from a coarse clock, so a list taken less than [`RACY_MS`] after the last
+//!   change is marked *racy* and never trusted (the "racily clean" rule of git's index): a change
+//!   in the same clock tick cannot hide behind an equal mtime. The default listing reads only the
+//!   header and the tail of this file.
+//! - `active`: the runs whose record was last seen non-terminal (`a <id>`), and the entries that
+//!   could not be read as runs (`e <name>`: corrupt records, symlinks, stray files). Stamped with
+//!   the same mtime as `names`. These are re-read by every listing, so a run that ends or a
+//!   record that is repaired moves out of this file.
+//! - `terminal`: an append-only log of runs seen in a terminal state, `<id> <state> <startedAt>
+//!   <endedAt>`. A terminal state is final (DESIGN §4), so this only ever grows until a rebuild
+//!   drops the ids that were reaped. `--state`, `--since` and `--check` use it to skip records
+//!   that cannot match.
+//!
+//! Invariant: every name in `names` is in exactly one of `terminal`, `a`, `e`. A rebuild
+//! ([`View::open`] when the files are missing, stale, racy or unparsable) lists the directory,
+//! keeps the terminal entries it already knows and reads every other record once. Writes are
+//! temp file + rename, without fsync: after a crash the index is at worst missing or unparsable,
+//! and then rebuilt. A failed write (read-only state root) only costs speed.
+//!
+//! The index covers top-level runs. Nested runs are listed from their own directories (`--all`,
+//! `--tree`, a run's view) and legacy runs from theirs. A record edited by hand from a terminal
+//! state back to a live one contradicts the format and is not noticed by `--state` filters until
+//! the index is rebuilt (remove `R/.status-index/`); rows that are shown are always read fresh.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::error::{IoContext, Result};
+use crate::layout::{StateRoot, STATUS_FILE};
+use crate::record::{now_ms, RunRecord, RunState};
+
+/// The index directory under the state root.
+pub const INDEX_DIR: &str = ".status-index";
+const NAMES_FILE: &str = "names";
+const ACTIVE_FILE: &str = "active";
+const TERMINAL_FILE: &str = "terminal";
+const NAMES_MAGIC: &str = "cohort-status-names";
+const ACTIVE_MAGIC: &str = "cohort-status-active";
+const TERMINAL_MAGIC: &str = "cohort-status-terminal";
+/// The version of the index files; any other version is rebuilt.
+pub const INDEX_VERSION: u32 = 1;
+/// A name list taken less than this long (ms) after the directory's last change is not trusted.
+pub const RACY_MS: u64 = 2_000;
+
+/// What kind of filesystem object a runs-directory entry is (from `readdir`, never following a
+/// symlink).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EntryKind {
+    /// A directory.
+    Dir,
+    /// A symbolic link (never followed).
+    Symlink,
+    /// A regular file.
+    File,
+    /// Anything else (fifo, socket, device) or unknown.
+    Other,
+}
+
+impl EntryKind {
+    fn code(self) -> char {
+        match self {
+            EntryKind::Dir => 'd',
+            EntryKind::Symlink => 'l',
+            EntryKind::File => 'f',
+            EntryKind::Other => 'o',
+        }
+    }
+
+    fn from_code(c: &str) -> Option<Self> {
+        Some(match c {
+            "d" => EntryKind::Dir,
+            "l" => EntryKind::Symlink,
+            "f" => EntryKind::File,
+            "o" => EntryKind::Other,
+            _ => return None,
+        })
+    }
+
+    fn of(ft: fs::FileType) -> Self {
+        if ft.is_symlink() {
+            EntryKind::Symlink
+        } else if ft.is_dir() {
+            EntryKind::Dir
+        } else if ft.is_file() {
+            EntryKind::File
+        } else {
+            EntryKind::Other
+        }
+    }
+}
+
+/// One entry of a runs directory.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Entry {
+    /// The raw name (may not be UTF-8).
+    pub name: OsString,
+    /// Its kind.
+    pub kind: EntryKind,
+}
+
+impl Entry {
+    /// The name as text (lossy for a non-UTF-8 name).
+    pub fn display_name(&self) -> String {
+        self.name.to_string_lossy().into_owned()
+    }
+
+    /// The run id, when this entry can be a run at all (see [`entry_problem`]).
+    pub fn run_id(&self) -> Option<&str> {
+        match entry_problem(&self.name, self.kind) {
+            None => self.name.to_str(),
+            Some(_) => None,
+        }
+    }
+}
+
+/// Why a runs-directory entry cannot be read as a run, or `None` when it can (pure): a
+/// non-UTF-8 name, a name that is not a run id, a symlink (never followed), a file or other
+/// object where a directory should be.
+pub fn entry_problem(name: &OsStr, kind: EntryKind) -> Option<String> {
+    let Some(text) = name.to_str() else {
+        return Some("the name is not UTF-8, so it is not a run id".into());
+    };
+    if !crate::id::is_plausible_name(text) {
+        return Some("the name is not a run id".into());
+    }
+    match kind {
+        EntryKind::Dir => None,
+        EntryKind::Symlink => {
+            Some("a symlink where a run directory should be; cohort never follows it".into())
+        }
+        EntryKind::File => Some("a file where a run directory should be".into()),
+        EntryKind::Other => Some("not a directory (a fifo, socket or device)".into()),
+    }
+}
+
+/// List a runs directory: every entry not starting with `.` (temp files, trash, this index),
+/// sorted by name bytes (creation order for UUIDv7 ids). A missing directory is empty.
+pub fn read_entries(dir: &Path) -> Result<Vec<Entry>> {
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).at("list", dir),
+    };
+    let mut out = Vec::new();
+    for e in rd {
+        let e = e.at("list", dir)?;
+        let name = e.file_name();
+        if name.as_bytes().first() == Some(&b'.') {
+            continue;
+        }
+        let kind = e.file_type().map(EntryKind::of).unwrap_or(EntryKind::Other);
+        out.push(Entry { name, kind });
+    }
+    out.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// The modification time of a directory, (s, ns): what tells a cached name list is current.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    /// Seconds since the epoch.
+    pub sec: i64,
+    /// Nanoseconds.
+    pub nsec: i64,
+}
+
+impl Stamp {
+    fn of(meta: &fs::Metadata) -> Stamp {
+        Stamp {
+            sec: meta.mtime(),
+            nsec: meta.mtime_nsec(),
+        }
+    }
+
+    fn ms(self) -> i64 {
+        self.sec * 1000 + self.nsec / 1_000_000
+    }
+}
+
+/// Whether a name list of a directory stamped `stamp`, taken at `listed_at_ms` (ms since epoch),
+/// must not be trusted later because a change in the same clock tick could share its mtime
+/// (pure). A stamp in the future (clock skew) is racy too.
+pub fn is_racy(stamp: Stamp, listed_at_ms: u64) -> bool {
+    stamp.ms() + RACY_MS as i64 > listed_at_ms as i64
+}
+
+/// What the index knows of a run that was seen terminal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Known {
+    /// The terminal state.
+    pub state: RunState,
+    /// `startedAt`, ms since epoch.
+    pub started_at: Option<u64>,
+    /// `endedAt`, ms since epoch.
+    pub ended_at: Option<u64>,
+}
+
+impl Known {
+    /// The summary of a terminal record.
+    pub fn of(rec: &RunRecord) -> Known {
+        Known {
+            state: rec.state,
+            started_at: rec.started_at,
+            ended_at: rec.ended_at,
+        }
+    }
+}
+
+/// What a reader found when it read a run: the index files move the run accordingly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A terminal record.
+    Terminal(Known),
+    /// A record in a non-terminal (or unknown) state.
+    Active,
+    /// Not readable as a run.
+    Broken,
+}
+
+enum Names {
+    /// The whole sorted list, in memory (after a rebuild).
+    Memory(Vec<Entry>),
+    /// In the `names` file, after a header of this many bytes.
+    File { path: PathBuf, data_start: u64 },
+}
+
+/// The index as one listing sees it: current for the runs directory as it was when opened.
+pub struct View {
+    /// Number of entries in the runs directory.
+    pub total: usize,
+    /// Runs last seen non-terminal, sorted by name.
+    pub active: Vec<String>,
+    /// Entries last seen unreadable as runs, in name order.
+    pub broken: Vec<Entry>,
+    /// Whether [`View::open`] had to rebuild (for `--doctor` and the benchmark).
+    pub rebuilt: bool,
+    names: Names,
+    terminal: Option<HashMap<String, Known>>,
+    dir: Option<PathBuf>,
+    stamp: Option<Stamp>,
+    racy: bool,
+    dirty: bool,
+    appended: Vec<(String, Known)>,
+}
+
+impl View {
+    /// Open the index of `root`, rebuilding it when it is missing, stale, racy or corrupt.
+    /// Errors only when the runs directory itself cannot be listed.
+    pub fn open(root: &StateRoot) -> Result<View> {
+        let runs = root.runs_dir();
+        let meta = match fs::symlink_metadata(&runs) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(View::empty()),
+            Err(e) => return Err(e).at("stat", &runs),
+        };
+        let stamp = Stamp::of(&meta);
+        let dir = root.path().join(INDEX_DIR);
+        if let Some(v) = Self::cached(&dir, stamp) {
+            return Ok(v);
+        }
+        Self::rebuild(&runs, dir, stamp)
+    }
+
+    fn empty() -> View {
+        View {
+            total: 0,
+            active: Vec::new(),
+            broken: Vec::new(),
+            rebuilt: false,
+            names: Names::Memory(Vec::new()),
+            terminal: Some(HashMap::new()),
+            dir: None,
+            stamp: None,
+            racy: false,
+            dirty: false,
+            appended: Vec::new(),
+        }
+    }
+
+    fn cached(dir: &Path, stamp: Stamp) -> Option<View> {
+        let names_path = dir.join(NAMES_FILE);
+        let mut f = File::open(&names_path).ok()?;
+        let mut head = [0u8; 256];
+        let n = read_full(&mut f, &mut head).ok()?;
+        let nl = head[..n].iter().position(|&b| b == b'\n')?;
+        let header = std::str::from_utf8(&head[..nl]).ok()?;
+        let h: Vec<&str> = header.split(' ').collect();
+        if h.len() != 7 || h[0] != NAMES_MAGIC || h[1] != INDEX_VERSION.to_string() {
+            return None;
+        }
+        let got = Stamp {
+            sec: h[2].parse().ok()?,
+            nsec: h[3].parse().ok()?,
+        };
+        let racy = h[5] != "0";
+        let total: usize = h[6].parse().ok()?;
+        if got != stamp || racy {
+            return None;
+        }
+        let (astamp, active, broken) = parse_active(&fs::read(dir.join(ACTIVE_FILE)).ok()?)?;
+        if astamp != stamp {
+            return None;
+        }
+        Some(View {
+            total,
+            active,
+            broken,
+            rebuilt: false,
+            names: Names::File {
+                path: names_path,
+                data_start: nl as u64 + 1,
+            },
+            terminal: None,
+            dir: Some(dir.to_path_buf()),
+            stamp: Some(stamp),
+            racy: false,
+            dirty: false,
+            appended: Vec::new(),
+        })
+    }
+
+    fn rebuild(runs: &Path, dir: PathBuf, stamp: Stamp) -> Result<View> {
+        let listed_at = now_ms();
+        let entries = read_entries(runs)?;
+        let mut terminal = load_terminal(&dir.join(TERMINAL_FILE));
+        let mut active = Vec::new();
+        let mut broken = Vec::new();
+        let mut unknown: Vec<&str> = Vec::new();
+        for e in &entries {
+            match e.run_id() {
+                None => broken.push(e.clone()),
+                Some(id) if terminal.contains_key(id) => {}
+                Some(id) => unknown.push(id),
+            }
+        }
+        let read = crate::status::par_map(&unknown, |id| {
+            crate::status::read_record(&runs.join(id).join(STATUS_FILE))
+                .map(|r| (r.state.is_terminal(), Known::of(&r)))
+        });
+        let mut appended = Vec::new();
+        let mut broken_ids = HashSet::new();
+        for (id, got) in unknown.iter().zip(read) {
+            match got {
+                Ok((true, k)) => {
+                    terminal.insert(id.to_string(), k);
+                    appended.push((id.to_string(), k));
+                }
+                Ok((false, _)) => active.push(id.to_string()),
+                Err(_) => {
+                    broken_ids.insert(*id);
+                }
+            }
+        }
+        for e in &entries {
+            if e.name.to_str().is_some_and(|n| broken_ids.contains(n)) {
+                broken.push(e.clone());
+            }
+        }
+        broken.sort_by(|a, b| a.name.cmp(&b.name));
+        let view = View {
+            total: entries.len(),
+            active,
+            broken,
+            rebuilt: true,
+            names: Names::Memory(entries),
+            terminal: Some(terminal),
+            dir: Some(dir),
+            stamp: Some(stamp),
+            racy: is_racy(stamp, listed_at),
+            dirty: true,
+            appended,
+        };
+        Ok(view)
+    }
+
+    /// The newest `n` entries, newest first (all of them when `n` is 0).
+    pub fn newest(&self, n: usize) -> Vec<Entry> {
+        let want = if n == 0 { self.total } else { n };
+        match &self.names {
+            Names::Memory(all) => all.iter().rev().take(want).cloned().collect(),
+            Names::File { path, data_start } => {
+                tail_entries(path, *data_start, want, self.total).unwrap_or_default()
+            }
+        }
+    }
+
+    /// Every entry, oldest first.
+    pub fn all(&self) -> Vec<Entry> {
+        let mut v = self.newest(0);
+        v.reverse();
+        v
+    }
+
+    /// The terminal runs the index knows, by id (loaded on first use). A run currently listed as
+    /// active or broken is left out: its last reading wins.
+    pub fn terminal(&mut self) -> &HashMap<String, Known> {
+        if self.terminal.is_none() {
+            let mut t = match &self.dir {
+                Some(d) => load_terminal(&d.join(TERMINAL_FILE)),
+                None => HashMap::new(),
+            };
+            for id in &self.active {
+                t.remove(id);
+            }
+            for e in &self.broken {
+                if let Some(n) = e.name.to_str() {
+                    t.remove(n);
+                }
+            }
+            self.terminal = Some(t);
+        }
+        self.terminal.as_ref().expect("just loaded")
+    }
+
+    /// Record what a reader found for `name` (a top-level entry), so the next listing knows.
+    pub fn note(&mut self, name: &OsStr, outcome: Outcome) {
+        // Both lists are kept sorted by name: binary searches keep a listing's cost independent
+        // of how many runs are active.
+        let text = name.to_str();
+        let in_active = text.and_then(|t| self.active.binary_search_by(|a| a.as_str().cmp(t)).ok());
+        let in_broken = self
+            .broken
+            .binary_search_by(|e| e.name.as_os_str().cmp(name))
+            .ok();
+        match outcome {
+            Outcome::Terminal(k) => {
+                let Some(id) = text else { return };
+                if in_active.is_none() && in_broken.is_none() {
+                    return; // already known terminal
+                }
+                if let Some(i) = in_active {
+                    self.active.remove(i);
+                }
+                if let Some(i) = in_broken {
+                    self.broken.remove(i);
+                }
+                self.appended.push((id.to_string(), k));
+                if let Some(t) = self.terminal.as_mut() {
+                    t.insert(id.to_string(), k);
+                }
+                self.dirty = true;
+            }
+            Outcome::Active => {
+                let Some(id) = text else { return };
+                if let Some(i) = in_broken {
+                    self.broken.remove(i);
+                }
+                if in_active.is_none() {
+                    self.active.push(id.to_string());
+                    self.active.sort();
+                    self.dirty = true;
+                }
+                if let Some(t) = self.terminal.as_mut() {
+                    t.remove(id);
+                }
+            }
+            Outcome::Broken => {
+                if in_broken.is_none() {
+                    if let Some(i) = in_active {
+                        self.active.remove(i);
+                    }
+                    let kind = self.kind_of(name);
+                    self.broken.push(Entry {
+                        name: name.to_os_string(),
+                        kind,
+                    });
+                    self.broken.sort_by(|a, b| a.name.cmp(&b.name));
+                    self.dirty = true;
+                }
+                if let (Some(t), Some(id)) = (self.terminal.as_mut(), text) {
+                    t.remove(id);
+                }
+            }
+        }
+    }
+
+    fn kind_of(&self, name: &OsStr) -> EntryKind {
+        match &self.names {
+            Names::Memory(all) => all
+                .iter()
+                .find(|e| e.name == name)
+                .map(|e| e.kind)
+                .unwrap_or(EntryKind::Dir),
+            Names::File { .. } => EntryKind::Dir,
+        }
+    }
+
+    /// Write what changed. Failures are ignored: the index is only a cache.
+    pub fn save(&mut self) {
+        if !self.dirty {
+            return;
+        }
+        let (Some(dir), Some(stamp)) = (self.dir.clone(), self.stamp) else {
+            return;
+        };
+        if crate::fsutil::create_dir_all_private(&dir).is_err() {
+            return;
+        }
+        let _ = self.write(&dir, stamp);
+        self.dirty = false;
+    }
+
+    fn write(&mut self, dir: &Path, stamp: Stamp) -> std::io::Result<()> {
+        // Terminal first: an id leaves `active` only once its terminal line is on disk.
+        let tpath = dir.join(TERMINAL_FILE);
+        let compact = match (&self.names, &self.terminal) {
+            (Names::Memory(all), Some(_)) => {
+                let (lines, header_ok) = terminal_file_shape(&tpath);
+                !header_ok || lines > 2 * all.len() + 1000
+            }
+            _ => false,
+        };
+        if compact {
+            let t = self.terminal.as_ref().expect("checked");
+            let live: HashSet<&OsStr> = match &self.names {
+                Names::Memory(all) => all.iter().map(|e| e.name.as_os_str()).collect(),
+                Names::File { .. } => HashSet::new(),
+            };
+            let mut ids: Vec<&String> = t
+                .keys()
+                .filter(|k| live.contains(OsStr::new(k.as_str())))
+                .collect();
+            ids.sort();
+            let mut out = format!("{TERMINAL_MAGIC} {INDEX_VERSION}\n");
+            for id in ids {
+                push_terminal_line(&mut out, id, &t[id]);
+            }
+            write_replace(dir, TERMINAL_FILE, out.as_bytes())?;
+        } else if !self.appended.is_empty() {
+            let mut out = String::new();
+            if !terminal_file_shape(&tpath).1 {
+                // Missing or foreign: start it (a foreign file is replaced, not appended to).
+                out.push_str(&format!("{TERMINAL_MAGIC} {INDEX_VERSION}\n"));
+                let _ = fs::remove_file(&tpath);
+            }
+            for (id, k) in &self.appended {
+                push_terminal_line(&mut out, id, k);
+            }
+            let mut f = OpenOptions::new()
+                .append(true)
+                .create(true)
+                .mode(crate::fsutil::FILE_MODE)
+                .open(&tpath)?;
+            f.write_all(out.as_bytes())?;
+        }
+        self.appended.clear();
+
+        let mut active = format!(
+            "{ACTIVE_MAGIC} {INDEX_VERSION} {} {}\n",
+            stamp.sec, stamp.nsec
+        );
+        for id in &self.active {
+            active.push_str("a ");
+            active.push_str(id);
+            active.push('\n');
+        }
+        for e in &self.broken {
+            active.push_str(&format!("e {} {}\n", e.kind.code(), escape(&e.name)));
+        }
+        write_replace(dir, ACTIVE_FILE, active.as_bytes())?;
+
+        if let Names::Memory(all) = &self.names {
+            let mut out = format!(
+                "{NAMES_MAGIC} {INDEX_VERSION} {} {} {} {} {}\n",
+                stamp.sec,
+                stamp.nsec,
+                now_ms(),
+                u8::from(self.racy),
+                all.len()
+            );
+            for e in all {
+                out.push(e.kind.code());
+                out.push(' ');
+                out.push_str(&escape(&e.name));
+                out.push('\n');
+            }
+            write_replace(dir, NAMES_FILE, out.as_bytes())?;
+        }
+        Ok(())
+    }
+}
+
+fn push_terminal_line(out: &mut String, id: &str, k: &Known) {
+    let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+    out.push_str(&format!(
+        "{id} {} {} {}\n",
+        k.state.as_str(),
+        opt(k.started_at),
+        opt(k.ended_at)
+    ));
+}
+
+/// (number of lines, whether the header is ours) of the `terminal` file.
+fn terminal_file_shape(path: &Path) -> (usize, bool) {
+    match fs::read(path) {
+        Ok(b) => {
+            let header = format!("{TERMINAL_MAGIC} {INDEX_VERSION}\n");
+            (
+                b.iter().filter(|&&c| c == b'\n').count(),
+                b.starts_with(header.as_bytes()),
+            )
+        }
+        Err(_) => (0, false),
+    }
+}
+
+/// Replace `dir/name` with `bytes` (temp file + rename; no fsync: this is a cache).
+fn write_replace(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(
+            crate::fsutil::FILE_MODE,
+        ))
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.persist(dir.join(name)).map_err(|e| e.error)?;
+    Ok(())
+}
+
+fn read_full(f: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+/// Parse the `terminal` log; unparsable lines (a torn append) are skipped, a wrong header
+/// discards the file.
+fn load_terminal(path: &Path) -> HashMap<String, Known> {
+    let mut out = HashMap::new();
+    let Ok(bytes) = fs::read(path) else {
+        return out;
+    };
+    let Ok(text) = std::str::from_utf8(&bytes) else {
+        return out;
+    };
+    let mut lines = text.lines();
+    if lines.next() != Some(&format!("{TERMINAL_MAGIC} {INDEX_VERSION}")) {
+        return out;
+    }
+    out.reserve(bytes.len() / 60);
+    for line in lines {
+        if let Some((id, k)) = parse_terminal_line(line) {
+            out.insert(id.to_string(), k);
+        }
+    }
+    out
+}
+
+/// Parse one `terminal` line (pure).
+fn parse_terminal_line(line: &str) -> Option<(&str, Known)> {
+    let mut it = line.split(' ');
+    let id = it.next()?;
+    let state: RunState = it.next()?.parse().ok()?;
+    let opt = |s: &str| -> Option<Option<u64>> {
+        if s == "-" {
+            Some(None)
+        } else {
+            s.parse().ok().map(Some)
+        }
+    };
+    let started_at = opt(it.next()?)?;
+    let ended_at = opt(it.next()?)?;
+    if it.next().is_some() || !state.is_terminal() || !crate::id::is_plausible_name(id) {
+        return None;
+    }
+    Some((
+        id,
+        Known {
+            state,
+            started_at,
+            ended_at,
+        },
+    ))
+}
+
+type ActiveFile = (Stamp, Vec<String>, Vec<Entry>);
+
+/// Parse the `active` file (pure). `None` when anything is off: then the index is rebuilt.
+fn parse_active(bytes: &[u8]) -> Option<ActiveFile> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    if !text.ends_with('\n') {
+        return None;
+    }
+    let mut lines = text.lines();
+    let h: Vec<&str> = lines.next()?.split(' ').collect();
+    if h.len() != 4 || h[0] != ACTIVE_MAGIC || h[1] != INDEX_VERSION.to_string() {
+        return None;
+    }
+    let stamp = Stamp {
+        sec: h[2].parse().ok()?,
+        nsec: h[3].parse().ok()?,
+    };
+    let mut active = Vec::new();
+    let mut broken = Vec::new();
+    for line in lines {
+        if let Some(id) = line.strip_prefix("a ") {
+            if !crate::id::is_plausible_name(id) {
+                return None;
+            }
+            active.push(id.to_string());
+        } else if let Some(rest) = line.strip_prefix("e ") {
+            let (kind, name) = rest.split_once(' ')?;
+            broken.push(Entry {
+                name: unescape(name)?,
+                kind: EntryKind::from_code(kind)?,
+            });
+        } else {
+            return None;
+        }
+    }
+    active.sort();
+    broken.sort_by(|a, b| a.name.cmp(&b.name));
+    Some((stamp, active, broken))
+}
+
+/// Read the last `want` entries of the `names` file, newest first.
+fn tail_entries(path: &Path, data_start: u64, want: usize, total: usize) -> Option<Vec<Entry>> {
+    let mut f = File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    let want = want.min(total);
+    let mut chunk: u64 = (want as u64 + 1) * 48 + 256;
+    loop {
+        let start = len.saturating_sub(chunk).max(data_start);
+        f.seek(SeekFrom::Start(start)).ok()?;
+        let mut buf = Vec::with_capacity((len - start) as usize);
+        Read::by_ref(&mut f)
+            .take(len - start)
+            .read_to_end(&mut buf)
+            .ok()?;
+        let mut slice = &buf[..];
+        if start > data_start {
+            // Drop the partial first line.
+            let nl = slice.iter().position(|&b| b == b'\n')?;
+            slice = &slice[nl + 1..];
+        }
+        let lines: Vec<&[u8]> = slice
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .collect();
+        if lines.len() >= want || start == data_start {
+            let mut out = Vec::with_capacity(want);
+            for l in lines.iter().rev().take(want) {
+                out.push(parse_name_line(l)?);
+            }
+            return Some(out);
+        }
+        chunk *= 4;
+    }
+}
+
+fn parse_name_line(line: &[u8]) -> Option<Entry> {
+    let text = std::str::from_utf8(line).ok()?;
+    let (kind, name) = text.split_once(' ')?;
+    Some(Entry {
+        name: unescape(name)?,
+        kind: EntryKind::from_code(kind)?,
+    })
+}
+
+/// Escape a name for a line of an index file (pure): bytes outside `!`..`~` and `%` become
+/// `%XX`. Lossless for any name, including non-UTF-8 ones and ones holding newlines.
+pub fn escape(name: &OsStr) -> String {
+    let mut out = String::with_capacity(name.len());
+    for &b in name.as_bytes() {
+        if (0x21..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Undo [`escape`] (pure); `None` for a malformed escape.
+pub fn unescape(text: &str) -> Option<OsString> {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    Some(OsString::from_vec(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{RunMode, RunRecord};
+
+    #[test]
+    fn escape_round_trips_odd_names() {
+        for raw in [
+            &b"01a22a44-9e62-7266-ab9d-e5b500ee829c"[..],
+            b"with space",
+            b"new\nline",
+            b"100%",
+            b"\xff\xfe",
+        ] {
+            let name = OsStr::from_bytes(raw);
+            let e = escape(name);
+            assert!(!e.contains(' ') && !e.contains('\n'), "{e}");
+            assert_eq!(unescape(&e).unwrap(), name);
+        }
+        assert!(unescape("%G1").is_none());
+        assert!(unescape("%4").is_none());
+    }
+
+    #[test]
+    fn racy_rule() {
+        let s = Stamp {
+            sec: 1_000,
+            nsec: 500_000_000,
+        };
+        assert!(is_racy(s, 1_000_600));
+        assert!(is_racy(s, 1_002_499));
+        assert!(!is_racy(s, 1_002_501));
+        // A stamp in the future is never trusted.
+        assert!(is_racy(s, 999_000));
+    }
+
+    #[test]
+    fn entry_problems() {
+        let id = OsStr::new("01a22a44-9e62-7266-ab9d-e5b500ee829c");
+        assert_eq!(entry_problem(id, EntryKind::Dir), None);
+        assert!(entry_problem(id, EntryKind::Symlink)
+            .unwrap()
+            .contains("symlink"));
+        assert!(entry_problem(id, EntryKind::File).unwrap().contains("file"));
+        assert!(
+            entry_problem(OsStr::from_bytes(b"\xff01234567"), EntryKind::Dir)
+                .unwrap()
+                .contains("UTF-8")
+        );
+        assert!(entry_problem(OsStr::new("notes.txt"), EntryKind::Dir)
+            .unwrap()
+            .contains("not a run id"));
+    }
+
+    #[test]
+    fn terminal_lines() {
+        let (id, k) =
+            parse_terminal_line("0199aaaa-0000-7000-8000-000000000001 failed 5 -").unwrap();
+        assert_eq!(id, "0199aaaa-0000-7000-8000-000000000001");
+        assert_eq!(k.state, RunState::Failed);
+        assert_eq!((k.started_at, k.ended_at), (Some(5), None));
+        for bad in [
+            "0199aaaa-0000-7000-8000-000000000001 running 5 -",
+            "0199aaaa-0000-7000-8000-000000000001 comp",
+            "../x complete 1 2",
+            "0199aaaa-0000-7000-8000-000000000001 complete 1 2 3",
+        ] {
+            assert!(parse_terminal_line(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn active_file_parses_or_is_rejected() {
+        let text = "cohort-status-active 1 10 20\na 0199aaaa-0000-7000\ne f notes%20.txt\n";
+        let (s, a, b) = parse_active(text.as_bytes()).unwrap();
+        assert_eq!(s, Stamp { sec: 10, nsec: 20 });
+        assert_eq!(a, vec!["0199aaaa-0000-7000"]);
+        assert_eq!(b[0].name, OsString::from("notes .txt"));
+        assert_eq!(b[0].kind, EntryKind::File);
+        assert!(parse_active(b"cohort-status-active 1 10 20\nz\n").is_none());
+        assert!(parse_active(b"cohort-status-active 1 10 20\na 01").is_none()); // torn
+        assert!(parse_active(b"cohort-status-active 2 10 20\n").is_none());
+    }
+
+    fn put(root: &StateRoot, state: RunState) -> String {
+        let id = crate::id::RunId::new().to_string();
+        let dir = root.run_dir(&id);
+        crate::fsutil::create_dir_all_private(dir.path()).unwrap();
+        let mut r = RunRecord::queued(&id, RunMode::Single);
+        r.state = state;
+        crate::record::store(&dir.status(), &r).unwrap();
+        id
+    }
+
+    /// Make the runs dir's last change look old enough for its name list to be trusted.
+    fn age_runs_dir(root: &StateRoot) {
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+        File::open(root.runs_dir())
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+
+    #[test]
+    fn rebuild_then_cached_then_stale() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(t.path());
+        let a = put(&root, RunState::Complete);
+        let b = put(&root, RunState::Running);
+        let c = put(&root, RunState::Failed);
+        std::fs::write(root.runs_dir().join("stray-file"), "x").unwrap();
+        age_runs_dir(&root);
+
+        let mut v = View::open(&root).unwrap();
+        assert!(v.rebuilt);
+        assert_eq!(v.total, 4);
+        assert_eq!(v.active, vec![b.clone()]);
+        assert_eq!(v.broken.len(), 1);
+        assert_eq!(v.terminal().len(), 2);
+        v.save();
+
+        let mut v = View::open(&root).unwrap();
+        assert!(!v.rebuilt, "second open uses the cache");
+        assert_eq!(v.total, 4);
+        assert_eq!(v.active, vec![b.clone()]);
+        let newest: Vec<String> = v.newest(2).iter().map(Entry::display_name).collect();
+        assert_eq!(newest, vec!["stray-file".to_string(), c.clone()]);
+        assert_eq!(v.all().len(), 4);
+        assert_eq!(v.terminal()[&a].state, RunState::Complete);
+        // The running run ends: the reader notes it and the next open knows.
+        let k = Known {
+            state: RunState::Complete,
+            started_at: Some(1),
+            ended_at: Some(2),
+        };
+        v.note(OsStr::new(&b), Outcome::Terminal(k));
+        v.save();
+        let mut v = View::open(&root).unwrap();
+        assert!(!v.rebuilt);
+        assert!(v.active.is_empty());
+        assert_eq!(v.terminal()[&b], k);
+
+        // A new run changes the directory: rebuilt, and only the new record is unknown.
+        let d = put(&root, RunState::Queued);
+        age_runs_dir(&root);
+        let v = View::open(&root).unwrap();
+        assert!(v.rebuilt);
+        assert_eq!(v.active, vec![d]);
+    }
+
+    #[test]
+    fn racy_or_corrupt_index_is_rebuilt() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(t.path());
+        put(&root, RunState::Complete);
+        // Fresh directory: racy, so the next open rebuilds again.
+        let mut v = View::open(&root).unwrap();
+        v.save();
+        assert!(View::open(&root).unwrap().rebuilt);
+        age_runs_dir(&root);
+        let mut v = View::open(&root).unwrap();
+        v.save();
+        assert!(!View::open(&root).unwrap().rebuilt);
+        let idx = root.path().join(INDEX_DIR);
+        std::fs::write(idx.join(ACTIVE_FILE), "garbage").unwrap();
+        assert!(View::open(&root).unwrap().rebuilt);
+        std::fs::write(idx.join(NAMES_FILE), "").unwrap();
+        assert!(View::open(&root).unwrap().rebuilt);
+    }
+}

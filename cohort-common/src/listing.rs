@@ -1,0 +1,409 @@
+//! Which runs a listing shows, and reading only those (issue 4, "scale").
+//!
+//! The default listing shows the newest `--limit` top-level runs and reads exactly those
+//! records: the names come from the tail of the index ([`crate::index`]), so its cost does not
+//! grow with history, nor with the number of runs in progress. Older runs the index last saw in
+//! progress are only counted ([`Listing::older_active`]; the binary mentions them on a
+//! terminal); `--state running` (or `queued`) lists them by reading just the runs the index
+//! holds as active, and reconciles the lost ones.
+//!
+//! Filters narrow the rows: `--state` (any of), `--since` (started at or after now − since).
+//! With filters, runs the index knows to be terminal are skipped without being read when they
+//! cannot match; asking only for `queued`/`running` reads only the active runs. `--all` adds
+//! nested and legacy runs (their directories are listed in full: the index covers top-level
+//! runs), `--tree` puts each shown run's nested runs under it, indented by depth. `--limit 0`
+//! means no limit: every record is read, on a few threads.
+//!
+//! Rows are ordered newest first by creation time: the time in a UUIDv7 id, else `startedAt`.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::index::{Entry, EntryKind, Known, Outcome, View};
+use crate::layout::StateRoot;
+use crate::record::{now_ms, RunState};
+use crate::render::Row;
+use crate::status::{self, Found, Observed, Origin};
+
+/// What to list.
+#[derive(Clone, Debug, Default)]
+pub struct ListOptions {
+    /// Only runs in one of these states (empty: any state; error rows only when empty).
+    pub states: Vec<RunState>,
+    /// Only runs started at most this long ago.
+    pub since: Option<Duration>,
+    /// At most this many runs (0: no limit).
+    pub limit: usize,
+    /// Include nested and legacy runs.
+    pub all: bool,
+    /// Show nested runs under their parents.
+    pub tree: bool,
+}
+
+/// The creation time of a UUIDv7 id, ms since epoch (pure); `None` for anything else.
+pub fn id_time(id: &str) -> Option<u64> {
+    let u = uuid::Uuid::try_parse(id).ok()?;
+    if u.get_version_num() != 7 {
+        return None;
+    }
+    let b = u.as_bytes();
+    Some(b[..6].iter().fold(0u64, |acc, &x| (acc << 8) | x as u64))
+}
+
+/// Whether an observed run passes the filters (pure). `cutoff` is in ms since epoch; a run
+/// without `startedAt` is timed by its id.
+pub fn passes(
+    row: &std::result::Result<Observed, String>,
+    id: &str,
+    states: &[RunState],
+    cutoff: Option<u64>,
+) -> bool {
+    let started = match row {
+        Ok(o) => o.record.started_at.or_else(|| id_time(id)),
+        Err(_) => id_time(id),
+    };
+    if let Some(c) = cutoff {
+        if started.is_none_or(|s| s < c) {
+            return false;
+        }
+    }
+    match row {
+        Ok(o) => states.is_empty() || states.contains(&o.record.state),
+        Err(_) => states.is_empty(),
+    }
+}
+
+/// Whether a run the index knows as terminal could pass the filters; `false` means it need not
+/// be read at all (pure).
+pub fn may_pass(k: &Known, states: &[RunState], cutoff: Option<u64>) -> bool {
+    if !states.is_empty() && !states.contains(&k.state) {
+        return false;
+    }
+    match (cutoff, k.started_at) {
+        (Some(c), Some(s)) => s >= c,
+        _ => true,
+    }
+}
+
+struct Cand {
+    found: Found,
+    time: u64,
+    /// Already observed (legacy runs are read to be ordered).
+    pre: Option<std::result::Result<Observed, String>>,
+}
+
+fn observe_row(f: &Found) -> std::result::Result<Observed, String> {
+    status::observe_found(f).map_err(|e| status::reason(&e))
+}
+
+fn outcome_of(o: &std::result::Result<Observed, String>) -> Outcome {
+    match o {
+        Ok(o) if o.record.state.is_terminal() => Outcome::Terminal(Known::of(&o.record)),
+        Ok(_) => Outcome::Active,
+        Err(_) => Outcome::Broken,
+    }
+}
+
+fn top_cand(root: &StateRoot, e: &Entry) -> Cand {
+    let found = status::found_in(&root.runs_dir(), e, Origin::TopLevel);
+    Cand {
+        time: id_time(&found.id).unwrap_or(0),
+        found,
+        pre: None,
+    }
+}
+
+/// What a listing found.
+#[derive(Debug)]
+pub struct Listing {
+    /// The rows, newest first (with `--tree`, each run's nested runs follow it).
+    pub rows: Vec<Row>,
+    /// Top-level runs older than the shown ones that the index last saw in progress (not read;
+    /// 0 when filters were given or nothing was cut off).
+    pub older_active: usize,
+}
+
+/// List runs per `opts`, reading as little as the options allow.
+pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
+    let now = now_ms();
+    let cutoff = opts.since.map(|d| now.saturating_sub(d.as_millis() as u64));
+    let filtered = !opts.states.is_empty() || cutoff.is_some();
+    let only_active = !opts.states.is_empty() && opts.states.iter().all(|s| !s.is_terminal());
+    let mut view = View::open(root)?;
+
+    // Candidates, newest first, with the known-terminal map used to skip reads.
+    let mut cands: Vec<Cand>;
+    let mut known: HashMap<String, Known> = HashMap::new();
+    if only_active {
+        cands = view
+            .active
+            .iter()
+            .map(|id| top_cand(root, &dir_entry(id)))
+            .collect();
+    } else if !filtered && !opts.all {
+        cands = view
+            .newest(opts.limit)
+            .iter()
+            .map(|e| top_cand(root, e))
+            .collect();
+    } else {
+        if filtered {
+            known = view.terminal().clone();
+        }
+        cands = view.newest(0).iter().map(|e| top_cand(root, e)).collect();
+    }
+    if opts.all {
+        if !opts.tree {
+            for f in status::nested(root)? {
+                cands.push(Cand {
+                    time: id_time(&f.id).unwrap_or(0),
+                    found: f,
+                    pre: None,
+                });
+            }
+        }
+        let legacy = status::legacy_runs()?;
+        let obs = status::par_map(&legacy, observe_row);
+        for (f, o) in legacy.into_iter().zip(obs) {
+            let time = o
+                .as_ref()
+                .ok()
+                .and_then(|o| o.record.started_at)
+                .unwrap_or(0);
+            cands.push(Cand {
+                found: f,
+                time,
+                pre: Some(o),
+            });
+        }
+    }
+    cands.sort_by(|a, b| (b.time, &b.found.id).cmp(&(a.time, &a.found.id)));
+
+    // Read in batches until the limit is reached.
+    let limit = if opts.limit == 0 {
+        usize::MAX
+    } else {
+        opts.limit
+    };
+    let mut rows: Vec<(u64, Row)> = Vec::new();
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut pool = cands.into_iter();
+    while rows.len() < limit {
+        let need = limit - rows.len();
+        let batch: Vec<Cand> = pool
+            .by_ref()
+            .filter(|c| {
+                c.found.origin != Origin::TopLevel
+                    || known
+                        .get(&c.found.id)
+                        .is_none_or(|k| may_pass(k, &opts.states, cutoff))
+            })
+            .take(need.max(64))
+            .collect();
+        if batch.is_empty() {
+            break;
+        }
+        let pending: Vec<&Cand> = batch.iter().filter(|c| c.pre.is_none()).collect();
+        let mut read = status::par_map(&pending, |c| observe_row(&c.found)).into_iter();
+        for c in batch {
+            let obs = match c.pre {
+                Some(o) => o,
+                None => read.next().expect("one reading per pending candidate"),
+            };
+            if c.found.origin == Origin::TopLevel {
+                view.note(file_name(&c.found), outcome_of(&obs));
+                seen.insert(c.found.id.clone());
+            }
+            if rows.len() < limit && passes(&obs, &c.found.id, &opts.states, cutoff) {
+                let started = obs.as_ref().ok().and_then(|o| o.record.started_at);
+                let time = if c.time == 0 {
+                    started.unwrap_or(0)
+                } else {
+                    c.time
+                };
+                rows.push((time, Row::new(c.found.id, c.found.origin, obs)));
+            }
+        }
+    }
+
+    let older_active = if filtered {
+        0
+    } else {
+        view.active.iter().filter(|id| !seen.contains(*id)).count()
+    };
+    view.save();
+
+    let mut out: Vec<Row> = Vec::with_capacity(rows.len());
+    for (_, row) in rows {
+        let tree_root = match (&row.origin, &row.observed) {
+            (Origin::TopLevel, Ok(_)) if opts.tree => Some(row.id.clone()),
+            _ => None,
+        };
+        out.push(row);
+        if let Some(id) = tree_root {
+            out.extend(subtree_rows(root, &id)?);
+        }
+    }
+    Ok(Listing {
+        rows: out,
+        older_active,
+    })
+}
+
+fn dir_entry(id: &str) -> Entry {
+    Entry {
+        name: id.into(),
+        kind: EntryKind::Dir,
+    }
+}
+
+fn file_name(f: &Found) -> &std::ffi::OsStr {
+    f.dir.path().file_name().unwrap_or_default()
+}
+
+/// The nested runs of the tree rooted at `root_id`, ordered for display under their root:
+/// depth-first, children under their parent in (parent step, id) order, each with its depth.
+/// A nested run whose parent is not in the tree is shown directly under the root.
+pub fn subtree_rows(root: &StateRoot, root_id: &str) -> Result<Vec<Row>> {
+    let found = status::nested_of(root, root_id)?;
+    let obs = status::par_map(&found, observe_row);
+    let mut nodes: Vec<(Found, std::result::Result<Observed, String>)> =
+        found.into_iter().zip(obs).collect();
+    let ids: HashSet<String> = nodes.iter().map(|(f, _)| f.id.clone()).collect();
+    let parent_of = |o: &std::result::Result<Observed, String>| -> String {
+        match o {
+            Ok(o) => match &o.record.parent_run_id {
+                Some(p) if ids.contains(p) => p.clone(),
+                _ => root_id.to_string(),
+            },
+            Err(_) => root_id.to_string(),
+        }
+    };
+    let mut children: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, (_, o)) in nodes.iter().enumerate() {
+        children.entry(parent_of(o)).or_default().push(i);
+    }
+    for v in children.values_mut() {
+        v.sort_by_key(|&i| {
+            let step = nodes[i]
+                .1
+                .as_ref()
+                .ok()
+                .and_then(|o| o.record.parent_step_index)
+                .unwrap_or(usize::MAX);
+            (step, nodes[i].0.id.clone())
+        });
+    }
+    let mut pre: Vec<(usize, usize)> = Vec::new();
+    walk(root_id, 1, &children, &nodes, &mut pre, &mut HashSet::new());
+    let mut taken: Vec<Option<(Found, std::result::Result<Observed, String>)>> =
+        nodes.drain(..).map(Some).collect();
+    let mut out = Vec::with_capacity(pre.len());
+    for (i, depth) in pre {
+        if let Some((f, o)) = taken[i].take() {
+            let step = o.as_ref().ok().and_then(|o| o.record.parent_step_index);
+            let mut row = Row::new(f.id, f.origin, o);
+            row.depth = depth;
+            row.parent_step = step;
+            out.push(row);
+        }
+    }
+    Ok(out)
+}
+
+/// The nested runs under one run, for its single-run view: its descendants in its tree, with
+/// depths relative to it (its children at depth 1).
+pub fn descendants(root: &StateRoot, rec: &crate::record::RunRecord) -> Result<Vec<Row>> {
+    let tree = rec
+        .root_run_id
+        .clone()
+        .unwrap_or_else(|| rec.run_id.clone());
+    let rows = subtree_rows(root, &tree)?;
+    if tree == rec.run_id {
+        return Ok(rows);
+    }
+    let mut out = Vec::new();
+    let mut base: Option<usize> = None;
+    for row in rows {
+        match base {
+            None if row.id == rec.run_id => base = Some(row.depth),
+            Some(d) if row.depth > d => {
+                let mut row = row;
+                row.depth -= d;
+                out.push(row);
+            }
+            Some(_) => break,
+            None => {}
+        }
+    }
+    Ok(out)
+}
+
+fn walk(
+    id: &str,
+    depth: usize,
+    children: &HashMap<String, Vec<usize>>,
+    nodes: &[(Found, std::result::Result<Observed, String>)],
+    out: &mut Vec<(usize, usize)>,
+    visited: &mut HashSet<String>,
+) {
+    if !visited.insert(id.to_string()) {
+        return;
+    }
+    if let Some(kids) = children.get(id) {
+        for &k in kids {
+            out.push((k, depth));
+            walk(&nodes[k].0.id, depth + 1, children, nodes, out, visited);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::Judgement;
+
+    #[test]
+    fn uuid_v7_time() {
+        let id = crate::id::RunId::new().to_string();
+        let t = id_time(&id).unwrap();
+        assert!(now_ms().abs_diff(t) < 5_000);
+        assert_eq!(id_time("3f2a9c1e"), None);
+        // A v4 uuid has no time.
+        assert_eq!(id_time("0b0f4c52-8f3e-4d8e-9d7a-6b1c2f3e4a5b"), None);
+    }
+
+    #[test]
+    fn known_terminal_runs_are_skipped_only_when_they_cannot_match() {
+        let k = Known {
+            state: RunState::Complete,
+            started_at: Some(1_000),
+            ended_at: Some(2_000),
+        };
+        assert!(may_pass(&k, &[], None));
+        assert!(!may_pass(&k, &[RunState::Failed], None));
+        assert!(may_pass(&k, &[RunState::Failed, RunState::Complete], None));
+        assert!(!may_pass(&k, &[], Some(1_001)));
+        assert!(may_pass(&k, &[], Some(1_000)));
+    }
+
+    #[test]
+    fn filters() {
+        let id = "01a22a44-9e62-7266-ab9d-e5b500ee829c";
+        let err: std::result::Result<Observed, String> = Err("bad".into());
+        assert!(passes(&err, id, &[], None));
+        assert!(!passes(&err, id, &[RunState::Failed], None));
+        let mut rec = crate::record::RunRecord::queued(id, crate::record::RunMode::Single);
+        rec.state = RunState::Failed;
+        rec.started_at = Some(5_000);
+        let ok = Ok(Observed {
+            record: rec,
+            judgement: Judgement::Trusted,
+            liveness: crate::lock::Liveness::Free,
+        });
+        assert!(passes(&ok, id, &[RunState::Failed], Some(5_000)));
+        assert!(!passes(&ok, id, &[RunState::Failed], Some(5_001)));
+        assert!(!passes(&ok, id, &[RunState::Complete], None));
+    }
+}

@@ -1,0 +1,817 @@
+//! End-to-end: `cohort-status` at scale (issue 4): listing and filters, `--tree`, `--json`,
+//! reconciliation, `--check`, `--doctor`, legacy records, bad input, a closed pipe, the index.
+//!
+//! Most records here are written by hand with the library (nested records under
+//! `R/nested-subagent-runs/<root>/<id>/`, live runs with a lock this test process holds), so each
+//! test says exactly what is on disk. `--follow` runs the real Pi on the fake model server.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use cohort_common::layout::RunDir;
+use cohort_common::lock::RunLock;
+use cohort_common::record::{self, now_ms, RunMode, RunRecord, RunState, StepRecord, StepStatus};
+use cohort_e2e::harness::{stderr, stdout, wait_for, TestEnv};
+use serde_json::Value;
+
+/// A fresh v7 id.
+fn new_id() -> String {
+    // Ids minted in the same millisecond still sort by their counter/random tail; a short pause
+    // keeps the creation order of the runs of a test obvious.
+    std::thread::sleep(Duration::from_millis(2));
+    cohort_common::id::RunId::new().to_string()
+}
+
+/// Write a top-level (or, with `nested = Some((root, parent, step))`, nested) record in `state`,
+/// with a lock file, then let `edit` adjust it.
+fn put(
+    env: &TestEnv,
+    state: RunState,
+    nested: Option<(&str, &str, usize)>,
+    edit: impl FnOnce(&mut RunRecord),
+) -> (String, RunDir) {
+    let id = new_id();
+    let root = env.state_root();
+    let dir = match nested {
+        None => root.run_dir(&id),
+        Some((r, _, _)) => root.nested_run_dir(r, &id),
+    };
+    cohort_common::fsutil::create_dir_all_private(dir.path()).unwrap();
+    std::fs::File::create(dir.lock()).unwrap();
+    let mut r = RunRecord::queued(&id, RunMode::Single);
+    r.state = state;
+    r.steps.push(StepRecord {
+        agent: "worker".into(),
+        task: format!("task of {}", &id[24..]),
+        status: if state == RunState::Complete {
+            StepStatus::Complete
+        } else {
+            StepStatus::Pending
+        },
+        ..Default::default()
+    });
+    if state.is_terminal() {
+        r.ended_at = Some(now_ms());
+    }
+    if let Some((root_id, parent, step)) = nested {
+        r.root_run_id = Some(root_id.into());
+        r.parent_run_id = Some(parent.into());
+        r.parent_step_index = Some(step);
+        r.depth = 1;
+    }
+    edit(&mut r);
+    record::store(&dir.status(), &r).unwrap();
+    (id, dir)
+}
+
+fn status(env: &TestEnv, args: &[&str]) -> std::process::Output {
+    env.run("cohort-status", args)
+}
+
+fn ok_stdout(env: &TestEnv, args: &[&str]) -> String {
+    let out = status(env, args);
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+    stdout(&out)
+}
+
+fn json_lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// Every file under `dir` (never following symlinks) with its bytes, except the index cache.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    fn walk(p: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
+        let Ok(rd) = std::fs::read_dir(p) else { return };
+        for e in rd.flatten() {
+            let path = e.path();
+            if e.file_name() == ".status-index" {
+                continue;
+            }
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                out.insert(path.clone(), b"<dir>".to_vec());
+                walk(&path, out);
+            } else if ft.is_file() {
+                out.insert(path.clone(), std::fs::read(&path).unwrap());
+            } else {
+                out.insert(path.clone(), format!("{ft:?}").into_bytes());
+            }
+        }
+    }
+    walk(dir, &mut out);
+    out
+}
+
+#[test]
+fn listing_filters_limit_and_json() {
+    let env = TestEnv::new();
+    let (old, _) = put(&env, RunState::Complete, None, |r| {
+        r.started_at = Some(now_ms() - 3 * 3600 * 1000);
+        r.ended_at = Some(now_ms() - 3 * 3600 * 1000 + 62_000);
+    });
+    let (failed, _) = put(&env, RunState::Failed, None, |r| {
+        r.error = Some("boom".into())
+    });
+    let (live, live_dir) = put(&env, RunState::Running, None, |_| {});
+    let _held = RunLock::acquire(&live_dir.lock(), Duration::from_secs(1)).unwrap();
+    let (done, _) = put(&env, RunState::Complete, None, |r| r.mode = RunMode::Chain);
+
+    let table = ok_stdout(&env, &[]);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("ID") && lines[0].contains("TASK"),
+        "{table}"
+    );
+    // Newest first, short ids, human times.
+    let order: Vec<&str> = lines[1..].iter().map(|l| &l[..12]).collect();
+    assert_eq!(
+        order,
+        vec![&done[24..], &live[24..], &failed[24..], &old[24..]],
+        "{table}"
+    );
+    let old_row = lines.iter().find(|l| l.starts_with(&old[24..])).unwrap();
+    assert!(
+        old_row.contains("3h00m ago") && old_row.contains("1m02s"),
+        "{old_row}"
+    );
+    assert!(lines[1].contains("chain") && lines[1].contains("complete"));
+    assert!(!table.contains('\x1b'), "no colour when stdout is a pipe");
+
+    // --state is repeatable; --since narrows by start time; --limit caps.
+    let t = ok_stdout(&env, &["--state", "failed", "--state", "running"]);
+    assert_eq!(t.lines().count(), 3, "{t}");
+    assert!(t.contains(&failed[24..]) && t.contains(&live[24..]), "{t}");
+    let t = ok_stdout(&env, &["--state", "running"]);
+    assert_eq!(t.lines().count(), 2, "{t}");
+    let t = ok_stdout(&env, &["--since", "1h"]);
+    assert!(!t.contains(&old[24..]) && t.contains(&done[24..]), "{t}");
+    let t = ok_stdout(&env, &["--limit", "1"]);
+    assert_eq!(t.lines().count(), 2, "{t}");
+    assert!(t.contains(&done[24..]), "{t}");
+    let t = ok_stdout(&env, &["--limit", "1", "--state", "complete"]);
+    assert_eq!(t.lines().count(), 2, "{t}");
+    assert!(t.contains(&done[24..]));
+    let bad = status(&env, &["--state", "sleeping"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("unknown state"), "{}", stderr(&bad));
+
+    // JSON Lines: the record plus shortId, origin, live, unresolved; times in ms.
+    let rows = json_lines(&ok_stdout(&env, &["--json", "--limit", "0"]));
+    assert_eq!(rows.len(), 4);
+    let l = rows.iter().find(|r| r["runId"] == live.as_str()).unwrap();
+    assert_eq!(l["live"], true);
+    assert_eq!(l["state"], "running");
+    assert_eq!(l["origin"], "top");
+    assert_eq!(l["shortId"], &live[24..]);
+    assert!(l["startedAt"].as_u64().unwrap() > 1_600_000_000_000);
+    let f = rows.iter().find(|r| r["runId"] == failed.as_str()).unwrap();
+    assert_eq!(
+        (f["live"].clone(), f["error"].clone()),
+        (Value::Bool(false), Value::from("boom"))
+    );
+}
+
+#[test]
+fn tree_and_all_show_nested_runs_under_their_parent_step() {
+    let env = TestEnv::new();
+    let (top, _) = put(&env, RunState::Complete, None, |r| {
+        r.mode = RunMode::Chain;
+        r.steps.push(StepRecord {
+            agent: "second".into(),
+            task: "second step".into(),
+            ..Default::default()
+        });
+    });
+    let (child, _) = put(&env, RunState::Complete, Some((&top, &top, 1)), |_| {});
+    let (grandchild, _) = put(&env, RunState::Failed, Some((&top, &child, 0)), |r| {
+        r.depth = 2
+    });
+    let (other, _) = put(&env, RunState::Complete, None, |_| {});
+
+    // Nested runs are not in the default listing.
+    let t = ok_stdout(&env, &[]);
+    assert_eq!(t.lines().count(), 3, "{t}");
+    assert!(!t.contains(&child[24..]));
+
+    let t = ok_stdout(&env, &["--tree"]);
+    let lines: Vec<&str> = t.lines().collect();
+    assert_eq!(lines.len(), 5, "{t}");
+    let pos = |id: &str| lines.iter().position(|l| l.contains(&id[24..])).unwrap();
+    assert!(pos(&other) < pos(&top));
+    assert_eq!(pos(&child), pos(&top) + 1, "{t}");
+    assert_eq!(pos(&grandchild), pos(&child) + 1, "{t}");
+    assert!(
+        lines[pos(&child)].starts_with(&format!("└ {}", &child[24..])),
+        "{t}"
+    );
+    assert!(lines[pos(&child)].contains("step 1 ▸"), "{t}");
+    assert!(
+        lines[pos(&grandchild)].starts_with(&format!("  └ {}", &grandchild[24..])),
+        "{t}"
+    );
+
+    // --all lists nested runs flat, marked.
+    let t = ok_stdout(&env, &["--all"]);
+    assert_eq!(t.lines().count(), 5, "{t}");
+    assert!(
+        t.lines()
+            .any(|l| l.contains(&child[24..]) && l.contains("(nested)")),
+        "{t}"
+    );
+    let rows = json_lines(&ok_stdout(&env, &["--all", "--json"]));
+    let c = rows.iter().find(|r| r["runId"] == child.as_str()).unwrap();
+    assert_eq!(c["origin"], "nested");
+    assert_eq!(c["parentRunId"], top.as_str());
+    assert_eq!(c["parentStepIndex"], 1);
+
+    // The single-run view names its nested runs; a nested id resolves too.
+    let t = ok_stdout(&env, &[&top]);
+    assert!(
+        t.contains("nested runs:") && t.contains(&child) && t.contains("from step 1"),
+        "{t}"
+    );
+    assert!(t.contains(&grandchild), "{t}");
+    let t = ok_stdout(&env, &[&child[24..]]);
+    let kids = &t[t.find("nested runs:").expect(&t)..t.find("paths:").unwrap()];
+    assert!(kids.contains(&grandchild) && !kids.contains(&top), "{t}");
+}
+
+#[test]
+fn reconciliation_trusts_the_lock_not_the_pid() {
+    let env = TestEnv::new();
+    // An unrelated live process owns the recorded pid; the lock is free: the runner is lost.
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let (lost, lost_dir) = put(&env, RunState::Running, None, |r| {
+        r.pid = Some(sleeper.id());
+        r.steps[0].status = StepStatus::Running;
+    });
+    // A dead pid, but the lock is held: running.
+    let (alive, alive_dir) = put(&env, RunState::Running, None, |r| r.pid = Some(999_999));
+    let held = RunLock::acquire(&alive_dir.lock(), Duration::from_secs(1)).unwrap();
+    // An old queued run with no runner: unresolved, never rewritten.
+    let (queued, queued_dir) = put(&env, RunState::Queued, None, |r| {
+        r.started_at = Some(now_ms() - 3600 * 1000)
+    });
+    let queued_before = std::fs::read(queued_dir.status()).unwrap();
+
+    let t = ok_stdout(&env, &[]);
+    let row = |id: &str| {
+        t.lines()
+            .find(|l| l.starts_with(&id[24..]))
+            .unwrap()
+            .to_string()
+    };
+    assert!(row(&lost).contains("failed"), "{t}");
+    assert!(row(&alive).contains("running"), "{t}");
+    assert!(
+        row(&queued).contains("queued?") && row(&queued).contains("start a new run"),
+        "{t}"
+    );
+
+    let rec: Value = serde_json::from_slice(&std::fs::read(lost_dir.status()).unwrap()).unwrap();
+    assert_eq!(rec["state"], "failed");
+    assert_eq!(rec["error"], "runner lost");
+    assert_eq!(rec["steps"][0]["status"], "failed");
+    let events = std::fs::read_to_string(lost_dir.events()).unwrap();
+    assert_eq!(events.matches("run.lost").count(), 1);
+    assert_eq!(std::fs::read(queued_dir.status()).unwrap(), queued_before);
+    let rec: Value = serde_json::from_slice(&std::fs::read(alive_dir.status()).unwrap()).unwrap();
+    assert_eq!(rec["state"], "running");
+    assert!(
+        sleeper.try_wait().unwrap().is_none(),
+        "the unrelated process is untouched"
+    );
+
+    // The single-run view explains the unresolved run.
+    let t = ok_stdout(&env, &[&queued]);
+    assert!(t.contains("start a new run"), "{t}");
+    // Once its lock is released, the live run is lost too.
+    drop(held);
+    let t = ok_stdout(&env, &["--state", "failed"]);
+    assert!(t.contains(&alive[24..]), "{t}");
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+}
+
+#[test]
+fn bad_input_gets_error_rows_and_nothing_changes() {
+    use std::os::unix::ffi::OsStrExt;
+    let env = TestEnv::new();
+    let (good, _) = put(&env, RunState::Complete, None, |_| {});
+    let runs = env.state_root().runs_dir();
+    let mk = |content: Option<&[u8]>| {
+        let id = new_id();
+        let d = runs.join(&id);
+        std::fs::create_dir(&d).unwrap();
+        if let Some(c) = content {
+            std::fs::write(d.join("status.json"), c).unwrap();
+        }
+        id
+    };
+    let empty = mk(Some(b""));
+    let truncated = mk(Some(br#"{"runId": "x", "state": "compl"#));
+    let not_json = mk(Some(b"hello, world"));
+    let wrong_types = mk(Some(
+        br#"{"runId": 7, "state": "complete", "steps": "many"}"#,
+    ));
+    let unknown_state = mk(Some(br#"{"runId": "u", "state": "hibernating"}"#));
+    let newer = mk(Some(
+        br#"{"formatVersion": 99, "runId": "n", "state": "complete"}"#,
+    ));
+    let missing = mk(None);
+    // A fifo where status.json should be: opening it for a blocking read would hang for ever
+    // (and root reads anything else), so this is the unreadable record.
+    let fifo = mk(None);
+    nix::unistd::mkfifo(
+        &runs.join(&fifo).join("status.json"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    // A symlink to a real run dir, a file where a dir should be, a non-UTF-8 name.
+    let link = new_id();
+    std::os::unix::fs::symlink(runs.join(&good), runs.join(&link)).unwrap();
+    let file = new_id();
+    std::fs::write(runs.join(&file), "not a dir").unwrap();
+    let odd = std::ffi::OsStr::from_bytes(b"0199\xff\xfe-not-utf8");
+    std::fs::create_dir(runs.join(odd)).unwrap();
+    let before = snapshot(env.state_root().path());
+
+    let out = status(&env, &["--limit", "0"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let t = stdout(&out);
+    let row = |id: &str| {
+        t.lines()
+            .find(|l| l.starts_with(&id[id.len() - 12..]))
+            .unwrap_or_else(|| panic!("no row for {id}:\n{t}"))
+            .to_string()
+    };
+    for (id, why) in [
+        (&empty, "invalid JSON"),
+        (&truncated, "invalid JSON"),
+        (&not_json, "invalid JSON"),
+        (&wrong_types, "invalid JSON"),
+        (&newer, "newer"),
+        (&missing, "cannot read"),
+        (&fifo, "not a regular file"),
+        (&link, "symlink"),
+        (&file, "a file where a run directory should be"),
+    ] {
+        let r = row(id);
+        assert!(r.contains(" error ") && r.contains(why), "{id}: {why}: {r}");
+    }
+    assert!(row(&unknown_state).contains("unknown"), "{t}");
+    assert!(
+        t.lines()
+            .any(|l| l.contains("error") && l.contains("not UTF-8")),
+        "{t}"
+    );
+    assert!(row(&good).contains("complete"));
+
+    // JSON: one line each; unreadable ones carry runId and error.
+    let rows = json_lines(&ok_stdout(&env, &["--json", "--limit", "0"]));
+    assert_eq!(rows.len(), 12);
+    let e = rows
+        .iter()
+        .find(|r| r["runId"] == truncated.as_str())
+        .unwrap();
+    assert!(e["error"].as_str().unwrap().contains("invalid JSON"));
+    // The single-run view of a bad record is a clear error, exit 2.
+    let out = status(&env, &[&truncated]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("invalid JSON"), "{}", stderr(&out));
+    let out = status(&env, &[&link]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("symlink"), "{}", stderr(&out));
+
+    assert_eq!(
+        snapshot(env.state_root().path()),
+        before,
+        "nothing on disk changed"
+    );
+    // --check counts them as problems.
+    let out = status(&env, &["--check"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out)
+            .lines()
+            .filter(|l| l.contains("corrupt"))
+            .count()
+            >= 9,
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(
+        snapshot(env.state_root().path()),
+        before,
+        "nothing on disk changed"
+    );
+}
+
+#[test]
+fn check_is_silent_when_well_and_names_each_problem() {
+    let env = TestEnv::new();
+    let out = status(&env, &["--check"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).is_empty() && stderr(&out).is_empty());
+    put(&env, RunState::Complete, None, |_| {});
+    // A failure long ago is outside the default 24h window.
+    let (old_fail, _) = put(&env, RunState::Failed, None, |r| {
+        r.started_at = Some(now_ms() - 3 * 86_400_000);
+        r.ended_at = Some(now_ms() - 3 * 86_400_000);
+    });
+    // A queued run still starting is fine.
+    put(&env, RunState::Queued, None, |_| {});
+    let out = status(&env, &["--check"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(stdout(&out).is_empty());
+
+    let (failed, _) = put(&env, RunState::Failed, None, |r| {
+        r.error = Some("model said no".into())
+    });
+    let (lost, _) = put(&env, RunState::Running, None, |_| {});
+    let (stuck, _) = put(&env, RunState::Queued, None, |r| {
+        r.started_at = Some(now_ms() - 11 * 60 * 1000)
+    });
+    let (gone, gone_dir) = put(&env, RunState::Running, None, |r| {
+        r.runtime = Some(cohort_common::runtime::Runtime {
+            node_exec_path: "/nonexistent/node".into(),
+            pi_entry_path: "/nonexistent/cli.js".into(),
+            pi_package_root: "/nonexistent".into(),
+        })
+    });
+    let _held = RunLock::acquire(&gone_dir.lock(), Duration::from_secs(1)).unwrap();
+    let (nested_fail, _) = put(&env, RunState::Failed, Some((&failed, &failed, 0)), |_| {});
+
+    let out = status(&env, &["--check"]);
+    assert_eq!(out.status.code(), Some(1));
+    let t = stdout(&out);
+    let line = |id: &str| {
+        t.lines()
+            .find(|l| l.starts_with(&id[24..]))
+            .map(String::from)
+    };
+    assert!(
+        line(&failed).unwrap().contains("failed: ") && t.contains("model said no"),
+        "{t}"
+    );
+    assert!(
+        line(&lost).unwrap().contains("lost: ") && t.contains("runner lost"),
+        "{t}"
+    );
+    assert!(line(&stuck).unwrap().contains("unresolved: "), "{t}");
+    assert!(
+        line(&gone).unwrap().contains("runtime-gone: ") && t.contains("/nonexistent/node"),
+        "{t}"
+    );
+    assert!(line(&nested_fail).is_some(), "{t}");
+    assert!(line(&old_fail).is_none(), "{t}");
+    assert_eq!(t.lines().count(), 5, "{t}");
+    // A wider window takes the old failure in; JSON form.
+    let out = status(&env, &["--check", "--since", "7d", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let rows = json_lines(&stdout(&out));
+    assert_eq!(rows.len(), 6);
+    let o = rows
+        .iter()
+        .find(|r| r["runId"] == old_fail.as_str())
+        .unwrap();
+    assert_eq!(o["kind"], "failed");
+    let g = rows.iter().find(|r| r["runId"] == gone.as_str()).unwrap();
+    assert_eq!(g["kind"], "runtime-gone");
+}
+
+#[test]
+fn doctor_reports_runtime_root_counts_and_disk() {
+    let env = TestEnv::new();
+    put(&env, RunState::Complete, None, |_| {});
+    put(&env, RunState::Failed, None, |_| {});
+    std::fs::set_permissions(
+        env.state_root().path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let legacy = env.tmp.path().join("legacy-root");
+    std::fs::create_dir_all(legacy.join("async-subagent-runs/3f2a9c1e")).unwrap();
+    let out = env
+        .cmd("cohort-status")
+        .env("PI_SUBAGENTS_TEMP_ROOT", &legacy)
+        .arg("--doctor")
+        .output()
+        .unwrap();
+    let t = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}{}", stderr(&out));
+    assert!(t.contains("ok, from path"), "{t}");
+    assert!(
+        t.contains(&env.pi_entry.canonicalize().unwrap().display().to_string()),
+        "{t}"
+    );
+    assert!(t.contains("mode 0700"), "{t}");
+    assert!(
+        t.contains("complete   1") && t.contains("failed     1"),
+        "{t}"
+    );
+    assert!(t.contains("legacy runs: 1 in"), "{t}");
+    assert!(t.contains("total"), "{t}");
+
+    // No pi on PATH, a state root others can read: warnings, exit 1.
+    std::fs::set_permissions(
+        env.state_root().path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let out = env
+        .cmd("cohort-status")
+        .env("PATH", "/nonexistent")
+        .args(["--doctor", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert!(
+        v["runtime"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("no `pi` on PATH"),
+        "{v:#}"
+    );
+    assert!(
+        v["stateRoot"]["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("0755"),
+        "{v:#}"
+    );
+}
+
+#[test]
+fn legacy_records_list_with_all_read_only() {
+    let env = TestEnv::new();
+    let legacy = env.tmp.path().join("pi-subagents-temp");
+    copy_dir(&fixtures().join("legacy"), &legacy);
+    let before = snapshot(&legacy);
+    put(&env, RunState::Complete, None, |_| {});
+    let run = |args: &[&str]| {
+        let out = env
+            .cmd("cohort-status")
+            .env("PI_SUBAGENTS_TEMP_ROOT", &legacy)
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        stdout(&out)
+    };
+    let t = run(&[]);
+    assert!(!t.contains("legacy"), "not without --all: {t}");
+    let t = run(&["--all"]);
+    assert_eq!(t.lines().count(), 5, "{t}");
+    let row = |id: &str| t.lines().find(|l| l.starts_with(id)).unwrap().to_string();
+    let chain = row("6b1c2f3e4a5b");
+    assert!(
+        chain.contains("complete") && chain.contains("(legacy)") && chain.contains("scout"),
+        "{chain}"
+    );
+    assert!(
+        chain.contains("2/2") && chain.contains("Map the repository layout"),
+        "{chain}"
+    );
+    // A legacy `running` record has no lock: shown as stored, never reconciled.
+    assert!(row("3f2a9c1e").contains("running"), "{t}");
+    assert!(row("a7c41d09").contains("paused"), "{t}");
+    let rows = json_lines(&run(&["--all", "--json"]));
+    let c = rows.iter().find(|r| r["runId"] == "3f2a9c1e").unwrap();
+    assert_eq!(c["origin"], "legacy");
+    assert_eq!(c["steps"][0]["usage"]["totalTokens"], 28100);
+    let v = run(&["3f2a9c1e"]);
+    assert!(
+        v.contains("legacy pi-subagents record") && v.contains("runtime      none recorded"),
+        "{v}"
+    );
+    let out = env
+        .cmd("cohort-status")
+        .env("PI_SUBAGENTS_TEMP_ROOT", &legacy)
+        .args(["--wait", "3f2a9c1e", "--timeout", "5s"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a legacy run is never waited on"
+    );
+    assert_eq!(
+        snapshot(&legacy),
+        before,
+        "legacy records are never written"
+    );
+}
+
+fn fixtures() -> PathBuf {
+    cohort_e2e::harness::workspace().join("tests/fixtures")
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+#[test]
+fn format_version_1_fixtures_read_and_list() {
+    let env = TestEnv::new();
+    let root = env.state_root();
+    let mut ids = Vec::new();
+    for name in ["complete-chain", "failed-runner-lost", "queued-nested"] {
+        let text = std::fs::read_to_string(fixtures().join(format!("v1/{name}.json"))).unwrap();
+        let rec: RunRecord = serde_json::from_str(&text).unwrap();
+        assert_eq!(rec.format_version, 1, "{name}");
+        // Round trip: what we read is what we would write.
+        let again: Value = serde_json::to_value(&rec).unwrap();
+        let orig: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(again, orig, "{name} round-trips");
+        let dir = match &rec.root_run_id {
+            Some(r) => root.nested_run_dir(r, &rec.run_id),
+            None => root.run_dir(&rec.run_id),
+        };
+        std::fs::create_dir_all(dir.path()).unwrap();
+        std::fs::write(dir.status(), &text).unwrap();
+        ids.push(rec.run_id);
+    }
+    let t = ok_stdout(&env, &["--tree"]);
+    let words = |l: &str| l.split_whitespace().take(4).collect::<Vec<_>>().join(" ");
+    let lines: Vec<String> = t.lines().map(words).collect();
+    assert_eq!(lines[1], "9d4e5f6a7b8c failed single step-0", "{t}");
+    assert_eq!(lines[2], "2f7d8e6b1a04 complete chain scout", "{t}");
+    assert_eq!(lines[3], "└ c4d5e6f70819 queued? single", "{t}");
+    let v = ok_stdout(&env, &[&ids[0]]);
+    assert!(
+        v.contains("tokens=5732") && v.contains("anthropic/claude-sonnet-4"),
+        "{v}"
+    );
+}
+
+#[test]
+fn a_closed_pipe_exits_0_quietly() {
+    let env = TestEnv::new();
+    for _ in 0..400 {
+        put(&env, RunState::Complete, None, |r| {
+            r.steps[0].task = "x".repeat(400);
+        });
+    }
+    for args in [vec!["--limit", "0"], vec!["--json", "--limit", "0"]] {
+        let mut child = env
+            .cmd("cohort-status")
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = [0u8; 16];
+        child
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut first)
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+    }
+}
+
+#[test]
+fn the_index_is_only_a_cache() {
+    let env = TestEnv::new();
+    let (a, _) = put(&env, RunState::Complete, None, |_| {});
+    let (b, b_dir) = put(&env, RunState::Running, None, |_| {});
+    let held = RunLock::acquire(&b_dir.lock(), Duration::from_secs(1)).unwrap();
+    let idx = env.state_root().path().join(".status-index");
+    let first = ok_stdout(&env, &[]);
+    assert!(idx.join("names").is_file() && idx.join("active").is_file());
+    // Garbage in every index file: the listing is rebuilt from the run dirs, unchanged.
+    for f in ["names", "active", "terminal"] {
+        std::fs::write(idx.join(f), "garbage\n\x00").unwrap();
+    }
+    assert_eq!(strip_ages(&ok_stdout(&env, &[])), strip_ages(&first));
+    std::fs::remove_dir_all(&idx).unwrap();
+    assert_eq!(strip_ages(&ok_stdout(&env, &[])), strip_ages(&first));
+    // The run ends: the next listing sees it.
+    let mut r = record::load(&b_dir.status()).unwrap();
+    r.finish(RunState::Complete, None);
+    record::store(&b_dir.status(), &r).unwrap();
+    drop(held);
+    let t = ok_stdout(&env, &["--state", "running"]);
+    assert_eq!(t.lines().count(), 1, "{t}");
+    let t = ok_stdout(&env, &["--state", "complete"]);
+    assert!(t.contains(&a[24..]) && t.contains(&b[24..]), "{t}");
+    // A run reaped behind the index's back disappears.
+    std::fs::remove_dir_all(env.state_root().run_dir(&a).path()).unwrap();
+    let t = ok_stdout(&env, &[]);
+    assert!(!t.contains(&a[24..]), "{t}");
+}
+
+fn strip_ages(t: &str) -> String {
+    t.lines()
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn follow_streams_the_logs_and_exits_with_the_runs_code() {
+    let env = TestEnv::new();
+    let chain = env.tmp.path().join("chain.json");
+    std::fs::write(
+        &chain,
+        r#"{"steps": [
+            {"task": "RUN: sleep 1; echo first-step-done", "label": "one", "model": "fake/tool"},
+            {"task": "say second", "label": "two", "model": "fake/plain"}
+        ]}"#,
+    )
+    .unwrap();
+    let id = env.spawn(&["--chain", chain.to_str().unwrap()]);
+    let out = env
+        .cmd("cohort-status")
+        .args(["--follow", &id[24..]])
+        .output()
+        .unwrap();
+    let t = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}{}", stderr(&out));
+    let one = t.find("==> step 0 (one) <==").expect(&t);
+    let two = t.find("==> step 1 (two) <==").expect(&t);
+    assert!(one < two, "{t}");
+    assert!(t[one..two].contains("first-step-done"), "{t}");
+    assert!(t[two..].contains("ECHO: say second"), "{t}");
+    assert_eq!(env.record(&id)["state"], "complete");
+
+    // A failing run: its log is streamed and the exit code is 1.
+    let id = env.spawn(&["--model", "fake/err400", "anything"]);
+    let out = env
+        .cmd("cohort-status")
+        .args(["--follow", &id])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("ended failed"), "{}", stderr(&out));
+
+    // Following a live run: output appears while it runs (a tool call is logged when it
+    // starts), and --follow ends when the run does.
+    let id = env.spawn(&["--model", "fake/tool", "RUN: sleep 30; echo never"]);
+    let mut child = env
+        .cmd("cohort-status")
+        .args(["--follow", &id])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(lines).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+            .expect("the tool call is streamed while the run lives");
+        if line.contains("sleep 30") {
+            break;
+        }
+    }
+    assert_eq!(env.record(&id)["state"], "running");
+    let pid = stdout(&status(&env, &["--pid", &id]))
+        .trim()
+        .parse::<i32>()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let mut done = None;
+    wait_for(Duration::from_secs(30), || {
+        done = child.try_wait().unwrap();
+        done.is_some()
+    })
+    .expect("--follow exits when the run ends");
+    assert_eq!(done.unwrap().code(), Some(1));
+    assert_eq!(env.record(&id)["state"], "stopped");
+}
