@@ -1,10 +1,11 @@
 //! `cohort-status --doctor`: what cohort would run with, where its state lives and how it is.
 //!
-//! The report has parts, each gathered by its own function so later work can add to it (the
-//! revival work adds the recorded runtimes of revivable runs beside [`runtime_now`]):
+//! The report has parts, each gathered by its own function:
 //!
 //! - [`runtime_now`]: the runtime `cohort-spawn` would capture now (default request: flags
 //!   absent, so `COHORT_NODE`/`COHORT_PI_ENTRY`, else `PATH`) and why it is or isn't valid;
+//! - [`recorded_runtimes`]: each distinct runtime recorded by live or revivable runs, and
+//!   whether it is still present and valid (a revival uses it, never today's `PATH`);
 //! - [`state_root`]: the state root, whether it exists, its owner and permission bits (it
 //!   should be 0700 and ours: tasks and outputs may hold secrets);
 //! - counts per state (through the index, so only active records are read);
@@ -12,7 +13,8 @@
 //! - disk use of the state root (a walk that never follows symlinks), split by part.
 //!
 //! Exit status (binary): 0 when nothing is wrong, 1 when the report holds a warning (invalid
-//! runtime, a state root others can read, owned by someone else).
+//! runtime now, a recorded runtime gone, a state root others can read or owned by someone
+//! else).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -119,12 +121,99 @@ pub fn root_warnings(is_dir: bool, mode: u32, owner: u32, me: u32) -> Vec<String
     w
 }
 
+/// One runtime recorded by live or revivable runs, and whether it is still there.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordedRuntime {
+    /// The runtime as recorded.
+    pub runtime: runtime::Runtime,
+    /// Short ids of live runs using it.
+    pub live_runs: Vec<String>,
+    /// How many finished runs could be revived on it (terminal, with an existing session file).
+    pub revivable_runs: usize,
+    /// Why it is no longer valid (`None`: present and valid).
+    pub error: Option<String>,
+}
+
+/// What [`group_runtimes`] needs of one run.
+#[derive(Clone, Debug)]
+pub struct RunRuntime {
+    /// The run id.
+    pub id: String,
+    /// Its runner lock is held.
+    pub live: bool,
+    /// Terminal, with a session file that exists.
+    pub revivable: bool,
+    /// Its recorded runtime.
+    pub runtime: Option<runtime::Runtime>,
+}
+
+/// Group live and revivable runs by recorded runtime (pure); other runs are left out. Sorted by
+/// entry path.
+pub fn group_runtimes(runs: &[RunRuntime]) -> Vec<(runtime::Runtime, Vec<String>, usize)> {
+    let mut groups: BTreeMap<(PathBuf, PathBuf), (runtime::Runtime, Vec<String>, usize)> =
+        BTreeMap::new();
+    for r in runs {
+        let Some(rt) = &r.runtime else { continue };
+        if !r.live && !r.revivable {
+            continue;
+        }
+        let g = groups
+            .entry((rt.pi_entry_path.clone(), rt.node_exec_path.clone()))
+            .or_insert_with(|| (rt.clone(), Vec::new(), 0));
+        if r.live {
+            g.1.push(crate::id::short_of(&r.id).to_string());
+        } else {
+            g.2 += 1;
+        }
+    }
+    groups.into_values().collect()
+}
+
+/// The distinct runtimes recorded by live or revivable runs (top-level and nested), each
+/// validated again now. Reads every record: a diagnostic, not a hot path.
+pub fn recorded_runtimes(root: &StateRoot) -> Result<Vec<RecordedRuntime>> {
+    let mut all = status::top_level(root)?;
+    all.extend(status::nested(root)?);
+    let runs: Vec<RunRuntime> = all
+        .iter()
+        .filter_map(|f| {
+            let rec = status::read_record(&f.dir.status()).ok()?;
+            let live = crate::lock::probe(&f.dir.lock())
+                .map(|l| l.is_alive())
+                .unwrap_or(false);
+            let revivable = rec.state.is_terminal()
+                && rec
+                    .steps
+                    .iter()
+                    .any(|s| s.session_file.as_ref().is_some_and(|p| p.is_file()));
+            Some(RunRuntime {
+                id: rec.run_id,
+                live,
+                revivable,
+                runtime: rec.runtime,
+            })
+        })
+        .collect();
+    Ok(group_runtimes(&runs)
+        .into_iter()
+        .map(|(rt, live_runs, revivable_runs)| RecordedRuntime {
+            error: runtime::revalidate(&rt).err().map(|e| e.to_string()),
+            runtime: rt,
+            live_runs,
+            revivable_runs,
+        })
+        .collect())
+}
+
 /// The whole report.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Report {
     /// The runtime that would be captured now.
     pub runtime: RuntimeReport,
+    /// Runtimes recorded by live or revivable runs, and whether each is still valid.
+    pub recorded_runtimes: Vec<RecordedRuntime>,
     /// The state root.
     pub state_root: RootReport,
     /// Top-level runs per state word (`error` for unreadable entries).
@@ -139,7 +228,9 @@ pub struct Report {
 impl Report {
     /// Whether anything in the report is a problem (exit 1).
     pub fn has_warnings(&self) -> bool {
-        self.runtime.error.is_some() || !self.state_root.warnings.is_empty()
+        self.runtime.error.is_some()
+            || !self.state_root.warnings.is_empty()
+            || self.recorded_runtimes.iter().any(|r| r.error.is_some())
     }
 }
 
@@ -192,6 +283,7 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         .map(|rd| (legacy_dir.clone(), rd.count()));
     Ok(Report {
         runtime: runtime_now(),
+        recorded_runtimes: recorded_runtimes(root)?,
         state_root: state_root(root),
         top_level_counts: counts,
         legacy,
@@ -269,6 +361,27 @@ pub fn render(r: &Report) -> String {
         (None, Some(e)) => s.push_str(&format!("  NOT VALID: {e}\n")),
         (None, None) => s.push_str("  unknown\n"),
     }
+    s.push_str("runtimes recorded by live or revivable runs:\n");
+    if r.recorded_runtimes.is_empty() {
+        s.push_str("  none\n");
+    }
+    for rr in &r.recorded_runtimes {
+        let status = match &rr.error {
+            None => "ok".to_string(),
+            Some(e) => format!("GONE: {e}"),
+        };
+        s.push_str(&format!(
+            "  {}  (node {}): {status}\n    live runs: {}; revivable runs: {}\n",
+            rr.runtime.pi_entry_path.display(),
+            rr.runtime.node_exec_path.display(),
+            if rr.live_runs.is_empty() {
+                "none".to_string()
+            } else {
+                rr.live_runs.join(", ")
+            },
+            rr.revivable_runs
+        ));
+    }
     let root = &r.state_root;
     s.push_str(&format!("state root {}\n", root.path.display()));
     if root.exists {
@@ -316,6 +429,33 @@ mod tests {
         assert!(w[0].contains("0755"), "{w:?}");
         assert_eq!(root_warnings(true, 0o700, 6, 5).len(), 1);
         assert_eq!(root_warnings(false, 0o700, 5, 5).len(), 1);
+    }
+
+    #[test]
+    fn runtimes_are_grouped_by_installation() {
+        let rt = |p: &str| runtime::Runtime {
+            node_exec_path: "/usr/bin/node".into(),
+            pi_entry_path: PathBuf::from(p),
+            pi_package_root: PathBuf::from(p).parent().unwrap().to_path_buf(),
+        };
+        let run = |id: &str, live, revivable, r: Option<runtime::Runtime>| RunRuntime {
+            id: format!("01a22a44-9e62-7266-ab9d-{id}"),
+            live,
+            revivable,
+            runtime: r,
+        };
+        let groups = group_runtimes(&[
+            run("000000000001", true, false, Some(rt("/a/cli.js"))),
+            run("000000000002", false, true, Some(rt("/a/cli.js"))),
+            run("000000000003", false, true, Some(rt("/b/cli.js"))),
+            run("000000000004", false, false, Some(rt("/c/cli.js"))),
+            run("000000000005", true, false, None),
+        ]);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].0.pi_entry_path, PathBuf::from("/a/cli.js"));
+        assert_eq!(groups[0].1, vec!["000000000001"]);
+        assert_eq!(groups[0].2, 1);
+        assert_eq!((groups[1].1.len(), groups[1].2), (0, 1));
     }
 
     #[test]

@@ -211,6 +211,11 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
                 Some(o) => o,
                 None => read.next().expect("one reading per pending candidate"),
             };
+            // A run removed between the directory listing and the read (a reap moved it to
+            // its trash) is gone, not broken: no error row for it.
+            if obs.is_err() && std::fs::symlink_metadata(c.found.dir.path()).is_err() {
+                continue;
+            }
             if c.found.origin == Origin::TopLevel {
                 view.note(file_name(&c.found), outcome_of(&obs));
                 seen.insert(c.found.id.clone());
@@ -235,7 +240,12 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
     view.save();
 
     let mut out: Vec<Row> = Vec::with_capacity(rows.len());
-    for (_, row) in rows {
+    for (_, mut row) in rows {
+        if let Ok(o) = &row.observed {
+            if o.record.state.is_terminal() && !matches!(row.origin, Origin::Legacy) {
+                row.live_descendants = live_descendants(root, &o.record);
+            }
+        }
         let tree_root = match (&row.origin, &row.observed) {
             (Origin::TopLevel, Ok(_)) if opts.tree => Some(row.id.clone()),
             _ => None,
@@ -312,6 +322,75 @@ pub fn subtree_rows(root: &StateRoot, root_id: &str) -> Result<Vec<Row>> {
     Ok(out)
 }
 
+/// How many runs below `rec` in its tree have a live runner (pure over [`TreeNode`]s: see
+/// [`count_live_below`]). A terminal run with live descendants is flagged in listings: its
+/// children started work that is still going on. Costs one directory read when the tree has
+/// no nested runs (the common case).
+pub fn live_descendants(root: &StateRoot, rec: &crate::record::RunRecord) -> usize {
+    let tree = rec
+        .root_run_id
+        .clone()
+        .unwrap_or_else(|| rec.run_id.clone());
+    let Ok(found) = status::nested_of(root, &tree) else {
+        return 0;
+    };
+    if found.is_empty() {
+        return 0;
+    }
+    let nodes: Vec<TreeNode> = found
+        .iter()
+        .filter_map(|f| {
+            let r = status::read_record(&f.dir.status()).ok()?;
+            Some(TreeNode {
+                id: r.run_id,
+                parent: r.parent_run_id,
+                live: crate::lock::probe(&f.dir.lock())
+                    .map(|l| l.is_alive())
+                    .unwrap_or(false),
+            })
+        })
+        .collect();
+    count_live_below(&nodes, &rec.run_id)
+}
+
+/// One nested run, for [`count_live_below`].
+#[derive(Clone, Debug)]
+pub struct TreeNode {
+    /// Its id.
+    pub id: String,
+    /// Its parent run's id.
+    pub parent: Option<String>,
+    /// Its runner lock is held.
+    pub live: bool,
+}
+
+/// Count the live nodes whose parent chain reaches `ancestor` (pure; cycles are cut).
+pub fn count_live_below(nodes: &[TreeNode], ancestor: &str) -> usize {
+    let parent: HashMap<&str, &str> = nodes
+        .iter()
+        .filter_map(|n| n.parent.as_deref().map(|p| (n.id.as_str(), p)))
+        .collect();
+    nodes
+        .iter()
+        .filter(|n| n.live)
+        .filter(|n| {
+            let mut cur = n.id.as_str();
+            let mut steps = 0;
+            while let Some(&p) = parent.get(cur) {
+                if p == ancestor {
+                    return true;
+                }
+                cur = p;
+                steps += 1;
+                if steps > nodes.len() {
+                    break;
+                }
+            }
+            false
+        })
+        .count()
+}
+
 /// The nested runs under one run, for its single-run view: its descendants in its tree, with
 /// depths relative to it (its children at depth 1).
 pub fn descendants(root: &StateRoot, rec: &crate::record::RunRecord) -> Result<Vec<Row>> {
@@ -362,6 +441,26 @@ fn walk(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn live_runs_below_an_ancestor() {
+        let n = |id: &str, parent: &str, live| TreeNode {
+            id: id.into(),
+            parent: Some(parent.into()),
+            live,
+        };
+        let nodes = [
+            n("a", "root", false),
+            n("b", "a", true),
+            n("c", "root", true),
+            n("d", "x", true),
+        ];
+        assert_eq!(count_live_below(&nodes, "root"), 2);
+        assert_eq!(count_live_below(&nodes, "a"), 1);
+        assert_eq!(count_live_below(&nodes, "c"), 0);
+        let cyc = [n("p", "q", true), n("q", "p", true)];
+        assert_eq!(count_live_below(&cyc, "root"), 0);
+    }
     use crate::status::Judgement;
 
     #[test]

@@ -576,7 +576,7 @@ pub fn reap(
             .map(|f| {
                 let r = match f.origin {
                     status::Origin::Nested { root } => root,
-                    status::Origin::TopLevel => String::new(),
+                    status::Origin::TopLevel | status::Origin::Legacy => String::new(),
                 };
                 (f.id, r)
             })

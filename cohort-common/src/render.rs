@@ -32,6 +32,8 @@ pub struct Row {
     pub depth: usize,
     /// For a row shown under its parent: the parent's flat step that started it.
     pub parent_step: Option<usize>,
+    /// For a terminal run: how many runs started below it are still alive.
+    pub live_descendants: usize,
 }
 
 impl Row {
@@ -43,6 +45,7 @@ impl Row {
             observed,
             depth: 0,
             parent_step: None,
+            live_descendants: 0,
         }
     }
 }
@@ -126,6 +129,9 @@ pub fn table(rows: &[Row], colour: bool) -> String {
         let mut marks = String::new();
         if let Some(step) = row.parent_step.filter(|_| row.depth > 0) {
             marks.push_str(&format!("step {step} ▸ "));
+        }
+        if row.live_descendants > 0 {
+            marks.push_str(&format!("({} nested still running) ", row.live_descendants));
         }
         match row.origin {
             Origin::Legacy => marks.push_str("(legacy) "),
@@ -251,6 +257,17 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
             &mut s,
             "note",
             "queued, but no runner ever took it: it will not run; start a new run".into(),
+        );
+    }
+    let live_below = children
+        .iter()
+        .filter(|c| matches!(&c.observed, Ok(co) if co.liveness == crate::lock::Liveness::Held))
+        .count();
+    if r.state.is_terminal() && live_below > 0 {
+        line(
+            &mut s,
+            "note",
+            format!("this run has ended, but {live_below} nested run(s) started below it are still running"),
         );
     }
     line(&mut s, "mode", mode_word(r));

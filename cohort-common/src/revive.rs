@@ -172,6 +172,9 @@ pub fn plan(f: &Facts) -> Result<Plan> {
 /// its session files exist or are in use by live runs.
 pub fn gather(root: &StateRoot, name: &str, step: Option<usize>) -> Result<Facts> {
     let found: Found = status::find(root, name)?;
+    if found.origin == status::Origin::Legacy {
+        return Err(RuntimeError::NotRecorded { run: found.id }.into());
+    }
     let record = record::load(&found.dir.status())?;
     let liveness = lock::probe(&found.dir.lock())?;
     let spec = fsutil::read_json::<LaunchSpec>(&found.dir.spec()).ok();

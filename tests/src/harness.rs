@@ -238,7 +238,9 @@ impl TestEnv {
         self.wait_terminal_at(&self.run_dir(id), secs)
     }
 
-    /// [`TestEnv::wait_terminal`] for a run dir anywhere (nested runs).
+    /// [`TestEnv::wait_terminal`] for a run dir anywhere (nested runs). Also waits for the
+    /// runner to let go of its lock (it writes the final record, then exits), so what follows
+    /// sees a finished run *and* no runner.
     pub fn wait_terminal_at(&self, dir: &Path, secs: u64) -> Value {
         let id = dir.display();
         let mut last = Value::Null;
@@ -250,7 +252,9 @@ impl TestEnv {
             matches!(
                 last["state"].as_str(),
                 Some("complete" | "failed" | "stopped" | "paused")
-            )
+            ) && !cohort_common::lock::probe(&dir.join("runner.lock"))
+                .map(|l| l.is_alive())
+                .unwrap_or(false)
         })
         .unwrap_or_else(|_| panic!("run {id} did not end in {secs}s: {last:#}"));
         last

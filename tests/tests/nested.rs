@@ -369,6 +369,19 @@ fn reaping_the_root_waits_for_its_nested_runs() {
     })
     .unwrap();
 
+    // The finished root is flagged: work it started is still going on.
+    let table = stdout(&env.run("cohort-status", &[]));
+    let row = table.lines().find(|l| l.starts_with(&root[24..])).unwrap();
+    assert!(
+        row.contains("complete") && row.contains("(1 nested still running)"),
+        "{table}"
+    );
+    let view = stdout(&env.run("cohort-status", &[&root]));
+    assert!(
+        view.contains("1 nested run(s) started below it are still running"),
+        "{view}"
+    );
+
     let out = env.run("cohort-reap", &[&root]);
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     assert!(stdout(&out).contains("nested run"), "{}", stdout(&out));

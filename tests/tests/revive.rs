@@ -126,8 +126,29 @@ fn a_revival_runs_on_the_original_installation_and_refuses_when_it_is_gone() {
         .to_string()
         .contains("remember KUMQUAT"));
 
+    // The doctor lists A as the runtime of revivable runs, valid.
+    let out = env.run("cohort-status", &["--doctor"]);
+    let doc = stdout(&out);
+    let line = doc
+        .lines()
+        .find(|l| l.contains(a_entry.to_str().unwrap()))
+        .unwrap_or_else(|| panic!("{doc}"));
+    assert!(line.ends_with(": ok"), "{doc}");
+
     // Installation A moved away: refused with exit 3 naming the recorded path; nothing runs.
     std::fs::rename(&a.root, a.root.with_file_name("pi-a-moved")).unwrap();
+    let out = env.run("cohort-status", &["--doctor"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a gone recorded runtime is a warning"
+    );
+    let doc = stdout(&out);
+    let line = doc
+        .lines()
+        .find(|l| l.contains(a_entry.to_str().unwrap()))
+        .unwrap_or_else(|| panic!("{doc}"));
+    assert!(line.contains("GONE"), "{doc}");
     let (runs, requests) = (run_count(&env), env.server.requests().len());
     let out = revive(&env, &[&original]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
