@@ -329,20 +329,7 @@ fn walk_bytes(p: &Path) -> u64 {
     n
 }
 
-/// Bytes in a human unit: `512 B`, `3.4 KiB`, `12.0 MiB`, `1.2 GiB`.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    format!("{v:.1} {}", UNITS[u])
-}
+use crate::render::human_bytes;
 
 /// The report as text.
 pub fn render(r: &Report) -> String {

@@ -123,7 +123,10 @@ fn run(args: Args) -> anyhow::Result<u8> {
                 } else {
                     "removed"
                 };
-                text.push_str(&format!("{verb} {shown} ({}", human_bytes(e.bytes)));
+                text.push_str(&format!(
+                    "{verb} {shown} ({}",
+                    cohort_common::render::human_bytes(e.bytes)
+                ));
                 if e.nested_runs > 0 {
                     let s = if e.nested_runs == 1 { "" } else { "s" };
                     text.push_str(&format!(", {} nested run{s}", e.nested_runs));
@@ -150,7 +153,7 @@ fn run(args: Args) -> anyhow::Result<u8> {
         };
         text.push_str(&format!(
             "{head} {removed}, refused {refused}, {verb} {}\n",
-            human_bytes(freed)
+            cohort_common::render::human_bytes(freed)
         ));
     }
     cli::out(&text)?;
@@ -164,19 +167,4 @@ fn run(args: Args) -> anyhow::Result<u8> {
     } else {
         exit::SUCCESS
     })
-}
-
-/// `4.0 KiB`, `12 B`, `1.5 MiB`.
-fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    format!("{v:.1} {}", UNITS[u])
 }
