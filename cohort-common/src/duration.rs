@@ -3,14 +3,17 @@
 use std::time::Duration;
 
 /// Parse a duration: a sequence of `<number><unit>` with units `ms`, `s`, `m`, `h`, `d`
-/// (`90s`, `10m`, `1h30m`, `2d`); a bare number is seconds. Errors describe the expected form.
+/// (`90s`, `10m`, `1h30m`, `2d`). A bare number is refused: `--older-than 7` meant as days
+/// must not prune everything older than seven seconds. Errors describe the expected form.
 pub fn parse(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     if t.is_empty() {
         return Err("empty duration".into());
     }
-    if let Ok(secs) = t.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
+    if t.parse::<u64>().is_ok() {
+        return Err(format!(
+            "duration {text:?} has no unit (write e.g. {t}s, {t}m, {t}h or {t}d)"
+        ));
     }
     let bad = || format!("invalid duration {text:?} (expected e.g. 30s, 10m, 1h30m, 2d, 500ms)");
     let mut total = Duration::ZERO;
@@ -36,6 +39,15 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         total += d;
     }
     Ok(total)
+}
+
+/// [`parse`], refusing zero: for deadlines and grace periods, where zero means "fail at once".
+pub fn parse_positive(text: &str) -> Result<Duration, String> {
+    let d = parse(text)?;
+    if d.is_zero() {
+        return Err(format!("duration {text:?} must be greater than zero"));
+    }
+    Ok(d)
 }
 
 /// A compact human duration from milliseconds: `850ms`, `42s`, `3m05s`, `1h02m`, `2d03h`.
@@ -67,7 +79,10 @@ mod tests {
 
     #[test]
     fn parses() {
-        assert_eq!(parse("90").unwrap(), Duration::from_secs(90));
+        assert!(parse("90").unwrap_err().contains("no unit"));
+        assert_eq!(parse("90s").unwrap(), Duration::from_secs(90));
+        assert!(parse_positive("0s").is_err());
+        assert_eq!(parse_positive("1ms").unwrap(), Duration::from_millis(1));
         assert_eq!(parse("1h30m").unwrap(), Duration::from_secs(5400));
         assert_eq!(parse("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse("2d").unwrap(), Duration::from_secs(172800));

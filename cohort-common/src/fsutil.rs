@@ -60,6 +60,25 @@ pub fn open_append(path: &Path) -> Result<File> {
         .at("open", path)
 }
 
+/// Rename `from` to `to` atomically, failing with [`Error::RunExists`] if `to` exists (even as
+/// an empty directory): `renameat2(RENAME_NOREPLACE)`.
+pub fn rename_noreplace(from: &Path, to: &Path) -> Result<()> {
+    use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
+    match renameat2(AT_FDCWD, from, AT_FDCWD, to, RenameFlags::RENAME_NOREPLACE) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EEXIST) | Err(nix::errno::Errno::ENOTEMPTY) => {
+            Err(Error::RunExists {
+                path: to.to_path_buf(),
+            })
+        }
+        Err(e) => Err(Error::Io {
+            action: "rename into place",
+            path: to.to_path_buf(),
+            source: e.into(),
+        }),
+    }
+}
+
 /// fsync a directory so that a rename or create inside it survives a crash.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
@@ -127,6 +146,21 @@ mod tests {
         );
         // No temp files left behind.
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn rename_noreplace_never_replaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        fs::create_dir(&a).unwrap();
+        fs::create_dir(&b).unwrap();
+        assert!(matches!(
+            rename_noreplace(&a, &b),
+            Err(Error::RunExists { .. })
+        ));
+        fs::remove_dir(&b).unwrap();
+        rename_noreplace(&a, &b).unwrap();
+        assert!(b.is_dir() && !a.exists());
     }
 
     #[test]

@@ -72,11 +72,7 @@ impl RunLock {
 
     /// Take the lock if it is free right now; `Ok(None)` when someone holds it.
     pub fn try_acquire(path: &Path) -> Result<Option<RunLock>> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .at("open lock file", path)?;
+        let file = open_lock(path, true)?;
         match file.try_lock() {
             Ok(()) => Ok(Some(RunLock {
                 _file: file,
@@ -93,14 +89,35 @@ impl RunLock {
     }
 }
 
+/// Open a lock file without following a symlink and without blocking (a FIFO planted as
+/// `runner.lock` must not hang a reader); anything but a regular file is an error.
+fn open_lock(path: &Path, write: bool) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .at("open lock file", path)?;
+    if !file.metadata().at("stat", path)?.is_file() {
+        return Err(Error::State(format!(
+            "lock file {} is not a regular file",
+            path.display()
+        )));
+    }
+    Ok(file)
+}
+
 /// Probe a lock file: try a shared lock and release it at once.
 ///
 /// Errors only when the file exists but cannot be opened or locked.
 pub fn probe(path: &Path) -> Result<Liveness> {
-    let file = match File::open(path) {
+    let file = match open_lock(path, false) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Liveness::NoLockFile),
-        Err(e) => return Err(e).at("open lock file", path),
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Liveness::NoLockFile)
+        }
+        Err(e) => return Err(e),
     };
     match file.try_lock_shared() {
         Ok(()) => Ok(Liveness::Free),
@@ -113,10 +130,12 @@ pub fn probe(path: &Path) -> Result<Liveness> {
 /// Returns at once when there is no lock file. This is how waiting avoids polling: the kernel
 /// wakes us when the runner's descriptor closes.
 pub fn wait_released(path: &Path) -> Result<()> {
-    let file = match File::open(path) {
+    let file = match open_lock(path, false) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e).at("open lock file", path),
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(())
+        }
+        Err(e) => return Err(e),
     };
     file.lock_shared().at("wait for lock", path)?;
     Ok(())
@@ -143,6 +162,21 @@ mod tests {
         drop(held);
         assert_eq!(probe(&p).unwrap(), Liveness::Free);
         wait_released(&p).unwrap();
+    }
+
+    #[test]
+    fn odd_lock_files_are_errors_not_hangs() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo.lock");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(probe(&fifo).is_err());
+        assert!(wait_released(&fifo).is_err());
+        let real = dir.path().join("real.lock");
+        File::create(&real).unwrap();
+        let link = dir.path().join("link.lock");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert!(probe(&link).is_err());
+        assert!(RunLock::try_acquire(&link).is_err());
     }
 
     #[test]

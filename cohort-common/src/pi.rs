@@ -27,6 +27,9 @@ use crate::record::Usage;
 pub const MAX_KEPT_LINE: usize = 512 << 20;
 /// How many leading bytes decide whether a line is kept.
 const PREFIX_BYTES: usize = 40;
+/// How much of a `message_update` line is kept: enough for the event header and a text delta
+/// (Pi prints `delta` before the repeated `partial` message). Longer deltas are cut.
+pub const UPDATE_HEAD: usize = 4096;
 
 /// What one event line told us, for the output log and the record. Text borrows from the line
 /// being parsed whenever it has no JSON escapes, so a huge message is not copied.
@@ -47,6 +50,12 @@ pub enum Notice<'a> {
         stop_reason: Option<String>,
         /// `errorMessage`.
         error: Option<String>,
+    },
+    /// A piece of assistant text as it streams (`message_update` with a `text_delta`), cut at
+    /// about [`UPDATE_HEAD`] bytes.
+    TextDelta {
+        /// The new text.
+        text: Cow<'a, str>,
     },
     /// A tool started: name and a short argument preview.
     ToolStart {
@@ -170,7 +179,7 @@ struct Session {
 
 /// Event types whose lines are counted from their prefix and never buffered.
 const SKIPPED: [(&str, Skip); 6] = [
-    ("message_update", Skip::Plain),
+    ("message_update", Skip::Update),
     ("tool_execution_update", Skip::Plain),
     ("message_start", Skip::Plain),
     ("turn_end", Skip::TurnEnd),
@@ -183,6 +192,8 @@ const SKIPPED: [(&str, Skip); 6] = [
 pub enum Skip {
     /// Nothing.
     Plain,
+    /// A `message_update`: its first [`UPDATE_HEAD`] bytes are kept, for a text delta.
+    Update,
     /// One turn.
     TurnEnd,
     /// The end of the agent loop.
@@ -230,7 +241,14 @@ impl StreamParser {
                         on_notice(&self.summary, notice);
                     }
                 }
-                Line::Skipped(kind) => self.count_skipped(kind),
+                Line::Skipped(kind, head) => {
+                    self.count_skipped(kind);
+                    if kind == Skip::Update {
+                        if let Some(text) = text_delta(head) {
+                            on_notice(&self.summary, Notice::TextDelta { text });
+                        }
+                    }
+                }
                 Line::Oversized => self.summary.oversized_lines += 1,
             });
             reader.consume(n);
@@ -247,7 +265,7 @@ impl StreamParser {
 
     fn count_skipped(&mut self, kind: Skip) {
         match kind {
-            Skip::Plain => {}
+            Skip::Plain | Skip::Update => {}
             Skip::TurnEnd => self.summary.turn_count += 1,
             Skip::AgentEnd => self.summary.saw_agent_end = true,
         }
@@ -399,8 +417,9 @@ pub fn preview(s: &str, max: usize) -> String {
 pub enum Line<'a> {
     /// A whole line kept for parsing.
     Kept(&'a [u8]),
-    /// A line recognised from its prefix and discarded unbuffered.
-    Skipped(Skip),
+    /// A line recognised from its prefix and discarded unbuffered, with its kept head (the
+    /// first [`UPDATE_HEAD`] bytes of a `message_update`; empty otherwise).
+    Skipped(Skip, &'a [u8]),
     /// A kept line over [`MAX_KEPT_LINE`], discarded.
     Oversized,
 }
@@ -424,7 +443,12 @@ impl LineSplitter {
                 None => (chunk, &[][..], false),
             };
             chunk = rest;
-            if self.skipping.is_none() && !self.oversized {
+            if let Some(kind) = self.skipping {
+                if kind == Skip::Update && self.buf.len() < UPDATE_HEAD {
+                    let take = (UPDATE_HEAD - self.buf.len()).min(part.len());
+                    self.buf.extend_from_slice(&part[..take]);
+                }
+            } else if !self.oversized {
                 if self.buf.is_empty() && done {
                     // Fast path: the whole line is in this chunk; no copy.
                     emit(classify_whole(part));
@@ -439,7 +463,13 @@ impl LineSplitter {
                     if self.buf.len() >= PREFIX_BYTES || done {
                         if let Some(kind) = classify_prefix(&self.buf) {
                             self.skipping = Some(kind);
-                            self.buf.clear();
+                            if kind == Skip::Update {
+                                let take =
+                                    UPDATE_HEAD.saturating_sub(self.buf.len()).min(part.len());
+                                self.buf.extend_from_slice(&part[..take]);
+                            } else {
+                                self.buf.clear();
+                            }
                             part = &[];
                         }
                     }
@@ -462,7 +492,7 @@ impl LineSplitter {
             }
             if done {
                 if let Some(kind) = self.skipping.take() {
-                    emit(Line::Skipped(kind));
+                    emit(Line::Skipped(kind, &self.buf));
                 } else if std::mem::take(&mut self.oversized) {
                     emit(Line::Oversized);
                 } else {
@@ -479,7 +509,7 @@ impl LineSplitter {
     /// Flush a last line that had no newline.
     pub fn finish(&mut self, mut emit: impl FnMut(Line<'_>)) {
         if let Some(kind) = self.skipping.take() {
-            emit(Line::Skipped(kind));
+            emit(Line::Skipped(kind, &self.buf));
         } else if std::mem::take(&mut self.oversized) {
             emit(Line::Oversized);
         } else if !self.buf.is_empty() {
@@ -491,9 +521,41 @@ impl LineSplitter {
 
 fn classify_whole(line: &[u8]) -> Line<'_> {
     match classify_prefix(&line[..line.len().min(PREFIX_BYTES)]) {
-        Some(kind) => Line::Skipped(kind),
+        Some(Skip::Update) => Line::Skipped(Skip::Update, &line[..line.len().min(UPDATE_HEAD)]),
+        Some(kind) => Line::Skipped(kind, &[]),
         None => Line::Kept(line),
     }
+}
+
+/// The text delta in the head of a `message_update` line (pure): the JSON string after
+/// `"delta":` in an `assistantMessageEvent` of type `text_delta`, decoded; cut (with `…`) when
+/// the head ends inside it. `None` for other updates (thinking, tool-call deltas, …).
+pub fn text_delta(head: &[u8]) -> Option<Cow<'_, str>> {
+    use memchr::memmem;
+    let ev = memmem::find(head, br#""assistantMessageEvent":{"type":"text_delta""#)?;
+    let d = ev + memmem::find(&head[ev..], br#""delta":""#)?;
+    let s = &head[d + 8..]; // starts at the opening quote
+    let mut i = 1;
+    while i < s.len() {
+        match s[i] {
+            b'\\' => i += 2,
+            b'"' => return serde_json::from_slice::<Cow<'_, str>>(&s[..=i]).ok(),
+            _ => i += 1,
+        }
+    }
+    // Cut short: decode what is complete (back off a partial escape), mark the cut.
+    for back in 0..8.min(s.len()) {
+        let mut candidate = s[..s.len() - back].to_vec();
+        candidate.push(b'"');
+        if let Ok(text) = serde_json::from_slice::<String>(&candidate) {
+            return Some(Cow::Owned(text + "…"));
+        }
+        let lossy = String::from_utf8_lossy(&candidate).into_owned();
+        if let Ok(text) = serde_json::from_str::<String>(&lossy) {
+            return Some(Cow::Owned(text + "…"));
+        }
+    }
+    None
 }
 
 /// How a child ended, as seen by the runner.
@@ -617,7 +679,8 @@ mod tests {
             assert_eq!(s.tool_count, 1);
             assert_eq!(s.usage.total_tokens, 12);
             assert_eq!(s.model.as_deref(), Some("fake/plain"));
-            assert_eq!(notices.len(), 4, "chunk {chunk}: {notices:?}");
+            assert_eq!(notices.len(), 5, "chunk {chunk}: {notices:?}");
+            assert!(notices[1].contains("TextDelta") && notices[1].contains("Hel"));
             assert_eq!(
                 decide_step(ChildExit::Code(0), &s, ""),
                 StepVerdict::Complete
@@ -642,7 +705,10 @@ mod tests {
             sp.feed(chunk, |_| {});
             splitter_peak = splitter_peak.max(sp.buf.capacity());
         }
-        assert!(splitter_peak < 4096, "buffered {splitter_peak} bytes");
+        assert!(
+            splitter_peak <= 2 * UPDATE_HEAD,
+            "buffered {splitter_peak} bytes"
+        );
     }
 
     #[test]
@@ -688,6 +754,41 @@ mod tests {
         assert!(
             matches!(decide_step(ChildExit::Signal(9), &ok, ""), StepVerdict::Failed(m) if m.contains("SIGKILL"))
         );
+    }
+
+    #[test]
+    fn text_deltas_come_from_update_heads() {
+        let line = br#"{"type":"message_update","assistantMessageEvent":{"type":"text_delta","contentIndex":0,"delta":"Hel\"lo\n","partial":{"x":1}}}"#;
+        assert_eq!(text_delta(line).as_deref(), Some("Hel\"lo\n"));
+        let thinking = br#"{"type":"message_update","assistantMessageEvent":{"type":"thinking_delta","contentIndex":0,"delta":"hm","partial":{}}}"#;
+        assert_eq!(text_delta(thinking), None);
+        let cut = br#"{"type":"message_update","assistantMessageEvent":{"type":"text_delta","contentIndex":0,"delta":"abc\u00"#;
+        assert_eq!(text_delta(cut).as_deref(), Some("abc…"));
+        // Through the parser, whatever the chunking, with a delta longer than the head.
+        let long = "w".repeat(UPDATE_HEAD * 2);
+        let text = format!(
+            "{}\n{{\"type\":\"message_update\",\"assistantMessageEvent\":{{\"type\":\"text_delta\",\"delta\":\"{long}\",\"partial\":{{}}}}}}\n",
+            std::str::from_utf8(line).unwrap()
+        );
+        for chunk in [5, 64, 100_000] {
+            let mut p = StreamParser::default();
+            let mut deltas = Vec::new();
+            p.run(
+                &mut io::BufReader::with_capacity(chunk, text.as_bytes()),
+                |_, n| {
+                    if let Notice::TextDelta { text } = n {
+                        deltas.push(text.into_owned());
+                    }
+                },
+            )
+            .unwrap();
+            assert_eq!(deltas.len(), 2, "chunk {chunk}");
+            assert_eq!(deltas[0], "Hel\"lo\n");
+            assert!(
+                deltas[1].ends_with('…') && deltas[1].len() < UPDATE_HEAD,
+                "chunk {chunk}"
+            );
+        }
     }
 
     #[test]

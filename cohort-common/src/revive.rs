@@ -9,13 +9,13 @@
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
+use crate::fsutil;
 use crate::layout::StateRoot;
 use crate::lock::{self, Liveness};
 use crate::record::{self, RunRecord, RunState};
 use crate::runtime::{self, Runtime, RuntimeError};
 use crate::spec::LaunchSpec;
 use crate::status::{self, Found};
-use crate::{fsutil, id};
 
 /// The task a revival sends when none is given.
 pub const DEFAULT_TASK: &str = "Continue where you left off.";
@@ -87,7 +87,7 @@ pub fn plan(f: &Facts) -> Result<Plan> {
         Some(i) if i < rec.steps.len() => i,
         Some(i) => {
             return Err(Error::Usage(format!(
-                "run {id} has {} steps; there is no step {i}",
+                "run {id} has {} step(s); there is no step {i}",
                 rec.steps.len()
             )))
         }
@@ -185,7 +185,7 @@ pub fn gather(root: &StateRoot, name: &str, step: Option<usize>) -> Result<Facts
         .filter_map(|s| s.session_file.clone())
         .collect();
     let existing_sessions = files.iter().filter(|p| p.is_file()).cloned().collect();
-    let sessions_in_use = sessions_in_use(root, &files)?;
+    let sessions_in_use = status::sessions_in_use(root, &files)?;
     Ok(Facts {
         record,
         liveness,
@@ -195,32 +195,6 @@ pub fn gather(root: &StateRoot, name: &str, step: Option<usize>) -> Result<Facts
         existing_sessions,
         sessions_in_use,
     })
-}
-
-/// Which of `files` a live run (runner lock held) names as a step's session file.
-fn sessions_in_use(root: &StateRoot, files: &[PathBuf]) -> Result<Vec<(PathBuf, String)>> {
-    let mut out = Vec::new();
-    let mut all = status::top_level(root)?;
-    all.extend(status::nested(root)?);
-    for f in all {
-        if !lock::probe(&f.dir.lock())
-            .map(Liveness::is_alive)
-            .unwrap_or(false)
-        {
-            continue;
-        }
-        let Ok(rec) = record::load(&f.dir.status()) else {
-            continue;
-        };
-        for s in &rec.steps {
-            if let Some(p) = &s.session_file {
-                if files.contains(p) {
-                    out.push((p.clone(), id::short_of(&rec.run_id).to_string()));
-                }
-            }
-        }
-    }
-    Ok(out)
 }
 
 /// Whether `a` and `b` name the same installation (compares canonical entry and Node paths).

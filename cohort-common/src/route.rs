@@ -181,22 +181,43 @@ pub fn validate(root: &StateRoot, r: &InheritedRoute) -> Result<Placement> {
             r.max_depth, file.max_depth
         )));
     }
-    let depth = r.depth + 1;
-    if depth > file.max_depth {
-        return Err(Error::Usage(format!(
-            "nested run refused: it would have depth {depth}, deeper than the tree's maximum {} (set with --max-depth on the top-level spawn)",
-            file.max_depth
-        )));
-    }
     let parent_dir = if r.parent_run_id == r.root_run_id {
         root.run_dir(&r.root_run_id)
     } else {
         root.nested_run_dir(&r.root_run_id, &r.parent_run_id)
     };
-    if !parent_dir.status().is_file() {
-        return Err(invalid(format!(
+    // The placement comes from the parent's record, not from what the environment claims.
+    let parent = crate::record::load(&parent_dir.status()).map_err(|_| {
+        invalid(format!(
             "parent run {} does not exist in this tree",
             r.parent_run_id
+        ))
+    })?;
+    if !crate::lock::probe(&parent_dir.lock()).is_ok_and(|l| l.is_alive()) {
+        return Err(invalid(format!(
+            "parent run {} is not running (only a live run's children start nested runs)",
+            r.parent_run_id
+        )));
+    }
+    if parent.depth != r.depth {
+        return Err(invalid(format!(
+            "{DEPTH_ENV}={} does not match the depth {} of parent run {}",
+            r.depth, parent.depth, r.parent_run_id
+        )));
+    }
+    if r.parent_step >= parent.steps.len() {
+        return Err(invalid(format!(
+            "{PARENT_STEP_ENV}={} but parent run {} has {} step(s)",
+            r.parent_step,
+            r.parent_run_id,
+            parent.steps.len()
+        )));
+    }
+    let depth = parent.depth + 1;
+    if depth > file.max_depth {
+        return Err(Error::Usage(format!(
+            "nested run refused: it would have depth {depth}, deeper than the tree's maximum {} (set with --max-depth on the top-level spawn)",
+            file.max_depth
         )));
     }
     Ok(Placement {
@@ -402,8 +423,16 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let root = StateRoot::for_profile(t.path().canonicalize().unwrap());
         let route = create(&root, ROOT, 2).unwrap();
-        crate::fsutil::create_dir_all_private(root.run_dir(ROOT).path()).unwrap();
-        std::fs::write(root.run_dir(ROOT).status(), "{}").unwrap();
+        let dir = root.run_dir(ROOT);
+        crate::fsutil::create_dir_all_private(dir.path()).unwrap();
+        let mut rec = crate::record::RunRecord::queued(ROOT, crate::record::RunMode::Chain);
+        rec.state = crate::record::RunState::Running;
+        rec.steps = vec![Default::default(), Default::default()];
+        crate::record::store(&dir.status(), &rec).unwrap();
+        std::fs::File::create(dir.lock()).unwrap();
+        // The parent must be alive.
+        let held = crate::lock::RunLock::acquire(&dir.lock(), std::time::Duration::from_millis(10))
+            .unwrap();
         let mut r = InheritedRoute {
             root_run_id: ROOT.into(),
             parent_run_id: ROOT.into(),
@@ -416,12 +445,15 @@ mod tests {
         let p = validate(&root, &r).unwrap();
         assert_eq!(p.depth, 1);
         assert_eq!(p.parent_step_index, 1);
+        // The environment cannot lie about depth or step.
         r.depth = 2;
-        assert!(validate(&root, &r)
-            .unwrap_err()
-            .to_string()
-            .contains("depth 3"));
+        let e = validate(&root, &r).unwrap_err().to_string();
+        assert!(e.contains("does not match the depth 0"), "{e}");
         r.depth = 0;
+        r.parent_step = 2;
+        let e = validate(&root, &r).unwrap_err().to_string();
+        assert!(e.contains("has 2 step(s)"), "{e}");
+        r.parent_step = 1;
         r.token = "wrong".into();
         assert!(validate(&root, &r)
             .unwrap_err()
@@ -435,5 +467,11 @@ mod tests {
             .contains("not the route"));
         // Creating again keeps the token.
         assert_eq!(create(&root, ROOT, 5).unwrap(), route);
+        r.route_dir = root.route_dir(ROOT);
+        drop(held);
+        assert!(validate(&root, &r)
+            .unwrap_err()
+            .to_string()
+            .contains("not running"));
     }
 }

@@ -52,6 +52,8 @@ const WRITE_INTERVAL: Duration = Duration::from_millis(100);
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
 /// Lines of stderr kept from each end for a step's error message.
 const STDERR_KEEP: usize = 3;
+/// How often the descendants of live step children are recorded.
+const TRACK_INTERVAL: Duration = Duration::from_millis(250);
 /// How long to wait for a child's stdout to close after it exited (a descendant may hold it).
 const STREAM_DRAIN: Duration = Duration::from_secs(2);
 
@@ -134,6 +136,10 @@ struct Active {
     stderr_tail: Arc<Mutex<StderrDigest>>,
     sweeping: bool,
     escaped: Option<Vec<String>>,
+    /// Descendants seen while the child lived (pid → start time).
+    seen: HashMap<u32, u64>,
+    /// The session file's lock, held while the step runs (continued sessions only).
+    _session_lock: Option<File>,
 }
 
 /// The bounded, live output log of one step.
@@ -142,29 +148,53 @@ struct OutputLog {
     written: u64,
     cap: u64,
     truncated: bool,
+    /// Streamed text was written and its line is not ended yet.
+    open_fragment: bool,
 }
 
 impl OutputLog {
-    /// Append `line` and a newline; at the cap, write what fits and one truncation marker,
-    /// then nothing more.
+    /// Append `line` and a newline (ending a streamed fragment first, if one is open).
     fn write_line(&mut self, line: &str) {
+        if std::mem::take(&mut self.open_fragment) {
+            self.write("\n");
+        }
+        self.write(line);
+        self.write("\n");
+    }
+
+    /// Append streamed text without a newline (a text delta); [`OutputLog::end_fragment`]
+    /// ends it.
+    fn write_fragment(&mut self, text: &str) {
+        self.open_fragment = true;
+        self.write(text);
+    }
+
+    /// End an open fragment with a newline.
+    fn end_fragment(&mut self) {
+        if std::mem::take(&mut self.open_fragment) {
+            self.write("\n");
+        }
+    }
+
+    /// Write `text`; at the cap, write what fits and one truncation marker, then nothing more.
+    fn write(&mut self, text: &str) {
         if self.truncated {
             return;
         }
         let room = self.cap.saturating_sub(self.written) as usize;
-        if line.len() < room {
-            self.written += line.len() as u64 + 1;
-            let _ = writeln!(self.file, "{line}");
+        if text.len() <= room {
+            self.written += text.len() as u64;
+            let _ = self.file.write_all(text.as_bytes());
             return;
         }
         let mut end = room;
-        while !line.is_char_boundary(end) {
+        while !text.is_char_boundary(end) {
             end -= 1;
         }
-        let _ = writeln!(self.file, "{}", &line[..end]);
+        let _ = self.file.write_all(&text.as_bytes()[..end]);
         let _ = writeln!(
             self.file,
-            "[cohort: output truncated at {} bytes]",
+            "\n[cohort: output truncated at {} bytes]",
             self.cap
         );
         self.truncated = true;
@@ -251,6 +281,7 @@ pub fn run(dir: &RunDir, ready: impl FnOnce()) -> Result<RunState> {
         active: HashMap::new(),
         nested_stopping: Vec::new(),
         last_write: Instant::now(),
+        last_track: Instant::now(),
         dirty: false,
         stop: None,
         run_deadline: None,
@@ -286,6 +317,7 @@ struct Supervisor {
     active: HashMap<usize, Active>,
     nested_stopping: Vec<RunDir>,
     last_write: Instant,
+    last_track: Instant,
     dirty: bool,
     stop: Option<Ending>,
     run_deadline: Option<Instant>,
@@ -444,6 +476,7 @@ impl Supervisor {
             .session_file
             .clone()
             .unwrap_or_else(|| default_session_file(&self.spec.session_dir, i));
+        let session_lock = lock_session(&session_file)?;
         let task = spec::substitute_previous(&step.spec.task, previous);
         let args = pi_command_args(step, &session_file, &self.spec.pi_args, &task);
         let log_path = self.dir.output_log(i);
@@ -453,6 +486,7 @@ impl Supervisor {
             written: 0,
             cap: self.spec.options.output_cap_bytes,
             truncated: false,
+            open_fragment: false,
         }));
         let mut cmd = Command::new(&rt.node_exec_path);
         cmd.arg(&rt.pi_entry_path)
@@ -471,6 +505,21 @@ impl Supervisor {
                 i,
                 self.rec.depth,
             ));
+        let runner_pid = std::process::id();
+        // SAFETY: the closure runs in the forked child before exec. It only makes the
+        // async-signal-safe system calls prctl(2) and getppid(2) and builds an io::Error from
+        // a raw errno, allocating nothing. It ties the child to the runner: if the runner dies
+        // (SIGKILL, the OOM killer), Pi gets SIGTERM instead of writing on unsupervised into a
+        // session a revival may then continue.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
+                if nix::unistd::getppid().as_raw() as u32 != runner_pid {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
         let mut child = cmd
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", rt.node_exec_path.display()))?;
@@ -517,6 +566,8 @@ impl Supervisor {
                 stderr_tail: tail,
                 sweeping: false,
                 escaped: None,
+                seen: HashMap::new(),
+                _session_lock: session_lock,
             },
         );
         Ok(())
@@ -539,6 +590,10 @@ impl Supervisor {
             self.handle(msg);
         }
         self.check_deadlines();
+        if self.last_track.elapsed() >= TRACK_INTERVAL {
+            self.track_descendants();
+            self.last_track = Instant::now();
+        }
         self.advance_finished();
         let since = self.last_write.elapsed();
         if (self.dirty && since >= WRITE_INTERVAL) || since >= HEARTBEAT {
@@ -703,26 +758,76 @@ impl Supervisor {
     /// descendants in a helper thread.
     fn advance_finished(&mut self) {
         let grace = Duration::from_millis(self.spec.options.grace_ms);
-        for (&i, a) in self.active.iter_mut() {
-            let Some(exited_at) = a.exited_at else {
-                continue;
-            };
-            if a.sweeping || (a.summary.is_none() && exited_at.elapsed() < STREAM_DRAIN) {
-                continue;
-            }
+        let busy: Vec<u32> = self
+            .active
+            .values()
+            .filter(|a| a.exit.is_none())
+            .map(|a| a.pid)
+            .collect();
+        let others_alive = |me: usize, active: &HashMap<usize, Active>| {
+            active
+                .iter()
+                .any(|(&j, b)| j != me && b.escaped.is_none() && !b.sweeping)
+        };
+        let ready: Vec<usize> = self
+            .active
+            .iter()
+            .filter(|(_, a)| {
+                a.exited_at
+                    .is_some_and(|t| a.summary.is_some() || t.elapsed() >= STREAM_DRAIN)
+                    && !a.sweeping
+            })
+            .map(|(&i, _)| i)
+            .collect();
+        for i in ready {
+            let orphans = !others_alive(i, &self.active);
+            let a = self.active.get_mut(&i).expect("ready step");
             a.sweeping = true;
+            let track = StepTrack {
+                run_id: self.rec.run_id.clone(),
+                step: i,
+                child: None, // reaped: its pid may already belong to someone else
+                seen: a.seen.clone(),
+                orphans,
+            };
             let tx = self.tx.clone();
-            let run_id = self.rec.run_id.clone();
-            let root = a.pid;
+            let busy = busy.clone();
             std::thread::spawn(move || {
-                let escaped = sweep_descendants(&run_id, i, root, grace);
+                let escaped = sweep_descendants(&track, &busy, grace);
                 let _ = tx.send(Msg::SweepDone(i, escaped));
             });
         }
     }
 
+    /// Remember the descendants of every live step child, with their start times, so they are
+    /// found at the end of the step even if they left the child's tree and its environment.
+    fn track_descendants(&mut self) {
+        if self.active.values().all(|a| a.exit.is_some()) {
+            return;
+        }
+        let procs = procinfo::all_processes();
+        for a in self.active.values_mut().filter(|a| a.exit.is_none()) {
+            for d in procinfo::descendants(&procs, a.pid) {
+                if let Some(st) = procs.get(&d) {
+                    if st.comm != "cohort-runner" {
+                        a.seen.insert(d, st.start_time);
+                    }
+                }
+            }
+        }
+    }
+
     /// Record a finished step; returns the failure message when it failed.
     fn finish_step(&mut self, i: usize, a: Active) -> Option<String> {
+        // Pi creates the session file with the default mode (0644, inside a 0700 dir); it may
+        // hold secrets, so it gets 0600 like every file cohort writes. The umask is left alone:
+        // it also governs the files Pi's tools write into the user's project.
+        if let Some(f) = &self.rec.steps[i].session_file {
+            let _ = std::fs::set_permissions(
+                f,
+                std::os::unix::fs::PermissionsExt::from_mode(fsutil::FILE_MODE),
+            );
+        }
         let summary = a.summary.unwrap_or_default();
         let tail = a
             .stderr_tail
@@ -858,9 +963,18 @@ fn spawn_stdout_reader(
         let mut recent_tools: VecDeque<RecentTool> = VecDeque::new();
         let mut last_sent = Instant::now() - WRITE_INTERVAL;
         let mut wrote_final = false;
+        // Text already streamed into the log for the message in progress.
+        let mut streamed = false;
         let _ = parser.run(&mut reader, |summary, notice| {
             let line = match &notice {
                 Notice::Session { .. } => None,
+                Notice::TextDelta { text } => {
+                    if let Ok(mut log) = log.lock() {
+                        log.write_fragment(text);
+                    }
+                    streamed = true;
+                    None
+                }
                 Notice::AssistantMessage {
                     text,
                     stop_reason,
@@ -889,7 +1003,10 @@ fn spawn_stdout_reader(
                         }
                     }
                     if let Ok(mut log) = log.lock() {
-                        if !text.is_empty() {
+                        if std::mem::take(&mut streamed) {
+                            // Its text is in the log already, delta by delta.
+                            log.end_fragment();
+                        } else if !text.is_empty() {
                             log.write_line(text);
                         }
                         if let Some(e) = error {
@@ -1040,22 +1157,60 @@ fn spawn_stderr_reader(
     });
 }
 
-/// The processes that belong to step `step` of run `run_id`: those whose environment carries
-/// the step's `COHORT_PARENT_RUN_ID`/`COHORT_PARENT_STEP`, and the descendants of the step's
-/// child `root` (excluding nested cohort runners and their trees).
-pub fn step_processes(run_id: &str, step: usize, root: u32) -> Vec<u32> {
-    let me = std::process::id();
-    let procs = procinfo::all_processes();
-    let want_run = format!("{PARENT_RUN_ENV}={run_id}");
-    let want_step = format!("{PARENT_STEP_ENV}={step}");
-    let mut found: HashSet<u32> = procinfo::descendants(&procs, root).into_iter().collect();
-    for (&pid, st) in &procs {
-        if pid == me || st.state == 'Z' {
+/// Who a step's processes are, for [`step_processes`].
+#[derive(Clone, Debug, Default)]
+pub struct StepTrack {
+    /// The run id (matched against `COHORT_PARENT_RUN_ID` in a process's environment).
+    pub run_id: String,
+    /// The flat step (matched against `COHORT_PARENT_STEP`).
+    pub step: usize,
+    /// The step's Pi child, while it has not been reaped (after that its pid may be reused).
+    pub child: Option<u32>,
+    /// Descendants seen while the child lived: pid → start time (clock ticks since boot), so a
+    /// reused pid is never taken for one of them.
+    pub seen: HashMap<u32, u64>,
+    /// Whether orphans reparented to the runner (which is a child subreaper) belong to this
+    /// step: true when no other step of the run is alive, since nothing else could have left
+    /// them. This is how a process that dropped the environment (`env -i`, `sudo`) and whose
+    /// parent exited before it was seen is still found.
+    pub orphans: bool,
+}
+
+/// The processes of a step in a process table (pure over `procs` and `env_of`): descendants of
+/// the live child; processes seen earlier (same start time); processes whose environment
+/// carries the step's `COHORT_PARENT_RUN_ID`/`COHORT_PARENT_STEP`; and, when
+/// [`StepTrack::orphans`], every child of `me` other than the live step children `busy`. Nested
+/// cohort runners and everything under them are left to their own runs; `me` and zombies are
+/// never included.
+pub fn select_step_processes(
+    t: &StepTrack,
+    me: u32,
+    busy: &[u32],
+    procs: &HashMap<u32, procinfo::Stat>,
+    env_of: impl Fn(u32) -> Option<Vec<u8>>,
+) -> Vec<u32> {
+    let want_run = format!("{PARENT_RUN_ENV}={}", t.run_id);
+    let want_step = format!("{PARENT_STEP_ENV}={}", t.step);
+    let mut found: HashSet<u32> = HashSet::new();
+    if let Some(child) = t.child {
+        found.extend(procinfo::descendants(procs, child));
+    }
+    for (&pid, &start) in &t.seen {
+        if procs.get(&pid).is_some_and(|s| s.start_time == start) {
+            found.insert(pid);
+        }
+    }
+    for (&pid, st) in procs {
+        if pid == me || st.state == 'Z' || found.contains(&pid) {
             continue;
         }
-        if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
-            let mut has_run = false;
-            let mut has_step = false;
+        if t.orphans && st.ppid == me && !busy.contains(&pid) {
+            found.insert(pid);
+            found.extend(procinfo::descendants(procs, pid));
+            continue;
+        }
+        if let Some(env) = env_of(pid) {
+            let (mut has_run, mut has_step) = (false, false);
             for var in env.split(|&b| b == 0) {
                 has_run |= var == want_run.as_bytes();
                 has_step |= var == want_step.as_bytes();
@@ -1065,31 +1220,35 @@ pub fn step_processes(run_id: &str, step: usize, root: u32) -> Vec<u32> {
             }
         }
     }
-    // Nested cohort runners (and everything under them) are left to their own runs.
     let nested: Vec<u32> = found
         .iter()
         .copied()
-        .filter(|&p| {
-            procs
-                .get(&p)
-                .map(|s| s.comm == "cohort-runner")
-                .unwrap_or(false)
-        })
+        .filter(|p| procs.get(p).is_some_and(|s| s.comm == "cohort-runner"))
         .collect();
     for n in nested {
         found.remove(&n);
-        for d in procinfo::descendants(&procs, n) {
+        for d in procinfo::descendants(procs, n) {
             found.remove(&d);
         }
     }
-    found.retain(|&p| procs.get(&p).map(|s| s.state != 'Z').unwrap_or(false) && p != me);
-    found.into_iter().collect()
+    found.retain(|&p| p != me && procs.get(&p).is_some_and(|s| s.state != 'Z'));
+    let mut out: Vec<u32> = found.into_iter().collect();
+    out.sort_unstable();
+    out
+}
+
+/// [`select_step_processes`] on the live process table.
+pub fn step_processes(t: &StepTrack, busy: &[u32]) -> Vec<u32> {
+    let procs = procinfo::all_processes();
+    select_step_processes(t, std::process::id(), busy, &procs, |pid| {
+        std::fs::read(format!("/proc/{pid}/environ")).ok()
+    })
 }
 
 /// TERM every process of the step, wait up to `grace` for them to go, KILL the rest; returns
 /// the ones still alive after that (`"<pid> <cmdline>"`).
-pub fn sweep_descendants(run_id: &str, step: usize, root: u32, grace: Duration) -> Vec<String> {
-    let first = step_processes(run_id, step, root);
+pub fn sweep_descendants(t: &StepTrack, busy: &[u32], grace: Duration) -> Vec<String> {
+    let first = step_processes(t, busy);
     if first.is_empty() {
         return Vec::new();
     }
@@ -1097,21 +1256,72 @@ pub fn sweep_descendants(run_id: &str, step: usize, root: u32, grace: Duration) 
         let _ = signal::kill(Pid::from_raw(p as i32), Signal::SIGTERM);
     }
     let deadline = Instant::now() + grace;
-    while Instant::now() < deadline && !step_processes(run_id, step, root).is_empty() {
+    while Instant::now() < deadline && !step_processes(t, busy).is_empty() {
         std::thread::sleep(Duration::from_millis(25));
     }
-    for p in step_processes(run_id, step, root) {
+    for p in step_processes(t, busy) {
         let _ = signal::kill(Pid::from_raw(p as i32), Signal::SIGKILL);
     }
     let deadline = Instant::now() + Duration::from_secs(1);
-    let mut left = step_processes(run_id, step, root);
+    let mut left = step_processes(t, busy);
     while !left.is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(25));
-        left = step_processes(run_id, step, root);
+        left = step_processes(t, busy);
     }
     left.into_iter()
         .map(|p| format!("{p} {}", procinfo::cmdline(p)))
         .collect()
+}
+
+/// Take an exclusive flock on a continued session file for the life of its step (a file that
+/// does not exist yet is a new session: nothing to share). Spawn refuses a session whose lock
+/// is held; this closes the race of two spawns that both checked before either runner started:
+/// the second runner's step fails instead of interleaving two conversations in one file.
+fn lock_session(path: &Path) -> std::result::Result<Option<File>, String> {
+    let Ok(file) = File::open(path) else {
+        return Ok(None);
+    };
+    // Readers probe briefly (shared, released at once): ride that out, not a live run.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(Some(file)),
+            Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(format!(
+                    "the session file {} is in use by another run",
+                    path.display()
+                ))
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(format!(
+                    "cannot lock the session file {}: {e}",
+                    path.display()
+                ))
+            }
+        }
+    }
+}
+
+/// Close every descriptor above stderr that the runner inherited (its spawner's caller may
+/// have passed any, e.g. a `flock` fd in a shell script): a detached runner and its Pi children
+/// must not keep the caller's files open, let alone its locks. Called first thing by
+/// `cohort-runner`, before it opens anything itself.
+pub fn close_inherited_fds() {
+    let fds: Vec<i32> = match std::fs::read_dir("/proc/self/fd") {
+        Ok(rd) => rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .filter(|&fd| fd > 2)
+            .collect(),
+        Err(_) => return,
+    };
+    // The directory's own descriptor is closed by now; closing it again fails harmlessly.
+    for fd in fds {
+        let _ = nix::unistd::close(fd);
+    }
 }
 
 /// Detach the current process from its spawner: a new session (no controlling terminal, its
@@ -1172,6 +1382,59 @@ mod tests {
         assert_eq!(
             d.summary(),
             "/x.js:3 | throw e | ^ | … | TypeError: boom | … | at h | at i | Node.js v20"
+        );
+    }
+
+    #[test]
+    fn step_processes_are_found_by_tree_memory_environment_and_orphanhood() {
+        use crate::procinfo::Stat;
+        let p = |pid, ppid, comm: &str, start| Stat {
+            pid,
+            comm: comm.into(),
+            state: 'S',
+            ppid,
+            pgrp: pid,
+            start_time: start,
+        };
+        let me = 100;
+        let procs: HashMap<u32, Stat> = [
+            p(200, me, "node", 1),          // the step's Pi child
+            p(201, 200, "bash", 2),         // its tool
+            p(300, me, "sleep", 3),         // an orphan (left by an exited tool)
+            p(301, 300, "sleep", 3),        // under the orphan
+            p(400, me, "cohort-runner", 4), // a nested runner, reparented to us
+            p(401, 400, "node", 4),         // its child
+            p(500, 1, "sleep", 5),          // elsewhere, env-marked
+            p(600, 1, "sleep", 6),          // elsewhere, seen earlier with start time 6
+            p(601, 1, "sleep", 99),         // a reused pid: seen earlier with another start time
+            p(700, me, "node", 7),          // a sibling step's live child
+        ]
+        .into_iter()
+        .map(|s| (s.pid, s))
+        .collect();
+        let env = |pid: u32| -> Option<Vec<u8>> {
+            (pid == 500).then(|| b"A=1\0COHORT_PARENT_RUN_ID=r\0COHORT_PARENT_STEP=3\0".to_vec())
+        };
+        let t = StepTrack {
+            run_id: "r".into(),
+            step: 3,
+            child: Some(200),
+            seen: [(600, 6), (601, 5)].into_iter().collect(),
+            orphans: false,
+        };
+        assert_eq!(
+            select_step_processes(&t, me, &[200, 700], &procs, env),
+            vec![201, 500, 600]
+        );
+        let t = StepTrack {
+            child: None,
+            orphans: true,
+            ..t
+        };
+        assert_eq!(
+            select_step_processes(&t, me, &[700], &procs, env),
+            vec![200, 201, 300, 301, 500, 600],
+            "orphans (not the nested runner, not a busy sibling) belong to the last live step"
         );
     }
 

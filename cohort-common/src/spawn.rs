@@ -23,6 +23,7 @@ use crate::route;
 use crate::runner;
 use crate::runtime::{self, Runtime, RuntimeRequest, RuntimeSource};
 use crate::spec::{self, ChainStep, LaunchSpec, Placement, RunOptions, SPEC_VERSION};
+use crate::status;
 
 /// The line the runner prints on stdout once `running` is published.
 pub const READY_LINE: &str = "cohort-runner: ready";
@@ -117,8 +118,17 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
             root.run_dir(&run_id)
         }
     };
-    fsutil::create_dir_exclusive(dir.path())?;
-    fsutil::create_file_exclusive(&dir.lock())?;
+    // The run dir is assembled under a hidden name (listings skip dot names) with its lock file
+    // and its `queued` record, then renamed into place without replacing anything: a reader
+    // never sees a run dir without a record, even when spawn is killed half-way.
+    let parent = dir
+        .path()
+        .parent()
+        .expect("run dirs have a parent")
+        .to_path_buf();
+    let staging = RunDir::new(parent.join(format!(".spawn-{run_id}")));
+    fsutil::create_dir_exclusive(staging.path())?;
+    fsutil::create_file_exclusive(&staging.lock())?;
 
     // Publish `queued` before validating anything.
     let (flat, groups) = spec::flatten(&req.chain);
@@ -143,10 +153,9 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
             ..Default::default()
         })
         .collect();
-    record::store(&dir.status(), &rec).map_err(|e| SpawnError {
-        run_id: Some(run_id.clone()),
-        error: e,
-    })?;
+    record::store(&staging.status(), &rec)?;
+    fsutil::rename_noreplace(staging.path(), dir.path())?;
+    fsutil::sync_dir(&parent)?;
     let _ = events::append_once(&dir.events(), "run.queued", json!({}));
 
     match prepare_and_start(root, &dir, &mut rec, &req) {
@@ -205,6 +214,24 @@ fn prepare_and_start(
     rec.cwd = Some(cwd.clone());
 
     let reused = session_files(&req.chain);
+    for f in &reused {
+        check_session_file(f)?;
+    }
+    for f in &reused {
+        let real = f.canonicalize().at("resolve", f)?;
+        if crate::lock::probe(&real).is_ok_and(|l| l.is_alive()) {
+            return Err(Error::State(format!(
+                "the session file {} is in use by a live run",
+                f.display()
+            )));
+        }
+    }
+    if let Some((file, run)) = status::sessions_in_use(root, &reused)?.into_iter().next() {
+        return Err(Error::State(format!(
+            "the session file {} is in use by live run {run}; two runs must not write one session",
+            file.display()
+        )));
+    }
     match (&req.session_root, &req.placement) {
         (Some(sr), _) => route::check_session_root(sr, &reused)?,
         (None, Some(_)) if !reused.is_empty() => {
@@ -305,6 +332,36 @@ impl<R: BufRead> TakeLine for R {
     }
 }
 
+/// A session file to continue must be an existing regular `.jsonl` file that starts with a Pi
+/// session header (`{"type":"session",…}`): Pi would otherwise overwrite whatever file it was
+/// given, or create a new one where the user meant to continue.
+pub fn check_session_file(file: &Path) -> Result<()> {
+    let bad = |why: &str| {
+        Err(Error::Usage(format!(
+            "session file {} {why}",
+            file.display()
+        )))
+    };
+    match std::fs::metadata(file) {
+        Err(_) => return bad("does not exist (to start a new session, leave out --session)"),
+        Ok(m) if !m.is_file() => return bad("is not a regular file"),
+        Ok(_) => {}
+    }
+    if file.extension().and_then(|e| e.to_str()) != Some("jsonl") {
+        return bad("is not a .jsonl file");
+    }
+    let f = std::fs::File::open(file).at("open", file)?;
+    let mut first = String::new();
+    BufReader::new(f).take_line(&mut first);
+    let is_session = serde_json::from_str::<serde_json::Value>(&first)
+        .ok()
+        .is_some_and(|v| v.get("type").and_then(|t| t.as_str()) == Some("session"));
+    if !is_session {
+        return bad("is not a Pi session file (its first line is not a session header)");
+    }
+    Ok(())
+}
+
 /// A cwd must exist and be a directory; returns its canonical form.
 pub fn validate_cwd(cwd: &Path) -> Result<PathBuf> {
     let meta = std::fs::metadata(cwd).map_err(|e| {
@@ -386,6 +443,34 @@ mod tests {
         std::fs::write(&f, "{\"type\":\"message\"}\n").unwrap();
         assert_eq!(session_header_cwd(&f), None);
         assert_eq!(session_header_cwd(&d.path().join("missing")), None);
+    }
+
+    #[test]
+    fn session_files_must_be_pi_sessions() {
+        let d = tempfile::tempdir().unwrap();
+        let good = d.path().join("s.jsonl");
+        std::fs::write(&good, "{\"type\":\"session\",\"version\":3}\n").unwrap();
+        assert!(check_session_file(&good).is_ok());
+        let json = d.path().join("chain.json");
+        std::fs::write(&json, "{\"type\":\"session\"}\n").unwrap();
+        assert!(check_session_file(&json)
+            .unwrap_err()
+            .to_string()
+            .contains(".jsonl"));
+        let other = d.path().join("notes.jsonl");
+        std::fs::write(&other, "{\"steps\":[]}\n").unwrap();
+        assert!(check_session_file(&other)
+            .unwrap_err()
+            .to_string()
+            .contains("not a Pi session"));
+        assert!(check_session_file(&d.path().join("new.jsonl"))
+            .unwrap_err()
+            .to_string()
+            .contains("does not exist"));
+        assert!(check_session_file(d.path())
+            .unwrap_err()
+            .to_string()
+            .contains("regular"));
     }
 
     #[test]

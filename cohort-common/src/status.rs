@@ -525,21 +525,35 @@ pub fn final_text(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<
         Some(i) if i < n => i,
         Some(i) => {
             return Err(Error::Usage(format!(
-                "run {} has {n} steps; there is no step {i}",
+                "run {} has {n} step(s); there is no step {i}",
                 rec.run_id
             )))
         }
         None if n > 0 => n - 1,
         None => return Err(Error::State(format!("run {} has no steps", rec.run_id))),
     };
-    match std::fs::read_to_string(dir.final_text(i)) {
-        Ok(t) => Ok(t),
-        Err(_) => Err(Error::State(format!(
-            "step {i} of run {} has no final text (run {}, step {})",
+    let step = &rec.steps[i];
+    let missing = || {
+        let why = step
+            .error
+            .as_deref()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default();
+        Error::State(format!(
+            "step {i} of run {} has no final text (run {}, step {}{why})",
             rec.run_id,
             rec.state.as_str(),
-            rec.steps[i].status.as_str()
-        ))),
+            step.status.as_str()
+        ))
+    };
+    match std::fs::read_to_string(dir.final_text(i)) {
+        // A failed or stopped step may have written nothing: that is no answer, not an empty
+        // one.
+        Ok(t) if t.is_empty() && step.status != crate::record::StepStatus::Complete => {
+            Err(missing())
+        }
+        Ok(t) => Ok(t),
+        Err(_) => Err(missing()),
     }
 }
 
@@ -568,6 +582,39 @@ pub fn live_runner_pid(dir: &RunDir) -> Result<Option<u32>> {
         }
         _ => Ok(None),
     }
+}
+
+/// Which of `files` a live run (runner lock held) names as a step's session file, with that
+/// run's short id. Paths are compared in canonical form. Only runs the index holds as active,
+/// and nested runs, are read: a terminal run has no runner.
+pub fn sessions_in_use(root: &StateRoot, files: &[PathBuf]) -> Result<Vec<(PathBuf, String)>> {
+    let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let wanted: Vec<(PathBuf, PathBuf)> = files.iter().map(|f| (canon(f), f.clone())).collect();
+    let mut out = Vec::new();
+    if wanted.is_empty() {
+        return Ok(out);
+    }
+    let view = index::View::open(root)?;
+    let mut candidates: Vec<RunDir> = view.active.iter().map(|id| root.run_dir(id)).collect();
+    candidates.extend(nested(root)?.into_iter().map(|f| f.dir));
+    for dir in candidates {
+        if !lock::probe(&dir.lock())
+            .map(Liveness::is_alive)
+            .unwrap_or(false)
+        {
+            continue;
+        }
+        let Ok(rec) = read_record(&dir.status()) else {
+            continue;
+        };
+        for p in rec.steps.iter().filter_map(|s| s.session_file.as_deref()) {
+            let c = canon(p);
+            if let Some((_, given)) = wanted.iter().find(|(w, _)| *w == c) {
+                out.push((given.clone(), crate::id::short_of(&rec.run_id).to_string()));
+            }
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
+    runner::close_inherited_fds();
     runner::detach().context("cannot detach")?;
     let dir = RunDir::new(&args.run_dir);
     runner::run(&dir, || {

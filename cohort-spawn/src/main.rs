@@ -76,10 +76,10 @@ struct Args {
     #[arg(long)]
     fail_fast: bool,
     /// Deadline for the whole run (e.g. 30m, 1h).
-    #[arg(long, value_parser = duration::parse)]
+    #[arg(long, value_parser = duration::parse_positive)]
     timeout: Option<std::time::Duration>,
-    /// Deadline for each step.
-    #[arg(long, value_parser = duration::parse)]
+    /// Deadline for each step (e.g. 10m).
+    #[arg(long, value_parser = duration::parse_positive)]
     step_timeout: Option<std::time::Duration>,
     /// Grace between SIGTERM and SIGKILL when stopping a child.
     #[arg(long, value_parser = duration::parse, default_value = "5s")]

@@ -36,7 +36,7 @@ struct Args {
     #[arg(long)]
     wait: bool,
     /// With --wait: give up after this long (exit 124).
-    #[arg(long, value_parser = duration::parse, requires = "wait")]
+    #[arg(long, value_parser = duration::parse_positive, requires = "wait")]
     timeout: Option<Duration>,
     /// Stream a run's output logs live, like `tail -f`; exit 0 if it completes, 1 otherwise.
     #[arg(long, value_name = "ID", conflicts_with_all = ["wait", "output", "pid", "check", "doctor"])]

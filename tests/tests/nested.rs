@@ -128,10 +128,13 @@ fn a_nested_start_beyond_the_maximum_depth_is_refused() {
     assert!(nested_dirs(&env, &root).is_empty());
 }
 
-/// A finished top-level run and the route variables a child of its step 0 would have.
+/// A live top-level run (streaming slowly) and the route variables a child of its step 0 has.
 fn route_env(env: &TestEnv) -> (String, Vec<(String, String)>) {
-    let root = env.spawn(&["--model", "fake/plain", "root"]);
-    env.wait_terminal(&root, 60);
+    let root = env.spawn(&["--model", "fake/slow", "root"]);
+    wait_for(Duration::from_secs(30), || {
+        env.record(&root)["state"] == "running"
+    })
+    .unwrap();
     let route_dir = env.state_root().route_dir(&root);
     let token = read_json(&route_dir.join("route.json"))["capabilityToken"]
         .as_str()
@@ -150,6 +153,20 @@ fn route_env(env: &TestEnv) -> (String, Vec<(String, String)>) {
         root,
         vars.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
     )
+}
+
+/// Stop a run the documented way and wait for it.
+fn stop(env: &TestEnv, id: &str) {
+    let pid: i32 = stdout(&env.run("cohort-status", &["--pid", id]))
+        .trim()
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    env.wait_terminal(id, 30);
 }
 
 fn spawn_with(env: &TestEnv, vars: &[(String, String)], args: &[&str]) -> std::process::Output {
@@ -202,6 +219,8 @@ fn invalid_route_variables_are_refused_before_any_record() {
             "not the route",
         ),
         (set("COHORT_DEPTH", "deep"), "not a number"),
+        (set("COHORT_DEPTH", "1"), "does not match the depth 0"),
+        (set("COHORT_PARENT_STEP", "7"), "has 1 step(s)"),
         (good[..3].to_vec(), "not set"),
     ];
     let before = count_records(&env);
@@ -216,13 +235,21 @@ fn invalid_route_variables_are_refused_before_any_record() {
     let out = spawn_with(&env, &good, &["--model", "fake/plain", "fine"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(count_records(&env), before + 1);
+    // Once the parent has ended, its route starts nothing more.
+    let root = good[0].1.clone();
+    stop(&env, &root);
+    let out = spawn_with(&env, &good, &["--model", "fake/plain", "late"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is not running"), "{}", stderr(&out));
+    assert_eq!(count_records(&env), before + 1);
 }
 
 #[test]
 fn session_root_rules_are_enforced_one_by_one() {
     let env = TestEnv::new();
     let (root, vars) = route_env(&env);
-    let session = env.record(&root)["steps"][0]["sessionFile"]
+    let done = env.spawn(&["--model", "fake/plain", "a session to reuse"]);
+    let session = env.wait_terminal(&done, 60)["steps"][0]["sessionFile"]
         .as_str()
         .unwrap()
         .to_string();
@@ -311,6 +338,7 @@ fn session_root_rules_are_enforced_one_by_one() {
         ],
     );
     assert!(out.status.success(), "{}", stderr(&out));
+    stop(&env, &root);
 }
 
 #[test]

@@ -485,3 +485,31 @@ fn without_fail_fast_a_group_finishes_its_members_and_the_run_fails() {
         .collect();
     assert_eq!(st, ["failed", "complete", "complete", "stopped"], "{rec:#}");
 }
+
+#[test]
+fn streamed_text_reaches_the_output_log_while_the_message_is_still_going() {
+    let env = TestEnv::new();
+    let id = env.spawn(&["--model", "fake/slow", "stream"]);
+    let log = env.run_dir(&id).join("output-0.log");
+    wait_for(Duration::from_secs(30), || {
+        std::fs::read_to_string(&log)
+            .map(|t| t.contains("tick tick tick"))
+            .unwrap_or(false)
+    })
+    .expect("text deltas are written as they arrive");
+    assert_eq!(
+        env.record(&id)["state"],
+        "running",
+        "the message has not ended"
+    );
+    let pid: i32 = stdout(&env.run("cohort-status", &["--pid", &id]))
+        .trim()
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(env.wait_terminal(&id, 30)["state"], "stopped");
+}
