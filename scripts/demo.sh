@@ -43,9 +43,13 @@ while :; do
   case $state in complete|failed|stopped|paused) break ;; esac
   sleep 0.1
 done
-echo "== the run's lifecycle, from its events.jsonl (queued is published by spawn before the runner starts)"
-sed -n 's/.*"type":"\([a-zA-Z.]*\)".*/  \1/p' "$PI_CODING_AGENT_DIR/pi-cohort/async-subagent-runs/$ID/events.jsonl"
-
+echo "== the run's lifecycle, from its events.jsonl (spawn publishes queued before the runner starts)"
+awk -F'"ts":' 'NR == 1 { split($2, a, ","); t0 = a[1] }
+  { split($2, a, ","); t = a[1]; match($0, /"type":"[a-zA-Z.]*"/); ty = substr($0, RSTART + 8, RLENGTH - 9)
+    st = ty; if (ty == "run.queued") st = "queued"; else if (ty == "run.started") st = "running";
+    else if (ty == "run.completed") st = "complete"; else if (ty == "run.failed") st = "failed";
+    printf "  +%5d ms  %-15s%s\n", t - t0, ty, (st != ty ? "-> state " st : "") }' \
+  "$PI_CODING_AGENT_DIR/pi-cohort/async-subagent-runs/$ID/events.jsonl"
 echo "== cohort-status"
 cohort-status
 echo "== cohort-status --wait $ID"

@@ -153,7 +153,12 @@ pub fn validate(node: &Path, entry: &Path) -> Result<Runtime, RuntimeError> {
         path: node.to_path_buf(),
         reason,
     };
-    let node_c = node.canonicalize().map_err(|e| bad_node(format!("{e}")))?;
+    let node_c = node.canonicalize().map_err(|e| {
+        bad_node(match e.kind() {
+            std::io::ErrorKind::NotFound => "it does not exist".to_string(),
+            _ => e.to_string(),
+        })
+    })?;
     let meta = std::fs::metadata(&node_c).map_err(|e| bad_node(format!("{e}")))?;
     if !meta.is_file() {
         return Err(bad_node("not a regular file".into()));
@@ -166,9 +171,12 @@ pub fn validate(node: &Path, entry: &Path) -> Result<Runtime, RuntimeError> {
         path: entry.to_path_buf(),
         reason,
     };
-    let entry_c = entry
-        .canonicalize()
-        .map_err(|e| bad_entry(format!("{e}")))?;
+    let entry_c = entry.canonicalize().map_err(|e| {
+        bad_entry(match e.kind() {
+            std::io::ErrorKind::NotFound => "it does not exist".to_string(),
+            _ => e.to_string(),
+        })
+    })?;
     if !std::fs::metadata(&entry_c)
         .map_err(|e| bad_entry(format!("{e}")))?
         .is_file()

@@ -210,35 +210,38 @@ struct ChainFile {
 /// Errors ([`Error::Usage`]) name the step and the problem: unknown keys, an empty task, an empty
 /// group, a `concurrency` of 0, no steps, a session file (not allowed in chain files).
 pub fn parse_chain(text: &str) -> Result<Vec<ChainStep>> {
-    let file: ChainFile =
-        serde_json::from_str(text).map_err(|e| Error::Usage(format!("chain file: {e}")))?;
+    let bad = |m: String| Error::Usage(format!("chain file: {m}"));
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(bad(
+            "expected a JSON object {\"steps\": [...]} (see docs/chain.md)".into(),
+        ));
+    }
+    let file: ChainFile = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
     if file.steps.is_empty() {
-        return Err(Error::Usage("chain file: `steps` is empty".into()));
+        return Err(bad("`steps` is empty".into()));
     }
     let mut out = Vec::new();
-    for (i, raw) in file.steps.into_iter().enumerate() {
-        let n = i + 1;
+    // Steps are numbered from 0, as everywhere else in cohort.
+    for (n, raw) in file.steps.into_iter().enumerate() {
         let step = if raw.get("parallel").is_some() {
-            let p: ParallelSpec = serde_json::from_value(raw)
-                .map_err(|e| Error::Usage(format!("chain file: step {n}: {e}")))?;
+            let p: ParallelSpec =
+                serde_json::from_value(raw).map_err(|e| bad(format!("step {n}: {e}")))?;
             if p.parallel.is_empty() {
-                return Err(Error::Usage(format!(
-                    "chain file: step {n}: `parallel` is empty"
-                )));
+                return Err(bad(format!("step {n}: `parallel` is empty")));
             }
             if p.concurrency == Some(0) {
-                return Err(Error::Usage(format!(
-                    "chain file: step {n}: `concurrency` must be at least 1"
-                )));
+                return Err(bad(format!("step {n}: `concurrency` must be at least 1")));
             }
-            for t in &p.parallel {
-                check_task(t, n)?;
+            for (m, t) in p.parallel.iter().enumerate() {
+                check_task(t, &format!("step {n}, member {m}"))?;
             }
             ChainStep::Parallel(p)
         } else {
-            let t: TaskSpec = serde_json::from_value(raw)
-                .map_err(|e| Error::Usage(format!("chain file: step {n}: {e}")))?;
-            check_task(&t, n)?;
+            let t: TaskSpec =
+                serde_json::from_value(raw).map_err(|e| bad(format!("step {n}: {e}")))?;
+            check_task(&t, &format!("step {n}"))?;
             ChainStep::Task(t)
         };
         out.push(step);
@@ -246,13 +249,13 @@ pub fn parse_chain(text: &str) -> Result<Vec<ChainStep>> {
     Ok(out)
 }
 
-fn check_task(t: &TaskSpec, n: usize) -> Result<()> {
+fn check_task(t: &TaskSpec, at: &str) -> Result<()> {
     if t.task.trim().is_empty() {
-        return Err(Error::Usage(format!("chain file: step {n}: empty `task`")));
+        return Err(Error::Usage(format!("chain file: {at}: empty `task`")));
     }
     if t.session_file.is_some() {
         return Err(Error::Usage(format!(
-            "chain file: step {n}: `sessionFile` is not accepted in a chain file; use cohort-spawn --session"
+            "chain file: {at}: `sessionFile` is not accepted in a chain file; use cohort-spawn --session"
         )));
     }
     Ok(())
@@ -309,7 +312,12 @@ mod tests {
     #[test]
     fn refuses_typos_and_empties() {
         for (bad, needle) in [
-            (r#"{"steps":[{"tsk":"x"}]}"#, "step 1"),
+            (r#"{"steps":[{"tsk":"x"}]}"#, "step 0"),
+            (
+                r#"{"steps":[{"task":"a"},{"parallel":[{"task":"b"},{"task":" "}]}]}"#,
+                "step 1, member 1",
+            ),
+            (r#"[]"#, "expected a JSON object"),
             (r#"{"steps":[{"task":"x","modle":"m"}]}"#, "modle"),
             (r#"{"steps":[{"parallel":[]}]}"#, "empty"),
             (

@@ -19,6 +19,7 @@ use cohort_common::{cli, duration, exit, layout::StateRoot, revive, route, spawn
 ///
 /// Everything after `--` is passed to each Pi child verbatim.
 #[derive(Parser)]
+#[command(group(clap::ArgGroup::new("shape").args(["parallel", "chain"])))]
 #[command(
     version,
     after_help = "Exit codes: 0 started, 2 usage or start error (a failed record is left behind), 3 Pi runtime missing or invalid."
@@ -69,11 +70,12 @@ struct Args {
     /// Run the TASKs as one parallel group.
     #[arg(long)]
     parallel: bool,
-    /// Most children alive at once in a parallel group.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Most children alive at once in a parallel group (with --parallel or --chain).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), requires = "shape")]
     concurrency: Option<u32>,
-    /// In a parallel group, the first failed member stops its siblings.
-    #[arg(long)]
+    /// In a parallel group, the first failed member stops its siblings (with --parallel or
+    /// --chain).
+    #[arg(long, requires = "shape")]
     fail_fast: bool,
     /// Deadline for the whole run (e.g. 30m, 1h).
     #[arg(long, value_parser = duration::parse_positive)]

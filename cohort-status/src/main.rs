@@ -39,8 +39,8 @@ struct Args {
     #[arg(long, value_parser = duration::parse_positive, requires = "wait")]
     timeout: Option<Duration>,
     /// Stream a run's output logs live, like `tail -f`; exit 0 if it completes, 1 otherwise.
-    #[arg(long, value_name = "ID", conflicts_with_all = ["wait", "output", "pid", "check", "doctor"])]
-    follow: Option<String>,
+    #[arg(long, conflicts_with_all = ["wait", "output", "pid", "check", "doctor"])]
+    follow: bool,
     /// Print the final assistant text of a run (the last step, or --step N).
     #[arg(long)]
     output: bool,
@@ -109,7 +109,17 @@ fn run(args: Args) -> anyhow::Result<u8> {
             exit::SUCCESS
         });
     }
-    if let Some(name) = &args.follow {
+    if (args.check || args.doctor) && !args.ids.is_empty() {
+        anyhow::bail!(cohort_common::Error::Usage(
+            "--check and --doctor look at every run; they take no run ids".into()
+        ));
+    }
+    if args.follow {
+        let [name] = args.ids.as_slice() else {
+            anyhow::bail!(cohort_common::Error::Usage(
+                "--follow takes exactly one run".into()
+            ));
+        };
         return follow(&root, name);
     }
     if args.wait {
