@@ -608,7 +608,7 @@ impl Supervisor {
                 if self.stop.is_none() {
                     let _ = self.events.append("run.stopping", json!({}));
                     self.signal_all(Ending::Stop);
-                    self.stop_nested_runs();
+                    let _ = self.stop_nested_runs();
                 }
                 self.stop = Some(Ending::Stop);
             }
@@ -681,11 +681,15 @@ impl Supervisor {
     /// Send SIGTERM to the live runners of the nested runs started from this run's children
     /// (each stops its own children and nested runs in turn), and remember them so the run
     /// waits for them before it ends.
-    fn stop_nested_runs(&mut self) {
+    /// Returns how many of this run's nested runs are still starting (`queued`, no runner yet):
+    /// their runners may come up after this call, so [`Supervisor::wait_nested_stopped`] asks
+    /// again.
+    fn stop_nested_runs(&mut self) -> usize {
         let dir = self.state_root.nested_runs_dir(&self.tree.root_run_id);
         let Ok(rd) = std::fs::read_dir(&dir) else {
-            return;
+            return 0;
         };
+        let mut starting = 0;
         for e in rd.flatten() {
             let run = RunDir::new(e.path());
             let Ok(rec) = record::load(&run.status()) else {
@@ -693,32 +697,44 @@ impl Supervisor {
             };
             if rec.parent_run_id.as_deref() != Some(self.rec.run_id.as_str())
                 || rec.state.is_terminal()
+                || self.nested_stopping.contains(&run)
             {
                 continue;
             }
-            if let Ok(Some(pid)) = crate::status::live_runner_pid(&run) {
-                let _ = signal::kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
-                let _ = self
-                    .events
-                    .append("nested.stopping", json!({"runId": rec.run_id, "pid": pid}));
-                self.nested_stopping.push(run);
+            match crate::status::live_runner_pid(&run) {
+                Ok(Some(pid)) => {
+                    let _ = signal::kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+                    let _ = self
+                        .events
+                        .append("nested.stopping", json!({"runId": rec.run_id, "pid": pid}));
+                    self.nested_stopping.push(run);
+                }
+                _ if rec.state == RunState::Queued => starting += 1,
+                _ => {}
             }
         }
+        starting
     }
 
-    /// Wait (bounded) for the nested runs this run stopped to end.
+    /// Wait (bounded) for the nested runs this run stopped to end, stopping those whose
+    /// runners came up meanwhile.
     fn wait_nested_stopped(&mut self) {
         let deadline = Instant::now()
             + Duration::from_millis(self.spec.options.grace_ms)
             + Duration::from_secs(5);
-        for run in std::mem::take(&mut self.nested_stopping) {
-            while Instant::now() < deadline
-                && crate::lock::probe(&run.lock())
-                    .map(|l| l.is_alive())
-                    .unwrap_or(false)
-            {
-                std::thread::sleep(Duration::from_millis(20));
+        // A nested spawn may have published `queued` just before the stop: its runner comes up
+        // within moments; give it a short while, then stop it too.
+        let starting_until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            let starting = self.stop_nested_runs();
+            let alive = self
+                .nested_stopping
+                .iter()
+                .any(|run| crate::lock::probe(&run.lock()).is_ok_and(|l| l.is_alive()));
+            if !alive && (starting == 0 || Instant::now() >= starting_until) {
+                break;
             }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
