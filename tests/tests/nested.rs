@@ -16,10 +16,16 @@ fn nested_spawn_command(model: &str, task: &str) -> String {
     )
 }
 
+/// The nested run dirs of a tree (hidden `.spawn-*` staging dirs are not runs yet).
 fn nested_dirs(env: &TestEnv, root: &str) -> Vec<PathBuf> {
     let dir = env.state_root().nested_runs_dir(root);
     std::fs::read_dir(dir)
-        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                .map(|e| e.path())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
