@@ -261,6 +261,80 @@ impl TestEnv {
     }
 }
 
+impl TestEnv {
+    /// The runner's pid, from `cohort-status --pid NAME` (which checks it is still that runner).
+    pub fn runner_pid(&self, name: &str) -> u32 {
+        let out = self.run("cohort-status", &["--pid", name]);
+        assert!(out.status.success(), "--pid {name}: {}", stderr(&out));
+        stdout(&out).trim().parse().expect("a pid")
+    }
+
+    /// Stop a run the documented way (SIGTERM to `cohort-status --pid`) and wait until it has
+    /// ended and its runner is gone. Works for nested runs too. Returns the runner's pid.
+    pub fn stop(&self, name: &str) -> u32 {
+        let pid = self.runner_pid(name);
+        signal(pid, nix::sys::signal::Signal::SIGTERM);
+        let out = self.run("cohort-status", &["--wait", "--timeout", "30s", name]);
+        assert_ne!(
+            out.status.code(),
+            Some(124),
+            "{name} did not stop: {}",
+            stderr(&out)
+        );
+        wait_for(Duration::from_secs(10), || !alive(pid)).expect("the runner exits");
+        pid
+    }
+
+    /// The events of a run dir's `events.jsonl` (empty when there is none yet).
+    pub fn events_at(&self, dir: &Path) -> Vec<Value> {
+        std::fs::read_to_string(dir.join("events.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("events are JSON lines"))
+            .collect()
+    }
+
+    /// The events of a top-level run.
+    pub fn events(&self, id: &str) -> Vec<Value> {
+        self.events_at(&self.run_dir(id))
+    }
+
+    /// The pid of flat step `step`'s Pi child, from its `step.started` event (waits for it).
+    pub fn child_pid(&self, id: &str, step: u64) -> u32 {
+        let mut pid = 0;
+        wait_for(Duration::from_secs(30), || {
+            pid = self
+                .events(id)
+                .iter()
+                .find(|e| e["type"] == "step.started" && e["step"] == step)
+                .and_then(|e| e["pid"].as_u64())
+                .unwrap_or(0) as u32;
+            pid != 0
+        })
+        .expect("the step started");
+        pid
+    }
+}
+
+/// Send `sig` to `pid`.
+pub fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).expect("kill");
+}
+
+/// Wait for a file to hold a pid (written by a tool call) and return it.
+pub fn read_pid(path: &Path) -> u32 {
+    let mut pid = 0;
+    wait_for(Duration::from_secs(30), || {
+        pid = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        pid != 0
+    })
+    .unwrap_or_else(|_| panic!("no pid in {}", path.display()));
+    pid
+}
+
 impl Default for TestEnv {
     fn default() -> Self {
         Self::new()

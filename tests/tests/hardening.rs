@@ -4,45 +4,16 @@
 
 use std::time::Duration;
 
-use cohort_e2e::harness::{alive, bin_dir, stderr, stdout, wait_for, TestEnv, HERMETIC};
+use cohort_e2e::harness::{alive, bin_dir, signal, stderr, stdout, wait_for, TestEnv, HERMETIC};
 use serde_json::Value;
-
-fn events(env: &TestEnv, id: &str) -> Vec<Value> {
-    std::fs::read_to_string(env.run_dir(id).join("events.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn child_pid(env: &TestEnv, id: &str) -> u32 {
-    let mut pid = 0;
-    wait_for(Duration::from_secs(30), || {
-        pid = events(env, id)
-            .iter()
-            .find(|e| e["type"] == "step.started")
-            .and_then(|e| e["pid"].as_u64())
-            .unwrap_or(0) as u32;
-        pid != 0
-    })
-    .expect("step started");
-    pid
-}
-
-fn kill(pid: u32, sig: nix::sys::signal::Signal) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
-}
 
 #[test]
 fn a_runner_killed_with_sigkill_takes_its_pi_child_down() {
     let env = TestEnv::new();
     let id = env.spawn(&["--model", "fake/slow", "slow"]);
-    let child = child_pid(&env, &id);
-    let runner: u32 = stdout(&env.run("cohort-status", &["--pid", &id]))
-        .trim()
-        .parse()
-        .unwrap();
-    kill(runner, nix::sys::signal::Signal::SIGKILL);
+    let child = env.child_pid(&id, 0);
+    let runner = env.runner_pid(&id);
+    signal(runner, nix::sys::signal::Signal::SIGKILL);
     wait_for(Duration::from_secs(10), || !alive(child)).expect("Pi dies with its runner");
     // The run is reconciled as lost on the next look.
     let out = env.run("cohort-status", &["--json", &id]);
@@ -107,7 +78,7 @@ fn two_revivals_racing_for_one_session_never_share_it() {
         .trim()
         .parse()
         .unwrap();
-    kill(pid, nix::sys::signal::Signal::SIGTERM);
+    signal(pid, nix::sys::signal::Signal::SIGTERM);
     env.wait_terminal(running[0], 30);
 }
 
@@ -124,11 +95,8 @@ fn descriptors_of_the_caller_do_not_reach_the_runner_or_pi() {
     let out = env.program("sh").args(["-c", &script]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let id = stdout(&out).trim().to_string();
-    let child = child_pid(&env, &id);
-    let runner: u32 = stdout(&env.run("cohort-status", &["--pid", &id]))
-        .trim()
-        .parse()
-        .unwrap();
+    let child = env.child_pid(&id, 0);
+    let runner = env.runner_pid(&id);
     for pid in [runner, child] {
         let fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
             .unwrap()
@@ -141,7 +109,7 @@ fn descriptors_of_the_caller_do_not_reach_the_runner_or_pi() {
             "pid {pid} holds {fds:?}"
         );
     }
-    kill(runner, nix::sys::signal::Signal::SIGTERM);
+    signal(runner, nix::sys::signal::Signal::SIGTERM);
     env.wait_terminal(&id, 30);
 }
 

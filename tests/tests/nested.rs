@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cohort_e2e::harness::{bin_dir, stderr, stdout, wait_for, TestEnv, HERMETIC};
+use cohort_e2e::harness::{bin_dir, signal, stderr, stdout, wait_for, TestEnv, HERMETIC};
 use serde_json::Value;
 
 /// The bash command a Pi child runs to start a nested run with `model` and `task`.
@@ -31,14 +31,6 @@ fn nested_dirs(env: &TestEnv, root: &str) -> Vec<PathBuf> {
 
 fn read_json(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-fn events(p: &Path) -> Vec<Value> {
-    std::fs::read_to_string(p)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 fn wait_nested(env: &TestEnv, root: &str) -> PathBuf {
@@ -83,7 +75,7 @@ fn a_child_starts_a_nested_run_on_the_roots_runtime() {
 
     // The nested.started stamp is in the route, before the nested runner started.
     let route = env.state_root().route_dir(&root);
-    let stamps = events(&route.join("events.jsonl"));
+    let stamps = env.events_at(&route);
     let stamp = stamps
         .iter()
         .find(|e| e["type"] == "nested.started" && e["runId"] == nested_id.as_str())
@@ -92,7 +84,8 @@ fn a_child_starts_a_nested_run_on_the_roots_runtime() {
     assert_eq!(stamp["runtime"], rec["runtime"]);
     let token = read_json(&route.join("route.json"))["capabilityToken"].clone();
     assert_eq!(stamp["capabilityToken"], token);
-    let started = events(&dir.join("events.jsonl"))
+    let started = env
+        .events_at(&dir)
         .into_iter()
         .find(|e| e["type"] == "run.started")
         .unwrap();
@@ -159,20 +152,6 @@ fn route_env(env: &TestEnv) -> (String, Vec<(String, String)>) {
         root,
         vars.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
     )
-}
-
-/// Stop a run the documented way and wait for it.
-fn stop(env: &TestEnv, id: &str) {
-    let pid: i32 = stdout(&env.run("cohort-status", &["--pid", id]))
-        .trim()
-        .parse()
-        .unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    env.wait_terminal(id, 30);
 }
 
 fn spawn_with(env: &TestEnv, vars: &[(String, String)], args: &[&str]) -> std::process::Output {
@@ -243,7 +222,7 @@ fn invalid_route_variables_are_refused_before_any_record() {
     assert_eq!(count_records(&env), before + 1);
     // Once the parent has ended, its route starts nothing more.
     let root = good[0].1.clone();
-    stop(&env, &root);
+    env.stop(&root);
     let out = spawn_with(&env, &good, &["--model", "fake/plain", "late"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("is not running"), "{}", stderr(&out));
@@ -344,7 +323,7 @@ fn session_root_rules_are_enforced_one_by_one() {
         ],
     );
     assert!(out.status.success(), "{}", stderr(&out));
-    stop(&env, &root);
+    env.stop(&root);
 }
 
 #[test]
@@ -370,15 +349,8 @@ fn stopping_the_root_stops_the_nested_run() {
         env.record(&root)["steps"][1]["status"] == "running"
     })
     .unwrap();
-    let pid: i32 = stdout(&env.run("cohort-status", &["--pid", &root]))
-        .trim()
-        .parse()
-        .unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    let pid = env.runner_pid(&root);
+    signal(pid, nix::sys::signal::Signal::SIGTERM);
     let rec = env.wait_terminal(&root, 30);
     assert_eq!(rec["state"], "stopped", "{rec:#}");
     // The root waited for its nested run: it is already terminal.
@@ -425,15 +397,8 @@ fn reaping_the_root_waits_for_its_nested_runs() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stdout(&out).contains("nested run"), "{}", stdout(&out));
 
-    let pid: i32 = stdout(&env.run("cohort-status", &["--pid", &nested_id]))
-        .trim()
-        .parse()
-        .unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    let pid = env.runner_pid(&nested_id);
+    signal(pid, nix::sys::signal::Signal::SIGTERM);
     env.wait_terminal_at(&dir, 30);
     wait_for(Duration::from_secs(10), || {
         !cohort_e2e::harness::alive(pid as u32)

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use cohort_e2e::harness::{
-    pi_install_dir, stderr, stdout, workspace, TestEnv, HERMETIC, PI_PACKAGE,
+    pi_install_dir, signal, stderr, stdout, workspace, TestEnv, HERMETIC, PI_PACKAGE,
 };
 use serde_json::Value;
 
@@ -239,14 +239,7 @@ fn running_runs_and_sessions_in_use_are_refused() {
     let out = revive(&env, &[&live]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("is running"), "{}", stderr(&out));
-    let pid: i32 = stdout(&env.run("cohort-status", &["--pid", &live]))
-        .trim()
-        .parse()
-        .unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    let pid = env.runner_pid(&live);
+    signal(pid, nix::sys::signal::Signal::SIGTERM);
     assert_eq!(env.wait_terminal(&live, 30)["state"], "stopped");
 }

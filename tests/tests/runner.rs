@@ -3,44 +3,7 @@
 
 use std::time::Duration;
 
-use cohort_e2e::harness::{alive, stderr, stdout, wait_for, TestEnv};
-use serde_json::Value;
-
-fn events(env: &TestEnv, id: &str) -> Vec<Value> {
-    std::fs::read_to_string(env.run_dir(id).join("events.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-/// The pid of step `i`'s Pi child, from its `step.started` event (waits for it).
-fn child_pid(env: &TestEnv, id: &str, i: u64) -> u32 {
-    let mut pid = 0;
-    wait_for(Duration::from_secs(30), || {
-        pid = events(env, id)
-            .iter()
-            .find(|e| e["type"] == "step.started" && e["step"] == i)
-            .and_then(|e| e["pid"].as_u64())
-            .unwrap_or(0) as u32;
-        pid != 0
-    })
-    .expect("step started");
-    pid
-}
-
-fn read_pid(path: &std::path::Path) -> u32 {
-    let mut pid = 0;
-    wait_for(Duration::from_secs(30), || {
-        pid = std::fs::read_to_string(path)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0);
-        pid != 0
-    })
-    .unwrap_or_else(|_| panic!("no pid in {}", path.display()));
-    pid
-}
+use cohort_e2e::harness::{alive, read_pid, signal, stderr, stdout, wait_for, TestEnv};
 
 #[test]
 fn a_chain_hands_the_previous_reply_on() {
@@ -189,7 +152,7 @@ fn stopping_a_run_ends_it_stopped_and_leaves_nothing_running() {
     )
     .unwrap();
     let id = env.spawn(&["--chain", chain.to_str().unwrap(), "--grace", "2s"]);
-    let slow_child = child_pid(&env, &id, 1);
+    let slow_child = env.child_pid(&id, 1);
     let bg = read_pid(&pidfile);
     wait_for(Duration::from_secs(30), || {
         env.record(&id)["steps"][0]["status"] == "complete"
@@ -267,9 +230,7 @@ fn a_step_timeout_fails_the_step() {
             .contains("timed out after 3s"),
         "{rec:#}"
     );
-    assert!(events(&env, &id)
-        .iter()
-        .any(|e| e["type"] == "step.timedOut"));
+    assert!(env.events(&id).iter().any(|e| e["type"] == "step.timedOut"));
 }
 
 #[test]
@@ -297,7 +258,7 @@ fn a_run_timeout_fails_the_run() {
 fn a_child_killed_from_outside_fails_with_the_signal() {
     let env = TestEnv::new();
     let id = env.spawn(&["--model", "fake/slow", "slow"]);
-    let pid = child_pid(&env, &id, 0);
+    let pid = env.child_pid(&id, 0);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
         nix::sys::signal::Signal::SIGKILL,
@@ -351,7 +312,8 @@ fn a_large_reply_from_the_real_pi_parses_with_bounded_memory() {
     assert_eq!(rec["state"], "complete", "{rec:#}");
     let text = std::fs::read(env.run_dir(&id).join("final-0.txt")).unwrap();
     assert_eq!(text.len(), 4 + (10 << 20));
-    let end = events(&env, &id)
+    let end = env
+        .events(&id)
         .into_iter()
         .find(|e| e["type"] == "run.completed")
         .unwrap();
@@ -389,7 +351,8 @@ put('{"type":"agent_end","messages":[' + JSON.stringify(msg(big)) + ']}\n');
     assert_eq!(rec["steps"][0]["usage"]["totalTokens"], 3);
     let text = std::fs::metadata(env.run_dir(&id).join("final-0.txt")).unwrap();
     assert_eq!(text.len(), 50 << 20);
-    let end = events(&env, &id)
+    let end = env
+        .events(&id)
         .into_iter()
         .find(|e| e["type"] == "run.completed")
         .unwrap();
@@ -420,7 +383,7 @@ fn output_and_events_are_capped_with_one_marker() {
     let log = std::fs::read_to_string(env.run_dir(&id).join("output-0.log")).unwrap();
     assert!(log.len() < 200, "{log}");
     assert_eq!(log.matches("output truncated").count(), 1, "{log}");
-    let ev = events(&env, &id);
+    let ev = env.events(&id);
     assert_eq!(
         ev.iter().filter(|e| e["type"] == "log.truncated").count(),
         1,
@@ -502,14 +465,7 @@ fn streamed_text_reaches_the_output_log_while_the_message_is_still_going() {
         "running",
         "the message has not ended"
     );
-    let pid: i32 = stdout(&env.run("cohort-status", &["--pid", &id]))
-        .trim()
-        .parse()
-        .unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    let pid = env.runner_pid(&id);
+    signal(pid, nix::sys::signal::Signal::SIGTERM);
     assert_eq!(env.wait_terminal(&id, 30)["state"], "stopped");
 }
