@@ -1236,10 +1236,13 @@ pub fn select_step_processes(
             }
         }
     }
-    let nested: Vec<u32> = found
-        .iter()
-        .copied()
-        .filter(|p| procs.get(p).is_some_and(|s| s.comm == "cohort-runner"))
+    // Every cohort runner but this one, wherever it is in the table: a nested runner may have
+    // been seen as a descendant while its spawner was still alive, or its Pi child may be in
+    // `seen`; both belong to the nested run.
+    let nested: Vec<u32> = procs
+        .values()
+        .filter(|s| s.pid != me && s.comm == "cohort-runner")
+        .map(|s| s.pid)
         .collect();
     for n in nested {
         found.remove(&n);
@@ -1435,7 +1438,7 @@ mod tests {
             run_id: "r".into(),
             step: 3,
             child: Some(200),
-            seen: [(600, 6), (601, 5)].into_iter().collect(),
+            seen: [(600, 6), (601, 5), (401, 4)].into_iter().collect(),
             orphans: false,
         };
         assert_eq!(
