@@ -213,6 +213,12 @@ pub fn validate(root: &StateRoot, r: &InheritedRoute) -> Result<Placement> {
             parent.steps.len()
         )));
     }
+    if parent.steps[r.parent_step].status != crate::record::StepStatus::Running {
+        return Err(invalid(format!(
+            "step {} of parent run {} is not running (only a running step's child starts nested runs)",
+            r.parent_step, r.parent_run_id
+        )));
+    }
     let depth = parent.depth + 1;
     if depth > file.max_depth {
         return Err(Error::Usage(format!(
@@ -428,6 +434,7 @@ mod tests {
         let mut rec = crate::record::RunRecord::queued(ROOT, crate::record::RunMode::Chain);
         rec.state = crate::record::RunState::Running;
         rec.steps = vec![Default::default(), Default::default()];
+        rec.steps[1].status = crate::record::StepStatus::Running;
         crate::record::store(&dir.status(), &rec).unwrap();
         std::fs::File::create(dir.lock()).unwrap();
         // The parent must be alive.
@@ -453,6 +460,9 @@ mod tests {
         r.parent_step = 2;
         let e = validate(&root, &r).unwrap_err().to_string();
         assert!(e.contains("has 2 step(s)"), "{e}");
+        r.parent_step = 0;
+        let e = validate(&root, &r).unwrap_err().to_string();
+        assert!(e.contains("step 0 of parent run"), "{e}");
         r.parent_step = 1;
         r.token = "wrong".into();
         assert!(validate(&root, &r)

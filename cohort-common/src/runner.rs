@@ -138,8 +138,9 @@ struct Active {
     escaped: Option<Vec<String>>,
     /// Descendants seen while the child lived (pid → start time).
     seen: HashMap<u32, u64>,
-    /// The session file's lock, held while the step runs (continued sessions only).
-    _session_lock: Option<File>,
+    /// The session file's lock, held while the step runs: taken at launch for a continued
+    /// session, as soon as Pi creates the file for a new one.
+    session_lock: Option<File>,
 }
 
 /// The bounded, live output log of one step.
@@ -463,6 +464,7 @@ impl Supervisor {
                 queue.clear();
             }
         }
+        self.sweep_orphans(members);
         // A failure in a chain ends the run; without --fail-fast a parallel group still lets
         // its running and queued members finish (they were all started or are started above).
         failure
@@ -567,7 +569,7 @@ impl Supervisor {
                 sweeping: false,
                 escaped: None,
                 seen: HashMap::new(),
-                _session_lock: session_lock,
+                session_lock,
             },
         );
         Ok(())
@@ -592,6 +594,7 @@ impl Supervisor {
         self.check_deadlines();
         if self.last_track.elapsed() >= TRACK_INTERVAL {
             self.track_descendants();
+            self.lock_new_sessions();
             self.last_track = Instant::now();
         }
         self.advance_finished();
@@ -774,17 +777,6 @@ impl Supervisor {
     /// descendants in a helper thread.
     fn advance_finished(&mut self) {
         let grace = Duration::from_millis(self.spec.options.grace_ms);
-        let busy: Vec<u32> = self
-            .active
-            .values()
-            .filter(|a| a.exit.is_none())
-            .map(|a| a.pid)
-            .collect();
-        let others_alive = |me: usize, active: &HashMap<usize, Active>| {
-            active
-                .iter()
-                .any(|(&j, b)| j != me && b.escaped.is_none() && !b.sweeping)
-        };
         let ready: Vec<usize> = self
             .active
             .iter()
@@ -796,22 +788,78 @@ impl Supervisor {
             .map(|(&i, _)| i)
             .collect();
         for i in ready {
-            let orphans = !others_alive(i, &self.active);
+            let nested_runs = self.state_root.nested_runs_dir(&self.tree.root_run_id);
             let a = self.active.get_mut(&i).expect("ready step");
             a.sweeping = true;
+            // Orphans are not attributed here: a sibling may still be running, or start while
+            // this sweep runs. They are swept when the whole chain step has ended.
             let track = StepTrack {
                 run_id: self.rec.run_id.clone(),
                 step: i,
                 child: None, // reaped: its pid may already belong to someone else
                 seen: a.seen.clone(),
-                orphans,
+                orphans: false,
+                nested_runs,
             };
             let tx = self.tx.clone();
-            let busy = busy.clone();
             std::thread::spawn(move || {
-                let escaped = sweep_descendants(&track, &busy, grace);
+                let escaped = sweep_descendants(&track, &[], grace);
                 let _ = tx.send(Msg::SweepDone(i, escaped));
             });
+        }
+    }
+
+    /// After a chain step (a task or a whole parallel group) has ended and before the next one
+    /// starts, no step child is alive: every remaining child of the runner that is not a nested
+    /// runner was left by this chain step. Sweep them; name survivors in the last member.
+    fn sweep_orphans(&mut self, members: &[FlatStep]) {
+        let Some(last) = members.last() else { return };
+        let track = StepTrack {
+            run_id: self.rec.run_id.clone(),
+            step: last.index,
+            child: None,
+            seen: HashMap::new(),
+            orphans: true,
+            nested_runs: self.state_root.nested_runs_dir(&self.tree.root_run_id),
+        };
+        let escaped = sweep_descendants(
+            &track,
+            &[],
+            Duration::from_millis(self.spec.options.grace_ms),
+        );
+        if !escaped.is_empty() {
+            let _ = self.events.append(
+                "step.escaped",
+                json!({"step": last.index, "processes": escaped}),
+            );
+            self.rec.steps[last.index].escaped.extend(escaped);
+            self.dirty = true;
+        }
+    }
+
+    /// Lock the session files Pi has created since its step started (a new session appears
+    /// with the first assistant message), so that no other run is started on them.
+    fn lock_new_sessions(&mut self) {
+        for (&i, a) in self.active.iter_mut() {
+            if a.session_lock.is_some() || a.exit.is_some() {
+                continue;
+            }
+            let Some(path) = self.rec.steps[i].session_file.as_ref() else {
+                continue;
+            };
+            let Ok(file) = File::open(path) else { continue };
+            match file.try_lock() {
+                Ok(()) => a.session_lock = Some(file),
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    let _ = self.events.append(
+                        "session.contended",
+                        json!({"step": i, "sessionFile": path, "error": "another run holds this session file"}),
+                    );
+                    // Remember the attempt; the contended file is not retried.
+                    a.session_lock = Some(file);
+                }
+                Err(std::fs::TryLockError::Error(_)) => {}
+            }
         }
     }
 
@@ -822,10 +870,11 @@ impl Supervisor {
             return;
         }
         let procs = procinfo::all_processes();
+        let nested_runs = self.state_root.nested_runs_dir(&self.tree.root_run_id);
         for a in self.active.values_mut().filter(|a| a.exit.is_none()) {
             for d in procinfo::descendants(&procs, a.pid) {
                 if let Some(st) = procs.get(&d) {
-                    if st.comm != "cohort-runner" {
+                    if !runs_under(d, &nested_runs) {
                         a.seen.insert(d, st.start_time);
                     }
                 }
@@ -1186,10 +1235,14 @@ pub struct StepTrack {
     /// reused pid is never taken for one of them.
     pub seen: HashMap<u32, u64>,
     /// Whether orphans reparented to the runner (which is a child subreaper) belong to this
-    /// step: true when no other step of the run is alive, since nothing else could have left
-    /// them. This is how a process that dropped the environment (`env -i`, `sudo`) and whose
-    /// parent exited before it was seen is still found.
+    /// sweep: true only once a chain step (a task, or a whole parallel group) has ended and
+    /// before the next one starts, when nothing else could have left them. This is how a
+    /// process that dropped the environment (`env -i`, `sudo`) and whose parent exited before
+    /// it was seen is still found.
     pub orphans: bool,
+    /// The run tree's nested runs dir: a process whose first argument lies under it is a
+    /// nested cohort runner (its run dir), left to its own run with everything under it.
+    pub nested_runs: PathBuf,
 }
 
 /// The processes of a step in a process table (pure over `procs` and `env_of`): descendants of
@@ -1204,6 +1257,7 @@ pub fn select_step_processes(
     busy: &[u32],
     procs: &HashMap<u32, procinfo::Stat>,
     env_of: impl Fn(u32) -> Option<Vec<u8>>,
+    is_nested_runner: impl Fn(u32) -> bool,
 ) -> Vec<u32> {
     let want_run = format!("{PARENT_RUN_ENV}={}", t.run_id);
     let want_step = format!("{PARENT_STEP_ENV}={}", t.step);
@@ -1236,12 +1290,13 @@ pub fn select_step_processes(
             }
         }
     }
-    // Every cohort runner but this one, wherever it is in the table: a nested runner may have
-    // been seen as a descendant while its spawner was still alive, or its Pi child may be in
-    // `seen`; both belong to the nested run.
+    // Every nested runner of the tree, wherever it is in the table: it may have been seen as a
+    // descendant while its spawner was still alive, or its Pi child may be in `seen`; both
+    // belong to the nested run. Recognised by its argument (its run dir), not by its name: the
+    // runner binary may be renamed (`COHORT_RUNNER`), and a name is easy to borrow.
     let nested: Vec<u32> = procs
         .values()
-        .filter(|s| s.pid != me && s.comm == "cohort-runner")
+        .filter(|s| s.pid != me && s.state != 'Z' && is_nested_runner(s.pid))
         .map(|s| s.pid)
         .collect();
     for n in nested {
@@ -1259,8 +1314,25 @@ pub fn select_step_processes(
 /// [`select_step_processes`] on the live process table.
 pub fn step_processes(t: &StepTrack, busy: &[u32]) -> Vec<u32> {
     let procs = procinfo::all_processes();
-    select_step_processes(t, std::process::id(), busy, &procs, |pid| {
-        std::fs::read(format!("/proc/{pid}/environ")).ok()
+    select_step_processes(
+        t,
+        std::process::id(),
+        busy,
+        &procs,
+        |pid| std::fs::read(format!("/proc/{pid}/environ")).ok(),
+        |pid| runs_under(pid, &t.nested_runs),
+    )
+}
+
+/// Whether process `pid`'s first argument is a path under `dir` (how a nested runner, whose
+/// argument is its run dir, is recognised).
+pub fn runs_under(pid: u32, dir: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    cmdline.split(|&b| b == 0).nth(1).is_some_and(|arg| {
+        use std::os::unix::ffi::OsStrExt;
+        Path::new(std::ffi::OsStr::from_bytes(arg)).starts_with(dir)
     })
 }
 
@@ -1427,6 +1499,7 @@ mod tests {
             p(600, 1, "sleep", 6),          // elsewhere, seen earlier with start time 6
             p(601, 1, "sleep", 99),         // a reused pid: seen earlier with another start time
             p(700, me, "node", 7),          // a sibling step's live child
+            p(800, me, "cohort-runner", 8), // only named like a runner: not a nested run
         ]
         .into_iter()
         .map(|s| (s.pid, s))
@@ -1440,9 +1513,11 @@ mod tests {
             child: Some(200),
             seen: [(600, 6), (601, 5), (401, 4)].into_iter().collect(),
             orphans: false,
+            nested_runs: PathBuf::from("/nested"),
         };
+        let nested = |pid: u32| pid == 400;
         assert_eq!(
-            select_step_processes(&t, me, &[200, 700], &procs, env),
+            select_step_processes(&t, me, &[200, 700], &procs, env, nested),
             vec![201, 500, 600]
         );
         let t = StepTrack {
@@ -1451,8 +1526,8 @@ mod tests {
             ..t
         };
         assert_eq!(
-            select_step_processes(&t, me, &[700], &procs, env),
-            vec![200, 201, 300, 301, 500, 600],
+            select_step_processes(&t, me, &[700], &procs, env, nested),
+            vec![200, 201, 300, 301, 500, 600, 800],
             "orphans (not the nested runner, not a busy sibling) belong to the last live step"
         );
     }

@@ -199,6 +199,12 @@ fn prepare_and_start(
     rec: &mut RunRecord,
     req: &SpawnRequest,
 ) -> Result<(Runtime, Option<RuntimeSource>)> {
+    // Session files first: the cwd default reads a session header, which must be a regular
+    // file (a FIFO would block).
+    let reused = session_files(&req.chain);
+    for f in &reused {
+        check_session_file(f)?;
+    }
     // Working directory: --cwd, else a continued session's header cwd, else ours.
     let cwd = match &req.cwd {
         Some(c) => c.clone(),
@@ -213,10 +219,6 @@ fn prepare_and_start(
     let cwd = validate_cwd(&cwd)?;
     rec.cwd = Some(cwd.clone());
 
-    let reused = session_files(&req.chain);
-    for f in &reused {
-        check_session_file(f)?;
-    }
     for f in &reused {
         let real = f.canonicalize().at("resolve", f)?;
         if crate::lock::probe(&real).is_ok_and(|l| l.is_alive()) {
@@ -347,10 +349,14 @@ pub fn check_session_file(file: &Path) -> Result<()> {
         Ok(m) if !m.is_file() => return bad("is not a regular file"),
         Ok(_) => {}
     }
-    if file.extension().and_then(|e| e.to_str()) != Some("jsonl") {
-        return bad("is not a .jsonl file");
+    // Through any symlink: what Pi will write is the target.
+    let real = file.canonicalize().at("resolve", file)?;
+    for p in [file, real.as_path()] {
+        if p.extension().and_then(|e| e.to_str()) != Some("jsonl") {
+            return bad("is not a .jsonl file");
+        }
     }
-    let f = std::fs::File::open(file).at("open", file)?;
+    let f = std::fs::File::open(&real).at("open", &real)?;
     let mut first = String::new();
     BufReader::new(f).take_line(&mut first);
     let is_session = serde_json::from_str::<serde_json::Value>(&first)

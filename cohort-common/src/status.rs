@@ -456,6 +456,7 @@ pub fn follow(
 ) -> Result<RunState> {
     let mut offsets: Vec<u64> = Vec::new();
     let mut current: Option<usize> = None;
+    let mut open_line = false;
     loop {
         let obs = observe_found(found)?;
         let done = !matches!(obs.judgement, Judgement::Alive | Judgement::Starting);
@@ -468,22 +469,29 @@ pub fn follow(
             let Ok(bytes) = read_from(&path, *off) else {
                 continue;
             };
+            // Everything there is, streamed text without its newline included, but never half
+            // a UTF-8 character (a read can catch a write part-way).
             let take = if done {
                 bytes.len()
             } else {
-                bytes.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1)
+                complete_utf8_prefix(&bytes)
             };
             if take == 0 {
                 continue;
             }
             if steps.len() > 1 && current != Some(i) {
+                if open_line {
+                    out(b"\n").map_err(io_err)?;
+                }
                 let label = steps.get(i).map(|s| s.agent.as_str()).unwrap_or("");
                 out(format!("==> step {i} ({label}) <==\n").as_bytes()).map_err(io_err)?;
             }
             current = Some(i);
             out(&bytes[..take]).map_err(io_err)?;
-            if done && !bytes[..take].ends_with(b"\n") {
+            open_line = !bytes[..take].ends_with(b"\n");
+            if done && open_line {
                 out(b"\n").map_err(io_err)?;
+                open_line = false;
             }
             *off += take as u64;
         }
@@ -557,6 +565,26 @@ pub fn final_text(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<
     }
 }
 
+/// The length of the longest prefix of `bytes` that does not end inside a UTF-8 character
+/// (pure): a trailing incomplete sequence of up to 3 bytes is held back.
+pub fn complete_utf8_prefix(bytes: &[u8]) -> usize {
+    let n = bytes.len();
+    for back in 1..=3.min(n) {
+        let b = bytes[n - back];
+        if b & 0xC0 == 0x80 {
+            continue; // a continuation byte: look further back for the lead byte
+        }
+        let len = match b {
+            0x00..=0x7F => 1,
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            _ => 4,
+        };
+        return if len > back { n - back } else { n };
+    }
+    n
+}
+
 /// Paths a reader may want to show for a run.
 pub fn paths_of(dir: &RunDir) -> Vec<(&'static str, PathBuf)> {
     vec![
@@ -588,8 +616,19 @@ pub fn live_runner_pid(dir: &RunDir) -> Result<Option<u32>> {
 /// run's short id. Paths are compared in canonical form. Only runs the index holds as active,
 /// and nested runs, are read: a terminal run has no runner.
 pub fn sessions_in_use(root: &StateRoot, files: &[PathBuf]) -> Result<Vec<(PathBuf, String)>> {
-    let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
-    let wanted: Vec<(PathBuf, PathBuf)> = files.iter().map(|f| (canon(f), f.clone())).collect();
+    // The same file under another name (a symlink, a hard link) is the same file: compare
+    // device and inode when the file exists, else the canonical path.
+    let key = |p: &Path| -> (Option<(u64, u64)>, PathBuf) {
+        use std::os::unix::fs::MetadataExt;
+        let id = std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+        (id, p.canonicalize().unwrap_or_else(|_| p.to_path_buf()))
+    };
+    let same =
+        |a: &(Option<(u64, u64)>, PathBuf), b: &(Option<(u64, u64)>, PathBuf)| match (a.0, b.0) {
+            (Some(x), Some(y)) => x == y,
+            _ => a.1 == b.1,
+        };
+    let wanted: Vec<(_, PathBuf)> = files.iter().map(|f| (key(f), f.clone())).collect();
     let mut out = Vec::new();
     if wanted.is_empty() {
         return Ok(out);
@@ -608,8 +647,8 @@ pub fn sessions_in_use(root: &StateRoot, files: &[PathBuf]) -> Result<Vec<(PathB
             continue;
         };
         for p in rec.steps.iter().filter_map(|s| s.session_file.as_deref()) {
-            let c = canon(p);
-            if let Some((_, given)) = wanted.iter().find(|(w, _)| *w == c) {
+            let c = key(p);
+            if let Some((_, given)) = wanted.iter().find(|(w, _)| same(w, &c)) {
                 out.push((given.clone(), crate::id::short_of(&rec.run_id).to_string()));
             }
         }
@@ -620,6 +659,17 @@ pub fn sessions_in_use(root: &StateRoot, files: &[PathBuf]) -> Result<Vec<(PathB
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn utf8_prefixes_hold_back_half_characters() {
+        assert_eq!(complete_utf8_prefix(b"tick tick "), 10);
+        let e = "é".as_bytes(); // c3 a9
+        assert_eq!(complete_utf8_prefix(&[b'a', e[0]]), 1);
+        assert_eq!(complete_utf8_prefix(&[b'a', e[0], e[1]]), 3);
+        let euro = "€".as_bytes(); // e2 82 ac
+        assert_eq!(complete_utf8_prefix(&[euro[0], euro[1]]), 0);
+        assert_eq!(complete_utf8_prefix(b""), 0);
+    }
 
     #[test]
     fn judgement_table() {

@@ -173,3 +173,111 @@ fn a_spawn_killed_half_way_never_leaves_a_run_without_a_record() {
         }
     }
 }
+
+#[test]
+fn a_finished_member_never_sweeps_a_sibling_started_after_it() {
+    let env = TestEnv::new();
+    let chain = env.tmp.path().join("chain.json");
+    std::fs::write(
+        &chain,
+        serde_json::json!({"steps": [{"parallel": [
+            {"task": "RUN: sleep 3; (trap '' TERM; exec sleep 321) >/dev/null 2>&1 &", "model": "fake/tool", "label": "a"},
+            {"task": "RUN: (trap '' TERM; exec sleep 322) >/dev/null 2>&1 &", "model": "fake/tool", "label": "b"},
+            {"task": "keep streaming", "model": "fake/slow", "label": "c"}
+        ], "concurrency": 2}]})
+        .to_string(),
+    )
+    .unwrap();
+    let id = env.spawn(&["--chain", chain.to_str().unwrap(), "--grace", "1s"]);
+    let c = env.child_pid(&id, 2);
+    // a and b end (their stubborn background sleeps are killed after the grace); c runs on.
+    wait_for(Duration::from_secs(60), || {
+        let r = env.record(&id);
+        r["steps"][0]["status"] == "complete" && r["steps"][1]["status"] == "complete"
+    })
+    .expect("a and b complete");
+    std::thread::sleep(Duration::from_secs(3)); // the window in which a stale sweep struck
+    assert!(alive(c), "the sibling's Pi child survives");
+    assert_eq!(env.record(&id)["steps"][2]["status"], "running");
+    env.stop(&id);
+    let rec = env.record(&id);
+    assert_eq!(rec["steps"][2]["status"], "stopped", "{rec:#}");
+}
+
+#[test]
+fn session_files_are_judged_by_what_pi_would_write() {
+    let env = TestEnv::new();
+    let t = env.tmp.path();
+    // A symlink named .jsonl to a file that is not one.
+    std::fs::write(t.join("x.json"), "{\"type\":\"session\",\"version\":3}\n").unwrap();
+    std::os::unix::fs::symlink(t.join("x.json"), t.join("link.jsonl")).unwrap();
+    let out = env.spawn_raw(&[
+        "--model",
+        "fake/plain",
+        "--session",
+        t.join("link.jsonl").to_str().unwrap(),
+        "x",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("is not a .jsonl file"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        std::fs::read_to_string(t.join("x.json")).unwrap(),
+        "{\"type\":\"session\",\"version\":3}\n"
+    );
+    // A FIFO is refused at once, never opened.
+    nix::unistd::mkfifo(
+        &t.join("f.jsonl"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let out = env.spawn_raw(&[
+        "--model",
+        "fake/plain",
+        "--session",
+        t.join("f.jsonl").to_str().unwrap(),
+        "x",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("is not a regular file"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn follow_streams_text_before_the_message_ends() {
+    let env = TestEnv::new();
+    let id = env.spawn(&["--model", "fake/slow", "stream"]);
+    let mut follower = env
+        .cmd("cohort-status")
+        .args(["--follow", &id])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = follower.stdout.take().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 256];
+        while let Ok(n) = std::io::Read::read(&mut out, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+    });
+    wait_for(Duration::from_secs(30), || {
+        String::from_utf8_lossy(&seen.lock().unwrap()).contains("tick tick")
+    })
+    .expect("--follow prints streamed text while the run goes");
+    assert_eq!(env.record(&id)["state"], "running");
+    env.stop(&id);
+    let status = follower.wait().unwrap();
+    assert_eq!(status.code(), Some(1), "a stopped run did not complete");
+    reader.join().unwrap();
+}

@@ -130,8 +130,9 @@ fn a_nested_start_beyond_the_maximum_depth_is_refused() {
 /// A live top-level run (streaming slowly) and the route variables a child of its step 0 has.
 fn route_env(env: &TestEnv) -> (String, Vec<(String, String)>) {
     let root = env.spawn(&["--model", "fake/slow", "root"]);
+    // A child exists once its step runs.
     wait_for(Duration::from_secs(30), || {
-        env.record(&root)["state"] == "running"
+        env.record(&root)["steps"][0]["status"] == "running"
     })
     .unwrap();
     let route_dir = env.state_root().route_dir(&root);
