@@ -9,10 +9,9 @@
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
-use crate::fsutil;
 use crate::layout::StateRoot;
 use crate::lock::{self, Liveness};
-use crate::record::{self, RunRecord, RunState};
+use crate::record::{RunRecord, RunState};
 use crate::runtime::{self, Runtime, RuntimeError};
 use crate::spec::LaunchSpec;
 use crate::status::{self, Found};
@@ -175,9 +174,11 @@ pub fn gather(root: &StateRoot, name: &str, step: Option<usize>) -> Result<Facts
     if found.origin == status::Origin::Legacy {
         return Err(RuntimeError::NotRecorded { run: found.id }.into());
     }
-    let record = record::load(&found.dir.status())?;
+    let record = status::read_record(&found.dir.status())?;
     let liveness = lock::probe(&found.dir.lock())?;
-    let spec = fsutil::read_json::<LaunchSpec>(&found.dir.spec()).ok();
+    let spec = status::read_regular(&found.dir.spec())
+        .ok()
+        .and_then(|b| serde_json::from_slice::<LaunchSpec>(&b).ok());
     let runtime_check = record.runtime.as_ref().map(runtime::revalidate);
     let files: Vec<PathBuf> = record
         .steps

@@ -554,7 +554,9 @@ pub fn final_text(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<
             step.status.as_str()
         ))
     };
-    match std::fs::read_to_string(dir.final_text(i)) {
+    // Read without following a symlink or blocking on a FIFO, like every record read.
+    let text = read_regular(&dir.final_text(i)).map(|b| String::from_utf8_lossy(&b).into_owned());
+    match text {
         // A failed or stopped step may have written nothing: that is no answer, not an empty
         // one.
         Ok(t) if t.is_empty() && step.status != crate::record::StepStatus::Complete => {

@@ -270,3 +270,45 @@ fn the_runner_refuses_a_record_that_is_not_queued() {
         before
     );
 }
+
+/// Run a binary and insist it ends within `secs` (a hang is the failure this guards against).
+fn run_bounded(env: &TestEnv, bin: &str, args: &[&str], secs: u64) -> std::process::ExitStatus {
+    let mut child = env
+        .cmd(bin)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    let ended = cohort_e2e::harness::wait_for(std::time::Duration::from_secs(secs), || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    if ended.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{bin} {args:?} hung");
+    }
+    status.unwrap()
+}
+
+#[test]
+fn fifos_where_files_belong_never_hang_a_reader() {
+    let env = TestEnv::new();
+    let id = env.spawn(&["--model", "fake/plain", "hello"]);
+    env.wait_terminal(&id, 60);
+    let dir = env.run_dir(&id);
+    let fifo = |p: std::path::PathBuf| {
+        std::fs::remove_file(&p).unwrap();
+        nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    };
+    fifo(dir.join("final-0.txt"));
+    let st = run_bounded(&env, "cohort-status", &["--output", &id], 10);
+    assert!(!st.success());
+    fifo(dir.join("status.json"));
+    let st = run_bounded(&env, "cohort-spawn", &["--revive", &id], 10);
+    assert_eq!(st.code(), Some(2));
+    let st = run_bounded(&env, "cohort-status", &[], 10);
+    assert!(st.success(), "the listing shows an error row and exits 0");
+}
