@@ -525,6 +525,45 @@ fn read_from(path: &Path, offset: u64) -> std::io::Result<Vec<u8>> {
     Ok(v)
 }
 
+/// The flat steps whose texts make a run's answer when no step is named (pure): the last
+/// chain step — one task, or every member of a final parallel group.
+pub fn answer_steps(rec: &RunRecord) -> Vec<usize> {
+    let n = rec.steps.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    match rec
+        .parallel_groups
+        .iter()
+        .find(|g| g.start + g.count == n && g.count > 0)
+    {
+        Some(g) => (g.start..n).collect(),
+        None => vec![n - 1],
+    }
+}
+
+/// What `cohort-status --output` prints: the final text of step `step`, or with `None` the
+/// run's answer — the last step's text, or after a final parallel group its members' texts
+/// each headed by its label (as `{previous}` hands them on). Errors when a step does not exist
+/// or has no final text yet.
+pub fn output_text(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<String> {
+    let steps = match step {
+        Some(i) => vec![i],
+        None => answer_steps(rec),
+    };
+    if steps.len() <= 1 {
+        return final_text(dir, rec, steps.first().copied().or(step));
+    }
+    let mut parts = Vec::new();
+    for i in steps {
+        parts.push((
+            rec.steps[i].agent.clone(),
+            final_text(dir, rec, Some(i))?.trim_end().to_string(),
+        ));
+    }
+    Ok(crate::spec::join_group_texts(&parts))
+}
+
 /// The final assistant text of a step (`None` step: the last step). Errors when the step does
 /// not exist or has no final text yet.
 pub fn final_text(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<String> {
@@ -661,6 +700,32 @@ pub fn sessions_in_use(root: &StateRoot, files: &[PathBuf]) -> Result<Vec<(PathB
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_answer_of_a_run_is_its_last_chain_step() {
+        let mut r = RunRecord::queued("x", crate::record::RunMode::Chain);
+        assert!(answer_steps(&r).is_empty());
+        r.steps = vec![Default::default(); 4];
+        assert_eq!(answer_steps(&r), vec![3]);
+        r.parallel_groups = vec![crate::record::ParallelGroup {
+            start: 1,
+            count: 2,
+            step_index: 1,
+        }];
+        assert_eq!(answer_steps(&r), vec![3]);
+        r.parallel_groups.push(crate::record::ParallelGroup {
+            start: 3,
+            count: 1,
+            step_index: 2,
+        });
+        assert_eq!(answer_steps(&r), vec![3]);
+        r.parallel_groups = vec![crate::record::ParallelGroup {
+            start: 1,
+            count: 3,
+            step_index: 1,
+        }];
+        assert_eq!(answer_steps(&r), vec![1, 2, 3]);
+    }
 
     #[test]
     fn utf8_prefixes_hold_back_half_characters() {

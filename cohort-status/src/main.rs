@@ -41,7 +41,8 @@ struct Args {
     /// Stream a run's output logs live, like `tail -f`; exit 0 if it completes, 1 otherwise.
     #[arg(long, conflicts_with_all = ["wait", "output", "pid", "check", "doctor"])]
     follow: bool,
-    /// Print the final assistant text of a run (the last step, or --step N).
+    /// Print the final assistant text of a run: the last step (after a final parallel group,
+    /// every member's text under a `## label` heading), or --step N.
     #[arg(long)]
     output: bool,
     /// With --output: the flat step index.
@@ -131,7 +132,7 @@ fn run(args: Args) -> anyhow::Result<u8> {
         };
         let found = status::find(&root, name)?;
         let obs = status::observe_found(&found)?;
-        return match status::final_text(&found.dir, &obs.record, args.step) {
+        return match status::output_text(&found.dir, &obs.record, args.step) {
             Ok(text) => {
                 cli::out(&text)?;
                 if !text.is_empty() && !text.ends_with('\n') {

@@ -87,6 +87,12 @@ fn a_parallel_group_respects_its_concurrency() {
         .all(|r| r["active"].as_u64().unwrap() <= 2));
     let out = env.run("cohort-status", &["--output", &id, "--step", "2"]);
     assert_eq!(stdout(&out).trim(), "TOOL DONE: c");
+    // Without --step, a parallel run's answer is every member's text under its label.
+    let all = stdout(&env.run("cohort-status", &["--output", &id]));
+    assert_eq!(
+        all.trim(),
+        "## step-0\nTOOL DONE: a\n\n## step-1\nTOOL DONE: b\n\n## step-2\nTOOL DONE: c"
+    );
 }
 
 #[test]
