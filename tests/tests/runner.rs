@@ -413,7 +413,8 @@ fn the_heartbeat_advances_last_update_while_the_child_is_silent() {
         later > first
     })
     .expect("lastUpdate advanced");
-    assert!(later - first <= 10_500, "advanced by {} ms", later - first);
+    // The heartbeat is due 10 s after the last write; allow for scheduling on a loaded machine.
+    assert!(later - first <= 11_000, "advanced by {} ms", later - first);
     let out = env.run("cohort-status", &["--pid", &id]);
     let runner: i32 = stdout(&out)
         .trim()
