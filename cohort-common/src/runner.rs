@@ -1107,7 +1107,11 @@ fn spawn_stdout_reader(
                     log.write_line(&line);
                 }
             }
-            if last_sent.elapsed() >= WRITE_INTERVAL {
+            // Streamed text is rate-limited; a tool start or end, or a finished message, is
+            // always sent: it may be the last thing Pi says for a long while (a silent tool
+            // call). The supervisor coalesces the record writes either way.
+            let significant = !matches!(notice, Notice::TextDelta { .. });
+            if significant || last_sent.elapsed() >= WRITE_INTERVAL {
                 last_sent = Instant::now();
                 let _ = tx.send(Msg::Progress(
                     i,
