@@ -33,7 +33,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use serde_json::json;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::events::EventLog;
 use crate::fsutil;
 use crate::layout::StateRoot;
@@ -900,7 +900,7 @@ impl Supervisor {
             .map(|t| t.summary())
             .unwrap_or_default();
         let exit = a.exit.expect("finished steps have exited");
-        let label = spec::label_of(&spec::flatten(&self.spec.chain).0[i].spec, i);
+        let label = self.rec.steps[i].agent.clone();
         {
             let s = &mut self.rec.steps[i];
             s.turn_count = summary.turn_count;
@@ -1438,14 +1438,6 @@ pub fn detach() -> Result<()> {
     nix::sys::prctl::set_child_subreaper(true)
         .map_err(|e| Error::Usage(format!("cannot become a child subreaper: {e}")))?;
     Ok(())
-}
-
-/// Open `path` (the runner log) for appending, to become the runner's stderr.
-pub fn open_runner_log(path: &Path) -> Result<File> {
-    fsutil::open_append(path).and_then(|f| {
-        f.metadata().at("stat", path)?;
-        Ok(f)
-    })
 }
 
 #[cfg(test)]

@@ -17,11 +17,11 @@ use crate::events;
 use crate::fsutil;
 use crate::id::RunId;
 use crate::layout::{RunDir, StateRoot, PROFILE_ENV};
-use crate::lock::{self, RunLock};
+use crate::lock::RunLock;
 use crate::record::{self, RunMode, RunRecord, RunState, StepRecord};
 use crate::route;
 use crate::runner;
-use crate::runtime::{self, Runtime, RuntimeRequest, RuntimeSource};
+use crate::runtime::{self, Runtime, RuntimeRequest};
 use crate::spec::{self, ChainStep, LaunchSpec, Placement, RunOptions, SPEC_VERSION};
 use crate::status;
 
@@ -67,8 +67,6 @@ pub struct Spawned {
     pub run_id: String,
     /// Its directory.
     pub dir: RunDir,
-    /// Where its runtime came from.
-    pub runtime_source: Option<RuntimeSource>,
     /// The runtime.
     pub runtime: Runtime,
 }
@@ -159,10 +157,9 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     let _ = events::append_once(&dir.events(), "run.queued", json!({}));
 
     match prepare_and_start(root, &dir, &mut rec, &req) {
-        Ok((runtime, source)) => Ok(Spawned {
+        Ok(runtime) => Ok(Spawned {
             run_id,
             dir,
-            runtime_source: source,
             runtime,
         }),
         Err(error) => {
@@ -198,7 +195,7 @@ fn prepare_and_start(
     dir: &RunDir,
     rec: &mut RunRecord,
     req: &SpawnRequest,
-) -> Result<(Runtime, Option<RuntimeSource>)> {
+) -> Result<Runtime> {
     // Session files first: the cwd default reads a session header, which must be a regular
     // file (a FIFO would block).
     let reused = session_files(&req.chain);
@@ -208,8 +205,9 @@ fn prepare_and_start(
     // Working directory: --cwd, else a continued session's header cwd, else ours.
     let cwd = match &req.cwd {
         Some(c) => c.clone(),
-        None => first_session_file(&req.chain)
-            .and_then(|f| session_header_cwd(&f))
+        None => reused
+            .first()
+            .and_then(|f| session_header_cwd(f))
             .map(Ok)
             .unwrap_or_else(|| {
                 std::env::current_dir()
@@ -244,12 +242,9 @@ fn prepare_and_start(
         _ => {}
     }
 
-    let (rt, source) = match &req.pinned_runtime {
-        Some(rt) => (runtime::revalidate(rt)?, None),
-        None => {
-            let (rt, src) = runtime::capture(&req.runtime)?;
-            (rt, Some(src))
-        }
+    let rt = match &req.pinned_runtime {
+        Some(rt) => runtime::revalidate(rt)?,
+        None => runtime::capture(&req.runtime)?.0,
     };
     rec.runtime = Some(rt.clone());
 
@@ -290,7 +285,7 @@ fn prepare_and_start(
     }
 
     start_runner(root, dir, &req.runner)?;
-    Ok((rt, source))
+    Ok(rt)
 }
 
 /// Every session file the chain reuses.
@@ -302,36 +297,21 @@ fn session_files(chain: &[ChainStep]) -> Vec<PathBuf> {
         .collect()
 }
 
-fn first_session_file(chain: &[ChainStep]) -> Option<PathBuf> {
-    match chain.first()? {
-        ChainStep::Task(t) => t.session_file.clone(),
-        ChainStep::Parallel(_) => None,
-    }
-}
-
 /// The `cwd` in a Pi session file's header (its first line), if readable.
 pub fn session_header_cwd(file: &Path) -> Option<PathBuf> {
-    let f = std::fs::File::open(file).ok()?;
+    let header = session_header(std::fs::File::open(file).ok()?)?;
+    header.get("cwd")?.as_str().map(PathBuf::from)
+}
+
+/// The first line of a Pi session file (read at most 1 MiB) when it is a session header
+/// (`{"type":"session",…}`).
+fn session_header(file: std::fs::File) -> Option<serde_json::Value> {
     let mut line = String::new();
-    BufReader::new(f).take_line(&mut line)?;
+    BufReader::new(std::io::Read::take(file, 1 << 20))
+        .read_line(&mut line)
+        .ok()?;
     let v: serde_json::Value = serde_json::from_str(&line).ok()?;
-    (v.get("type")?.as_str()? == "session")
-        .then(|| v.get("cwd")?.as_str().map(PathBuf::from))
-        .flatten()
-}
-
-trait TakeLine {
-    fn take_line(self, out: &mut String) -> Option<()>;
-}
-
-impl<R: BufRead> TakeLine for R {
-    fn take_line(self, out: &mut String) -> Option<()> {
-        self.take(1 << 20)
-            .read_line(out)
-            .ok()
-            .filter(|&n| n > 0)
-            .map(|_| ())
-    }
+    (v.get("type")?.as_str()? == "session").then_some(v)
 }
 
 /// A session file to continue must be an existing regular `.jsonl` file that starts with a Pi
@@ -357,12 +337,7 @@ pub fn check_session_file(file: &Path) -> Result<()> {
         }
     }
     let f = std::fs::File::open(&real).at("open", &real)?;
-    let mut first = String::new();
-    BufReader::new(f).take_line(&mut first);
-    let is_session = serde_json::from_str::<serde_json::Value>(&first)
-        .ok()
-        .is_some_and(|v| v.get("type").and_then(|t| t.as_str()) == Some("session"));
-    if !is_session {
+    if session_header(f).is_none() {
         return bad("is not a Pi session file (its first line is not a session header)");
     }
     Ok(())
@@ -421,8 +396,6 @@ fn start_runner(root: &StateRoot, dir: &RunDir, runner: &Path) -> Result<()> {
         .rev()
         .collect::<Vec<_>>()
         .join(" | ");
-    // The runner may have got as far as `running` before dying.
-    let _ = lock::probe(&dir.lock());
     Err(Error::Usage(format!(
         "the runner did not start ({}){}",
         status

@@ -191,6 +191,17 @@ fn finish(out: &mut TcpStream, model: &str, reason: &str) -> std::io::Result<()>
     out.flush()
 }
 
+/// A whole text reply in one chunk, then `stop`.
+fn reply(out: &mut TcpStream, model: &str, text: &str) -> std::io::Result<()> {
+    chunk(
+        out,
+        model,
+        json!({"role": "assistant", "content": text}),
+        None,
+    )?;
+    finish(out, model, "stop")
+}
+
 fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()> {
     let messages = req["messages"].as_array().cloned().unwrap_or_default();
     let last_user = messages
@@ -231,16 +242,11 @@ fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()>
             )?;
             finish(out, model, "tool_calls")
         }
-        "tool" => {
-            let text = format!("TOOL DONE: {}", last_tool.unwrap_or_default().trim());
-            chunk(
-                out,
-                model,
-                json!({"role": "assistant", "content": text}),
-                None,
-            )?;
-            finish(out, model, "stop")
-        }
+        "tool" => reply(
+            out,
+            model,
+            &format!("TOOL DONE: {}", last_tool.unwrap_or_default().trim()),
+        ),
         "slow" => {
             chunk(
                 out,
@@ -267,15 +273,6 @@ fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()>
             }
             finish(out, model, "stop")
         }
-        _ => {
-            let text = format!("ECHO: {last_user}");
-            chunk(
-                out,
-                model,
-                json!({"role": "assistant", "content": text}),
-                None,
-            )?;
-            finish(out, model, "stop")
-        }
+        _ => reply(out, model, &format!("ECHO: {last_user}")),
     }
 }
