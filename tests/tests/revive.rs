@@ -243,3 +243,31 @@ fn running_runs_and_sessions_in_use_are_refused() {
     signal(pid, nix::sys::signal::Signal::SIGTERM);
     assert_eq!(env.wait_terminal(&live, 30)["state"], "stopped");
 }
+
+#[test]
+fn a_checked_in_legacy_record_is_refused() {
+    let env = TestEnv::new();
+    // The pi-subagents fixtures, where a legacy profile keeps them.
+    let legacy = env.tmp.path().join("legacy");
+    let status = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(cohort_e2e::harness::workspace().join("tests/fixtures/legacy"))
+        .arg(&legacy)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = env
+        .cmd("cohort-spawn")
+        .env("PI_SUBAGENTS_TEMP_ROOT", &legacy)
+        .args(["--revive", "0b0f4c52-8f3e-4d8e-9d7a-6b1c2f3e4a5b", "--"])
+        .args(HERMETIC)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("inspectable only"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(run_count(&env), 0, "nothing was started");
+}
