@@ -1,5 +1,6 @@
 //! Helpers shared by the four binaries: printing an error chain once with the right exit code,
-//! and treating a closed stdout (`cohort-status | head -1`) as success.
+//! treating a closed stdout (`cohort-status | head -1`) as success, and byte sizes in the same
+//! human units everywhere.
 
 use std::error::Error as StdError;
 use std::io::{self, Write};
@@ -43,4 +44,31 @@ pub fn out(text: &str) -> io::Result<()> {
     let mut o = io::stdout().lock();
     o.write_all(text.as_bytes())?;
     o.flush()
+}
+
+/// Bytes in a human unit: `512 B`, `3.4 KiB`, `12.0 MiB`, `1.2 GiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", UNITS[u])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_in_binary_units() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 * 1024 + 512), "3.5 KiB");
+        assert_eq!(human_bytes(5 * 1024 * 1024), "5.0 MiB");
+    }
 }

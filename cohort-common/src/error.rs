@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::exit;
-use crate::runtime::RuntimeError;
+use crate::identity::runtime::RuntimeError;
 
 /// Result alias for the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -43,6 +43,16 @@ pub enum Error {
         found: u32,
         /// The newest version this binary writes.
         supported: u32,
+    },
+    /// A path that must be a regular file is a symlink, FIFO, socket, device or directory. It
+    /// is never followed or read (a FIFO would block the reader for ever).
+    #[error("{} is {what}", path.display())]
+    NotRegular {
+        /// The path involved.
+        path: PathBuf,
+        /// What it is instead, as words ("a symlink; cohort never follows it", "not a regular
+        /// file").
+        what: &'static str,
     },
     /// A run directory already exists; run directories are never reused.
     #[error("run directory {} already exists", path.display())]
@@ -88,7 +98,7 @@ pub enum Error {
 }
 
 impl Error {
-    /// The exit code for this error (DESIGN §9).
+    /// The exit code for this error (`docs/architecture.md`, "Exit codes").
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::Runtime(_) => exit::RUNTIME,
@@ -97,8 +107,8 @@ impl Error {
     }
 }
 
-/// Attach a path and an action to an `io::Result`.
-pub(crate) trait IoContext<T> {
+/// Attach a path and an action to an `io::Result`: `fs::read(p).at("read", p)?`.
+pub trait IoContext<T> {
     /// Turn the `io::Error` into [`Error::Io`] naming `path`.
     fn at(self, action: &'static str, path: &Path) -> Result<T>;
 }

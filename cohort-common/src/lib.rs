@@ -1,38 +1,31 @@
-//! cohort-common: the library behind the four cohort binaries.
+//! cohort-common: what the four cohort programs must agree on, and nothing else.
 //!
 //! cohort runs Pi coding-agent children in the background, from the shell, without a daemon.
-//! This crate owns the on-disk format and every decision; the binaries (`cohort-spawn`,
-//! `cohort-runner`, `cohort-status`, `cohort-reap`) parse arguments, call one function here and
-//! map the result to an exit code ([`exit`]). The contract is `DESIGN.md`; `docs/format.md`
-//! describes the format as built.
+//! `cohort-spawn` starts runs, `cohort-runner` supervises one, `cohort-status` reads them and
+//! `cohort-reap` removes finished ones. Each program's features live in its own crate; this
+//! crate holds the contract between them (`docs/architecture.md`), in layers:
+//!
+//! - [`os`]: file and lock primitives (atomic durable writes, no-follow non-blocking reads,
+//!   rename without replace, the directory lister, locks with deadlines);
+//! - [`identity`]: the Pi runtime a run is tied to, and process identity;
+//! - [`format`]: the run-directory format (layout, ids, record, launch spec, events, routes,
+//!   legacy records), described in `docs/format.md`;
+//! - [`store`]: discovery, observation (liveness and reconciliation) and the listing index:
+//!   the reading every program does the same way.
+//!
+//! Beside them: [`error`] (typed errors naming the path involved), [`exit`] (the exit-code
+//! table), [`cli`] (printing errors and data the same way in every binary) and [`duration`]
+//! (the duration syntax every flag uses).
 
 #![deny(missing_docs)]
 
-pub mod check;
 pub mod cli;
-pub mod doctor;
 pub mod duration;
 pub mod error;
-pub mod events;
 pub mod exit;
-pub mod fsutil;
-pub mod id;
-pub mod index;
-pub mod layout;
-pub mod legacy;
-pub mod listing;
-pub mod lock;
-pub mod pi;
-pub mod procinfo;
-pub mod reap;
-pub mod record;
-pub mod render;
-pub mod revive;
-pub mod route;
-pub mod runner;
-pub mod runtime;
-pub mod spawn;
-pub mod spec;
-pub mod status;
+pub mod format;
+pub mod identity;
+pub mod os;
+pub mod store;
 
 pub use error::{Error, Result};

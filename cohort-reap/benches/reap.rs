@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cohort_common::id::RunId;
-use cohort_common::layout::StateRoot;
-use cohort_common::record::{RunMode, RunRecord, RunState, StepRecord};
+use cohort_common::format::id::RunId;
+use cohort_common::format::layout::StateRoot;
+use cohort_common::format::record::{RunMode, RunRecord, RunState, StepRecord};
 
 fn env_num(name: &str, default: usize) -> usize {
     std::env::var(name)

@@ -1,4 +1,5 @@
-//! Manual pruning of terminal top-level runs: the library side of `cohort-reap` (DESIGN §8).
+//! Manual pruning of terminal top-level runs (`docs/reap.md`; `docs/architecture.md`, "What
+//! reap may touch").
 //!
 //! Decisions are pure functions over what was observed: [`resolve_name`] (which run a name
 //! means), [`decide_run`] and [`decide_subtree`] (may this run and its nested subtree go?),
@@ -31,31 +32,29 @@
 //! same run either waits and then reports it "removed by another cohort-reap", or reports the
 //! other reap as busy; it never claims a half-moved unit, and recovery never races a live reap.
 
-pub mod trash;
-
 use std::collections::HashSet;
 use std::fmt;
-use std::fs::{File, FileType, OpenOptions, TryLockError};
-use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::error::{Error, IoContext, Result};
-use crate::fsutil;
-use crate::id;
-use crate::layout::StateRoot;
-use crate::lock::Liveness;
-use crate::record::{now_ms, RunRecord, RunState, FORMAT_VERSION};
-use crate::status;
+use cohort_common::error::{Error, IoContext, Result};
+use cohort_common::format::id;
+use cohort_common::format::layout::{self, RunDir, StateRoot};
+use cohort_common::format::record::{self, now_ms, RunRecord, RunState};
+use cohort_common::os::files::{self, EntryKind, Hidden};
+use cohort_common::os::lock::{self, Liveness, LockKind};
+use cohort_common::store::{discover, observe};
+
+use crate::trash;
 
 /// The hidden trash directory under the state root.
-pub const TRASH_DIR: &str = ".reap-trash";
+pub const TRASH_DIR: &str = layout::REAP_TRASH_DIR;
 /// The reaper lock under the state root: held exclusively by a (non-dry) reap for its whole run.
-pub const REAPER_LOCK: &str = ".reap.lock";
+pub const REAPER_LOCK: &str = layout::REAPER_LOCK;
 /// How long a reap waits for brief holders of a runner lock (reader probes, a reconciling
 /// reader) before calling the run busy. A live runner holds it for good, so this is all the
 /// "waiting for a runner" there is.
@@ -570,13 +569,16 @@ pub fn reap(
     // reported as such rather than as "not found".
     let mut wanted: Vec<(String, String)> = Vec::new();
     if !sel.names.is_empty() {
-        let top: Vec<String> = list_dir(&runs_dir)?.into_iter().map(|(n, _)| n).collect();
-        let nested: Vec<(String, String)> = status::nested(root)?
+        let top: Vec<String> = names(&runs_dir, Hidden::Skip)?
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        let nested: Vec<(String, String)> = discover::nested(root)?
             .into_iter()
             .map(|f| {
                 let r = match f.origin {
-                    status::Origin::Nested { root } => root,
-                    status::Origin::TopLevel | status::Origin::Legacy => String::new(),
+                    discover::Origin::Nested { root } => root,
+                    discover::Origin::TopLevel | discover::Origin::Legacy => String::new(),
                 };
                 (f.id, r)
             })
@@ -605,7 +607,7 @@ pub fn reap(
         Some(reaper_lock(root, opts.reaper_wait, on_wait)?)
     };
 
-    let trash = root.path().join(TRASH_DIR);
+    let trash = root.reap_trash();
     match std::fs::symlink_metadata(&trash) {
         Ok(m) if !m.is_dir() => {
             return Err(Error::State(format!(
@@ -615,17 +617,16 @@ pub fn reap(
         }
         _ => {}
     }
-    let listing = list_dir(&runs_dir)?;
+    let listing = names(&runs_dir, Hidden::Skip)?;
     let listed: HashSet<&str> = listing.iter().map(|(n, _)| n.as_str()).collect();
     let nested_root = root.nested_root();
-    let mut subtrees: HashSet<String> = list_dir(&nested_root)?
+    let mut subtrees: HashSet<String> = names(&nested_root, Hidden::Skip)?
         .into_iter()
         .map(|(n, _)| n)
         .collect();
 
     // Finish what an interrupted reap left in the trash.
-    let trash_entries: Vec<String> = list_dir_all(&trash)
-        .at("list", &trash)?
+    let trash_entries: Vec<String> = names(&trash, Hidden::Include)?
         .into_iter()
         .map(|(n, _)| n)
         .collect();
@@ -639,11 +640,11 @@ pub fn reap(
         match step {
             trash::RecoveryStep::Restore { id } => {
                 if !dry {
-                    fsutil::create_dir_all_private(&nested_root)?;
+                    files::create_dir_all_private(&nested_root)?;
                     let from = trash.join(trash::nested_entry(&id));
                     let to = root.nested_runs_dir(&id);
-                    rename_noreplace(&from, &to).at("restore from the trash", &from)?;
-                    fsutil::sync_dir(&nested_root)?;
+                    files::rename_noreplace(&from, &to).at("restore from the trash", &from)?;
+                    files::sync_dir(&nested_root)?;
                     subtrees.insert(id.clone());
                 } else {
                     pending_restore.insert(id.clone());
@@ -681,7 +682,7 @@ pub fn reap(
     };
 
     // The candidates: named runs (reported whatever happens) or every listed run (filters).
-    let mut candidates: Vec<(&str, Option<&str>, Option<FileType>)> = Vec::new();
+    let mut candidates: Vec<(&str, Option<&str>, EntryKind)> = Vec::new();
     if sel.names.is_empty() {
         candidates.extend(listing.iter().map(|(n, t)| (n.as_str(), None, *t)));
     } else {
@@ -739,10 +740,10 @@ pub fn reap(
     }
 
     // The moves are done; make them durable once, then delete.
-    fsutil::sync_dir(&trash)?;
-    fsutil::sync_dir(&runs_dir)?;
+    files::sync_dir(&trash)?;
+    files::sync_dir(&runs_dir)?;
     if moved_nested {
-        fsutil::sync_dir(&nested_root)?;
+        files::sync_dir(&nested_root)?;
     }
     let trash_dir = trash::OpenDir::open(&trash).at("open", &trash)?;
     for (mut entry, nested) in committed {
@@ -802,7 +803,7 @@ enum Examined {
 }
 
 /// Observe one top-level run and its subtree (taking the locks unless dry), and decide.
-fn examine(ctx: &Ctx<'_>, id: &str, named: bool, kind: Option<FileType>) -> Examined {
+fn examine(ctx: &Ctx<'_>, id: &str, named: bool, kind: EntryKind) -> Examined {
     let dir = ctx.root.run_dir(id);
     let mut obs = RunObservation {
         id: id.to_string(),
@@ -887,15 +888,15 @@ fn observe_subtree(
         return Err(why.clone());
     }
     let kind = std::fs::symlink_metadata(path)
-        .map(|m| m.file_type())
+        .map(|m| EntryKind::of(m.file_type()))
         .map_err(|e| format!("cannot read its nested subtree {}: {e}", path.display()))?;
-    if let Some(why) = kind_problem(Some(kind), "nested subtree") {
+    if let Some(why) = kind_problem(kind, "nested subtree") {
         return Err(format!("{why} ({})", path.display()));
     }
-    let entries = list_dir_all(path).map_err(|e| format!("cannot list {}: {e}", path.display()))?;
+    let entries = names(path, Hidden::Include).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for (name, kind) in entries {
-        let dir = crate::layout::RunDir::new(path.join(&name));
+        let dir = RunDir::new(path.join(&name));
         let mut n = NestedObservation {
             id: name.clone(),
             unsafe_path: kind_problem(kind, "nested run directory")
@@ -929,33 +930,33 @@ fn observe_subtree(
 fn commit(ctx: &Ctx<'_>, id: &str, unit: &Unit) -> std::result::Result<bool, Refusal> {
     let move_failed = |e: std::io::Error| Refusal::MoveFailed(e.to_string());
     if !ctx.trash_ready.get() {
-        fsutil::create_dir_all_private(ctx.trash)
-            .map_err(|e| Refusal::MoveFailed(e.to_string()))?;
+        files::create_dir_all_private(ctx.trash).map_err(|e| Refusal::MoveFailed(e.to_string()))?;
         ctx.trash_ready.set(true);
     }
     let nested_to = ctx.trash.join(trash::nested_entry(id));
     let mut moved_nested = false;
     if let Some(from) = &unit.subtree {
         test_hook("before-nested-rename");
-        rename_noreplace(from, &nested_to).map_err(move_failed)?;
+        files::rename_noreplace(from, &nested_to).map_err(move_failed)?;
         moved_nested = true;
         // Nothing new may have slipped in between the check and the move.
-        let mut now: Vec<String> = list_dir_all(&nested_to)
+        let mut now: Vec<String> = names(&nested_to, Hidden::Include)
             .map(|v| v.into_iter().map(|(n, _)| n).collect())
             .unwrap_or_default();
         let mut then = unit.nested_ids.clone();
         now.sort();
         then.sort();
         if now != then {
-            let _ = rename_noreplace(&nested_to, from);
+            let _ = files::rename_noreplace(&nested_to, from);
             return Err(Refusal::Changed);
         }
         test_hook("after-nested-rename");
     }
     let run_from = ctx.root.run_dir(id);
-    if let Err(e) = rename_noreplace(run_from.path(), &ctx.trash.join(trash::run_entry(id))) {
+    if let Err(e) = files::rename_noreplace(run_from.path(), &ctx.trash.join(trash::run_entry(id)))
+    {
         if let (true, Some(from)) = (moved_nested, &unit.subtree) {
-            let _ = rename_noreplace(&nested_to, from);
+            let _ = files::rename_noreplace(&nested_to, from);
         }
         return Err(move_failed(e));
     }
@@ -973,12 +974,11 @@ fn session_files(rec: &RunRecord) -> Vec<PathBuf> {
 }
 
 /// Why an entry of this kind is not a plain directory, if it is not.
-fn kind_problem(kind: Option<FileType>, what: &str) -> Option<String> {
+fn kind_problem(kind: EntryKind, what: &str) -> Option<String> {
     match kind {
-        Some(k) if k.is_symlink() => Some(format!("its {what} is a symlink")),
-        Some(k) if k.is_dir() => None,
-        Some(_) => Some(format!("its {what} is not a directory")),
-        None => Some(format!("its {what} cannot be examined")),
+        EntryKind::Symlink => Some(format!("its {what} is a symlink")),
+        EntryKind::Dir => None,
+        EntryKind::File | EntryKind::Other => Some(format!("its {what} is not a directory")),
     }
 }
 
@@ -996,156 +996,69 @@ fn resolves_outside(root: &StateRoot, dir: &Path) -> Option<String> {
     }
 }
 
-/// The non-hidden entries of a directory with their types (from `readdir`, no `stat`), sorted;
-/// empty when it does not exist. Names that are not UTF-8 cannot be run ids and are left out.
-fn list_dir(path: &Path) -> Result<Vec<(String, Option<FileType>)>> {
-    let mut v = list_dir_all(path).at("list", path)?;
-    v.retain(|(n, _)| !n.starts_with('.'));
-    Ok(v)
+/// The entries of a directory ([`files::list_dir`]) as UTF-8 names with their kinds. Names that
+/// are not UTF-8 cannot be run ids or trash entries cohort made, and are left out.
+fn names(path: &Path, hidden: Hidden) -> Result<Vec<(String, EntryKind)>> {
+    Ok(files::list_dir(path, hidden)?
+        .into_iter()
+        .filter_map(|e| Some((e.name.into_string().ok()?, e.kind)))
+        .collect())
 }
 
-/// Every entry of a directory (hidden ones too), sorted; empty when it does not exist.
-fn list_dir_all(path: &Path) -> std::io::Result<Vec<(String, Option<FileType>)>> {
-    let rd = match std::fs::read_dir(path) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    let mut out = Vec::new();
-    for e in rd {
-        let e = e?;
-        let Ok(name) = e.file_name().into_string() else {
-            continue;
-        };
-        out.push((name, e.file_type().ok()));
-    }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(out)
-}
-
-/// Flags for every file the reaper opens inside a run: never through a symlink, never block on
-/// a planted FIFO, never leak into a child.
-const OPEN_FLAGS: i32 = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
-
-/// Take (exclusive) or probe (shared, released at once) a runner lock. `Ok((Held, None))` when
-/// someone else still holds it after `wait`; `Ok((Free, Some(guard)))` when taken;
-/// `Ok((NoLockFile, None))` when there is no lock file. `Err` is an unsafe or unusable lock file.
+/// Take (exclusive) or probe (shared, released at once) a runner lock, riding out holders for
+/// at most `wait`. `Ok((Held, None))` when someone else still holds it then;
+/// `Ok((Free, Some(guard)))` when taken; `Ok((NoLockFile, None))` when there is no lock file.
+/// `Err` is an unsafe or unusable lock file, as a refusal reason.
 fn take_lock(
     path: &Path,
     exclusive: bool,
     wait: Duration,
 ) -> std::result::Result<(Liveness, Option<File>), String> {
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(OPEN_FLAGS)
-        .open(path)
-    {
+    let file = match lock::open_lock(path, false) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             return Ok((Liveness::NoLockFile, None))
         }
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return Err("its lock file is a symlink".into())
+        Err(Error::NotRegular { what, .. }) => return Err(format!("its lock file is {what}")),
+        Err(e) => {
+            return Err(format!(
+                "cannot open its lock file: {}",
+                observe::reason(&e)
+            ))
         }
-        Err(e) => return Err(format!("cannot open its lock file: {e}")),
     };
-    if !exclusive {
-        return match file.try_lock_shared() {
-            Ok(()) => Ok((Liveness::Free, None)),
-            Err(TryLockError::WouldBlock) => Ok((Liveness::Held, None)),
-            Err(TryLockError::Error(e)) => Err(format!("cannot lock its lock file: {e}")),
-        };
-    }
-    let deadline = Instant::now() + wait;
-    let mut pause = Duration::from_millis(2);
-    loop {
-        match file.try_lock() {
-            Ok(()) => return Ok((Liveness::Free, Some(file))),
-            Err(TryLockError::WouldBlock) => {}
-            Err(TryLockError::Error(e)) => return Err(format!("cannot lock its lock file: {e}")),
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            return Ok((Liveness::Held, None));
-        }
-        std::thread::sleep(pause.min(deadline - now));
-        pause = (pause * 2).min(Duration::from_millis(50));
+    let (kind, wait) = if exclusive {
+        (LockKind::Exclusive, wait)
+    } else {
+        (LockKind::Shared, Duration::ZERO)
+    };
+    match lock::lock_within(&file, kind, wait, &mut || {}) {
+        Ok(true) if exclusive => Ok((Liveness::Free, Some(file))),
+        // A probe lets go at once: dropping the descriptor releases the shared lock.
+        Ok(true) => Ok((Liveness::Free, None)),
+        Ok(false) => Ok((Liveness::Held, None)),
+        Err(e) => Err(format!("cannot lock its lock file: {e}")),
     }
 }
 
-/// Read a record without following a symlink (a refusal reason on failure).
+/// Read a record ([`record::load`]: never through a symlink, never blocking on a FIFO); the
+/// error is a refusal reason that names the file, not the whole path.
 fn read_record(path: &Path) -> std::result::Result<RunRecord, String> {
-    let mut f = OpenOptions::new()
-        .read(true)
-        .custom_flags(OPEN_FLAGS)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => "status.json is a symlink".to_string(),
-            _ => format!("cannot read status.json: {e}"),
-        })?;
-    let mut bytes = Vec::with_capacity(4096);
-    f.read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read status.json: {e}"))?;
-    let rec: RunRecord =
-        serde_json::from_slice(&bytes).map_err(|e| format!("invalid JSON in status.json: {e}"))?;
-    if rec.format_version > FORMAT_VERSION {
-        return Err(format!(
-            "format version {} is newer than this cohort understands ({FORMAT_VERSION})",
-            rec.format_version
-        ));
-    }
-    Ok(rec)
+    record::load(path).map_err(|e| observe::reason(&e))
 }
 
 /// Take `R/.reap.lock`, waiting at most `wait` for another reap (calling `on_wait` once).
 fn reaper_lock(root: &StateRoot, wait: Duration, on_wait: &mut dyn FnMut()) -> Result<File> {
-    let path = root.path().join(REAPER_LOCK);
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .mode(fsutil::FILE_MODE)
-        .custom_flags(OPEN_FLAGS)
-        .open(&path)
-        .at("open the reaper lock", &path)?;
-    let deadline = Instant::now() + wait;
-    let mut told = false;
-    loop {
-        match file.try_lock() {
-            Ok(()) => return Ok(file),
-            Err(TryLockError::WouldBlock) => {}
-            Err(TryLockError::Error(e)) => return Err(e).at("lock", &path),
-        }
-        if !told {
-            on_wait();
-            told = true;
-        }
-        if Instant::now() >= deadline {
-            return Err(Error::State(format!(
-                "another cohort-reap is still working on {} (it holds {}); try again when it has finished",
-                root.path().display(),
-                path.display()
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let path = root.reaper_lock();
+    let file = lock::open_or_create_lock(&path)?;
+    if lock::lock_within(&file, LockKind::Exclusive, wait, on_wait).at("lock", &path)? {
+        return Ok(file);
     }
-}
-
-/// `rename(from, to)` that fails with `AlreadyExists` instead of replacing `to`
-/// (`renameat2(RENAME_NOREPLACE)`, with a checked plain rename where the filesystem lacks it;
-/// the reaper lock makes that check race-free among reapers).
-fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
-    use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
-    match renameat2(AT_FDCWD, from, AT_FDCWD, to, RenameFlags::RENAME_NOREPLACE) {
-        Ok(()) => Ok(()),
-        Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOSYS) => {
-            if std::fs::symlink_metadata(to).is_ok() {
-                return Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists));
-            }
-            std::fs::rename(from, to)
-        }
-        Err(e) => Err(e.into()),
-    }
+    Err(Error::State(format!(
+        "another cohort-reap is still working on {} (it holds {}); try again when it has finished",
+        root.path().display(),
+        path.display()
+    )))
 }
 
 /// Test hooks, inert unless their environment variables are set: [`CRASH_ENV`] names a point
@@ -1181,7 +1094,7 @@ fn test_hook(point: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::RunMode;
+    use cohort_common::format::record::RunMode;
 
     const ALL_STATES: [RunState; 7] = [
         RunState::Queued,

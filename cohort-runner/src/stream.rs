@@ -21,7 +21,12 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::record::Usage;
+use std::collections::VecDeque;
+
+use cohort_common::format::record::Usage;
+
+/// Lines of stderr kept from each end for a step's error message.
+const STDERR_KEEP: usize = 3;
 
 /// Kept lines longer than this are discarded (counted in [`StreamSummary::oversized_lines`]).
 pub const MAX_KEPT_LINE: usize = 512 << 20;
@@ -622,6 +627,56 @@ pub fn signal_name(sig: i32) -> String {
         .unwrap_or_else(|_| format!("signal {sig}"))
 }
 
+/// What a step's error message keeps of its stderr: the first lines, the first line that
+/// names an error (Node prints the source location before the message), and the last lines.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StderrDigest {
+    head: Vec<String>,
+    first_error: Option<String>,
+    tail: VecDeque<String>,
+    seen: usize,
+}
+
+impl StderrDigest {
+    /// Take one stderr line.
+    pub fn push(&mut self, line: &str) {
+        let line = preview(line, 300);
+        self.seen += 1;
+        if self.head.len() < STDERR_KEEP {
+            self.head.push(line);
+            return;
+        }
+        if self.first_error.is_none() && line.to_ascii_lowercase().contains("error") {
+            self.first_error = Some(line.clone());
+        }
+        self.tail.push_back(line);
+        if self.tail.len() > STDERR_KEEP {
+            self.tail.pop_front();
+        }
+    }
+
+    /// One line: head, the first error line, `…` where lines were left out, tail; ` | `
+    /// between lines.
+    pub fn summary(&self) -> String {
+        let mut parts: Vec<String> = self.head.clone();
+        let shown_tail_start = self.seen - self.tail.len();
+        if let Some(e) = &self.first_error {
+            if !self.tail.contains(e) {
+                if shown_tail_start > self.head.len() + 1 {
+                    parts.push("…".into());
+                }
+                parts.push(e.clone());
+            }
+        }
+        if shown_tail_start > self.head.len() + usize::from(self.first_error.is_some()) {
+            parts.push("…".into());
+        }
+        parts.extend(self.tail.iter().cloned());
+        parts.dedup();
+        parts.join(" | ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -803,5 +858,32 @@ mod tests {
         let (s, _, _) = parse("not json\n{\"type\":\"agent_end\"}\n", 16);
         assert_eq!(s.garbage_lines, 1);
         assert!(s.saw_agent_end);
+    }
+    #[test]
+    fn stderr_digest_keeps_head_error_and_tail() {
+        let mut d = StderrDigest::default();
+        for l in ["a", "b"] {
+            d.push(l);
+        }
+        assert_eq!(d.summary(), "a | b");
+        let mut d = StderrDigest::default();
+        for l in [
+            "/x.js:3",
+            "throw e",
+            "   ^",
+            "",
+            "TypeError: boom",
+            "at f",
+            "at g",
+            "at h",
+            "at i",
+            "Node.js v20",
+        ] {
+            d.push(l);
+        }
+        assert_eq!(
+            d.summary(),
+            "/x.js:3 | throw e | ^ | … | TypeError: boom | … | at h | at i | Node.js v20"
+        );
     }
 }

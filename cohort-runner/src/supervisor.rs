@@ -1,4 +1,4 @@
-//! The runner: the detached supervisor of one run (DESIGN §3, §4, §6).
+//! The supervisor of one run (`docs/architecture.md`, "The runner").
 //!
 //! `cohort-runner <run-dir>` calls [`run`]. It takes the runner lock for its whole life, refuses
 //! a record that is not `queued`, publishes `running` with its pid identity, then runs the
@@ -13,12 +13,11 @@
 //! reparented to the runner (it is a child subreaper). Record writes are coalesced to at most
 //! ten a second, and a heartbeat advances `lastUpdate` at least every 10 s.
 //!
-//! Descendants: every child gets `COHORT_PARENT_RUN_ID` and `COHORT_PARENT_STEP`; at the end of
-//! a step (and on stop and timeout) the runner signals every process that carries its step's
-//! values or descends from the step's child (TERM, grace, KILL). Nested cohort runners are
-//! started by spawn without those variables, so they are never swept.
+//! A step's lifecycle is [`crate::step::StepRun`]; how a step and the run end are the pure
+//! decisions [`crate::step::step_outcome`] and [`crate::step::run_outcome`]. What a step leaves
+//! behind is swept by [`crate::sweep`].
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
@@ -33,29 +32,30 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use serde_json::json;
 
-use crate::error::{Error, Result};
-use crate::events::EventLog;
-use crate::fsutil;
-use crate::layout::StateRoot;
-use crate::layout::{RunDir, PROFILE_ENV};
-use crate::lock::{RunLock, RUNNER_LOCK_WAIT};
-use crate::pi::{self, ChildExit, Notice, StepVerdict, StreamParser, StreamSummary};
-use crate::procinfo;
-use crate::record::{self, now_ms, RecentTool, RunRecord, RunState, StepStatus};
-use crate::route::{self, PARENT_RUN_ENV, PARENT_STEP_ENV};
-use crate::runtime::{self, Runtime, NODE_ENV, PI_ENTRY_ENV};
-use crate::spec::{self, ChainStep, FlatStep, LaunchSpec, Placement};
+use cohort_common::error::{Error, Result};
+use cohort_common::format::events::{EventKind, EventLog};
+use cohort_common::format::layout::{self, RunDir, StateRoot, PROFILE_ENV};
+use cohort_common::format::record::{self, now_ms, RecentTool, RunRecord, RunState, StepStatus};
+use cohort_common::format::route;
+use cohort_common::format::spec::{self, ChainStep, FlatStep, LaunchSpec, Placement};
+use cohort_common::identity::procinfo;
+use cohort_common::identity::runtime::{self, Runtime, NODE_ENV, PI_ENTRY_ENV};
+use cohort_common::os::files;
+use cohort_common::os::lock::{self, RunLock, RUNNER_LOCK_WAIT};
+use cohort_common::store::observe;
+
+use crate::process::own_rusage;
+use crate::session::{self, NewSession};
+use crate::step::{self, Ending, Phase, StepRun};
+use crate::stream::{preview, ChildExit, Notice, StderrDigest, StreamParser, StreamSummary};
+use crate::sweep::{runs_under, sweep_descendants, StepTrack};
 
 /// Most record writes per second.
 const WRITE_INTERVAL: Duration = Duration::from_millis(100);
 /// Longest silence in `lastUpdate` while the runner lives.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
-/// Lines of stderr kept from each end for a step's error message.
-const STDERR_KEEP: usize = 3;
 /// How often the descendants of live step children are recorded.
 const TRACK_INTERVAL: Duration = Duration::from_millis(250);
-/// How long to wait for a child's stdout to close after it exited (a descendant may hold it).
-const STREAM_DRAIN: Duration = Duration::from_secs(2);
 
 /// The Pi flags the runner always passes (before the step's own).
 pub fn pi_command_args(
@@ -93,11 +93,6 @@ pub fn pi_command_args(
     args
 }
 
-/// The session file of flat step `i` when the spec names none: `<sessionDir>/step-<i>.jsonl`.
-pub fn default_session_file(session_dir: &Path, i: usize) -> PathBuf {
-    session_dir.join(format!("step-{i}.jsonl"))
-}
-
 enum Msg {
     Signal(i32),
     Progress(usize, Progress),
@@ -113,34 +108,6 @@ struct Progress {
     model: Option<String>,
     output: Vec<String>,
     tools: Vec<RecentTool>,
-}
-
-/// Why a step's child was sent SIGTERM.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Ending {
-    Stop,
-    StepTimeout,
-    RunTimeout,
-    FailFast,
-}
-
-struct Active {
-    pid: u32,
-    term_at: Option<Instant>,
-    killed: bool,
-    ending: Option<Ending>,
-    deadline: Option<Instant>,
-    exit: Option<ChildExit>,
-    exited_at: Option<Instant>,
-    summary: Option<StreamSummary>,
-    stderr_tail: Arc<Mutex<StderrDigest>>,
-    sweeping: bool,
-    escaped: Option<Vec<String>>,
-    /// Descendants seen while the child lived (pid → start time).
-    seen: HashMap<u32, u64>,
-    /// The session file's lock, held while the step runs: taken at launch for a continued
-    /// session, as soon as Pi creates the file for a new one.
-    session_lock: Option<File>,
 }
 
 /// The bounded, live output log of one step.
@@ -218,7 +185,7 @@ pub fn run(dir: &RunDir, ready: impl FnOnce()) -> Result<RunState> {
             rec.state.as_str()
         )));
     }
-    let spec: LaunchSpec = match fsutil::read_json(&dir.spec()) {
+    let spec: LaunchSpec = match files::read_json(&dir.spec()) {
         Ok(s) => s,
         Err(e) => {
             rec.finish(
@@ -267,7 +234,7 @@ pub fn run(dir: &RunDir, ready: impl FnOnce()) -> Result<RunState> {
     rec.last_update = Some(now_ms());
     rec.current_step = Some(0);
     record::store(&dir.status(), &rec)?;
-    events.append("run.started", json!({"pid": std::process::id()}))?;
+    events.append(EventKind::RunStarted, json!({"pid": std::process::id()}))?;
     ready();
 
     let mut sup = Supervisor {
@@ -315,7 +282,7 @@ struct Supervisor {
     events: EventLog,
     tx: Sender<Msg>,
     rx: Receiver<Msg>,
-    active: HashMap<usize, Active>,
+    active: HashMap<usize, StepRun>,
     nested_stopping: Vec<RunDir>,
     last_write: Instant,
     last_track: Instant,
@@ -368,14 +335,8 @@ impl Supervisor {
         if self.stop.is_some() {
             self.wait_nested_stopped();
         }
+        let outcome = step::run_outcome(self.stop, failure, self.spec.options.timeout_ms);
         // Steps never started end `stopped`, not silently `pending`.
-        let why = match (self.stop, &failure) {
-            (Some(Ending::Stop), _) => "the run was stopped before this step started".to_string(),
-            (Some(Ending::RunTimeout), _) => {
-                "the run timed out before this step started".to_string()
-            }
-            _ => "an earlier step failed".to_string(),
-        };
         for s in self
             .rec
             .steps
@@ -383,35 +344,18 @@ impl Supervisor {
             .filter(|s| s.status == StepStatus::Pending)
         {
             s.status = StepStatus::Stopped;
-            s.error = Some(why.clone());
+            s.error = Some(outcome.unstarted.clone());
         }
-        let (state, error, kind) = match (self.stop, failure) {
-            (Some(Ending::Stop), _) => (
-                RunState::Stopped,
-                Some("stopped by signal".to_string()),
-                "run.stopped",
-            ),
-            (Some(Ending::RunTimeout), _) => {
-                self.rec.timed_out = Some(true);
-                let ms = self.spec.options.timeout_ms.unwrap_or(0);
-                (
-                    RunState::Failed,
-                    Some(format!(
-                        "the run timed out after {}",
-                        crate::duration::human(ms)
-                    )),
-                    "run.timedOut",
-                )
-            }
-            (_, Some(f)) => (RunState::Failed, Some(f), "run.failed"),
-            (_, None) => (RunState::Complete, None, "run.completed"),
-        };
-        self.rec.finish(state, error.clone());
-        let _ = self
-            .events
-            .append(kind, json!({"error": error, "rusage": own_rusage()}));
+        if outcome.timed_out {
+            self.rec.timed_out = Some(true);
+        }
+        self.rec.finish(outcome.state, outcome.error.clone());
+        let _ = self.events.append(
+            outcome.event,
+            json!({"error": outcome.error, "rusage": own_rusage()}),
+        );
         self.flush(true);
-        state
+        outcome.state
     }
 
     fn final_text(&self, i: usize) -> String {
@@ -446,7 +390,7 @@ impl Supervisor {
             let done: Vec<usize> = self
                 .active
                 .iter()
-                .filter(|(_, a)| a.escaped.is_some())
+                .filter(|(_, a)| a.is_finished())
                 .map(|(i, _)| *i)
                 .collect();
             for i in done {
@@ -477,12 +421,12 @@ impl Supervisor {
         let session_file = self.rec.steps[i]
             .session_file
             .clone()
-            .unwrap_or_else(|| default_session_file(&self.spec.session_dir, i));
-        let session_lock = lock_session(&session_file)?;
+            .unwrap_or_else(|| layout::default_session_file(&self.spec.session_dir, i));
+        let session_lock = session::lock_session(&session_file)?;
         let task = spec::substitute_previous(&step.spec.task, previous);
         let args = pi_command_args(step, &session_file, &self.spec.pi_args, &task);
         let log_path = self.dir.output_log(i);
-        let log_file = fsutil::open_append(&log_path).map_err(|e| e.to_string())?;
+        let log_file = files::open_append(&log_path).map_err(|e| e.to_string())?;
         let log = Arc::new(Mutex::new(OutputLog {
             file: log_file,
             written: 0,
@@ -530,7 +474,13 @@ impl Supervisor {
         let stderr = child.stderr.take().expect("piped stderr");
         drop(child); // Reaped by waitpid(-1) on SIGCHLD, never by Child::wait.
 
-        let tail = Arc::new(Mutex::new(StderrDigest::default()));
+        let now = Instant::now();
+        let deadline = self
+            .spec
+            .options
+            .step_timeout_ms
+            .map(|ms| now + Duration::from_millis(ms));
+        let run = StepRun::started(pid, deadline, session_lock);
         spawn_stdout_reader(
             i,
             stdout,
@@ -538,40 +488,18 @@ impl Supervisor {
             self.tx.clone(),
             self.dir.final_text(i),
         );
-        spawn_stderr_reader(stderr, log, tail.clone());
+        spawn_stderr_reader(stderr, log, run.stderr.clone());
 
-        let now = Instant::now();
         let s = &mut self.rec.steps[i];
         s.status = StepStatus::Running;
         s.started_at = Some(now_ms());
         s.session_file = Some(session_file.clone());
         let _ = self.events.append(
-            "step.started",
+            EventKind::StepStarted,
             json!({"step": i, "pid": pid, "sessionFile": session_file}),
         );
         self.dirty = true;
-        self.active.insert(
-            i,
-            Active {
-                pid,
-                term_at: None,
-                killed: false,
-                ending: None,
-                deadline: self
-                    .spec
-                    .options
-                    .step_timeout_ms
-                    .map(|ms| now + Duration::from_millis(ms)),
-                exit: None,
-                exited_at: None,
-                summary: None,
-                stderr_tail: tail,
-                sweeping: false,
-                escaped: None,
-                seen: HashMap::new(),
-                session_lock,
-            },
-        );
+        self.active.insert(i, run);
         Ok(())
     }
 
@@ -609,7 +537,7 @@ impl Supervisor {
             Msg::Signal(sig) if sig == libc::SIGCHLD => self.reap_children(),
             Msg::Signal(_) => {
                 if self.stop.is_none() {
-                    let _ = self.events.append("run.stopping", json!({}));
+                    let _ = self.events.append(EventKind::RunStopping, json!({}));
                     self.signal_all(Ending::Stop);
                     let _ = self.stop_nested_runs();
                 }
@@ -633,12 +561,12 @@ impl Supervisor {
             }
             Msg::StreamEnd(i, summary) => {
                 if let Some(a) = self.active.get_mut(&i) {
-                    a.summary = Some(summary);
+                    a.stream_ended(summary);
                 }
             }
             Msg::SweepDone(i, escaped) => {
                 if let Some(a) = self.active.get_mut(&i) {
-                    a.escaped = Some(escaped);
+                    a.swept(escaped);
                 }
             }
         }
@@ -663,20 +591,17 @@ impl Supervisor {
         if let Some(a) = self
             .active
             .values_mut()
-            .find(|a| a.pid == pid && a.exit.is_none())
+            .find(|a| a.pid == pid && a.is_alive())
         {
-            a.exit = Some(exit);
-            a.exited_at = Some(Instant::now());
+            a.exited(exit, Instant::now());
         }
     }
 
     fn signal_all(&mut self, why: Ending) {
-        let grace_from = Instant::now();
+        let now = Instant::now();
         for a in self.active.values_mut() {
-            if a.exit.is_none() && a.term_at.is_none() {
-                let _ = signal::killpg(Pid::from_raw(a.pid as i32), Signal::SIGTERM);
-                a.term_at = Some(grace_from);
-                a.ending = Some(why);
+            if let Some(sig) = a.terminate(why, now) {
+                signal_group(a.pid, sig);
             }
         }
     }
@@ -704,12 +629,13 @@ impl Supervisor {
             {
                 continue;
             }
-            match crate::status::live_runner_pid(&run) {
+            match observe::live_runner_pid(&run) {
                 Ok(Some(pid)) => {
                     let _ = signal::kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
-                    let _ = self
-                        .events
-                        .append("nested.stopping", json!({"runId": rec.run_id, "pid": pid}));
+                    let _ = self.events.append(
+                        EventKind::NestedStopping,
+                        json!({"runId": rec.run_id, "pid": pid}),
+                    );
                     self.nested_stopping.push(run);
                 }
                 _ if rec.state == RunState::Queued => starting += 1,
@@ -733,7 +659,7 @@ impl Supervisor {
             let alive = self
                 .nested_stopping
                 .iter()
-                .any(|run| crate::lock::probe(&run.lock()).is_ok_and(|l| l.is_alive()));
+                .any(|run| lock::probe(&run.lock()).is_ok_and(|l| l.is_alive()));
             if !alive && (starting == 0 || Instant::now() >= starting_until) {
                 break;
             }
@@ -753,22 +679,8 @@ impl Supervisor {
         }
         let grace = Duration::from_millis(self.spec.options.grace_ms);
         for a in self.active.values_mut() {
-            if a.exit.is_some() {
-                continue;
-            }
-            match a.term_at {
-                None => {
-                    if a.deadline.is_some_and(|d| now >= d) {
-                        let _ = signal::killpg(Pid::from_raw(a.pid as i32), Signal::SIGTERM);
-                        a.term_at = Some(now);
-                        a.ending = Some(Ending::StepTimeout);
-                    }
-                }
-                Some(t) if !a.killed && now >= t + grace => {
-                    let _ = signal::killpg(Pid::from_raw(a.pid as i32), Signal::SIGKILL);
-                    a.killed = true;
-                }
-                Some(_) => {}
+            if let Some(sig) = a.due_signal(now, grace) {
+                signal_group(a.pid, sig);
             }
         }
     }
@@ -777,20 +689,15 @@ impl Supervisor {
     /// descendants in a helper thread.
     fn advance_finished(&mut self) {
         let grace = Duration::from_millis(self.spec.options.grace_ms);
+        let now = Instant::now();
         let ready: Vec<usize> = self
             .active
-            .iter()
-            .filter(|(_, a)| {
-                a.exited_at
-                    .is_some_and(|t| a.summary.is_some() || t.elapsed() >= STREAM_DRAIN)
-                    && !a.sweeping
-            })
-            .map(|(&i, _)| i)
+            .iter_mut()
+            .filter_map(|(&i, a)| a.start_sweep(now).then_some(i))
             .collect();
         for i in ready {
             let nested_runs = self.state_root.nested_runs_dir(&self.tree.root_run_id);
-            let a = self.active.get_mut(&i).expect("ready step");
-            a.sweeping = true;
+            let a = &self.active[&i];
             // Orphans are not attributed here: a sibling may still be running, or start while
             // this sweep runs. They are swept when the whole chain step has ended.
             let track = StepTrack {
@@ -829,7 +736,7 @@ impl Supervisor {
         );
         if !escaped.is_empty() {
             let _ = self.events.append(
-                "step.escaped",
+                EventKind::StepEscaped,
                 json!({"step": last.index, "processes": escaped}),
             );
             self.rec.steps[last.index].escaped.extend(escaped);
@@ -841,24 +748,23 @@ impl Supervisor {
     /// with the first assistant message), so that no other run is started on them.
     fn lock_new_sessions(&mut self) {
         for (&i, a) in self.active.iter_mut() {
-            if a.session_lock.is_some() || a.exit.is_some() {
+            if a.session_lock.is_some() || !a.is_alive() {
                 continue;
             }
             let Some(path) = self.rec.steps[i].session_file.as_ref() else {
                 continue;
             };
-            let Ok(file) = File::open(path) else { continue };
-            match file.try_lock() {
-                Ok(()) => a.session_lock = Some(file),
-                Err(std::fs::TryLockError::WouldBlock) => {
+            match session::try_lock_new(path) {
+                NewSession::NotYet => {}
+                NewSession::Locked(file) => a.session_lock = Some(file),
+                NewSession::Contended(file) => {
                     let _ = self.events.append(
-                        "session.contended",
+                        EventKind::SessionContended,
                         json!({"step": i, "sessionFile": path, "error": "another run holds this session file"}),
                     );
                     // Remember the attempt; the contended file is not retried.
                     a.session_lock = Some(file);
                 }
-                Err(std::fs::TryLockError::Error(_)) => {}
             }
         }
     }
@@ -866,12 +772,12 @@ impl Supervisor {
     /// Remember the descendants of every live step child, with their start times, so they are
     /// found at the end of the step even if they left the child's tree and its environment.
     fn track_descendants(&mut self) {
-        if self.active.values().all(|a| a.exit.is_some()) {
+        if !self.active.values().any(StepRun::is_alive) {
             return;
         }
         let procs = procinfo::all_processes();
         let nested_runs = self.state_root.nested_runs_dir(&self.tree.root_run_id);
-        for a in self.active.values_mut().filter(|a| a.exit.is_none()) {
+        for a in self.active.values_mut().filter(|a| a.is_alive()) {
             for d in procinfo::descendants(&procs, a.pid) {
                 if let Some(st) = procs.get(&d) {
                     if !runs_under(d, &nested_runs) {
@@ -883,23 +789,21 @@ impl Supervisor {
     }
 
     /// Record a finished step; returns the failure message when it failed.
-    fn finish_step(&mut self, i: usize, a: Active) -> Option<String> {
+    fn finish_step(&mut self, i: usize, a: StepRun) -> Option<String> {
         // Pi creates the session file with the default mode (0644, inside a 0700 dir); it may
         // hold secrets, so it gets 0600 like every file cohort writes. The umask is left alone:
         // it also governs the files Pi's tools write into the user's project.
         if let Some(f) = &self.rec.steps[i].session_file {
             let _ = std::fs::set_permissions(
                 f,
-                std::os::unix::fs::PermissionsExt::from_mode(fsutil::FILE_MODE),
+                std::os::unix::fs::PermissionsExt::from_mode(files::FILE_MODE),
             );
         }
+        let Phase::Finished { exit, escaped } = a.phase else {
+            unreachable!("only finished steps are recorded");
+        };
         let summary = a.summary.unwrap_or_default();
-        let tail = a
-            .stderr_tail
-            .lock()
-            .map(|t| t.summary())
-            .unwrap_or_default();
-        let exit = a.exit.expect("finished steps have exited");
+        let stderr = a.stderr.lock().map(|t| t.summary()).unwrap_or_default();
         let label = self.rec.steps[i].agent.clone();
         {
             let s = &mut self.rec.steps[i];
@@ -913,54 +817,35 @@ impl Supervisor {
                 ChildExit::Code(c) => s.exit_code = Some(c),
                 ChildExit::Signal(sig) => s.signal = Some(sig),
             }
-            s.escaped = a.escaped.clone().unwrap_or_default();
+            s.escaped = escaped.clone();
         }
-        if let Some(esc) = a.escaped.as_ref().filter(|e| !e.is_empty()) {
-            let _ = self
-                .events
-                .append("step.escaped", json!({"step": i, "processes": esc}));
+        if !escaped.is_empty() {
+            let _ = self.events.append(
+                EventKind::StepEscaped,
+                json!({"step": i, "processes": escaped}),
+            );
         }
-        let (status, error, kind) = match a.ending {
-            Some(Ending::Stop) => (
-                StepStatus::Stopped,
-                Some("stopped by signal".to_string()),
-                "step.stopped",
-            ),
-            Some(Ending::FailFast) => (
-                StepStatus::Stopped,
-                Some("stopped: a sibling in its parallel group failed (--fail-fast)".to_string()),
-                "step.stopped",
-            ),
-            Some(Ending::StepTimeout) => {
-                self.rec.steps[i].timed_out = Some(true);
-                let ms = self.spec.options.step_timeout_ms.unwrap_or(0);
-                (
-                    StepStatus::Failed,
-                    Some(format!(
-                        "the step timed out after {}",
-                        crate::duration::human(ms)
-                    )),
-                    "step.timedOut",
-                )
-            }
-            Some(Ending::RunTimeout) => {
-                self.rec.steps[i].timed_out = Some(true);
-                (
-                    StepStatus::Failed,
-                    Some("the run timed out".to_string()),
-                    "step.timedOut",
-                )
-            }
-            None => match pi::decide_step(exit, &summary, &tail) {
-                StepVerdict::Complete => (StepStatus::Complete, None, "step.completed"),
-                StepVerdict::Failed(why) => (StepStatus::Failed, Some(why), "step.failed"),
-            },
-        };
-        self.end_step(i, status, error.clone(), Some(kind));
-        match status {
-            StepStatus::Failed => {
-                Some(format!("step {i} ({label}): {}", error.unwrap_or_default()))
-            }
+        let outcome = step::step_outcome(
+            a.ending,
+            exit,
+            &summary,
+            &stderr,
+            self.spec.options.step_timeout_ms,
+        );
+        if outcome.timed_out {
+            self.rec.steps[i].timed_out = Some(true);
+        }
+        self.end_step(
+            i,
+            outcome.status,
+            outcome.error.clone(),
+            Some(outcome.event),
+        );
+        match outcome.status {
+            StepStatus::Failed => Some(format!(
+                "step {i} ({label}): {}",
+                outcome.error.unwrap_or_default()
+            )),
             _ => None,
         }
     }
@@ -970,17 +855,13 @@ impl Supervisor {
         i: usize,
         status: StepStatus,
         error: Option<String>,
-        kind: Option<&str>,
+        kind: Option<EventKind>,
     ) {
         let s = &mut self.rec.steps[i];
         s.status = status;
         s.error = error.clone();
         s.ended_at = Some(now_ms());
-        let kind = kind.unwrap_or(match status {
-            StepStatus::Complete => "step.completed",
-            StepStatus::Stopped => "step.stopped",
-            _ => "step.failed",
-        });
+        let kind = kind.unwrap_or_else(|| step::event_for(status));
         let _ = self.events.append(
             kind,
             json!({"step": i, "exitCode": s.exit_code, "signal": s.signal, "error": error}),
@@ -1002,16 +883,13 @@ impl Supervisor {
     }
 }
 
-/// The runner's own resource use: `{maxRssKiB, userMs, sysMs}` (getrusage, RUSAGE_SELF).
-fn own_rusage() -> serde_json::Value {
-    use nix::sys::resource::{getrusage, UsageWho};
-    match getrusage(UsageWho::RUSAGE_SELF) {
-        Ok(u) => {
-            let ms = |t: nix::sys::time::TimeVal| t.tv_sec() * 1000 + t.tv_usec() / 1000;
-            json!({"maxRssKiB": u.max_rss(), "userMs": ms(u.user_time()), "sysMs": ms(u.system_time())})
-        }
-        Err(_) => serde_json::Value::Null,
-    }
+/// Send `sig` to the process group of a step's child (its pid: each child leads its own group).
+fn signal_group(pid: u32, sig: step::Signal) {
+    let sig = match sig {
+        step::Signal::Term => Signal::SIGTERM,
+        step::Signal::Kill => Signal::SIGKILL,
+    };
+    let _ = signal::killpg(Pid::from_raw(pid as i32), sig);
 }
 
 fn spawn_stdout_reader(
@@ -1048,7 +926,7 @@ fn spawn_stdout_reader(
                     if !text.is_empty() {
                         // The final text goes straight to disk from the parsed line: a huge
                         // reply is never held twice.
-                        if let Err(e) = fsutil::write_atomic(&final_path, text.as_bytes()) {
+                        if let Err(e) = files::write_atomic(&final_path, text.as_bytes()) {
                             eprintln!("cohort-runner: {e}");
                         }
                         wrote_final = true;
@@ -1062,7 +940,7 @@ fn spawn_stdout_reader(
                         .into_iter()
                         .rev()
                     {
-                        recent_output.push_back(pi::preview(l, 200));
+                        recent_output.push_back(preview(l, 200));
                         if recent_output.len() > 8 {
                             recent_output.pop_front();
                         }
@@ -1139,62 +1017,12 @@ fn spawn_stdout_reader(
             },
         ));
         if !wrote_final {
-            if let Err(e) = fsutil::write_atomic(&final_path, b"") {
+            if let Err(e) = files::write_atomic(&final_path, b"") {
                 eprintln!("cohort-runner: {e}");
             }
         }
         let _ = tx.send(Msg::StreamEnd(i, summary));
     });
-}
-
-/// What a step's error message keeps of its stderr: the first lines, the first line that
-/// names an error (Node prints the source location before the message), and the last lines.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct StderrDigest {
-    head: Vec<String>,
-    first_error: Option<String>,
-    tail: VecDeque<String>,
-    seen: usize,
-}
-
-impl StderrDigest {
-    /// Take one stderr line.
-    pub fn push(&mut self, line: &str) {
-        let line = pi::preview(line, 300);
-        self.seen += 1;
-        if self.head.len() < STDERR_KEEP {
-            self.head.push(line);
-            return;
-        }
-        if self.first_error.is_none() && line.to_ascii_lowercase().contains("error") {
-            self.first_error = Some(line.clone());
-        }
-        self.tail.push_back(line);
-        if self.tail.len() > STDERR_KEEP {
-            self.tail.pop_front();
-        }
-    }
-
-    /// One line: head, the first error line, `…` where lines were left out, tail; ` | `
-    /// between lines.
-    pub fn summary(&self) -> String {
-        let mut parts: Vec<String> = self.head.clone();
-        let shown_tail_start = self.seen - self.tail.len();
-        if let Some(e) = &self.first_error {
-            if !self.tail.contains(e) {
-                if shown_tail_start > self.head.len() + 1 {
-                    parts.push("…".into());
-                }
-                parts.push(e.clone());
-            }
-        }
-        if shown_tail_start > self.head.len() + usize::from(self.first_error.is_some()) {
-            parts.push("…".into());
-        }
-        parts.extend(self.tail.iter().cloned());
-        parts.dedup();
-        parts.join(" | ")
-    }
 }
 
 fn spawn_stderr_reader(
@@ -1226,307 +1054,9 @@ fn spawn_stderr_reader(
     });
 }
 
-/// Who a step's processes are, for [`step_processes`].
-#[derive(Clone, Debug, Default)]
-pub struct StepTrack {
-    /// The run id (matched against `COHORT_PARENT_RUN_ID` in a process's environment).
-    pub run_id: String,
-    /// The flat step (matched against `COHORT_PARENT_STEP`).
-    pub step: usize,
-    /// The step's Pi child, while it has not been reaped (after that its pid may be reused).
-    pub child: Option<u32>,
-    /// Descendants seen while the child lived: pid → start time (clock ticks since boot), so a
-    /// reused pid is never taken for one of them.
-    pub seen: HashMap<u32, u64>,
-    /// Whether orphans reparented to the runner (which is a child subreaper) belong to this
-    /// sweep: true only once a chain step (a task, or a whole parallel group) has ended and
-    /// before the next one starts, when nothing else could have left them. This is how a
-    /// process that dropped the environment (`env -i`, `sudo`) and whose parent exited before
-    /// it was seen is still found.
-    pub orphans: bool,
-    /// The run tree's nested runs dir: a process whose first argument lies under it is a
-    /// nested cohort runner (its run dir), left to its own run with everything under it.
-    pub nested_runs: PathBuf,
-}
-
-/// The processes of a step in a process table (pure over `procs` and `env_of`): descendants of
-/// the live child; processes seen earlier (same start time); processes whose environment
-/// carries the step's `COHORT_PARENT_RUN_ID`/`COHORT_PARENT_STEP`; and, when
-/// [`StepTrack::orphans`], every child of `me` other than the live step children `busy`. Nested
-/// cohort runners and everything under them are left to their own runs; `me` and zombies are
-/// never included.
-pub fn select_step_processes(
-    t: &StepTrack,
-    me: u32,
-    busy: &[u32],
-    procs: &HashMap<u32, procinfo::Stat>,
-    env_of: impl Fn(u32) -> Option<Vec<u8>>,
-    is_nested_runner: impl Fn(u32) -> bool,
-) -> Vec<u32> {
-    let want_run = format!("{PARENT_RUN_ENV}={}", t.run_id);
-    let want_step = format!("{PARENT_STEP_ENV}={}", t.step);
-    let mut found: HashSet<u32> = HashSet::new();
-    if let Some(child) = t.child {
-        found.extend(procinfo::descendants(procs, child));
-    }
-    for (&pid, &start) in &t.seen {
-        if procs.get(&pid).is_some_and(|s| s.start_time == start) {
-            found.insert(pid);
-        }
-    }
-    for (&pid, st) in procs {
-        if pid == me || st.state == 'Z' || found.contains(&pid) {
-            continue;
-        }
-        if t.orphans && st.ppid == me && !busy.contains(&pid) {
-            found.insert(pid);
-            found.extend(procinfo::descendants(procs, pid));
-            continue;
-        }
-        if let Some(env) = env_of(pid) {
-            let (mut has_run, mut has_step) = (false, false);
-            for var in env.split(|&b| b == 0) {
-                has_run |= var == want_run.as_bytes();
-                has_step |= var == want_step.as_bytes();
-            }
-            if has_run && has_step {
-                found.insert(pid);
-            }
-        }
-    }
-    // Every nested runner of the tree, wherever it is in the table: it may have been seen as a
-    // descendant while its spawner was still alive, or its Pi child may be in `seen`; both
-    // belong to the nested run. Recognised by its argument (its run dir), not by its name: the
-    // runner binary may be renamed (`COHORT_RUNNER`), and a name is easy to borrow.
-    let nested: Vec<u32> = procs
-        .values()
-        .filter(|s| s.pid != me && s.state != 'Z' && is_nested_runner(s.pid))
-        .map(|s| s.pid)
-        .collect();
-    for n in nested {
-        found.remove(&n);
-        for d in procinfo::descendants(procs, n) {
-            found.remove(&d);
-        }
-    }
-    found.retain(|&p| p != me && procs.get(&p).is_some_and(|s| s.state != 'Z'));
-    let mut out: Vec<u32> = found.into_iter().collect();
-    out.sort_unstable();
-    out
-}
-
-/// [`select_step_processes`] on the live process table.
-pub fn step_processes(t: &StepTrack, busy: &[u32]) -> Vec<u32> {
-    let procs = procinfo::all_processes();
-    select_step_processes(
-        t,
-        std::process::id(),
-        busy,
-        &procs,
-        |pid| std::fs::read(format!("/proc/{pid}/environ")).ok(),
-        |pid| runs_under(pid, &t.nested_runs),
-    )
-}
-
-/// Whether process `pid`'s first argument is a path under `dir` (how a nested runner, whose
-/// argument is its run dir, is recognised).
-pub fn runs_under(pid: u32, dir: &Path) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    cmdline.split(|&b| b == 0).nth(1).is_some_and(|arg| {
-        use std::os::unix::ffi::OsStrExt;
-        Path::new(std::ffi::OsStr::from_bytes(arg)).starts_with(dir)
-    })
-}
-
-/// TERM every process of the step, wait up to `grace` for them to go, KILL the rest; returns
-/// the ones still alive after that (`"<pid> <cmdline>"`).
-pub fn sweep_descendants(t: &StepTrack, busy: &[u32], grace: Duration) -> Vec<String> {
-    let first = step_processes(t, busy);
-    if first.is_empty() {
-        return Vec::new();
-    }
-    for &p in &first {
-        let _ = signal::kill(Pid::from_raw(p as i32), Signal::SIGTERM);
-    }
-    let deadline = Instant::now() + grace;
-    while Instant::now() < deadline && !step_processes(t, busy).is_empty() {
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    for p in step_processes(t, busy) {
-        let _ = signal::kill(Pid::from_raw(p as i32), Signal::SIGKILL);
-    }
-    let deadline = Instant::now() + Duration::from_secs(1);
-    let mut left = step_processes(t, busy);
-    while !left.is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(25));
-        left = step_processes(t, busy);
-    }
-    left.into_iter()
-        .map(|p| format!("{p} {}", procinfo::cmdline(p)))
-        .collect()
-}
-
-/// Take an exclusive flock on a continued session file for the life of its step (a file that
-/// does not exist yet is a new session: nothing to share). Spawn refuses a session whose lock
-/// is held; this closes the race of two spawns that both checked before either runner started:
-/// the second runner's step fails instead of interleaving two conversations in one file.
-fn lock_session(path: &Path) -> std::result::Result<Option<File>, String> {
-    let Ok(file) = File::open(path) else {
-        return Ok(None);
-    };
-    // Readers probe briefly (shared, released at once): ride that out, not a live run.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        match file.try_lock() {
-            Ok(()) => return Ok(Some(file)),
-            Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(format!(
-                    "the session file {} is in use by another run",
-                    path.display()
-                ))
-            }
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(format!(
-                    "cannot lock the session file {}: {e}",
-                    path.display()
-                ))
-            }
-        }
-    }
-}
-
-/// Close every descriptor above stderr that the runner inherited (its spawner's caller may
-/// have passed any, e.g. a `flock` fd in a shell script): a detached runner and its Pi children
-/// must not keep the caller's files open, let alone its locks. Called first thing by
-/// `cohort-runner`, before it opens anything itself.
-pub fn close_inherited_fds() {
-    let fds: Vec<i32> = match std::fs::read_dir("/proc/self/fd") {
-        Ok(rd) => rd
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse().ok())
-            .filter(|&fd| fd > 2)
-            .collect(),
-        Err(_) => return,
-    };
-    // The directory's own descriptor is closed by now; closing it again fails harmlessly.
-    for fd in fds {
-        let _ = nix::unistd::close(fd);
-    }
-}
-
-/// Detach the current process from its spawner: a new session (no controlling terminal, its
-/// own process group), SIGHUP ignored, and child-subreaper status so orphaned descendants of
-/// its children are reparented to it. Called first thing by `cohort-runner`.
-pub fn detach() -> Result<()> {
-    nix::unistd::setsid().map_err(|e| {
-        Error::Usage(format!(
-            "setsid failed: {e} (the runner must not be started as a process-group leader)"
-        ))
-    })?;
-    // A handler that only sets a flag: SIGHUP no longer kills the runner, and (unlike SIG_IGN)
-    // the Pi children it execs get the default disposition back.
-    signal_hook::flag::register(
-        signal_hook::consts::SIGHUP,
-        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
-    )
-    .map_err(|e| Error::Usage(format!("cannot ignore SIGHUP: {e}")))?;
-    nix::sys::prctl::set_child_subreaper(true)
-        .map_err(|e| Error::Usage(format!("cannot become a child subreaper: {e}")))?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stderr_digest_keeps_head_error_and_tail() {
-        let mut d = StderrDigest::default();
-        for l in ["a", "b"] {
-            d.push(l);
-        }
-        assert_eq!(d.summary(), "a | b");
-        let mut d = StderrDigest::default();
-        for l in [
-            "/x.js:3",
-            "throw e",
-            "   ^",
-            "",
-            "TypeError: boom",
-            "at f",
-            "at g",
-            "at h",
-            "at i",
-            "Node.js v20",
-        ] {
-            d.push(l);
-        }
-        assert_eq!(
-            d.summary(),
-            "/x.js:3 | throw e | ^ | … | TypeError: boom | … | at h | at i | Node.js v20"
-        );
-    }
-
-    #[test]
-    fn step_processes_are_found_by_tree_memory_environment_and_orphanhood() {
-        use crate::procinfo::Stat;
-        let p = |pid, ppid, comm: &str, start| Stat {
-            pid,
-            comm: comm.into(),
-            state: 'S',
-            ppid,
-            pgrp: pid,
-            start_time: start,
-        };
-        let me = 100;
-        let procs: HashMap<u32, Stat> = [
-            p(200, me, "node", 1),          // the step's Pi child
-            p(201, 200, "bash", 2),         // its tool
-            p(300, me, "sleep", 3),         // an orphan (left by an exited tool)
-            p(301, 300, "sleep", 3),        // under the orphan
-            p(400, me, "cohort-runner", 4), // a nested runner, reparented to us
-            p(401, 400, "node", 4),         // its child
-            p(500, 1, "sleep", 5),          // elsewhere, env-marked
-            p(600, 1, "sleep", 6),          // elsewhere, seen earlier with start time 6
-            p(601, 1, "sleep", 99),         // a reused pid: seen earlier with another start time
-            p(700, me, "node", 7),          // a sibling step's live child
-            p(800, me, "cohort-runner", 8), // only named like a runner: not a nested run
-        ]
-        .into_iter()
-        .map(|s| (s.pid, s))
-        .collect();
-        let env = |pid: u32| -> Option<Vec<u8>> {
-            (pid == 500).then(|| b"A=1\0COHORT_PARENT_RUN_ID=r\0COHORT_PARENT_STEP=3\0".to_vec())
-        };
-        let t = StepTrack {
-            run_id: "r".into(),
-            step: 3,
-            child: Some(200),
-            seen: [(600, 6), (601, 5), (401, 4)].into_iter().collect(),
-            orphans: false,
-            nested_runs: PathBuf::from("/nested"),
-        };
-        let nested = |pid: u32| pid == 400;
-        assert_eq!(
-            select_step_processes(&t, me, &[200, 700], &procs, env, nested),
-            vec![201, 500, 600]
-        );
-        let t = StepTrack {
-            child: None,
-            orphans: true,
-            ..t
-        };
-        assert_eq!(
-            select_step_processes(&t, me, &[700], &procs, env, nested),
-            vec![200, 201, 300, 301, 500, 600, 800],
-            "orphans (not the nested runner, not a busy sibling) belong to the last live step"
-        );
-    }
 
     #[test]
     fn pi_args_put_the_task_last_and_guard_dashes() {

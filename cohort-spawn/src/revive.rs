@@ -8,13 +8,13 @@
 
 use std::path::PathBuf;
 
-use crate::error::{Error, Result};
-use crate::layout::StateRoot;
-use crate::lock::{self, Liveness};
-use crate::record::{RunRecord, RunState};
-use crate::runtime::{self, Runtime, RuntimeError};
-use crate::spec::LaunchSpec;
-use crate::status::{self, Found};
+use cohort_common::error::{Error, Result};
+use cohort_common::format::layout::StateRoot;
+use cohort_common::format::record::{RunRecord, RunState};
+use cohort_common::format::spec::LaunchSpec;
+use cohort_common::identity::runtime::{self, Runtime, RuntimeError};
+use cohort_common::os::lock::{self, Liveness};
+use cohort_common::store::discover::Found;
 
 /// The task a revival sends when none is given.
 pub const DEFAULT_TASK: &str = "Continue where you left off.";
@@ -140,7 +140,7 @@ pub fn plan(f: &Facts) -> Result<Plan> {
     };
     let (mut pi_args, task_spec) = match &f.spec {
         Some(spec) => {
-            let flat = crate::spec::flatten(&spec.chain).0;
+            let flat = cohort_common::format::spec::flatten(&spec.chain).0;
             (
                 spec.pi_args.clone(),
                 flat.get(step).map(|fl| fl.spec.clone()),
@@ -170,13 +170,13 @@ pub fn plan(f: &Facts) -> Result<Plan> {
 /// Observe the original run `name` for [`plan`]: its record, lock, spec, runtime, and which of
 /// its session files exist or are in use by live runs.
 pub fn gather(root: &StateRoot, name: &str, step: Option<usize>) -> Result<Facts> {
-    let found: Found = status::find(root, name)?;
-    if found.origin == status::Origin::Legacy {
+    let found: Found = cohort_common::store::discover::find(root, name)?;
+    if found.origin == cohort_common::store::discover::Origin::Legacy {
         return Err(RuntimeError::NotRecorded { run: found.id }.into());
     }
-    let record = status::read_record(&found.dir.status())?;
+    let record = cohort_common::format::record::load(&found.dir.status())?;
     let liveness = lock::probe(&found.dir.lock())?;
-    let spec = status::read_regular(&found.dir.spec())
+    let spec = cohort_common::os::files::read_regular(&found.dir.spec())
         .ok()
         .and_then(|b| serde_json::from_slice::<LaunchSpec>(&b).ok());
     let runtime_check = record.runtime.as_ref().map(runtime::revalidate);
@@ -186,7 +186,7 @@ pub fn gather(root: &StateRoot, name: &str, step: Option<usize>) -> Result<Facts
         .filter_map(|s| s.session_file.clone())
         .collect();
     let existing_sessions = files.iter().filter(|p| p.is_file()).cloned().collect();
-    let sessions_in_use = status::sessions_in_use(root, &files)?;
+    let sessions_in_use = crate::session::sessions_in_use(root, &files)?;
     Ok(Facts {
         record,
         liveness,
@@ -215,7 +215,7 @@ pub fn describe(rt: &Runtime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{RunMode, StepRecord};
+    use cohort_common::format::record::{RunMode, StepRecord};
 
     fn rt() -> Runtime {
         Runtime {

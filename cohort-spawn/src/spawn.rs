@@ -1,4 +1,4 @@
-//! Starting a run: the library side of `cohort-spawn` (DESIGN §3, §4, §5).
+//! Starting a run (`docs/architecture.md`, "A run from spawn to reap").
 //!
 //! Order matters and is the contract: usage errors are refused before anything exists; then the
 //! run dir is created exclusively with its lock file, and `queued` is published *before*
@@ -12,21 +12,21 @@ use std::process::{Command, Stdio};
 
 use serde_json::json;
 
-use crate::error::{Error, IoContext, Result};
-use crate::events;
-use crate::fsutil;
-use crate::id::RunId;
-use crate::layout::{RunDir, StateRoot, PROFILE_ENV};
-use crate::lock::RunLock;
-use crate::record::{self, RunMode, RunRecord, RunState, StepRecord};
-use crate::route;
-use crate::runner;
-use crate::runtime::{self, Runtime, RuntimeRequest};
-use crate::spec::{self, ChainStep, LaunchSpec, Placement, RunOptions, SPEC_VERSION};
-use crate::status;
+use cohort_common::error::{Error, IoContext, Result};
+use cohort_common::format::events::{self, EventKind};
+use cohort_common::format::id::RunId;
+use cohort_common::format::layout::{self, RunDir, StateRoot, PROFILE_ENV};
+use cohort_common::format::record::{self, RunMode, RunRecord, RunState, StepRecord};
+use cohort_common::format::route;
+use cohort_common::format::spec::{
+    self, ChainStep, LaunchSpec, Placement, RunOptions, READY_LINE, SPEC_VERSION,
+};
+use cohort_common::identity::runtime::{self, Runtime, RuntimeRequest};
+use cohort_common::os::files;
+use cohort_common::os::lock::RunLock;
 
-/// The line the runner prints on stdout once `running` is published.
-pub const READY_LINE: &str = "cohort-runner: ready";
+use crate::session;
+
 /// Overrides where spawn finds `cohort-runner` (default: beside the spawn executable).
 pub const RUNNER_ENV: &str = "COHORT_RUNNER";
 
@@ -108,11 +108,11 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     let run_id = RunId::new().to_string();
     let dir = match &req.placement {
         Some(p) => {
-            fsutil::create_dir_all_private(&root.nested_runs_dir(&p.root_run_id))?;
+            files::create_dir_all_private(&root.nested_runs_dir(&p.root_run_id))?;
             root.nested_run_dir(&p.root_run_id, &run_id)
         }
         None => {
-            fsutil::create_dir_all_private(&root.runs_dir())?;
+            files::create_dir_all_private(&root.runs_dir())?;
             root.run_dir(&run_id)
         }
     };
@@ -124,9 +124,9 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         .parent()
         .expect("run dirs have a parent")
         .to_path_buf();
-    let staging = RunDir::new(parent.join(format!(".spawn-{run_id}")));
-    fsutil::create_dir_exclusive(staging.path())?;
-    fsutil::create_file_exclusive(&staging.lock())?;
+    let staging = dir.staging();
+    files::create_dir_exclusive(staging.path())?;
+    files::create_file_exclusive(&staging.lock())?;
 
     // Publish `queued` before validating anything.
     let (flat, groups) = spec::flatten(&req.chain);
@@ -152,9 +152,18 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         })
         .collect();
     record::store(&staging.status(), &rec)?;
-    fsutil::rename_noreplace(staging.path(), dir.path())?;
-    fsutil::sync_dir(&parent)?;
-    let _ = events::append_once(&dir.events(), "run.queued", json!({}));
+    files::rename_noreplace(staging.path(), dir.path()).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => Error::RunExists {
+            path: dir.path().to_path_buf(),
+        },
+        _ => Error::Io {
+            action: "rename into place",
+            path: dir.path().to_path_buf(),
+            source: e,
+        },
+    })?;
+    files::sync_dir(&parent)?;
+    let _ = events::append_once(&dir.events(), EventKind::RunQueued, json!({}));
 
     match prepare_and_start(root, &dir, &mut rec, &req) {
         Ok(runtime) => Ok(Spawned {
@@ -187,7 +196,7 @@ fn fail_start(dir: &RunDir, error: &Error) {
     let msg = format!("start failed: {error}");
     rec.finish(RunState::Failed, Some(msg.clone()));
     let _ = record::store(&dir.status(), &rec);
-    let _ = events::append_once(&dir.events(), "run.failed", json!({"error": msg}));
+    let _ = events::append_once(&dir.events(), EventKind::RunFailed, json!({"error": msg}));
 }
 
 fn prepare_and_start(
@@ -198,16 +207,16 @@ fn prepare_and_start(
 ) -> Result<Runtime> {
     // Session files first: the cwd default reads a session header, which must be a regular
     // file (a FIFO would block).
-    let reused = session_files(&req.chain);
+    let reused = session::session_files(&req.chain);
     for f in &reused {
-        check_session_file(f)?;
+        session::check_session_file(f)?;
     }
     // Working directory: --cwd, else a continued session's header cwd, else ours.
     let cwd = match &req.cwd {
         Some(c) => c.clone(),
         None => reused
             .first()
-            .and_then(|f| session_header_cwd(f))
+            .and_then(|f| session::session_header_cwd(f))
             .map(Ok)
             .unwrap_or_else(|| {
                 std::env::current_dir()
@@ -219,14 +228,14 @@ fn prepare_and_start(
 
     for f in &reused {
         let real = f.canonicalize().at("resolve", f)?;
-        if crate::lock::probe(&real).is_ok_and(|l| l.is_alive()) {
+        if cohort_common::os::lock::probe(&real).is_ok_and(|l| l.is_alive()) {
             return Err(Error::State(format!(
                 "the session file {} is in use by a live run",
                 f.display()
             )));
         }
     }
-    if let Some((file, run)) = status::sessions_in_use(root, &reused)?.into_iter().next() {
+    if let Some((file, run)) = session::sessions_in_use(root, &reused)?.into_iter().next() {
         return Err(Error::State(format!(
             "the session file {} is in use by live run {run}; two runs must not write one session",
             file.display()
@@ -249,11 +258,11 @@ fn prepare_and_start(
     rec.runtime = Some(rt.clone());
 
     let session_dir = root.default_session_dir(&rec.run_id);
-    fsutil::create_dir_all_private(&session_dir)?;
+    files::create_dir_all_private(&session_dir)?;
     rec.session_dir = Some(session_dir.clone());
     for (i, s) in rec.steps.iter_mut().enumerate() {
         if s.session_file.is_none() {
-            s.session_file = Some(runner::default_session_file(&session_dir, i));
+            s.session_file = Some(layout::default_session_file(&session_dir, i));
         }
     }
 
@@ -275,7 +284,7 @@ fn prepare_and_start(
             .map(|p| p.max_depth)
             .unwrap_or(req.max_depth),
     };
-    fsutil::write_json_atomic(&dir.spec(), &spec)?;
+    files::write_json_atomic(&dir.spec(), &spec)?;
     rec.last_update = Some(record::now_ms());
     record::store(&dir.status(), rec)?;
     if let Some(p) = &req.placement {
@@ -286,61 +295,6 @@ fn prepare_and_start(
 
     start_runner(root, dir, &req.runner)?;
     Ok(rt)
-}
-
-/// Every session file the chain reuses.
-fn session_files(chain: &[ChainStep]) -> Vec<PathBuf> {
-    spec::flatten(chain)
-        .0
-        .into_iter()
-        .filter_map(|f| f.spec.session_file)
-        .collect()
-}
-
-/// The `cwd` in a Pi session file's header (its first line), if readable.
-pub fn session_header_cwd(file: &Path) -> Option<PathBuf> {
-    let header = session_header(std::fs::File::open(file).ok()?)?;
-    header.get("cwd")?.as_str().map(PathBuf::from)
-}
-
-/// The first line of a Pi session file (read at most 1 MiB) when it is a session header
-/// (`{"type":"session",…}`).
-fn session_header(file: std::fs::File) -> Option<serde_json::Value> {
-    let mut line = String::new();
-    BufReader::new(std::io::Read::take(file, 1 << 20))
-        .read_line(&mut line)
-        .ok()?;
-    let v: serde_json::Value = serde_json::from_str(&line).ok()?;
-    (v.get("type")?.as_str()? == "session").then_some(v)
-}
-
-/// A session file to continue must be an existing regular `.jsonl` file that starts with a Pi
-/// session header (`{"type":"session",…}`): Pi would otherwise overwrite whatever file it was
-/// given, or create a new one where the user meant to continue.
-pub fn check_session_file(file: &Path) -> Result<()> {
-    let bad = |why: &str| {
-        Err(Error::Usage(format!(
-            "session file {} {why}",
-            file.display()
-        )))
-    };
-    match std::fs::metadata(file) {
-        Err(_) => return bad("does not exist (to start a new session, leave out --session)"),
-        Ok(m) if !m.is_file() => return bad("is not a regular file"),
-        Ok(_) => {}
-    }
-    // Through any symlink: what Pi will write is the target.
-    let real = file.canonicalize().at("resolve", file)?;
-    for p in [file, real.as_path()] {
-        if p.extension().and_then(|e| e.to_str()) != Some("jsonl") {
-            return bad("is not a .jsonl file");
-        }
-    }
-    let f = std::fs::File::open(&real).at("open", &real)?;
-    if session_header(f).is_none() {
-        return bad("is not a Pi session file (its first line is not a session header)");
-    }
-    Ok(())
 }
 
 /// A cwd must exist and be a directory; returns its canonical form.
@@ -362,7 +316,7 @@ pub fn validate_cwd(cwd: &Path) -> Result<PathBuf> {
 
 /// Start the detached runner for `dir` and wait until it reports `running` (or dies).
 fn start_runner(root: &StateRoot, dir: &RunDir, runner: &Path) -> Result<()> {
-    let log = fsutil::open_append(&dir.runner_log())?;
+    let log = files::open_append(&dir.runner_log())?;
     let mut cmd = Command::new(runner);
     cmd.arg(dir.path())
         .stdin(Stdio::null())
@@ -370,7 +324,7 @@ fn start_runner(root: &StateRoot, dir: &RunDir, runner: &Path) -> Result<()> {
         .stderr(log)
         .env(PROFILE_ENV, root.profile());
     // The runner is not a step process of any parent run: without the route variables it stays
-    // out of the parent's descendant sweep (see runner::step_processes). Its placement is in
+    // out of the parent's descendant sweep (see `cohort_runner::sweep`). Its placement is in
     // the launch spec.
     for k in route::ROUTE_VARS {
         cmd.env_remove(k);
@@ -412,45 +366,6 @@ fn start_runner(root: &StateRoot, dir: &RunDir, runner: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn session_header_cwd_reads_the_first_line() {
-        let d = tempfile::tempdir().unwrap();
-        let f = d.path().join("s.jsonl");
-        std::fs::write(&f, "{\"type\":\"session\",\"version\":3,\"id\":\"x\",\"cwd\":\"/some/where\"}\n{\"type\":\"message\"}\n").unwrap();
-        assert_eq!(session_header_cwd(&f), Some(PathBuf::from("/some/where")));
-        std::fs::write(&f, "{\"type\":\"message\"}\n").unwrap();
-        assert_eq!(session_header_cwd(&f), None);
-        assert_eq!(session_header_cwd(&d.path().join("missing")), None);
-    }
-
-    #[test]
-    fn session_files_must_be_pi_sessions() {
-        let d = tempfile::tempdir().unwrap();
-        let good = d.path().join("s.jsonl");
-        std::fs::write(&good, "{\"type\":\"session\",\"version\":3}\n").unwrap();
-        assert!(check_session_file(&good).is_ok());
-        let json = d.path().join("chain.json");
-        std::fs::write(&json, "{\"type\":\"session\"}\n").unwrap();
-        assert!(check_session_file(&json)
-            .unwrap_err()
-            .to_string()
-            .contains(".jsonl"));
-        let other = d.path().join("notes.jsonl");
-        std::fs::write(&other, "{\"steps\":[]}\n").unwrap();
-        assert!(check_session_file(&other)
-            .unwrap_err()
-            .to_string()
-            .contains("not a Pi session"));
-        assert!(check_session_file(&d.path().join("new.jsonl"))
-            .unwrap_err()
-            .to_string()
-            .contains("does not exist"));
-        assert!(check_session_file(d.path())
-            .unwrap_err()
-            .to_string()
-            .contains("regular"));
-    }
 
     #[test]
     fn cwd_must_be_a_directory() {

@@ -18,7 +18,7 @@
 //! Output goes to `/dev/null` for both the listing and `cat`. Files are in the page cache for
 //! both (they were just written). The runs directory is given an mtime a minute old, as it is in
 //! life when the last spawn was not within the last 2 s (otherwise the index is "racy" and the
-//! directory is listed again, see `cohort_common::index`).
+//! directory is listed again, see `cohort_common::store::index`).
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};

@@ -7,7 +7,7 @@
 //!   `running` record without any lock file (no runner can exist);
 //! - `unresolved`: a `queued` run that no runner took, older than [`UNRESOLVED_AFTER_MS`];
 //! - `runtime-gone`: a live `running` run whose recorded Node or Pi no longer validates
-//!   ([`crate::runtime::revalidate`]): its next step will fail;
+//!   ([`cohort_common::identity::runtime::revalidate`]): its next step will fail;
 //! - `corrupt`: a record that cannot be read, or an entry that cannot be a run.
 //!
 //! The decision for one run is [`assess`], a pure function. [`check`] gathers the runs: the
@@ -19,12 +19,13 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::error::Result;
-use crate::index::{Outcome, View};
-use crate::layout::StateRoot;
-use crate::record::{now_ms, RunState};
-use crate::runtime::{self, Runtime};
-use crate::status::{self, Found, Judgement, Observed, Origin, RUNNER_LOST};
+use cohort_common::error::Result;
+use cohort_common::format::layout::StateRoot;
+use cohort_common::format::record::{now_ms, RunState};
+use cohort_common::identity::runtime::{self, Runtime};
+use cohort_common::store::discover::{Found, Origin};
+use cohort_common::store::index::{Outcome, View};
+use cohort_common::store::observe::{Judgement, Observed, RUNNER_LOST};
 
 /// The default window of `--check`: 24 h.
 pub const DEFAULT_SINCE: Duration = Duration::from_secs(24 * 3600);
@@ -79,7 +80,7 @@ impl Problem {
     pub fn line(&self) -> String {
         format!(
             "{} {}: {}",
-            crate::id::short_of(&self.run_id),
+            cohort_common::format::id::short_of(&self.run_id),
             self.kind.word(),
             self.message
         )
@@ -113,7 +114,7 @@ pub fn assess(
                     Kind::Unresolved,
                     format!(
                         "queued {} ago and no runner ever took it; start a new run",
-                        crate::duration::human(age)
+                        cohort_common::duration::human(age)
                     ),
                 ));
             }
@@ -148,8 +149,8 @@ pub fn assess(
                 kind,
                 format!(
                     "{} ago: {}",
-                    crate::duration::human(now.saturating_sub(when)),
-                    crate::record::summarize(&err, 160)
+                    cohort_common::duration::human(now.saturating_sub(when)),
+                    cohort_common::format::record::summarize(&err, 160)
                 ),
             ));
         }
@@ -167,7 +168,7 @@ pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
     let mut found: Vec<Found> = view
         .all()
         .iter()
-        .map(|e| status::found_in(&root.runs_dir(), e, Origin::TopLevel))
+        .map(|e| cohort_common::store::discover::found_in(&root.runs_dir(), e, Origin::TopLevel))
         .filter(|f| match known.get(&f.id) {
             Some(k) => {
                 k.state == RunState::Failed
@@ -177,9 +178,10 @@ pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
         })
         .collect();
     let top = found.len();
-    found.extend(status::nested(root)?);
-    let obs = status::par_map(&found, |f| {
-        status::observe_found(f).map_err(|e| status::reason(&e))
+    found.extend(cohort_common::store::discover::nested(root)?);
+    let obs = cohort_common::store::par_map(&found, |f| {
+        cohort_common::store::observe::observe_found(f)
+            .map_err(|e| cohort_common::store::observe::reason(&e))
     });
     let mut cache: HashMap<Runtime, std::result::Result<(), String>> = HashMap::new();
     let mut runtime_ok = |rt: &Runtime| {
@@ -199,7 +201,7 @@ pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
                 f.dir.path().file_name().unwrap_or_default(),
                 match o {
                     Ok(o) if o.record.state.is_terminal() => {
-                        Outcome::Terminal(crate::index::Known::of(&o.record))
+                        Outcome::Terminal(cohort_common::store::index::Known::of(&o.record))
                     }
                     Ok(_) => Outcome::Active,
                     Err(_) => Outcome::Broken,
@@ -223,8 +225,8 @@ pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::Liveness;
-    use crate::record::{RunMode, RunRecord};
+    use cohort_common::format::record::{RunMode, RunRecord};
+    use cohort_common::os::lock::Liveness;
 
     fn obs(state: RunState, judgement: Judgement) -> std::result::Result<Observed, String> {
         let mut r = RunRecord::queued("01a22a44-9e62-7266-ab9d-e5b500ee829c", RunMode::Single);

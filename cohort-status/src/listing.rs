@@ -1,7 +1,7 @@
 //! Which runs a listing shows, and reading only those (issue 4, "scale").
 //!
 //! The default listing shows the newest `--limit` top-level runs and reads exactly those
-//! records: the names come from the tail of the index ([`crate::index`]), so its cost does not
+//! records: the names come from the tail of the index ([`cohort_common::store::index`]), so its cost does not
 //! grow with history, nor with the number of runs in progress. Older runs the index last saw in
 //! progress are only counted ([`Listing::older_active`]; the binary mentions them on a
 //! terminal); `--state running` (or `queued`) lists them by reading just the runs the index
@@ -19,12 +19,15 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use crate::error::Result;
-use crate::index::{Entry, EntryKind, Known, Outcome, View};
-use crate::layout::StateRoot;
-use crate::record::{now_ms, RunState};
 use crate::render::Row;
-use crate::status::{self, Found, Observed, Origin};
+use cohort_common::error::Result;
+use cohort_common::format::id::id_time;
+use cohort_common::format::layout::StateRoot;
+use cohort_common::format::record::{now_ms, RunState};
+use cohort_common::os::files::{Entry, EntryKind};
+use cohort_common::store::discover::{Found, Origin};
+use cohort_common::store::index::{Known, Outcome, View};
+use cohort_common::store::observe::Observed;
 
 /// What to list.
 #[derive(Clone, Debug, Default)]
@@ -39,16 +42,6 @@ pub struct ListOptions {
     pub all: bool,
     /// Show nested runs under their parents.
     pub tree: bool,
-}
-
-/// The creation time of a UUIDv7 id, ms since epoch (pure); `None` for anything else.
-pub fn id_time(id: &str) -> Option<u64> {
-    let u = uuid::Uuid::try_parse(id).ok()?;
-    if u.get_version_num() != 7 {
-        return None;
-    }
-    let b = u.as_bytes();
-    Some(b[..6].iter().fold(0u64, |acc, &x| (acc << 8) | x as u64))
 }
 
 /// Whether an observed run passes the filters (pure). `cutoff` is in ms since epoch; a run
@@ -94,7 +87,8 @@ struct Cand {
 }
 
 fn observe_row(f: &Found) -> std::result::Result<Observed, String> {
-    status::observe_found(f).map_err(|e| status::reason(&e))
+    cohort_common::store::observe::observe_found(f)
+        .map_err(|e| cohort_common::store::observe::reason(&e))
 }
 
 fn outcome_of(o: &std::result::Result<Observed, String>) -> Outcome {
@@ -106,7 +100,7 @@ fn outcome_of(o: &std::result::Result<Observed, String>) -> Outcome {
 }
 
 fn top_cand(root: &StateRoot, e: &Entry) -> Cand {
-    let found = status::found_in(&root.runs_dir(), e, Origin::TopLevel);
+    let found = cohort_common::store::discover::found_in(&root.runs_dir(), e, Origin::TopLevel);
     Cand {
         time: id_time(&found.id).unwrap_or(0),
         found,
@@ -155,7 +149,7 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
     }
     if opts.all {
         if !opts.tree {
-            for f in status::nested(root)? {
+            for f in cohort_common::store::discover::nested(root)? {
                 cands.push(Cand {
                     time: id_time(&f.id).unwrap_or(0),
                     found: f,
@@ -163,8 +157,8 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
                 });
             }
         }
-        let legacy = status::legacy_runs()?;
-        let obs = status::par_map(&legacy, observe_row);
+        let legacy = cohort_common::store::discover::legacy_runs()?;
+        let obs = cohort_common::store::par_map(&legacy, observe_row);
         for (f, o) in legacy.into_iter().zip(obs) {
             let time = o
                 .as_ref()
@@ -205,7 +199,8 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
             break;
         }
         let pending: Vec<&Cand> = batch.iter().filter(|c| c.pre.is_none()).collect();
-        let mut read = status::par_map(&pending, |c| observe_row(&c.found)).into_iter();
+        let mut read =
+            cohort_common::store::par_map(&pending, |c| observe_row(&c.found)).into_iter();
         for c in batch {
             let obs = match c.pre {
                 Some(o) => o,
@@ -276,8 +271,8 @@ fn file_name(f: &Found) -> &std::ffi::OsStr {
 /// depth-first, children under their parent in (parent step, id) order, each with its depth.
 /// A nested run whose parent is not in the tree is shown directly under the root.
 pub fn subtree_rows(root: &StateRoot, root_id: &str) -> Result<Vec<Row>> {
-    let found = status::nested_of(root, root_id)?;
-    let obs = status::par_map(&found, observe_row);
+    let found = cohort_common::store::discover::nested_of(root, root_id)?;
+    let obs = cohort_common::store::par_map(&found, observe_row);
     let mut nodes: Vec<(Found, std::result::Result<Observed, String>)> =
         found.into_iter().zip(obs).collect();
     let ids: HashSet<String> = nodes.iter().map(|(f, _)| f.id.clone()).collect();
@@ -326,12 +321,12 @@ pub fn subtree_rows(root: &StateRoot, root_id: &str) -> Result<Vec<Row>> {
 /// [`count_live_below`]). A terminal run with live descendants is flagged in listings: its
 /// children started work that is still going on. Costs one directory read when the tree has
 /// no nested runs (the common case).
-pub fn live_descendants(root: &StateRoot, rec: &crate::record::RunRecord) -> usize {
+pub fn live_descendants(root: &StateRoot, rec: &cohort_common::format::record::RunRecord) -> usize {
     let tree = rec
         .root_run_id
         .clone()
         .unwrap_or_else(|| rec.run_id.clone());
-    let Ok(found) = status::nested_of(root, &tree) else {
+    let Ok(found) = cohort_common::store::discover::nested_of(root, &tree) else {
         return 0;
     };
     if found.is_empty() {
@@ -340,11 +335,11 @@ pub fn live_descendants(root: &StateRoot, rec: &crate::record::RunRecord) -> usi
     let nodes: Vec<TreeNode> = found
         .iter()
         .filter_map(|f| {
-            let r = status::read_record(&f.dir.status()).ok()?;
+            let r = cohort_common::format::record::load(&f.dir.status()).ok()?;
             Some(TreeNode {
                 id: r.run_id,
                 parent: r.parent_run_id,
-                live: crate::lock::probe(&f.dir.lock())
+                live: cohort_common::os::lock::probe(&f.dir.lock())
                     .map(|l| l.is_alive())
                     .unwrap_or(false),
             })
@@ -393,7 +388,10 @@ pub fn count_live_below(nodes: &[TreeNode], ancestor: &str) -> usize {
 
 /// The nested runs under one run, for its single-run view: its descendants in its tree, with
 /// depths relative to it (its children at depth 1).
-pub fn descendants(root: &StateRoot, rec: &crate::record::RunRecord) -> Result<Vec<Row>> {
+pub fn descendants(
+    root: &StateRoot,
+    rec: &cohort_common::format::record::RunRecord,
+) -> Result<Vec<Row>> {
     let tree = rec
         .root_run_id
         .clone()
@@ -461,17 +459,7 @@ mod tests {
         let cyc = [n("p", "q", true), n("q", "p", true)];
         assert_eq!(count_live_below(&cyc, "root"), 0);
     }
-    use crate::status::Judgement;
-
-    #[test]
-    fn uuid_v7_time() {
-        let id = crate::id::RunId::new().to_string();
-        let t = id_time(&id).unwrap();
-        assert!(now_ms().abs_diff(t) < 5_000);
-        assert_eq!(id_time("3f2a9c1e"), None);
-        // A v4 uuid has no time.
-        assert_eq!(id_time("0b0f4c52-8f3e-4d8e-9d7a-6b1c2f3e4a5b"), None);
-    }
+    use cohort_common::store::observe::Judgement;
 
     #[test]
     fn known_terminal_runs_are_skipped_only_when_they_cannot_match() {
@@ -493,13 +481,16 @@ mod tests {
         let err: std::result::Result<Observed, String> = Err("bad".into());
         assert!(passes(&err, id, &[], None));
         assert!(!passes(&err, id, &[RunState::Failed], None));
-        let mut rec = crate::record::RunRecord::queued(id, crate::record::RunMode::Single);
+        let mut rec = cohort_common::format::record::RunRecord::queued(
+            id,
+            cohort_common::format::record::RunMode::Single,
+        );
         rec.state = RunState::Failed;
         rec.started_at = Some(5_000);
         let ok = Ok(Observed {
             record: rec,
             judgement: Judgement::Trusted,
-            liveness: crate::lock::Liveness::Free,
+            liveness: cohort_common::os::lock::Liveness::Free,
         });
         assert!(passes(&ok, id, &[RunState::Failed], Some(5_000)));
         assert!(!passes(&ok, id, &[RunState::Failed], Some(5_001)));

@@ -13,11 +13,12 @@ use std::io::IsTerminal;
 
 use serde_json::json;
 
-use crate::duration;
-use crate::layout::RunDir;
-use crate::lock::Liveness;
-use crate::record::{now_ms, RunRecord, RunState, StepStatus};
-use crate::status::{Judgement, Observed, Origin};
+use cohort_common::duration;
+use cohort_common::format::layout::RunDir;
+use cohort_common::format::record::{now_ms, RunRecord, RunState, StepStatus};
+use cohort_common::os::lock::Liveness;
+use cohort_common::store::discover::Origin;
+use cohort_common::store::observe::{Judgement, Observed};
 
 /// One listed run: what was read, or why it could not be.
 #[derive(Debug)]
@@ -122,7 +123,7 @@ pub fn table(rows: &[Row], colour: bool) -> String {
         "TASK".into(),
     ]];
     for row in rows {
-        let mut short = crate::id::short_of(&row.id).to_string();
+        let mut short = cohort_common::format::id::short_of(&row.id).to_string();
         if row.depth > 0 {
             short = format!("{}└ {short}", "  ".repeat(row.depth - 1));
         }
@@ -166,7 +167,10 @@ pub fn table(rows: &[Row], colour: bool) -> String {
                 "-".into(),
                 "-".into(),
                 "-".into(),
-                format!("{marks}{}", crate::record::summarize(e, 100)),
+                format!(
+                    "{marks}{}",
+                    cohort_common::format::record::summarize(e, 100)
+                ),
             ],
         });
     }
@@ -211,7 +215,7 @@ pub fn json_line(row: &Row) -> String {
             let mut s = String::with_capacity(rec.len() + 128);
             s.push_str(&format!(
                 "{{\"shortId\":{},\"origin\":\"{}\",\"live\":{},\"unresolved\":{}",
-                json!(crate::id::short_of(&row.id)),
+                json!(cohort_common::format::id::short_of(&row.id)),
                 row.origin.word(),
                 o.liveness == Liveness::Held,
                 o.judgement == Judgement::Unresolved
@@ -261,7 +265,7 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
     }
     let live_below = children
         .iter()
-        .filter(|c| matches!(&c.observed, Ok(co) if co.liveness == crate::lock::Liveness::Held))
+        .filter(|c| matches!(&c.observed, Ok(co) if co.liveness == cohort_common::os::lock::Liveness::Held))
         .count();
     if r.state.is_terminal() && live_below > 0 {
         line(
@@ -350,7 +354,7 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
         ));
         s.push_str(&format!(
             "      task: {}\n",
-            crate::record::summarize(&st.task, 100)
+            cohort_common::format::record::summarize(&st.task, 100)
         ));
         if let Some(f) = &st.session_file {
             s.push_str(&format!("      session: {}\n", f.display()));
@@ -388,25 +392,10 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
         }
     }
     s.push_str("paths:\n");
-    for (k, p) in crate::status::paths_of(dir) {
+    for (k, p) in crate::output::paths_of(dir) {
         s.push_str(&format!("  {k:<11} {}\n", p.display()));
     }
     s
-}
-
-/// Bytes in a human unit: `512 B`, `3.4 KiB`, `12.0 MiB`, `1.2 GiB`.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    format!("{v:.1} {}", UNITS[u])
 }
 
 #[cfg(test)]
@@ -426,7 +415,7 @@ mod tests {
     fn json_line_splices_listing_fields_into_the_record() {
         let rec = RunRecord::queued(
             "01a22a44-9e62-7266-ab9d-e5b500ee829c",
-            crate::record::RunMode::Single,
+            cohort_common::format::record::RunMode::Single,
         );
         let row = Row::new(
             rec.run_id.clone(),

@@ -40,7 +40,10 @@ pub fn pi_install_dir() -> PathBuf {
 }
 
 fn which(name: &str) -> Option<PathBuf> {
-    cohort_common::runtime::find_on_path(name, &std::env::var_os("PATH").unwrap_or_default())
+    cohort_common::identity::runtime::find_on_path(
+        name,
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )
 }
 
 /// Install the pinned Pi CLI into [`pi_install_dir`] unless present; returns its `dist/cli.js`.
@@ -161,8 +164,8 @@ impl TestEnv {
     }
 
     /// The state root.
-    pub fn state_root(&self) -> cohort_common::layout::StateRoot {
-        cohort_common::layout::StateRoot::for_profile(&self.profile)
+    pub fn state_root(&self) -> cohort_common::format::layout::StateRoot {
+        cohort_common::format::layout::StateRoot::for_profile(&self.profile)
     }
 
     /// `PATH` for the binaries: our `pi`, then the system's.
@@ -252,7 +255,7 @@ impl TestEnv {
             matches!(
                 last["state"].as_str(),
                 Some("complete" | "failed" | "stopped" | "paused")
-            ) && !cohort_common::lock::probe(&dir.join("runner.lock"))
+            ) && !cohort_common::os::lock::probe(&dir.join("runner.lock"))
                 .map(|l| l.is_alive())
                 .unwrap_or(false)
         })
@@ -361,7 +364,7 @@ pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> Result<(), T
 
 /// Whether a process is alive (not a zombie).
 pub fn alive(pid: u32) -> bool {
-    cohort_common::procinfo::stat(pid)
+    cohort_common::identity::procinfo::stat(pid)
         .map(|s| s.state != 'Z')
         .unwrap_or(false)
 }

@@ -112,11 +112,12 @@ fn start_errors_leave_a_failed_record() {
 #[test]
 fn no_pi_on_path_is_a_runtime_error() {
     let env = TestEnv::new();
-    let node_dir = cohort_common::runtime::find_on_path("node", &std::env::var_os("PATH").unwrap())
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
+    let node_dir =
+        cohort_common::identity::runtime::find_on_path("node", &std::env::var_os("PATH").unwrap())
+            .unwrap()
+            .parent()
+            .unwrap()
+            .to_path_buf();
     // A PATH with node (and whatever else lives beside it) but no pi.
     let empty = env.tmp.path().join("empty-bin");
     std::fs::create_dir(&empty).unwrap();
@@ -156,11 +157,13 @@ fn run_names_that_match_nothing_or_several() {
         "01a22a44-9e62-7440-8179-f67becacc1b9",
     ] {
         let dir = root.run_dir(id);
-        cohort_common::fsutil::create_dir_all_private(dir.path()).unwrap();
-        let mut r =
-            cohort_common::record::RunRecord::queued(id, cohort_common::record::RunMode::Single);
-        r.finish(cohort_common::record::RunState::Complete, None);
-        cohort_common::record::store(&dir.status(), &r).unwrap();
+        cohort_common::os::files::create_dir_all_private(dir.path()).unwrap();
+        let mut r = cohort_common::format::record::RunRecord::queued(
+            id,
+            cohort_common::format::record::RunMode::Single,
+        );
+        r.finish(cohort_common::format::record::RunState::Complete, None);
+        cohort_common::format::record::store(&dir.status(), &r).unwrap();
     }
     let out = env.run("cohort-status", &["01a22a44-9e62"]);
     assert_eq!(out.status.code(), Some(2));

@@ -8,9 +8,12 @@ use serde_json::Value;
 
 /// The fields DESIGN §4 says every record holds, with their JSON types.
 fn check_schema(v: &Value) {
-    let rec: cohort_common::record::RunRecord = serde_json::from_value(v.clone())
+    let rec: cohort_common::format::record::RunRecord = serde_json::from_value(v.clone())
         .unwrap_or_else(|e| panic!("record does not parse: {e}\n{v:#}"));
-    assert_eq!(rec.format_version, cohort_common::record::FORMAT_VERSION);
+    assert_eq!(
+        rec.format_version,
+        cohort_common::format::record::FORMAT_VERSION
+    );
     for key in [
         "runId",
         "state",

@@ -13,27 +13,27 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use cohort_common::fsutil;
-use cohort_common::id::RunId;
-use cohort_common::layout::RunDir;
-use cohort_common::lock::RunLock;
-use cohort_common::reap::HOOK_POINTS;
-use cohort_common::record::{self, now_ms, RunMode, RunRecord, RunState, StepRecord};
+use cohort_common::format::id::RunId;
+use cohort_common::format::layout::RunDir;
+use cohort_common::format::record::{self, now_ms, RunMode, RunRecord, RunState, StepRecord};
+use cohort_common::os::files;
+use cohort_common::os::lock::RunLock;
 use cohort_e2e::harness::{alive, stderr, stdout, wait_for, TestEnv};
+use cohort_reap::reap::HOOK_POINTS;
 use serde_json::Value;
 
 const HOUR: u64 = 3_600_000;
 
 /// Write a record with one step whose session file exists.
 fn write_run(env: &TestEnv, dir: &RunDir, id: &str, state: RunState, ended_ago: u64) {
-    fsutil::create_dir_all_private(dir.path()).unwrap();
+    files::create_dir_all_private(dir.path()).unwrap();
     std::fs::write(dir.lock(), b"").unwrap();
     std::fs::write(dir.events(), b"{\"type\":\"run.queued\"}\n").unwrap();
     let session = env
         .state_root()
         .default_session_dir(id)
         .join("step-0.jsonl");
-    fsutil::create_dir_all_private(session.parent().unwrap()).unwrap();
+    files::create_dir_all_private(session.parent().unwrap()).unwrap();
     std::fs::write(&session, b"{\"type\":\"session\"}\n").unwrap();
     let mut r = RunRecord::queued(id, RunMode::Single);
     r.state = state;
@@ -53,7 +53,7 @@ fn top(env: &TestEnv, state: RunState, ended_ago: u64) -> String {
     let id = RunId::new().to_string();
     write_run(env, &env.state_root().run_dir(&id), &id, state, ended_ago);
     let route = env.state_root().route_dir(&id);
-    fsutil::create_dir_all_private(&route).unwrap();
+    files::create_dir_all_private(&route).unwrap();
     std::fs::write(route.join("route.json"), b"{}").unwrap();
     id
 }
@@ -671,7 +671,7 @@ fn dry_run_prints_the_plan_and_changes_nothing() {
     // What interrupted reaps leave: a committed unit, and a subtree moved before a crash.
     let trash = root.path().join(".reap-trash");
     let committed = top(&env, RunState::Complete, HOUR);
-    fsutil::create_dir_all_private(&trash).unwrap();
+    files::create_dir_all_private(&trash).unwrap();
     std::fs::rename(
         root.run_dir(&committed).path(),
         trash.join(format!("{committed}.run")),

@@ -11,9 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use cohort_common::layout::RunDir;
-use cohort_common::lock::RunLock;
-use cohort_common::record::{self, now_ms, RunMode, RunRecord, RunState, StepRecord, StepStatus};
+use cohort_common::format::layout::RunDir;
+use cohort_common::format::record::{
+    self, now_ms, RunMode, RunRecord, RunState, StepRecord, StepStatus,
+};
+use cohort_common::os::lock::RunLock;
 use cohort_e2e::harness::{stderr, stdout, wait_for, TestEnv};
 use serde_json::Value;
 
@@ -22,7 +24,7 @@ fn new_id() -> String {
     // Ids minted in the same millisecond still sort by their counter/random tail; a short pause
     // keeps the creation order of the runs of a test obvious.
     std::thread::sleep(Duration::from_millis(2));
-    cohort_common::id::RunId::new().to_string()
+    cohort_common::format::id::RunId::new().to_string()
 }
 
 /// Write a top-level (or, with `nested = Some((root, parent, step))`, nested) record in `state`,
@@ -39,7 +41,7 @@ fn put(
         None => root.run_dir(&id),
         Some((r, _, _)) => root.nested_run_dir(r, &id),
     };
-    cohort_common::fsutil::create_dir_all_private(dir.path()).unwrap();
+    cohort_common::os::files::create_dir_all_private(dir.path()).unwrap();
     std::fs::File::create(dir.lock()).unwrap();
     let mut r = RunRecord::queued(&id, RunMode::Single);
     r.state = state;
@@ -442,7 +444,7 @@ fn check_is_silent_when_well_and_names_each_problem() {
         r.started_at = Some(now_ms() - 11 * 60 * 1000)
     });
     let (gone, gone_dir) = put(&env, RunState::Running, None, |r| {
-        r.runtime = Some(cohort_common::runtime::Runtime {
+        r.runtime = Some(cohort_common::identity::runtime::Runtime {
             node_exec_path: "/nonexistent/node".into(),
             pi_entry_path: "/nonexistent/cli.js".into(),
             pi_package_root: "/nonexistent".into(),

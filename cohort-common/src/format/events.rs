@@ -1,11 +1,9 @@
-//! `events.jsonl`: the append-only lifecycle log of a run.
+//! `events.jsonl`: the append-only lifecycle log of a run (`docs/format.md`, "events.jsonl").
 //!
-//! One JSON object per line: `{"ts": <ms since epoch>, "type": "<event>", …fields}`. Event types
-//! written by cohort: `run.queued`, `run.started`, `run.completed`, `run.failed`, `run.stopped`,
-//! `run.timedOut`, `run.lost`, `step.started`, `step.completed`, `step.failed`, `step.stopped`,
-//! `step.timedOut`, `step.escaped`, and `log.truncated` (the cap was reached; nothing more is
-//! written). Each append is one `write` of a whole line to an `O_APPEND` file, so concurrent
-//! appenders (the runner, a reconciling reader) never interleave inside a line.
+//! One JSON object per line: `{"ts": <ms since epoch>, "type": "<event>", …fields}`. The types
+//! cohort writes are [`EventKind`]; the list in `docs/format.md` is checked against it by a
+//! test. Each append is one `write` of a whole line to an `O_APPEND` file, so concurrent
+//! appenders (the runner, spawn, a reconciling reader) never interleave inside a line.
 
 use std::fs::File;
 use std::io::Write;
@@ -14,8 +12,105 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use crate::error::{IoContext, Result};
-use crate::fsutil;
-use crate::record::now_ms;
+use crate::format::record::now_ms;
+use crate::os::files;
+
+/// The type of an event (the `type` field). Readers must accept types they do not know: a newer
+/// cohort may add some.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// Spawn published the `queued` record.
+    RunQueued,
+    /// The runner took the lock and published `running`; `{pid}`.
+    RunStarted,
+    /// Every step completed; `{rusage}` of the runner.
+    RunCompleted,
+    /// The run failed (a step, the start, the launch spec); `{error}`.
+    RunFailed,
+    /// The runner received SIGTERM or SIGINT and is stopping its children.
+    RunStopping,
+    /// The run ended stopped; `{error}`.
+    RunStopped,
+    /// The run's deadline passed; `{error}`.
+    RunTimedOut,
+    /// A reader found the runner gone and settled the record `failed`; `{error}`.
+    RunLost,
+    /// A step's Pi child started; `{step, pid, sessionFile}`.
+    StepStarted,
+    /// A step completed; `{step, exitCode, signal, error}`.
+    StepCompleted,
+    /// A step failed; `{step, exitCode, signal, error}`.
+    StepFailed,
+    /// A step was stopped; `{step, exitCode, signal, error}`.
+    StepStopped,
+    /// A step's deadline passed; `{step, exitCode, signal, error}`.
+    StepTimedOut,
+    /// Processes of a step survived TERM and KILL; `{step, processes: ["<pid> <cmdline>"]}`.
+    StepEscaped,
+    /// A new session file Pi created is locked by another run; `{step, sessionFile, error}`.
+    SessionContended,
+    /// The runner sent SIGTERM to a nested run's runner; `{runId, pid}`.
+    NestedStopping,
+    /// In a route's `events.jsonl`: spawn placed a nested run in the tree; `{runId, state,
+    /// rootRunId, parentRunId, parentStepIndex, depth, capabilityToken, runtime}`.
+    NestedStarted,
+    /// The log reached its size cap; nothing more is written; `{capBytes}`.
+    LogTruncated,
+}
+
+impl EventKind {
+    /// Every kind, in the order `docs/format.md` lists them.
+    pub const ALL: [EventKind; 18] = [
+        EventKind::RunQueued,
+        EventKind::RunStarted,
+        EventKind::RunCompleted,
+        EventKind::RunFailed,
+        EventKind::RunStopping,
+        EventKind::RunStopped,
+        EventKind::RunTimedOut,
+        EventKind::RunLost,
+        EventKind::StepStarted,
+        EventKind::StepCompleted,
+        EventKind::StepFailed,
+        EventKind::StepStopped,
+        EventKind::StepTimedOut,
+        EventKind::StepEscaped,
+        EventKind::SessionContended,
+        EventKind::NestedStopping,
+        EventKind::NestedStarted,
+        EventKind::LogTruncated,
+    ];
+
+    /// The `type` word as written.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::RunQueued => "run.queued",
+            EventKind::RunStarted => "run.started",
+            EventKind::RunCompleted => "run.completed",
+            EventKind::RunFailed => "run.failed",
+            EventKind::RunStopping => "run.stopping",
+            EventKind::RunStopped => "run.stopped",
+            EventKind::RunTimedOut => "run.timedOut",
+            EventKind::RunLost => "run.lost",
+            EventKind::StepStarted => "step.started",
+            EventKind::StepCompleted => "step.completed",
+            EventKind::StepFailed => "step.failed",
+            EventKind::StepStopped => "step.stopped",
+            EventKind::StepTimedOut => "step.timedOut",
+            EventKind::StepEscaped => "step.escaped",
+            EventKind::SessionContended => "session.contended",
+            EventKind::NestedStopping => "nested.stopping",
+            EventKind::NestedStarted => "nested.started",
+            EventKind::LogTruncated => "log.truncated",
+        }
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// An open `events.jsonl` with a size cap.
 #[derive(Debug)]
@@ -30,7 +125,7 @@ pub struct EventLog {
 impl EventLog {
     /// Open (create 0600 if missing) for appending, with `cap` bytes as the size limit.
     pub fn open(path: &Path, cap: u64) -> Result<EventLog> {
-        let file = fsutil::open_append(path)?;
+        let file = files::open_append(path)?;
         let written = file.metadata().at("stat", path)?.len();
         Ok(EventLog {
             file,
@@ -44,14 +139,17 @@ impl EventLog {
     /// Append one event of type `kind` with `fields` (an object; other values are ignored).
     /// Once the cap is reached one `log.truncated` line is written and later events are
     /// dropped.
-    pub fn append(&mut self, kind: &str, fields: Value) -> Result<()> {
+    pub fn append(&mut self, kind: EventKind, fields: Value) -> Result<()> {
         if self.truncated {
             return Ok(());
         }
         let line = event_line(kind, fields);
         if self.written + line.len() as u64 > self.cap {
             self.truncated = true;
-            let marker = event_line("log.truncated", serde_json::json!({"capBytes": self.cap}));
+            let marker = event_line(
+                EventKind::LogTruncated,
+                serde_json::json!({"capBytes": self.cap}),
+            );
             self.file
                 .write_all(marker.as_bytes())
                 .at("append to", &self.path)?;
@@ -66,16 +164,16 @@ impl EventLog {
 }
 
 /// Append one event to `path` without keeping it open (for spawn and reconciliation).
-pub fn append_once(path: &Path, kind: &str, fields: Value) -> Result<()> {
-    let mut f = fsutil::open_append(path)?;
+pub fn append_once(path: &Path, kind: EventKind, fields: Value) -> Result<()> {
+    let mut f = files::open_append(path)?;
     f.write_all(event_line(kind, fields).as_bytes())
         .at("append to", path)
 }
 
-fn event_line(kind: &str, fields: Value) -> String {
+fn event_line(kind: EventKind, fields: Value) -> String {
     let mut obj = Map::new();
     obj.insert("ts".into(), Value::from(now_ms()));
-    obj.insert("type".into(), Value::from(kind));
+    obj.insert("type".into(), Value::from(kind.as_str()));
     if let Value::Object(extra) = fields {
         obj.extend(extra);
     }
@@ -94,7 +192,7 @@ mod tests {
         let p = dir.path().join("events.jsonl");
         let mut log = EventLog::open(&p, 200).unwrap();
         for i in 0..10 {
-            log.append("step.started", serde_json::json!({"step": i}))
+            log.append(EventKind::StepStarted, serde_json::json!({"step": i}))
                 .unwrap();
         }
         let text = std::fs::read_to_string(&p).unwrap();
@@ -113,5 +211,24 @@ mod tests {
                 .count(),
             1
         );
+    }
+
+    #[test]
+    fn the_documented_list_is_what_is_written() {
+        let doc = include_str!("../../../docs/format.md");
+        let section = doc
+            .split("## events.jsonl")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("docs/format.md has an events.jsonl section");
+        let documented: Vec<&str> = section
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|w| w.contains('.') && !w.contains(' ') && !w.contains('{'))
+            .filter(|w| *w != "events.jsonl")
+            .collect();
+        let written: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(documented, written);
     }
 }

@@ -62,6 +62,16 @@ pub fn short_of(id: &str) -> &str {
     id.get(start..).unwrap_or(id)
 }
 
+/// The creation time of a UUIDv7 id, ms since epoch (pure); `None` for anything else.
+pub fn id_time(id: &str) -> Option<u64> {
+    let u = Uuid::try_parse(id).ok()?;
+    if u.get_version_num() != 7 {
+        return None;
+    }
+    let b = u.as_bytes();
+    Some(b[..6].iter().fold(0u64, |acc, &x| (acc << 8) | x as u64))
+}
+
 /// Whether `name` is acceptable as a run name at all: 8 to 36 characters of hex digits and `-`.
 /// This is what keeps `/`, `..` and NUL out of every path built from a name.
 pub fn is_plausible_name(name: &str) -> bool {
@@ -164,5 +174,15 @@ mod tests {
             Err(Error::NoSuchRun { .. })
         ));
         assert!("../x".parse::<RunId>().is_err());
+    }
+
+    #[test]
+    fn uuid_v7_time() {
+        let id = RunId::new().to_string();
+        let t = id_time(&id).unwrap();
+        assert!(crate::format::record::now_ms().abs_diff(t) < 5_000);
+        assert_eq!(id_time("3f2a9c1e"), None);
+        // A v4 uuid has no time.
+        assert_eq!(id_time("0b0f4c52-8f3e-4d8e-9d7a-6b1c2f3e4a5b"), None);
     }
 }

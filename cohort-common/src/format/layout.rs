@@ -1,4 +1,4 @@
-//! The one type that owns the on-disk layout (DESIGN §2, §3).
+//! The one type that owns the on-disk layout (`docs/format.md`, "Layout").
 //!
 //! Every path cohort touches is built here: the profile dir `P`, the state root `R = P/pi-cohort`,
 //! the run directories under it and the file names inside a run directory. Nothing else in the
@@ -22,6 +22,14 @@ pub const NESTED_EVENTS_DIR: &str = "nested-subagent-events";
 /// Default Pi session dirs, under the state root.
 pub const SESSIONS_DIR: &str = "sessions";
 
+/// The listing index of top-level runs, under the state root (a cache; see
+/// [`crate::store::index`]).
+pub const INDEX_DIR: &str = ".status-index";
+/// Where cohort-reap moves a run before deleting it, under the state root.
+pub const REAP_TRASH_DIR: &str = ".reap-trash";
+/// The lock reapers take turns on, under the state root.
+pub const REAPER_LOCK: &str = ".reap.lock";
+
 /// The run record.
 pub const STATUS_FILE: &str = "status.json";
 /// The immutable launch spec written once by spawn.
@@ -32,6 +40,9 @@ pub const LOCK_FILE: &str = "runner.lock";
 pub const EVENTS_FILE: &str = "events.jsonl";
 /// The runner's own stderr.
 pub const RUNNER_LOG: &str = "runner.log";
+/// The prefix of a run directory being assembled by spawn, beside where it will be published
+/// (`.spawn-<id>`): hidden, so no listing shows it.
+pub const STAGING_PREFIX: &str = ".spawn-";
 
 /// The state root `R` and the profile dir `P` it lives in.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,6 +107,21 @@ impl StateRoot {
         self.root.join(NESTED_EVENTS_DIR).join(root_run_id)
     }
 
+    /// `R/.status-index`: the listing index.
+    pub fn index_dir(&self) -> PathBuf {
+        self.root.join(INDEX_DIR)
+    }
+
+    /// `R/.reap-trash`: where a reap moves runs before deleting them.
+    pub fn reap_trash(&self) -> PathBuf {
+        self.root.join(REAP_TRASH_DIR)
+    }
+
+    /// `R/.reap.lock`: the lock reapers take turns on.
+    pub fn reaper_lock(&self) -> PathBuf {
+        self.root.join(REAPER_LOCK)
+    }
+
     /// `R/sessions/async-<runId>`: the default Pi session dir of a run.
     pub fn default_session_dir(&self, run_id: &str) -> PathBuf {
         self.root.join(SESSIONS_DIR).join(format!("async-{run_id}"))
@@ -133,7 +159,13 @@ pub fn profile_dir(agent_dir: Option<OsString>, home: Option<OsString>) -> Resul
     Ok(PathBuf::from(home).join(".pi").join("agent"))
 }
 
-/// A run directory and the names of the files in it (DESIGN §3).
+/// The session file of flat step `i` when the launch spec names none:
+/// `<sessionDir>/step-<i>.jsonl`. Spawn records it; the runner passes it to Pi.
+pub fn default_session_file(session_dir: &Path, i: usize) -> PathBuf {
+    session_dir.join(format!("step-{i}.jsonl"))
+}
+
+/// A run directory and the names of the files in it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunDir {
     path: PathBuf,
@@ -156,6 +188,13 @@ impl RunDir {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default()
+    }
+
+    /// The hidden directory spawn assembles this run in before renaming it into place:
+    /// `.spawn-<name>` beside it.
+    pub fn staging(&self) -> RunDir {
+        let parent = self.path.parent().unwrap_or(Path::new(""));
+        RunDir::new(parent.join(format!("{STAGING_PREFIX}{}", self.name())))
     }
 
     /// `status.json`.

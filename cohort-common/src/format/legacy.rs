@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
-use crate::record::RunRecord;
+use crate::format::record::RunRecord;
 
 /// Environment variable that moves the pi-subagents temp root.
 pub const TEMP_ROOT_ENV: &str = "PI_SUBAGENTS_TEMP_ROOT";
@@ -134,7 +134,7 @@ fn normalize_step(step: &mut Map<String, Value>, run_started: Option<u64>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{RunMode, RunState, StepStatus};
+    use crate::format::record::{RunMode, RunState, StepStatus};
 
     #[test]
     fn runs_dir_rules() {

@@ -1,4 +1,4 @@
-//! The run record, `status.json` (DESIGN §4).
+//! The run record, `status.json` (`docs/format.md`, "status.json"), and its one reader.
 //!
 //! Field names and state words follow the pi-subagents / pi-cohort records (camelCase, times as
 //! milliseconds since the Unix epoch), so a profile shared with the TypeScript extension reads
@@ -13,8 +13,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::fsutil;
-use crate::runtime::Runtime;
+use crate::identity::runtime::Runtime;
+use crate::os::files;
 
 /// The format version this binary writes. Version 0 means "no version field" (legacy records).
 pub const FORMAT_VERSION: u32 = 1;
@@ -254,7 +254,7 @@ pub struct RunRecord {
     /// The working directory of the run's Pi children.
     #[serde(default)]
     pub cwd: Option<PathBuf>,
-    /// The Pi runtime the run launches its children with (DESIGN §5); absent on legacy records
+    /// The Pi runtime the run launches its children with (`docs/format.md`, "runtime"); absent on legacy records
     /// and on records whose start failed before it was captured.
     #[serde(default)]
     pub runtime: Option<Runtime>,
@@ -375,10 +375,15 @@ pub fn summarize(text: &str, max: usize) -> String {
     out
 }
 
-/// Read and parse a record. Errors: [`Error::Io`] (unreadable), [`Error::Json`] (empty,
-/// truncated, wrong types), [`Error::NewerFormat`] (written by a newer cohort).
+/// Read and parse a record: the one `status.json` reader every program uses. It never follows
+/// a symlink and reads only a regular file (a FIFO planted as `status.json` is an error, never
+/// a hang), then refuses a newer format version.
+///
+/// Errors: [`Error::Io`] (unreadable, missing), [`Error::NotRegular`] (a symlink, FIFO,
+/// directory…), [`Error::Json`] (empty, truncated, wrong types), [`Error::NewerFormat`]
+/// (written by a newer cohort).
 pub fn load(path: &Path) -> Result<RunRecord> {
-    let record: RunRecord = fsutil::read_json(path)?;
+    let record: RunRecord = files::read_json(path)?;
     if record.format_version > FORMAT_VERSION {
         return Err(Error::NewerFormat {
             path: path.to_path_buf(),
@@ -397,7 +402,8 @@ pub fn check_writable(path: &Path) -> Result<()> {
         #[serde(default)]
         format_version: u32,
     }
-    match std::fs::read(path) {
+    // A missing or unreadable file holds no newer version to protect; the write replaces it.
+    match files::read_regular(path) {
         Ok(bytes) => match serde_json::from_slice::<Version>(&bytes) {
             Ok(v) if v.format_version > FORMAT_VERSION => Err(Error::NewerFormat {
                 path: path.to_path_buf(),
@@ -413,7 +419,7 @@ pub fn check_writable(path: &Path) -> Result<()> {
 /// Write a record atomically and durably, refusing to overwrite a newer format version.
 pub fn store(path: &Path, record: &RunRecord) -> Result<()> {
     check_writable(path)?;
-    fsutil::write_json_atomic(path, record)
+    files::write_json_atomic(path, record)
 }
 
 #[cfg(test)]

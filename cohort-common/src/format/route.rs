@@ -17,12 +17,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::error::{Error, IoContext, Result};
-use crate::events;
-use crate::fsutil;
-use crate::id::RunId;
-use crate::layout::StateRoot;
-use crate::record::now_ms;
-use crate::spec::Placement;
+use crate::format::events::{self, EventKind};
+use crate::format::id::RunId;
+use crate::format::layout::StateRoot;
+use crate::format::record::now_ms;
+use crate::format::spec::Placement;
+use crate::os::files;
 
 /// The top-level run of the tree.
 pub const ROOT_RUN_ENV: &str = "COHORT_ROOT_RUN_ID";
@@ -161,7 +161,7 @@ pub fn validate(root: &StateRoot, r: &InheritedRoute) -> Result<Placement> {
             root.path().display()
         )));
     }
-    let file: RouteFile = fsutil::read_json(&expected.join(ROUTE_FILE))
+    let file: RouteFile = files::read_json(&expected.join(ROUTE_FILE))
         .map_err(|e| invalid(format!("unknown root run {} ({e})", r.root_run_id)))?;
     if file.root_run_id != r.root_run_id {
         return Err(invalid(format!(
@@ -187,13 +187,13 @@ pub fn validate(root: &StateRoot, r: &InheritedRoute) -> Result<Placement> {
         root.nested_run_dir(&r.root_run_id, &r.parent_run_id)
     };
     // The placement comes from the parent's record, not from what the environment claims.
-    let parent = crate::record::load(&parent_dir.status()).map_err(|_| {
+    let parent = crate::format::record::load(&parent_dir.status()).map_err(|_| {
         invalid(format!(
             "parent run {} does not exist in this tree",
             r.parent_run_id
         ))
     })?;
-    if !crate::lock::probe(&parent_dir.lock()).is_ok_and(|l| l.is_alive()) {
+    if !crate::os::lock::probe(&parent_dir.lock()).is_ok_and(|l| l.is_alive()) {
         return Err(invalid(format!(
             "parent run {} is not running (only a live run's children start nested runs)",
             r.parent_run_id
@@ -213,7 +213,7 @@ pub fn validate(root: &StateRoot, r: &InheritedRoute) -> Result<Placement> {
             parent.steps.len()
         )));
     }
-    if parent.steps[r.parent_step].status != crate::record::StepStatus::Running {
+    if parent.steps[r.parent_step].status != crate::format::record::StepStatus::Running {
         return Err(invalid(format!(
             "step {} of parent run {} is not running (only a running step's child starts nested runs)",
             r.parent_step, r.parent_run_id
@@ -255,9 +255,9 @@ pub fn new_token() -> Result<String> {
 /// An existing route file is kept as it is and returned.
 pub fn create(root: &StateRoot, root_run_id: &str, max_depth: u32) -> Result<RouteFile> {
     let dir = root.route_dir(root_run_id);
-    fsutil::create_dir_all_private(&dir)?;
+    files::create_dir_all_private(&dir)?;
     let path = dir.join(ROUTE_FILE);
-    if let Ok(existing) = fsutil::read_json::<RouteFile>(&path) {
+    if let Ok(existing) = files::read_json::<RouteFile>(&path) {
         return Ok(existing);
     }
     let file = RouteFile {
@@ -267,16 +267,20 @@ pub fn create(root: &StateRoot, root_run_id: &str, max_depth: u32) -> Result<Rou
         max_depth,
         created_at: now_ms(),
     };
-    fsutil::write_json_atomic(&path, &file)?;
+    files::write_json_atomic(&path, &file)?;
     Ok(file)
 }
 
 /// Stamp a `nested.started` event (state `queued`, the capability token, the runtime) into the
 /// route. Spawn does this before it starts the nested run's runner; a failure fails the start.
-pub fn stamp_started(p: &Placement, run_id: &str, runtime: &crate::runtime::Runtime) -> Result<()> {
+pub fn stamp_started(
+    p: &Placement,
+    run_id: &str,
+    runtime: &crate::identity::runtime::Runtime,
+) -> Result<()> {
     events::append_once(
         &p.route_dir.join(ROUTE_EVENTS),
-        "nested.started",
+        EventKind::NestedStarted,
         json!({
             "runId": run_id,
             "state": "queued",
@@ -430,16 +434,18 @@ mod tests {
         let root = StateRoot::for_profile(t.path().canonicalize().unwrap());
         let route = create(&root, ROOT, 2).unwrap();
         let dir = root.run_dir(ROOT);
-        crate::fsutil::create_dir_all_private(dir.path()).unwrap();
-        let mut rec = crate::record::RunRecord::queued(ROOT, crate::record::RunMode::Chain);
-        rec.state = crate::record::RunState::Running;
+        crate::os::files::create_dir_all_private(dir.path()).unwrap();
+        let mut rec =
+            crate::format::record::RunRecord::queued(ROOT, crate::format::record::RunMode::Chain);
+        rec.state = crate::format::record::RunState::Running;
         rec.steps = vec![Default::default(), Default::default()];
-        rec.steps[1].status = crate::record::StepStatus::Running;
-        crate::record::store(&dir.status(), &rec).unwrap();
+        rec.steps[1].status = crate::format::record::StepStatus::Running;
+        crate::format::record::store(&dir.status(), &rec).unwrap();
         std::fs::File::create(dir.lock()).unwrap();
         // The parent must be alive.
-        let held = crate::lock::RunLock::acquire(&dir.lock(), std::time::Duration::from_millis(10))
-            .unwrap();
+        let held =
+            crate::os::lock::RunLock::acquire(&dir.lock(), std::time::Duration::from_millis(10))
+                .unwrap();
         let mut r = InheritedRoute {
             root_run_id: ROOT.into(),
             parent_run_id: ROOT.into(),

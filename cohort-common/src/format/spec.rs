@@ -10,8 +10,12 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::record::{ParallelGroup, RunMode};
-use crate::runtime::Runtime;
+
+/// The line `cohort-runner` prints on its stdout once it holds the run lock and has published
+/// `running`; spawn waits for it before it prints the run id.
+pub const READY_LINE: &str = "cohort-runner: ready";
+use crate::format::record::{ParallelGroup, RunMode};
+use crate::identity::runtime::Runtime;
 
 /// Format version of `launch.json`.
 pub const SPEC_VERSION: u32 = 1;

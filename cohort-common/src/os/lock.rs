@@ -1,4 +1,5 @@
-//! The runner lock: liveness by flock (DESIGN §3).
+//! Locks: liveness by flock, and the one lock-with-deadline helper every lock in cohort uses
+//! (the runner lock, reader probes, the reaper's locks, session-file locks).
 //!
 //! The runner holds an exclusive `flock` on `runner.lock` for its whole life, through its own
 //! descriptor, so the kernel answers "is the runner alive?": the lock is released when the
@@ -15,6 +16,53 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, IoContext, Result};
+
+/// Which flock to take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockKind {
+    /// `LOCK_SH`: many holders; what readers probe and waiters block with.
+    Shared,
+    /// `LOCK_EX`: one holder; what a runner, a reconciler and a reaper take.
+    Exclusive,
+}
+
+/// Take a `kind` flock on `file`, retrying until `wait` has passed (backing off from 2 ms to
+/// 50 ms between tries). `on_wait` is called once, when the first try finds the lock held and
+/// `wait` is not zero. A zero `wait` is one try.
+///
+/// Returns `Ok(true)` when the lock is taken (held until `file` is closed), `Ok(false)` when
+/// someone still holds it at the deadline. Errors: the `flock` call itself failed.
+pub fn lock_within(
+    file: &File,
+    kind: LockKind,
+    wait: Duration,
+    on_wait: &mut dyn FnMut(),
+) -> std::io::Result<bool> {
+    let deadline = Instant::now() + wait;
+    let mut pause = Duration::from_millis(2);
+    let mut told = false;
+    loop {
+        let got = match kind {
+            LockKind::Shared => file.try_lock_shared(),
+            LockKind::Exclusive => file.try_lock(),
+        };
+        match got {
+            Ok(()) => return Ok(true),
+            Err(TryLockError::WouldBlock) => {}
+            Err(TryLockError::Error(e)) => return Err(e),
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        if !told {
+            on_wait();
+            told = true;
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
 
 /// How long the runner waits for readers' probes to let go before giving up.
 pub const RUNNER_LOCK_WAIT: Duration = Duration::from_secs(5);
@@ -50,36 +98,32 @@ pub struct RunLock {
 impl RunLock {
     /// Take the lock, waiting at most `wait` for brief holders (reader probes) to let go.
     ///
-    /// Errors: [`Error::LockBusy`] when still held after `wait`; [`Error::Io`] when the file
-    /// cannot be opened.
+    /// Errors: [`Error::LockBusy`] when still held after `wait`; [`Error::Io`] or
+    /// [`Error::NotRegular`] when the file cannot be opened as a lock file.
     pub fn acquire(path: &Path, wait: Duration) -> Result<RunLock> {
-        let deadline = Instant::now() + wait;
-        let mut pause = Duration::from_millis(2);
-        loop {
-            if let Some(lock) = Self::try_acquire(path)? {
-                return Ok(lock);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::LockBusy {
-                    path: path.to_path_buf(),
-                });
-            }
-            std::thread::sleep(pause.min(deadline - now));
-            pause = (pause * 2).min(Duration::from_millis(50));
+        match Self::acquire_within(path, wait)? {
+            Some(lock) => Ok(lock),
+            None => Err(Error::LockBusy {
+                path: path.to_path_buf(),
+            }),
         }
     }
 
     /// Take the lock if it is free right now; `Ok(None)` when someone holds it.
     pub fn try_acquire(path: &Path) -> Result<Option<RunLock>> {
+        Self::acquire_within(path, Duration::ZERO)
+    }
+
+    /// Take the lock within `wait`; `Ok(None)` when someone still holds it then.
+    pub fn acquire_within(path: &Path, wait: Duration) -> Result<Option<RunLock>> {
         let file = open_lock(path, true)?;
-        match file.try_lock() {
-            Ok(()) => Ok(Some(RunLock {
+        if lock_within(&file, LockKind::Exclusive, wait, &mut || {}).at("lock", path)? {
+            Ok(Some(RunLock {
                 _file: file,
                 path: path.to_path_buf(),
-            })),
-            Err(TryLockError::WouldBlock) => Ok(None),
-            Err(TryLockError::Error(e)) => Err(e).at("lock", path),
+            }))
+        } else {
+            Ok(None)
         }
     }
 
@@ -89,23 +133,62 @@ impl RunLock {
     }
 }
 
-/// Open a lock file without following a symlink and without blocking (a FIFO planted as
-/// `runner.lock` must not hang a reader); anything but a regular file is an error.
-fn open_lock(path: &Path, write: bool) -> Result<File> {
+/// Open an existing lock file without following a symlink and without blocking (a FIFO planted
+/// as `runner.lock` must not hang a reader).
+///
+/// Errors: [`Error::NotRegular`] for anything but a regular file (a symlink included);
+/// [`Error::Io`] otherwise (kind `NotFound` when there is no lock file).
+pub fn open_lock(path: &Path, write: bool) -> Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = OpenOptions::new()
         .read(true)
         .write(write)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
-        .at("open lock file", path)?;
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => Error::NotRegular {
+                path: path.to_path_buf(),
+                what: "a symlink; cohort never follows it",
+            },
+            _ => Error::Io {
+                action: "open lock file",
+                path: path.to_path_buf(),
+                source: e,
+            },
+        })?;
     if !file.metadata().at("stat", path)?.is_file() {
-        return Err(Error::State(format!(
-            "lock file {} is not a regular file",
-            path.display()
-        )));
+        return Err(Error::NotRegular {
+            path: path.to_path_buf(),
+            what: "not a regular file",
+        });
     }
     Ok(file)
+}
+
+/// Open (creating it 0600 when missing) a lock file that guards a directory rather than a run,
+/// such as the reaper's `R/.reap.lock`: never through a symlink, never blocking.
+///
+/// Errors: as [`open_lock`].
+pub fn open_or_create_lock(path: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(crate::os::files::FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => Error::NotRegular {
+                path: path.to_path_buf(),
+                what: "a symlink; cohort never follows it",
+            },
+            _ => Error::Io {
+                action: "open lock file",
+                path: path.to_path_buf(),
+                source: e,
+            },
+        })
 }
 
 /// Probe a lock file: try a shared lock and release it at once.
@@ -119,10 +202,10 @@ pub fn probe(path: &Path) -> Result<Liveness> {
         }
         Err(e) => return Err(e),
     };
-    match file.try_lock_shared() {
-        Ok(()) => Ok(Liveness::Free),
-        Err(TryLockError::WouldBlock) => Ok(Liveness::Held),
-        Err(TryLockError::Error(e)) => Err(e).at("lock", path),
+    if lock_within(&file, LockKind::Shared, Duration::ZERO, &mut || {}).at("lock", path)? {
+        Ok(Liveness::Free)
+    } else {
+        Ok(Liveness::Held)
     }
 }
 

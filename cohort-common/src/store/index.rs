@@ -18,7 +18,7 @@
 //!   the same mtime as `names`. These are re-read by every listing, so a run that ends or a
 //!   record that is repaired moves out of this file.
 //! - `terminal`: an append-only log of runs seen in a terminal state, `<id> <state> <startedAt>
-//!   <endedAt>`. A terminal state is final (DESIGN §4), so this only ever grows until a rebuild
+//!   <endedAt>`. A terminal state is final (`docs/format.md`, "States"), so this only ever grows until a rebuild
 //!   drops the ids that were reaped. `--state`, `--since` and `--check` use it to skip records
 //!   that cannot match.
 //!
@@ -42,11 +42,11 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::{IoContext, Result};
-use crate::layout::{StateRoot, STATUS_FILE};
-use crate::record::{now_ms, RunRecord, RunState};
+use crate::format::layout::StateRoot;
+use crate::format::record::{self, now_ms, RunRecord, RunState};
+use crate::os::files::{self, Entry, EntryKind, Hidden};
+use crate::store::discover::run_id_of;
 
-/// The index directory under the state root.
-pub const INDEX_DIR: &str = ".status-index";
 const NAMES_FILE: &str = "names";
 const ACTIVE_FILE: &str = "active";
 const TERMINAL_FILE: &str = "terminal";
@@ -58,117 +58,25 @@ pub const INDEX_VERSION: u32 = 1;
 /// A name list taken less than this long (ms) after the directory's last change is not trusted.
 pub const RACY_MS: u64 = 2_000;
 
-/// What kind of filesystem object a runs-directory entry is (from `readdir`, never following a
-/// symlink).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum EntryKind {
-    /// A directory.
-    Dir,
-    /// A symbolic link (never followed).
-    Symlink,
-    /// A regular file.
-    File,
-    /// Anything else (fifo, socket, device) or unknown.
-    Other,
-}
-
-impl EntryKind {
-    fn code(self) -> char {
-        match self {
-            EntryKind::Dir => 'd',
-            EntryKind::Symlink => 'l',
-            EntryKind::File => 'f',
-            EntryKind::Other => 'o',
-        }
-    }
-
-    fn from_code(c: &str) -> Option<Self> {
-        Some(match c {
-            "d" => EntryKind::Dir,
-            "l" => EntryKind::Symlink,
-            "f" => EntryKind::File,
-            "o" => EntryKind::Other,
-            _ => return None,
-        })
-    }
-
-    fn of(ft: fs::FileType) -> Self {
-        if ft.is_symlink() {
-            EntryKind::Symlink
-        } else if ft.is_dir() {
-            EntryKind::Dir
-        } else if ft.is_file() {
-            EntryKind::File
-        } else {
-            EntryKind::Other
-        }
+/// The one-letter code of an entry kind in the `names` file.
+fn kind_code(k: EntryKind) -> char {
+    match k {
+        EntryKind::Dir => 'd',
+        EntryKind::Symlink => 'l',
+        EntryKind::File => 'f',
+        EntryKind::Other => 'o',
     }
 }
 
-/// One entry of a runs directory.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Entry {
-    /// The raw name (may not be UTF-8).
-    pub name: OsString,
-    /// Its kind.
-    pub kind: EntryKind,
-}
-
-impl Entry {
-    /// The name as text (lossy for a non-UTF-8 name).
-    pub fn display_name(&self) -> String {
-        self.name.to_string_lossy().into_owned()
-    }
-
-    /// The run id, when this entry can be a run at all (see [`entry_problem`]).
-    pub fn run_id(&self) -> Option<&str> {
-        match entry_problem(&self.name, self.kind) {
-            None => self.name.to_str(),
-            Some(_) => None,
-        }
-    }
-}
-
-/// Why a runs-directory entry cannot be read as a run, or `None` when it can (pure): a
-/// non-UTF-8 name, a name that is not a run id, a symlink (never followed), a file or other
-/// object where a directory should be.
-pub fn entry_problem(name: &OsStr, kind: EntryKind) -> Option<String> {
-    let Some(text) = name.to_str() else {
-        return Some("the name is not UTF-8, so it is not a run id".into());
-    };
-    if !crate::id::is_plausible_name(text) {
-        return Some("the name is not a run id".into());
-    }
-    match kind {
-        EntryKind::Dir => None,
-        EntryKind::Symlink => {
-            Some("a symlink where a run directory should be; cohort never follows it".into())
-        }
-        EntryKind::File => Some("a file where a run directory should be".into()),
-        EntryKind::Other => Some("not a directory (a fifo, socket or device)".into()),
-    }
-}
-
-/// List a runs directory: every entry not starting with `.` (temp files, trash, this index),
-/// sorted by name bytes (creation order for UUIDv7 ids). A missing directory is empty.
-pub fn read_entries(dir: &Path) -> Result<Vec<Entry>> {
-    let rd = match fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).at("list", dir),
-    };
-    let mut out = Vec::new();
-    for e in rd {
-        let e = e.at("list", dir)?;
-        let name = e.file_name();
-        if name.as_bytes().first() == Some(&b'.') {
-            continue;
-        }
-        let kind = e.file_type().map(EntryKind::of).unwrap_or(EntryKind::Other);
-        out.push(Entry { name, kind });
-    }
-    out.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-    Ok(out)
+/// The entry kind of a one-letter code in the `names` file.
+fn kind_from_code(c: &str) -> Option<EntryKind> {
+    Some(match c {
+        "d" => EntryKind::Dir,
+        "l" => EntryKind::Symlink,
+        "f" => EntryKind::File,
+        "o" => EntryKind::Other,
+        _ => return None,
+    })
 }
 
 /// The modification time of a directory, (s, ns): what tells a cached name list is current.
@@ -270,11 +178,11 @@ impl View {
             Err(e) => return Err(e).at("stat", &runs),
         };
         let stamp = Stamp::of(&meta);
-        let dir = root.path().join(INDEX_DIR);
+        let dir = root.index_dir();
         if let Some(v) = Self::cached(&dir, stamp) {
             return Ok(v);
         }
-        Self::rebuild(&runs, dir, stamp)
+        Self::rebuild(root, &runs, dir, stamp)
     }
 
     fn empty() -> View {
@@ -335,23 +243,22 @@ impl View {
         })
     }
 
-    fn rebuild(runs: &Path, dir: PathBuf, stamp: Stamp) -> Result<View> {
+    fn rebuild(root: &StateRoot, runs: &Path, dir: PathBuf, stamp: Stamp) -> Result<View> {
         let listed_at = now_ms();
-        let entries = read_entries(runs)?;
+        let entries = files::list_dir(runs, Hidden::Skip)?;
         let mut terminal = load_terminal(&dir.join(TERMINAL_FILE));
         let mut active = Vec::new();
         let mut broken = Vec::new();
         let mut unknown: Vec<&str> = Vec::new();
         for e in &entries {
-            match e.run_id() {
+            match run_id_of(e) {
                 None => broken.push(e.clone()),
                 Some(id) if terminal.contains_key(id) => {}
                 Some(id) => unknown.push(id),
             }
         }
-        let read = crate::status::par_map(&unknown, |id| {
-            crate::status::read_record(&runs.join(id).join(STATUS_FILE))
-                .map(|r| (r.state.is_terminal(), Known::of(&r)))
+        let read = crate::store::par_map(&unknown, |id| {
+            record::load(&root.run_dir(id).status()).map(|r| (r.state.is_terminal(), Known::of(&r)))
         });
         let mut appended = Vec::new();
         let mut broken_ids = HashSet::new();
@@ -509,7 +416,7 @@ impl View {
         let (Some(dir), Some(stamp)) = (self.dir.clone(), self.stamp) else {
             return;
         };
-        if crate::fsutil::create_dir_all_private(&dir).is_err() {
+        if files::create_dir_all_private(&dir).is_err() {
             return;
         }
         let _ = self.write(&dir, stamp);
@@ -555,7 +462,7 @@ impl View {
             let mut f = OpenOptions::new()
                 .append(true)
                 .create(true)
-                .mode(crate::fsutil::FILE_MODE)
+                .mode(files::FILE_MODE)
                 .open(&tpath)?;
             f.write_all(out.as_bytes())?;
         }
@@ -571,7 +478,7 @@ impl View {
             active.push('\n');
         }
         for e in &self.broken {
-            active.push_str(&format!("e {} {}\n", e.kind.code(), escape(&e.name)));
+            active.push_str(&format!("e {} {}\n", kind_code(e.kind), escape(&e.name)));
         }
         write_replace(dir, ACTIVE_FILE, active.as_bytes())?;
 
@@ -585,7 +492,7 @@ impl View {
                 all.len()
             );
             for e in all {
-                out.push(e.kind.code());
+                out.push(kind_code(e.kind));
                 out.push(' ');
                 out.push_str(&escape(&e.name));
                 out.push('\n');
@@ -625,7 +532,7 @@ fn write_replace(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
     let mut tmp = tempfile::Builder::new()
         .prefix(".tmp-")
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(
-            crate::fsutil::FILE_MODE,
+            files::FILE_MODE,
         ))
         .tempfile_in(dir)?;
     tmp.write_all(bytes)?;
@@ -681,7 +588,7 @@ fn parse_terminal_line(line: &str) -> Option<(&str, Known)> {
     };
     let started_at = opt(it.next()?)?;
     let ended_at = opt(it.next()?)?;
-    if it.next().is_some() || !state.is_terminal() || !crate::id::is_plausible_name(id) {
+    if it.next().is_some() || !state.is_terminal() || !crate::format::id::is_plausible_name(id) {
         return None;
     }
     Some((
@@ -715,7 +622,7 @@ fn parse_active(bytes: &[u8]) -> Option<ActiveFile> {
     let mut broken = Vec::new();
     for line in lines {
         if let Some(id) = line.strip_prefix("a ") {
-            if !crate::id::is_plausible_name(id) {
+            if !crate::format::id::is_plausible_name(id) {
                 return None;
             }
             active.push(id.to_string());
@@ -723,7 +630,7 @@ fn parse_active(bytes: &[u8]) -> Option<ActiveFile> {
             let (kind, name) = rest.split_once(' ')?;
             broken.push(Entry {
                 name: unescape(name)?,
-                kind: EntryKind::from_code(kind)?,
+                kind: kind_from_code(kind)?,
             });
         } else {
             return None;
@@ -774,7 +681,7 @@ fn parse_name_line(line: &[u8]) -> Option<Entry> {
     let (kind, name) = text.split_once(' ')?;
     Some(Entry {
         name: unescape(name)?,
-        kind: EntryKind::from_code(kind)?,
+        kind: kind_from_code(kind)?,
     })
 }
 
@@ -813,7 +720,7 @@ pub fn unescape(text: &str) -> Option<OsString> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{RunMode, RunRecord};
+    use crate::format::record::{RunMode, RunRecord};
 
     #[test]
     fn escape_round_trips_odd_names() {
@@ -847,24 +754,6 @@ mod tests {
     }
 
     #[test]
-    fn entry_problems() {
-        let id = OsStr::new("01a22a44-9e62-7266-ab9d-e5b500ee829c");
-        assert_eq!(entry_problem(id, EntryKind::Dir), None);
-        assert!(entry_problem(id, EntryKind::Symlink)
-            .unwrap()
-            .contains("symlink"));
-        assert!(entry_problem(id, EntryKind::File).unwrap().contains("file"));
-        assert!(
-            entry_problem(OsStr::from_bytes(b"\xff01234567"), EntryKind::Dir)
-                .unwrap()
-                .contains("UTF-8")
-        );
-        assert!(entry_problem(OsStr::new("notes.txt"), EntryKind::Dir)
-            .unwrap()
-            .contains("not a run id"));
-    }
-
-    #[test]
     fn terminal_lines() {
         let (id, k) =
             parse_terminal_line("0199aaaa-0000-7000-8000-000000000001 failed 5 -").unwrap();
@@ -895,12 +784,12 @@ mod tests {
     }
 
     fn put(root: &StateRoot, state: RunState) -> String {
-        let id = crate::id::RunId::new().to_string();
+        let id = crate::format::id::RunId::new().to_string();
         let dir = root.run_dir(&id);
-        crate::fsutil::create_dir_all_private(dir.path()).unwrap();
+        files::create_dir_all_private(dir.path()).unwrap();
         let mut r = RunRecord::queued(&id, RunMode::Single);
         r.state = state;
-        crate::record::store(&dir.status(), &r).unwrap();
+        crate::format::record::store(&dir.status(), &r).unwrap();
         id
     }
 
@@ -973,7 +862,7 @@ mod tests {
         let mut v = View::open(&root).unwrap();
         v.save();
         assert!(!View::open(&root).unwrap().rebuilt);
-        let idx = root.path().join(INDEX_DIR);
+        let idx = root.index_dir();
         std::fs::write(idx.join(ACTIVE_FILE), "garbage").unwrap();
         assert!(View::open(&root).unwrap().rebuilt);
         std::fs::write(idx.join(NAMES_FILE), "").unwrap();

@@ -1,0 +1,18 @@
+//! The on-disk format: what every file cohort writes holds, and where it lives
+//! (`docs/format.md`).
+//!
+//! - [`layout`]: the one type that builds every path (state root, run directories, file names);
+//! - [`id`]: run ids and the resolution of a user's name for a run;
+//! - [`record`]: the run record `status.json` and its one reader;
+//! - [`spec`]: the immutable launch spec `launch.json`, chains, and the spawn–runner handshake;
+//! - [`events`]: the append-only `events.jsonl` and its event kinds;
+//! - [`route`]: the route of a run tree and the variables nested runs inherit;
+//! - [`legacy`]: read-only records written by the pi-subagents extension.
+
+pub mod events;
+pub mod id;
+pub mod layout;
+pub mod legacy;
+pub mod record;
+pub mod route;
+pub mod spec;

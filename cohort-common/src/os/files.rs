@@ -1,0 +1,382 @@
+//! File-system primitives every cohort program uses, one implementation each: atomic durable
+//! writes, private directories and files, reads that never follow a symlink nor block on a FIFO,
+//! rename without replace, and the directory lister.
+//!
+//! Every JSON file cohort writes goes through [`write_json_atomic`]: a temp file in the same
+//! directory, fsync, rename over the target, fsync the directory. A reader sees the old or the
+//! new file, never a torn one, also after a crash or power loss. Directories are created 0700
+//! and files 0600 (tasks and outputs may hold secrets; `docs/architecture.md`, "Invariants").
+//!
+//! Every file cohort reads from a run directory is opened with [`open_regular`]
+//! (`O_NOFOLLOW | O_NONBLOCK`, then a check that it is a regular file): a planted symlink is
+//! never read through, and a FIFO or device planted as `status.json` is an error, never a hang.
+
+use std::ffi::OsString;
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::error::{Error, IoContext, Result};
+
+/// Permission bits of every directory cohort creates.
+pub const DIR_MODE: u32 = 0o700;
+/// Permission bits of every file cohort creates.
+pub const FILE_MODE: u32 = 0o600;
+
+/// Create `path` and any missing parents with mode 0700. An existing directory is fine.
+pub fn create_dir_all_private(path: &Path) -> Result<()> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(path)
+        .at("create directory", path)
+}
+
+/// Create exactly `path` (not its parents) with mode 0700. An existing path is
+/// [`Error::RunExists`]: run directories are never reused (DESIGN §3).
+pub fn create_dir_exclusive(path: &Path) -> Result<()> {
+    match DirBuilder::new().mode(DIR_MODE).create(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(Error::RunExists {
+            path: path.to_path_buf(),
+        }),
+        Err(e) => Err(e).at("create directory", path),
+    }
+}
+
+/// Create a new file with mode 0600; fails if it exists.
+pub fn create_file_exclusive(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(FILE_MODE)
+        .open(path)
+        .at("create", path)
+}
+
+/// Open `path` for appending, creating it 0600 if missing.
+pub fn open_append(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(FILE_MODE)
+        .open(path)
+        .at("open", path)
+}
+
+/// Rename `from` to `to` atomically without ever replacing `to`: `renameat2(RENAME_NOREPLACE)`.
+/// An existing `to` (even an empty directory) is an error of kind
+/// [`std::io::ErrorKind::AlreadyExists`].
+///
+/// The one fallback: on a file system without `RENAME_NOREPLACE` (`EINVAL`, or `ENOSYS` on an
+/// old kernel) it checks that `to` does not exist and then renames. That check is not atomic;
+/// every caller renames to a name only it can be creating (a fresh run id, a reap under the
+/// reaper lock), so no other writer can slip in between.
+pub fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
+    match renameat2(AT_FDCWD, from, AT_FDCWD, to, RenameFlags::RENAME_NOREPLACE) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EEXIST | nix::errno::Errno::ENOTEMPTY) => {
+            Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists))
+        }
+        Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOSYS) => {
+            if fs::symlink_metadata(to).is_ok() {
+                return Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists));
+            }
+            fs::rename(from, to)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// fsync a directory so that a rename or create inside it survives a crash.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .at("sync directory", dir)
+}
+
+/// Replace `path` with `bytes` atomically and durably (temp file in the same directory, fsync,
+/// rename, fsync the directory). The temp file is 0600 and is removed on failure.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(FILE_MODE))
+        .tempfile_in(dir)
+        .at("create a temp file in", dir)?;
+    tmp.write_all(bytes).at("write", tmp.path())?;
+    tmp.as_file().sync_all().at("sync", tmp.path())?;
+    tmp.persist(path).map_err(|e| Error::Io {
+        action: "rename a temp file over",
+        path: path.to_path_buf(),
+        source: e.error,
+    })?;
+    sync_dir(dir)
+}
+
+/// Serialize `value` as pretty JSON (with a trailing newline) and [`write_atomic`] it.
+pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let mut bytes = serde_json::to_vec_pretty(value).map_err(|source| Error::Json {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    bytes.push(b'\n');
+    write_atomic(path, &bytes)
+}
+
+/// Read and parse a JSON file through [`read_regular`].
+///
+/// Errors: those of [`read_regular`]; [`Error::Json`] when the bytes do not parse as `T`.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let bytes = read_regular(path)?;
+    serde_json::from_slice(&bytes).map_err(|source| Error::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Open `path` for reading without following a symlink and without blocking, and check that it
+/// is a regular file. The descriptor keeps `O_NONBLOCK`, which changes nothing for a regular
+/// file.
+///
+/// Errors: [`Error::NotRegular`] for a symlink, FIFO, socket, device or directory;
+/// [`Error::Io`] (kind `NotFound` for a missing file) otherwise.
+pub fn open_regular(path: &Path) -> Result<File> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => Error::NotRegular {
+                path: path.to_path_buf(),
+                what: "a symlink; cohort never follows it",
+            },
+            // O_NONBLOCK on a FIFO with no writer succeeds, but a socket cannot be opened.
+            Some(libc::ENXIO) => Error::NotRegular {
+                path: path.to_path_buf(),
+                what: "not a regular file",
+            },
+            _ => Error::Io {
+                action: "read",
+                path: path.to_path_buf(),
+                source: e,
+            },
+        })?;
+    if !f.metadata().at("stat", path)?.is_file() {
+        return Err(Error::NotRegular {
+            path: path.to_path_buf(),
+            what: "not a regular file",
+        });
+    }
+    Ok(f)
+}
+
+/// The whole content of a regular file, read through [`open_regular`].
+///
+/// Errors: those of [`open_regular`]; [`Error::Io`] when the read fails.
+pub fn read_regular(path: &Path) -> Result<Vec<u8>> {
+    let mut f = open_regular(path)?;
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut bytes = Vec::with_capacity(len as usize + 1);
+    f.read_to_end(&mut bytes).at("read", path)?;
+    Ok(bytes)
+}
+
+/// What kind of file-system object a directory entry is, from `readdir` (never following a
+/// symlink, never a `stat`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EntryKind {
+    /// A directory.
+    Dir,
+    /// A symbolic link (never followed).
+    Symlink,
+    /// A regular file.
+    File,
+    /// Anything else (FIFO, socket, device) or unknown.
+    Other,
+}
+
+impl EntryKind {
+    /// The kind of a [`fs::FileType`] as `readdir` reports it.
+    pub fn of(ft: fs::FileType) -> Self {
+        if ft.is_symlink() {
+            EntryKind::Symlink
+        } else if ft.is_dir() {
+            EntryKind::Dir
+        } else if ft.is_file() {
+            EntryKind::File
+        } else {
+            EntryKind::Other
+        }
+    }
+}
+
+/// One directory entry: its raw name (which may not be UTF-8) and its kind.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Entry {
+    /// The raw name.
+    pub name: OsString,
+    /// Its kind.
+    pub kind: EntryKind,
+}
+
+impl Entry {
+    /// The name as text (lossy for a non-UTF-8 name).
+    pub fn display_name(&self) -> String {
+        self.name.to_string_lossy().into_owned()
+    }
+
+    /// Whether the name starts with `.` (temp files, staging, trash, the index, locks).
+    pub fn is_hidden(&self) -> bool {
+        self.name.as_bytes().first() == Some(&b'.')
+    }
+}
+
+/// Which entries [`list_dir`] returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hidden {
+    /// Leave out names starting with `.`: what every listing of runs wants.
+    Skip,
+    /// Every entry (the reaper's trash, the sweep of staging leftovers).
+    Include,
+}
+
+/// The one directory lister: the entries of `dir`, sorted by name bytes (creation order for
+/// UUIDv7 run ids), kinds from `readdir` (no `stat`, no symlink followed). A missing directory
+/// is empty.
+///
+/// Errors: [`Error::Io`] naming `dir` when it exists but cannot be listed.
+pub fn list_dir(dir: &Path, hidden: Hidden) -> Result<Vec<Entry>> {
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).at("list", dir),
+    };
+    let mut out = Vec::new();
+    for e in rd {
+        let e = e.at("list", dir)?;
+        let entry = Entry {
+            name: e.file_name(),
+            kind: e.file_type().map(EntryKind::of).unwrap_or(EntryKind::Other),
+        };
+        if hidden == Hidden::Skip && entry.is_hidden() {
+            continue;
+        }
+        out.push(entry);
+    }
+    out.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn atomic_write_replaces_and_is_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.json");
+        write_json_atomic(&p, &serde_json::json!({"x": 1})).unwrap();
+        write_json_atomic(&p, &serde_json::json!({"x": 2})).unwrap();
+        let v: serde_json::Value = read_json(&p).unwrap();
+        assert_eq!(v["x"], 2);
+        assert_eq!(
+            fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        // No temp files left behind.
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn rename_noreplace_never_replaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        fs::create_dir(&a).unwrap();
+        fs::create_dir(&b).unwrap();
+        assert_eq!(
+            rename_noreplace(&a, &b).unwrap_err().kind(),
+            std::io::ErrorKind::AlreadyExists
+        );
+        fs::remove_dir(&b).unwrap();
+        rename_noreplace(&a, &b).unwrap();
+        assert!(b.is_dir() && !a.exists());
+    }
+
+    #[test]
+    fn exclusive_dir_refuses_existing() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("run");
+        create_dir_exclusive(&p).unwrap();
+        assert_eq!(
+            fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        assert!(matches!(
+            create_dir_exclusive(&p),
+            Err(Error::RunExists { .. })
+        ));
+    }
+
+    #[test]
+    fn reads_refuse_fifos_symlinks_and_directories_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("status.json");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(matches!(read_regular(&fifo), Err(Error::NotRegular { .. })));
+        let v: Result<serde_json::Value> = read_json(&fifo);
+        assert!(matches!(v, Err(Error::NotRegular { .. })));
+        let real = dir.path().join("real");
+        fs::write(&real, b"{}").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let err = read_regular(&link).unwrap_err();
+        assert!(err.to_string().contains("symlink"), "{err}");
+        assert!(matches!(
+            read_regular(dir.path()),
+            Err(Error::NotRegular { .. })
+        ));
+        assert_eq!(read_regular(&real).unwrap(), b"{}");
+        match read_regular(&dir.path().join("missing")) {
+            Err(Error::Io { source, .. }) => {
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound)
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn lists_sorted_with_kinds_and_hidden_on_request() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(list_dir(&dir.path().join("missing"), Hidden::Skip)
+            .unwrap()
+            .is_empty());
+        fs::create_dir(dir.path().join("b")).unwrap();
+        fs::write(dir.path().join("a"), b"").unwrap();
+        fs::create_dir(dir.path().join(".trash")).unwrap();
+        std::os::unix::fs::symlink("b", dir.path().join("c")).unwrap();
+        let shown = list_dir(dir.path(), Hidden::Skip).unwrap();
+        let kinds: Vec<(String, EntryKind)> =
+            shown.iter().map(|e| (e.display_name(), e.kind)).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                ("a".into(), EntryKind::File),
+                ("b".into(), EntryKind::Dir),
+                ("c".into(), EntryKind::Symlink)
+            ]
+        );
+        let all = list_dir(dir.path(), Hidden::Include).unwrap();
+        assert_eq!(all[0].display_name(), ".trash");
+        assert_eq!(all.len(), 4);
+    }
+}

@@ -1,0 +1,12 @@
+//! The operating-system primitives of cohort, one implementation each (`docs/architecture.md`,
+//! "Layers of cohort-common").
+//!
+//! - [`files`]: atomic durable writes, private directories and files, reads that never follow a
+//!   symlink nor block on a FIFO, rename without replace, the directory lister;
+//! - [`lock`]: the runner lock (liveness by flock) and the one lock-with-deadline helper.
+//!
+//! Nothing here knows what a run is; the layers above ([`crate::format`], [`crate::store`])
+//! and the programs build on these.
+
+pub mod files;
+pub mod lock;

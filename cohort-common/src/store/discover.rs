@@ -1,0 +1,181 @@
+//! Discovery: where runs are and how a user's name for one resolves (`docs/format.md`,
+//! "Layout"; `docs/architecture.md`, "The store").
+//!
+//! Top-level runs live in `R/async-subagent-runs/<id>/`, nested runs in
+//! `R/nested-subagent-runs/<root>/<id>/`, and pi-subagents' legacy runs in their own temp dir
+//! ([`crate::format::legacy`]). Every entry of those directories is reported, runs or not:
+//! [`entry_problem`] is the pure decision of whether an entry can be read as a run at all
+//! (a symlink, a file or an odd name is an error row, never followed and never skipped
+//! silently).
+
+use std::ffi::OsStr;
+use std::path::Path;
+
+use crate::error::Result;
+use crate::format::id;
+use crate::format::layout::{RunDir, StateRoot};
+use crate::format::legacy;
+use crate::os::files::{self, Entry, EntryKind, Hidden};
+
+/// Where a run lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// `R/async-subagent-runs/<id>`.
+    TopLevel,
+    /// `R/nested-subagent-runs/<root>/<id>`.
+    Nested {
+        /// The root run id.
+        root: String,
+    },
+    /// A pi-subagents record in a legacy runs directory (read-only).
+    Legacy,
+}
+
+impl Origin {
+    /// The word used in listings and `--json`: `top`, `nested` or `legacy`.
+    pub fn word(&self) -> &'static str {
+        match self {
+            Origin::TopLevel => "top",
+            Origin::Nested { .. } => "nested",
+            Origin::Legacy => "legacy",
+        }
+    }
+}
+
+/// A run directory found on disk.
+#[derive(Clone, Debug)]
+pub struct Found {
+    /// The directory.
+    pub dir: RunDir,
+    /// Its id (directory name).
+    pub id: String,
+    /// Top-level, nested or legacy.
+    pub origin: Origin,
+    /// What the directory entry is (a run needs a real directory).
+    pub kind: EntryKind,
+}
+
+impl Found {
+    /// Why this entry cannot be read as a run, if it cannot (see
+    /// [`entry_problem`]).
+    pub fn problem(&self) -> Option<String> {
+        let name = self.dir.path().file_name().unwrap_or_default();
+        entry_problem(name, self.kind)
+    }
+}
+
+/// Why a runs-directory entry cannot be read as a run, or `None` when it can (pure): a
+/// non-UTF-8 name, a name that is not a run id, a symlink (never followed), a file or other
+/// object where a directory should be.
+pub fn entry_problem(name: &OsStr, kind: EntryKind) -> Option<String> {
+    let Some(text) = name.to_str() else {
+        return Some("the name is not UTF-8, so it is not a run id".into());
+    };
+    if !id::is_plausible_name(text) {
+        return Some("the name is not a run id".into());
+    }
+    match kind {
+        EntryKind::Dir => None,
+        EntryKind::Symlink => {
+            Some("a symlink where a run directory should be; cohort never follows it".into())
+        }
+        EntryKind::File => Some("a file where a run directory should be".into()),
+        EntryKind::Other => Some("not a directory (a fifo, socket or device)".into()),
+    }
+}
+
+/// The run id of a runs-directory entry, when it can be a run at all (see [`entry_problem`]).
+pub fn run_id_of(e: &Entry) -> Option<&str> {
+    match entry_problem(&e.name, e.kind) {
+        None => e.name.to_str(),
+        Some(_) => None,
+    }
+}
+
+/// Every top-level run dir entry, sorted by id (creation order for UUIDv7 ids). Entries that
+/// cannot be runs (symlinks, files, odd names) are included; [`Found::problem`] says why.
+pub fn top_level(root: &StateRoot) -> Result<Vec<Found>> {
+    list_dir(&root.runs_dir(), Origin::TopLevel)
+}
+
+/// Every nested run dir of every tree, sorted by id.
+pub fn nested(root: &StateRoot) -> Result<Vec<Found>> {
+    let mut out = Vec::new();
+    for tree in files::list_dir(&root.nested_root(), Hidden::Skip)? {
+        // A tree dir that is a symlink or a file is never entered.
+        let (Some(name), EntryKind::Dir) = (tree.name.to_str(), tree.kind) else {
+            continue;
+        };
+        out.extend(nested_of(root, name)?);
+    }
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(out)
+}
+
+/// The nested runs of one tree (`R/nested-subagent-runs/<root_id>/`), sorted by id.
+pub fn nested_of(root: &StateRoot, root_id: &str) -> Result<Vec<Found>> {
+    list_dir(
+        &root.nested_runs_dir(root_id),
+        Origin::Nested {
+            root: root_id.to_string(),
+        },
+    )
+}
+
+/// Every run in the legacy runs directory ([`legacy::runs_dir`]), in name order.
+pub fn legacy_runs() -> Result<Vec<Found>> {
+    list_dir(&legacy::runs_dir(), Origin::Legacy)
+}
+
+fn list_dir(path: &Path, origin: Origin) -> Result<Vec<Found>> {
+    Ok(files::list_dir(path, Hidden::Skip)?
+        .into_iter()
+        .map(|e| found_in(path, &e, origin.clone()))
+        .collect())
+}
+
+/// The [`Found`] for entry `e` of directory `parent`.
+pub fn found_in(parent: &Path, e: &Entry, origin: Origin) -> Found {
+    Found {
+        dir: RunDir::new(parent.join(&e.name)),
+        id: e.display_name(),
+        origin,
+        kind: e.kind,
+    }
+}
+
+/// Find one run by name (full id, short id or unique prefix), top-level, nested or legacy.
+pub fn find(root: &StateRoot, name: &str) -> Result<Found> {
+    let mut all = top_level(root)?;
+    all.extend(nested(root)?);
+    all.extend(legacy_runs()?);
+    let picked = id::resolve(name, all.iter().map(|f| f.id.as_str()))?;
+    Ok(all
+        .into_iter()
+        .find(|f| f.id == picked)
+        .expect("resolved from this list"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::ffi::OsStrExt;
+
+    #[test]
+    fn entry_problems() {
+        let id = OsStr::new("01a22a44-9e62-7266-ab9d-e5b500ee829c");
+        assert_eq!(entry_problem(id, EntryKind::Dir), None);
+        assert!(entry_problem(id, EntryKind::Symlink)
+            .unwrap()
+            .contains("symlink"));
+        assert!(entry_problem(id, EntryKind::File).unwrap().contains("file"));
+        assert!(
+            entry_problem(OsStr::from_bytes(b"\xff01234567"), EntryKind::Dir)
+                .unwrap()
+                .contains("UTF-8")
+        );
+        assert!(entry_problem(OsStr::new("notes.txt"), EntryKind::Dir)
+            .unwrap()
+            .contains("not a run id"));
+    }
+}

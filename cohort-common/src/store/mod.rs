@@ -1,0 +1,37 @@
+//! The store: what every cohort program reads (`docs/architecture.md`, "The store").
+//!
+//! - [`discover`]: where runs are, and which run a user's name means;
+//! - [`observe`]: a run's record, its lock and the pure judgement of what to believe, with the
+//!   reconciliation of a run whose runner is gone;
+//! - [`index`]: the listing index of top-level runs (a cache, never the truth).
+//!
+//! Built on [`crate::format`] (what the files hold) and [`crate::os`] (how they are read and
+//! locked); the programs build their features on top of it.
+
+pub mod discover;
+pub mod index;
+pub mod observe;
+
+/// Apply `f` to every item, on up to 4 threads when there are many (order kept). Reading
+/// thousands of small records is latency-bound, so a few threads help even on 2 cores.
+pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 4);
+    if items.len() < 512 || threads == 1 {
+        return items.iter().map(f).collect();
+    }
+    let chunk = items.len().div_ceil(threads);
+    let f = &f;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items
+            .chunks(chunk)
+            .map(|c| s.spawn(move || c.iter().map(f).collect::<Vec<R>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("reader thread panicked"))
+            .collect()
+    })
+}

@@ -1,0 +1,161 @@
+//! The command line of `cohort-reap`: parse the selection, reap (or plan with `--dry-run`),
+//! print the report (stdout: one line per run, or JSON Lines with `--json`; notes on stderr),
+//! exit 0 when everything selected was removed and 1 when anything was refused
+//! ([`cohort_common::exit`]).
+
+use std::time::Duration;
+
+use clap::Parser;
+use cohort_common::cli::human_bytes;
+use cohort_common::format::id;
+use cohort_common::format::layout::StateRoot;
+use cohort_common::format::record::RunState;
+use cohort_common::{cli, duration, exit};
+
+use crate::reap::{self, Options, Outcome, Selection};
+
+/// Remove finished cohort runs, each with its nested runs. Routes and session files are kept.
+///
+/// A run is removed only when its record is terminal and no runner holds its lock or the lock
+/// of any run in its nested subtree. Nothing is removed unless selected: name runs, or use
+/// --state, --older-than or --all-terminal.
+#[derive(Parser)]
+#[command(
+    version,
+    after_help = "Exit codes: 0 everything selected was removed (or would be, with --dry-run); 1 some runs were refused; 2 usage or operational error.\nJSON Lines fields: see docs/reap.md."
+)]
+pub struct Args {
+    /// Runs to remove (full id, short id, or a unique prefix of 8+ characters).
+    ids: Vec<String>,
+    /// Select terminal runs in this state (complete, failed, paused, stopped; repeatable).
+    #[arg(long, value_parser = parse_terminal)]
+    state: Vec<RunState>,
+    /// Select runs that ended at least this long ago (e.g. 7d, 12h, 90m).
+    #[arg(long, value_parser = duration::parse, value_name = "DURATION")]
+    older_than: Option<Duration>,
+    /// Select every terminal top-level run (narrow it with --state/--older-than).
+    #[arg(long, conflicts_with = "ids")]
+    all_terminal: bool,
+    /// Print the plan (what would be removed, with sizes, and what would be refused, and why);
+    /// change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print the report as JSON Lines, one object per run.
+    #[arg(long)]
+    json: bool,
+    /// How long to wait for another cohort-reap working on the same state root.
+    #[arg(long, value_parser = duration::parse, value_name = "DURATION", default_value = "30s")]
+    wait: Duration,
+}
+
+fn parse_terminal(s: &str) -> Result<RunState, String> {
+    let st: RunState = s.parse()?;
+    if st.is_terminal() {
+        Ok(st)
+    } else {
+        Err(format!(
+            "{s} is not a terminal state; only complete, failed, paused and stopped runs can be reaped"
+        ))
+    }
+}
+
+/// Run the command line `args`; the binary maps the result to an exit code.
+pub fn run(args: Args) -> anyhow::Result<u8> {
+    let root = StateRoot::from_env()?;
+    let sel = Selection {
+        names: args.ids,
+        states: args.state,
+        older_than: args.older_than,
+        all_terminal: args.all_terminal,
+    };
+    let opts = Options {
+        dry_run: args.dry_run,
+        reaper_wait: args.wait,
+    };
+    let report = reap::reap(&root, &sel, &opts, &mut || {
+        eprintln!("cohort-reap: waiting for another cohort-reap to finish…")
+    })?;
+
+    let would = if report.dry_run { "would be " } else { "" };
+    for id in &report.restored {
+        eprintln!(
+            "cohort-reap: an interrupted reap had moved the nested runs of {} to the trash; they {would}put back",
+            id::short_of(id)
+        );
+    }
+    if report.trash_finished > 0 {
+        eprintln!(
+            "cohort-reap: {} entries left in the trash by an interrupted reap {would}deleted",
+            report.trash_finished
+        );
+    }
+    for k in &report.trash_kept {
+        eprintln!("cohort-reap: kept in the trash: {k}");
+    }
+
+    let mut text = String::new();
+    let (mut removed, mut freed) = (0, 0);
+    for e in &report.entries {
+        if e.is_removal() {
+            removed += 1;
+            freed += e.bytes;
+        }
+        if args.json {
+            text.push_str(&e.to_json_line(report.dry_run));
+            text.push('\n');
+            continue;
+        }
+        let shown = if e.name.is_some() && matches!(e.outcome, Outcome::Refused(_)) {
+            e.name.clone().unwrap_or_default()
+        } else {
+            id::short_of(&e.run_id).to_string()
+        };
+        match &e.outcome {
+            Outcome::Removed | Outcome::WouldRemove => {
+                let verb = if report.dry_run {
+                    "would remove"
+                } else {
+                    "removed"
+                };
+                text.push_str(&format!("{verb} {shown} ({}", human_bytes(e.bytes)));
+                if e.nested_runs > 0 {
+                    let s = if e.nested_runs == 1 { "" } else { "s" };
+                    text.push_str(&format!(", {} nested run{s}", e.nested_runs));
+                }
+                text.push_str(")\n");
+                for s in &e.sessions_kept {
+                    text.push_str(&format!("  kept session {}\n", s.display()));
+                }
+            }
+            Outcome::Refused(r) => text.push_str(&format!("refused {shown}: {r}\n")),
+        }
+    }
+    let refused = report.refused();
+    if !args.json {
+        let verb = if report.dry_run {
+            "would free"
+        } else {
+            "freed"
+        };
+        let head = if report.dry_run {
+            "would remove"
+        } else {
+            "removed"
+        };
+        text.push_str(&format!(
+            "{head} {removed}, refused {refused}, {verb} {}\n",
+            human_bytes(freed)
+        ));
+    }
+    cli::out(&text)?;
+    if let Some(err) = &report.cleanup_error {
+        anyhow::bail!(cohort_common::Error::State(format!(
+            "the removed runs are out of the listing, but deleting them from the trash failed ({err}); a later cohort-reap retries"
+        )));
+    }
+    Ok(if refused > 0 {
+        exit::NEGATIVE
+    } else {
+        exit::SUCCESS
+    })
+}

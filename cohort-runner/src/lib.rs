@@ -1,0 +1,20 @@
+//! cohort-runner: the detached supervisor of one run.
+//!
+//! - [`cmd`]: the command line (a run directory) and the detach sequence;
+//! - [`supervisor`]: the event loop that owns the record and runs the chain;
+//! - [`step`]: a step's lifecycle as a state type, and the pure decisions of how a step and a
+//!   run end;
+//! - [`stream`]: reading a Pi child's `--mode json` event stream in bounded memory;
+//! - [`sweep`]: finding and ending the processes a step left behind;
+//! - [`session`]: locking the session files a step writes;
+//! - [`process`]: detaching from the spawner and closing inherited descriptors.
+
+#![deny(missing_docs)]
+
+pub mod cmd;
+pub mod process;
+pub mod session;
+pub mod step;
+pub mod stream;
+pub mod supervisor;
+pub mod sweep;

@@ -1,0 +1,58 @@
+//! The runner's own process: detaching from its spawner, closing what it inherited, and its
+//! resource use.
+
+use serde_json::json;
+
+use cohort_common::error::{Error, Result};
+
+/// Close every descriptor above stderr that the runner inherited (its spawner's caller may
+/// have passed any, e.g. a `flock` fd in a shell script): a detached runner and its Pi children
+/// must not keep the caller's files open, let alone its locks. Called first thing by
+/// `cohort-runner`, before it opens anything itself.
+pub fn close_inherited_fds() {
+    let fds: Vec<i32> = match std::fs::read_dir("/proc/self/fd") {
+        Ok(rd) => rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .filter(|&fd| fd > 2)
+            .collect(),
+        Err(_) => return,
+    };
+    // The directory's own descriptor is closed by now; closing it again fails harmlessly.
+    for fd in fds {
+        let _ = nix::unistd::close(fd);
+    }
+}
+
+/// Detach the current process from its spawner: a new session (no controlling terminal, its
+/// own process group), SIGHUP ignored, and child-subreaper status so orphaned descendants of
+/// its children are reparented to it. Called first thing by `cohort-runner`.
+pub fn detach() -> Result<()> {
+    nix::unistd::setsid().map_err(|e| {
+        Error::Usage(format!(
+            "setsid failed: {e} (the runner must not be started as a process-group leader)"
+        ))
+    })?;
+    // A handler that only sets a flag: SIGHUP no longer kills the runner, and (unlike SIG_IGN)
+    // the Pi children it execs get the default disposition back.
+    signal_hook::flag::register(
+        signal_hook::consts::SIGHUP,
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    )
+    .map_err(|e| Error::Usage(format!("cannot ignore SIGHUP: {e}")))?;
+    nix::sys::prctl::set_child_subreaper(true)
+        .map_err(|e| Error::Usage(format!("cannot become a child subreaper: {e}")))?;
+    Ok(())
+}
+
+/// The runner's own resource use: `{maxRssKiB, userMs, sysMs}` (getrusage, RUSAGE_SELF).
+pub fn own_rusage() -> serde_json::Value {
+    use nix::sys::resource::{getrusage, UsageWho};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(u) => {
+            let ms = |t: nix::sys::time::TimeVal| t.tv_sec() * 1000 + t.tv_usec() / 1000;
+            json!({"maxRssKiB": u.max_rss(), "userMs": ms(u.user_time()), "sysMs": ms(u.system_time())})
+        }
+        Err(_) => serde_json::Value::Null,
+    }
+}

@@ -1,0 +1,527 @@
+//! A step's lifecycle as one state type, and the pure decisions of how a step and a run end
+//! (`docs/architecture.md`, "The runner").
+//!
+//! A step (one Pi child) moves through [`Phase`]s in one direction only:
+//!
+//! ```text
+//! Alive ──TERM──▶ Alive{terminating} ──grace──▶ Alive{killed}
+//!   │                    │                          │
+//!   └──────── the child exits (SIGCHLD, waitpid) ───┘
+//!                        ▼
+//!                     Exited ──stream ended, or drain time passed──▶ Sweeping ──▶ Finished
+//! ```
+//!
+//! Every transition is a method of [`StepRun`]; the supervisor performs the I/O each returns
+//! (send a signal, start a sweep). [`step_outcome`] and [`run_outcome`] decide, without any
+//! process, what a finished step and a finished run are recorded as, so the wording of
+//! "timed out after …" and "stopped by signal" exists once.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cohort_common::duration;
+use cohort_common::format::events::EventKind;
+use cohort_common::format::record::{RunState, StepStatus};
+
+use crate::stream::{decide_step, ChildExit, StderrDigest, StepVerdict, StreamSummary};
+
+/// How long to wait for a child's stdout to close after it exited (a descendant may hold it
+/// open): after that the step is swept and recorded without the end of its stream.
+pub const STREAM_DRAIN: Duration = Duration::from_secs(2);
+
+/// Why the runner sent a step's child SIGTERM.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Ending {
+    /// The runner was asked to stop (SIGTERM or SIGINT).
+    Stop,
+    /// The step's own deadline (`--step-timeout`) passed.
+    StepTimeout,
+    /// The run's deadline (`--timeout`) passed.
+    RunTimeout,
+    /// A sibling in its parallel group failed and `--fail-fast` is on.
+    FailFast,
+}
+
+/// A signal the supervisor must send to a step's process group.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Signal {
+    /// SIGTERM: the start of the grace period.
+    Term,
+    /// SIGKILL: the grace period is over.
+    Kill,
+}
+
+/// Where a step's child is in its life (see the module docs for the order).
+#[derive(Debug)]
+pub enum Phase {
+    /// The child is running. `term_at` is when SIGTERM was sent, if it was; `killed` whether
+    /// SIGKILL followed.
+    Alive {
+        /// When SIGTERM was sent.
+        term_at: Option<Instant>,
+        /// Whether SIGKILL was sent.
+        killed: bool,
+    },
+    /// The child has exited and was reaped; its stream may still be draining.
+    Exited {
+        /// How it exited.
+        exit: ChildExit,
+        /// When the runner reaped it.
+        at: Instant,
+    },
+    /// The child exited and its stream ended (or drained too long): a helper thread is ending
+    /// the processes it left.
+    Sweeping {
+        /// How it exited.
+        exit: ChildExit,
+    },
+    /// Nothing of the step is left but `escaped` (processes that survived SIGKILL): ready to
+    /// be recorded.
+    Finished {
+        /// How it exited.
+        exit: ChildExit,
+        /// Survivors, `"<pid> <cmdline>"`.
+        escaped: Vec<String>,
+    },
+}
+
+/// A step the supervisor has launched and not yet recorded as ended.
+#[derive(Debug)]
+pub struct StepRun {
+    /// The Pi child's pid (also its process group).
+    pub pid: u32,
+    /// When the step's own deadline passes, if it has one.
+    pub deadline: Option<Instant>,
+    /// Why the runner ended it, if it did; kept once set.
+    pub ending: Option<Ending>,
+    /// Where the child is in its life.
+    pub phase: Phase,
+    /// What its event stream said, once the stream has ended.
+    pub summary: Option<StreamSummary>,
+    /// The digest of its stderr, filled by the stderr reader thread.
+    pub stderr: Arc<Mutex<StderrDigest>>,
+    /// Descendants seen while the child lived: pid → start time (clock ticks since boot).
+    pub seen: HashMap<u32, u64>,
+    /// The session file's lock, held while the step runs: taken at launch for a continued
+    /// session, as soon as Pi creates the file for a new one.
+    pub session_lock: Option<File>,
+}
+
+impl StepRun {
+    /// A step whose child `pid` has just started.
+    pub fn started(pid: u32, deadline: Option<Instant>, session_lock: Option<File>) -> StepRun {
+        StepRun {
+            pid,
+            deadline,
+            ending: None,
+            phase: Phase::Alive {
+                term_at: None,
+                killed: false,
+            },
+            summary: None,
+            stderr: Arc::default(),
+            seen: HashMap::new(),
+            session_lock,
+        }
+    }
+
+    /// Whether the child has not exited yet.
+    pub fn is_alive(&self) -> bool {
+        matches!(self.phase, Phase::Alive { .. })
+    }
+
+    /// Whether the step is ready to be recorded.
+    pub fn is_finished(&self) -> bool {
+        matches!(self.phase, Phase::Finished { .. })
+    }
+
+    /// Ask the child to end for `why`. Returns [`Signal::Term`] when SIGTERM must be sent now;
+    /// `None` when the child has exited or was already asked (the first reason stays).
+    pub fn terminate(&mut self, why: Ending, now: Instant) -> Option<Signal> {
+        match &mut self.phase {
+            Phase::Alive { term_at, .. } if term_at.is_none() => {
+                *term_at = Some(now);
+                self.ending = Some(why);
+                Some(Signal::Term)
+            }
+            _ => None,
+        }
+    }
+
+    /// The signal the clock calls for at `now` (pure but for the transition it records): TERM
+    /// when the step's deadline has passed, KILL when the grace after TERM is over.
+    pub fn due_signal(&mut self, now: Instant, grace: Duration) -> Option<Signal> {
+        let Phase::Alive { term_at, killed } = &mut self.phase else {
+            return None;
+        };
+        match *term_at {
+            None if self.deadline.is_some_and(|d| now >= d) => {
+                self.terminate(Ending::StepTimeout, now)
+            }
+            Some(t) if !*killed && now >= t + grace => {
+                *killed = true;
+                Some(Signal::Kill)
+            }
+            _ => None,
+        }
+    }
+
+    /// The child was reaped. Ignored unless it was alive (a pid is reaped once).
+    pub fn exited(&mut self, exit: ChildExit, now: Instant) {
+        if self.is_alive() {
+            self.phase = Phase::Exited { exit, at: now };
+        }
+    }
+
+    /// The child's event stream ended.
+    pub fn stream_ended(&mut self, summary: StreamSummary) {
+        self.summary = Some(summary);
+    }
+
+    /// Whether the step's leftover processes should be swept now: the child has exited and its
+    /// stream has ended or drained for [`STREAM_DRAIN`]. When true the step is `Sweeping`.
+    pub fn start_sweep(&mut self, now: Instant) -> bool {
+        match self.phase {
+            Phase::Exited { exit, at }
+                if self.summary.is_some() || now.duration_since(at) >= STREAM_DRAIN =>
+            {
+                self.phase = Phase::Sweeping { exit };
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The sweep is done; `escaped` survived it. The step is `Finished`.
+    pub fn swept(&mut self, escaped: Vec<String>) {
+        if let Phase::Sweeping { exit } = self.phase {
+            self.phase = Phase::Finished { exit, escaped };
+        }
+    }
+
+    /// How the child exited, once it has.
+    pub fn exit(&self) -> Option<ChildExit> {
+        match &self.phase {
+            Phase::Alive { .. } => None,
+            Phase::Exited { exit, .. }
+            | Phase::Sweeping { exit }
+            | Phase::Finished { exit, .. } => Some(*exit),
+        }
+    }
+}
+
+/// How a step is recorded once it has finished.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepOutcome {
+    /// Its final status.
+    pub status: StepStatus,
+    /// Why it failed or stopped.
+    pub error: Option<String>,
+    /// The event that records it.
+    pub event: EventKind,
+    /// Whether it ended because a deadline passed.
+    pub timed_out: bool,
+}
+
+/// "the step timed out after 10m": the one wording of a passed deadline.
+pub fn timed_out_after(what: &str, ms: u64) -> String {
+    format!("the {what} timed out after {}", duration::human(ms))
+}
+
+/// Decide how a finished step is recorded (pure): a step the runner ended is recorded for why
+/// it ended it; otherwise Pi's verdict ([`decide_step`]) from its exit, stream and stderr.
+/// `step_timeout_ms` is the step deadline, for the message.
+pub fn step_outcome(
+    ending: Option<Ending>,
+    exit: ChildExit,
+    summary: &StreamSummary,
+    stderr: &str,
+    step_timeout_ms: Option<u64>,
+) -> StepOutcome {
+    let ended = |status, error: &str, event, timed_out| StepOutcome {
+        status,
+        error: Some(error.to_string()),
+        event,
+        timed_out,
+    };
+    match ending {
+        Some(Ending::Stop) => ended(
+            StepStatus::Stopped,
+            STOPPED_BY_SIGNAL,
+            EventKind::StepStopped,
+            false,
+        ),
+        Some(Ending::FailFast) => ended(
+            StepStatus::Stopped,
+            "stopped: a sibling in its parallel group failed (--fail-fast)",
+            EventKind::StepStopped,
+            false,
+        ),
+        Some(Ending::StepTimeout) => ended(
+            StepStatus::Failed,
+            &timed_out_after("step", step_timeout_ms.unwrap_or(0)),
+            EventKind::StepTimedOut,
+            true,
+        ),
+        Some(Ending::RunTimeout) => ended(
+            StepStatus::Failed,
+            "the run timed out",
+            EventKind::StepTimedOut,
+            true,
+        ),
+        None => match decide_step(exit, summary, stderr) {
+            StepVerdict::Complete => StepOutcome {
+                status: StepStatus::Complete,
+                error: None,
+                event: EventKind::StepCompleted,
+                timed_out: false,
+            },
+            StepVerdict::Failed(why) => StepOutcome {
+                status: StepStatus::Failed,
+                error: Some(why),
+                event: EventKind::StepFailed,
+                timed_out: false,
+            },
+        },
+    }
+}
+
+/// The event that records a step ended with `status` outside [`step_outcome`] (a launch that
+/// failed, a step never started).
+pub fn event_for(status: StepStatus) -> EventKind {
+    match status {
+        StepStatus::Complete => EventKind::StepCompleted,
+        StepStatus::Stopped => EventKind::StepStopped,
+        _ => EventKind::StepFailed,
+    }
+}
+
+/// The error of a run or step stopped on request.
+pub const STOPPED_BY_SIGNAL: &str = "stopped by signal";
+
+/// How a run is recorded once its chain has ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunOutcome {
+    /// The terminal state.
+    pub state: RunState,
+    /// Why it failed or stopped.
+    pub error: Option<String>,
+    /// The event that records it.
+    pub event: EventKind,
+    /// Whether it ended because its deadline passed.
+    pub timed_out: bool,
+    /// The error recorded on steps that never started.
+    pub unstarted: String,
+}
+
+/// Decide how a run is recorded (pure) from why the runner stopped it, if it did, and the
+/// first failure of its chain. A stop beats a failure; `timeout_ms` is the run deadline, for
+/// the message.
+pub fn run_outcome(
+    stop: Option<Ending>,
+    failure: Option<String>,
+    timeout_ms: Option<u64>,
+) -> RunOutcome {
+    let unstarted = match stop {
+        Some(Ending::Stop) => "the run was stopped before this step started",
+        Some(Ending::RunTimeout) => "the run timed out before this step started",
+        _ => "an earlier step failed",
+    }
+    .to_string();
+    let (state, error, event, timed_out) = match (stop, failure) {
+        (Some(Ending::Stop), _) => (
+            RunState::Stopped,
+            Some(STOPPED_BY_SIGNAL.to_string()),
+            EventKind::RunStopped,
+            false,
+        ),
+        (Some(Ending::RunTimeout), _) => (
+            RunState::Failed,
+            Some(timed_out_after("run", timeout_ms.unwrap_or(0))),
+            EventKind::RunTimedOut,
+            true,
+        ),
+        (_, Some(f)) => (RunState::Failed, Some(f), EventKind::RunFailed, false),
+        (_, None) => (RunState::Complete, None, EventKind::RunCompleted, false),
+    };
+    RunOutcome {
+        state,
+        error,
+        event,
+        timed_out,
+        unstarted,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn completed_stream() -> StreamSummary {
+        StreamSummary {
+            saw_agent_end: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_step_moves_through_its_phases_in_order() {
+        let t0 = Instant::now();
+        let mut s = StepRun::started(42, None, None);
+        assert!(s.is_alive() && s.exit().is_none());
+        assert!(!s.start_sweep(t0), "an alive child is not swept");
+        s.exited(ChildExit::Code(0), t0);
+        assert_eq!(s.exit(), Some(ChildExit::Code(0)));
+        assert!(!s.start_sweep(t0), "the stream has not ended nor drained");
+        s.stream_ended(completed_stream());
+        assert!(s.start_sweep(t0));
+        assert!(matches!(s.phase, Phase::Sweeping { .. }));
+        assert!(!s.start_sweep(t0), "a sweep starts once");
+        assert!(!s.is_finished());
+        s.swept(vec!["7 sleep 100".into()]);
+        assert!(s.is_finished());
+        match &s.phase {
+            Phase::Finished { exit, escaped } => {
+                assert_eq!(*exit, ChildExit::Code(0));
+                assert_eq!(escaped, &["7 sleep 100".to_string()]);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // A second exit of the same pid changes nothing.
+        s.exited(ChildExit::Signal(9), t0);
+        assert_eq!(s.exit(), Some(ChildExit::Code(0)));
+    }
+
+    #[test]
+    fn a_stream_that_never_ends_is_swept_after_the_drain_time() {
+        let t0 = Instant::now();
+        let mut s = StepRun::started(1, None, None);
+        s.exited(ChildExit::Code(0), t0);
+        assert!(!s.start_sweep(t0 + STREAM_DRAIN - Duration::from_millis(1)));
+        assert!(s.start_sweep(t0 + STREAM_DRAIN));
+    }
+
+    #[test]
+    fn deadlines_bring_term_then_kill_after_the_grace() {
+        let t0 = Instant::now();
+        let grace = Duration::from_secs(5);
+        let mut s = StepRun::started(1, Some(t0 + Duration::from_secs(10)), None);
+        assert_eq!(s.due_signal(t0, grace), None);
+        let t1 = t0 + Duration::from_secs(10);
+        assert_eq!(s.due_signal(t1, grace), Some(Signal::Term));
+        assert_eq!(s.ending, Some(Ending::StepTimeout));
+        assert_eq!(s.due_signal(t1 + Duration::from_secs(4), grace), None);
+        assert_eq!(s.due_signal(t1 + grace, grace), Some(Signal::Kill));
+        assert_eq!(
+            s.due_signal(t1 + grace * 2, grace),
+            None,
+            "KILL is sent once"
+        );
+        s.exited(ChildExit::Signal(9), t1 + grace);
+        assert_eq!(s.due_signal(t1 + grace * 3, grace), None);
+    }
+
+    #[test]
+    fn the_first_reason_to_end_a_step_stays() {
+        let t0 = Instant::now();
+        let mut s = StepRun::started(1, None, None);
+        assert_eq!(s.terminate(Ending::FailFast, t0), Some(Signal::Term));
+        assert_eq!(s.terminate(Ending::Stop, t0), None);
+        assert_eq!(s.ending, Some(Ending::FailFast));
+        let mut gone = StepRun::started(2, None, None);
+        gone.exited(ChildExit::Code(0), t0);
+        assert_eq!(gone.terminate(Ending::Stop, t0), None);
+        assert_eq!(gone.ending, None);
+    }
+
+    #[test]
+    fn step_outcomes() {
+        let ok = completed_stream();
+        let o = step_outcome(None, ChildExit::Code(0), &ok, "", None);
+        assert_eq!(
+            (o.status, o.error, o.event, o.timed_out),
+            (StepStatus::Complete, None, EventKind::StepCompleted, false)
+        );
+        let o = step_outcome(None, ChildExit::Code(1), &ok, "boom", None);
+        assert_eq!(o.status, StepStatus::Failed);
+        assert_eq!(o.error.as_deref(), Some("Pi exited with code 1: boom"));
+        let o = step_outcome(
+            Some(Ending::StepTimeout),
+            ChildExit::Signal(15),
+            &ok,
+            "",
+            Some(90_000),
+        );
+        assert_eq!(
+            (o.status, o.error.as_deref(), o.event, o.timed_out),
+            (
+                StepStatus::Failed,
+                Some("the step timed out after 1m30s"),
+                EventKind::StepTimedOut,
+                true
+            )
+        );
+        let o = step_outcome(Some(Ending::Stop), ChildExit::Code(143), &ok, "", None);
+        assert_eq!(
+            (o.status, o.error.as_deref(), o.event),
+            (
+                StepStatus::Stopped,
+                Some("stopped by signal"),
+                EventKind::StepStopped
+            )
+        );
+        let o = step_outcome(Some(Ending::FailFast), ChildExit::Code(143), &ok, "", None);
+        assert_eq!(o.status, StepStatus::Stopped);
+        assert!(o.error.unwrap().contains("--fail-fast"));
+        let o = step_outcome(
+            Some(Ending::RunTimeout),
+            ChildExit::Code(143),
+            &ok,
+            "",
+            None,
+        );
+        assert_eq!((o.status, o.timed_out), (StepStatus::Failed, true));
+    }
+
+    #[test]
+    fn run_outcomes() {
+        let o = run_outcome(None, None, None);
+        assert_eq!(
+            (o.state, o.error, o.event),
+            (RunState::Complete, None, EventKind::RunCompleted)
+        );
+        let o = run_outcome(None, Some("step 1 (b): boom".into()), None);
+        assert_eq!(
+            (o.state, o.error.as_deref(), o.event, o.unstarted.as_str()),
+            (
+                RunState::Failed,
+                Some("step 1 (b): boom"),
+                EventKind::RunFailed,
+                "an earlier step failed"
+            )
+        );
+        let o = run_outcome(Some(Ending::RunTimeout), Some("x".into()), Some(1_800_000));
+        assert_eq!(
+            (o.state, o.error.as_deref(), o.event, o.timed_out),
+            (
+                RunState::Failed,
+                Some("the run timed out after 30m00s"),
+                EventKind::RunTimedOut,
+                true
+            )
+        );
+        assert!(o.unstarted.contains("timed out"));
+        let o = run_outcome(Some(Ending::Stop), Some("x".into()), None);
+        assert_eq!(
+            (o.state, o.error.as_deref(), o.event),
+            (
+                RunState::Stopped,
+                Some("stopped by signal"),
+                EventKind::RunStopped
+            )
+        );
+        assert!(o.unstarted.contains("stopped"));
+    }
+}

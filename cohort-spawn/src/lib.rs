@@ -1,0 +1,15 @@
+//! cohort-spawn: start a background Pi run and print its id.
+//!
+//! - [`cmd`]: the command line, and the request it builds (a single task, a parallel group, a
+//!   chain file, or a revival);
+//! - [`spawn`]: the start itself, in the order the format requires (`queued` first, a `failed`
+//!   record for every start that fails after it);
+//! - [`revive`]: continuing a finished run's session on its recorded runtime;
+//! - [`session`]: the session-file rules (a Pi session, not in use by a live run).
+
+#![deny(missing_docs)]
+
+pub mod cmd;
+pub mod revive;
+pub mod session;
+pub mod spawn;

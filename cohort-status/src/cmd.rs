@@ -1,0 +1,295 @@
+//! The command line of `cohort-status`: list and explain runs, wait on them, follow them, check
+//! them from cron, diagnose the installation.
+//!
+//! stdout is data only, stderr is everything else, a closed pipe exits 0 (see
+//! [`cohort_common::cli`]).
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use cohort_common::format::layout::StateRoot;
+use cohort_common::format::record::RunState;
+use cohort_common::store::discover::{self, Origin};
+use cohort_common::store::observe;
+use cohort_common::{cli, duration, exit};
+
+use crate::listing::{self, ListOptions};
+use crate::render::{self, Row};
+use crate::wait::WaitOutcome;
+use crate::{check, doctor, output, wait};
+
+/// Inspect cohort runs: list them, show one, wait on or follow them, check them from cron.
+#[derive(Parser)]
+#[command(
+    version,
+    after_help = "Exit codes: 0 success (a listing with unreadable records still exits 0; they \
+show as `error` rows); 1 a negative answer: a waited or followed run did not complete, --check \
+found problems, --doctor found a warning, --output has no text yet, --pid has no live runner; \
+2 usage or operational error; 124 --wait --timeout expired."
+)]
+pub struct Args {
+    /// Runs to show or wait on (full id, short id, or a unique prefix of 8+ characters).
+    ids: Vec<String>,
+    /// Print JSON Lines (one object per run, or per problem with --check) instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Block until every named run has ended; exit 0 if all completed, 1 otherwise.
+    #[arg(long)]
+    wait: bool,
+    /// With --wait: give up after this long (exit 124).
+    #[arg(long, value_parser = duration::parse_positive, requires = "wait")]
+    timeout: Option<Duration>,
+    /// Stream a run's output logs live, like `tail -f`; exit 0 if it completes, 1 otherwise.
+    #[arg(long, conflicts_with_all = ["wait", "output", "pid", "check", "doctor"])]
+    follow: bool,
+    /// Print the final assistant text of a run: the last step (after a final parallel group,
+    /// every member's text under a `## label` heading), or --step N.
+    #[arg(long)]
+    output: bool,
+    /// With --output: the flat step index.
+    #[arg(long, requires = "output")]
+    step: Option<usize>,
+    /// Print the runner's pid, after checking it is still that runner (for `kill`).
+    #[arg(long)]
+    pid: bool,
+    /// List only runs in this state (repeatable).
+    #[arg(long, value_parser = parse_state)]
+    state: Vec<RunState>,
+    /// List only runs started within this long (e.g. 2h, 3d); with --check, the window for
+    /// failures (default 24h).
+    #[arg(long, value_parser = duration::parse)]
+    since: Option<Duration>,
+    /// List at most this many runs, newest first (0: all).
+    #[arg(long, default_value_t = 50)]
+    limit: usize,
+    /// Include nested runs and legacy (pi-subagents) runs in the listing.
+    #[arg(long)]
+    all: bool,
+    /// Show nested runs indented under the run and step that started them.
+    #[arg(long)]
+    tree: bool,
+    /// Cron check: print nothing and exit 0 when all is well, else one line per problem, exit 1.
+    #[arg(long, conflicts_with_all = ["wait", "output", "pid", "doctor"])]
+    check: bool,
+    /// Report the runtime that would be captured now, the state root, counts, legacy runs and
+    /// disk use.
+    #[arg(long, conflicts_with_all = ["wait", "output", "pid"])]
+    doctor: bool,
+}
+
+fn parse_state(s: &str) -> Result<RunState, String> {
+    s.parse()
+}
+
+fn usage(msg: &str) -> anyhow::Error {
+    cohort_common::Error::Usage(msg.into()).into()
+}
+
+/// Run the command line `args`; the binary maps the result to an exit code.
+pub fn run(args: Args) -> anyhow::Result<u8> {
+    let root = StateRoot::from_env()?;
+    if args.check {
+        return check(&root, &args);
+    }
+    if args.doctor {
+        let report = doctor::doctor(&root)?;
+        if args.json {
+            cli::out(&format!("{}\n", serde_json::to_string(&report)?))?;
+        } else {
+            cli::out(&doctor::render(&report))?;
+        }
+        return Ok(if report.has_warnings() {
+            exit::NEGATIVE
+        } else {
+            exit::SUCCESS
+        });
+    }
+    if (args.check || args.doctor) && !args.ids.is_empty() {
+        anyhow::bail!(cohort_common::Error::Usage(
+            "--check and --doctor look at every run; they take no run ids".into()
+        ));
+    }
+    if args.follow {
+        let [name] = args.ids.as_slice() else {
+            anyhow::bail!(cohort_common::Error::Usage(
+                "--follow takes exactly one run".into()
+            ));
+        };
+        return follow(&root, name);
+    }
+    if args.wait {
+        return wait(&root, &args);
+    }
+    if args.output {
+        let [name] = args.ids.as_slice() else {
+            return Err(usage("--output takes exactly one run"));
+        };
+        let found = discover::find(&root, name)?;
+        let obs = observe::observe_found(&found)?;
+        return match output::output_text(&found.dir, &obs.record, args.step) {
+            Ok(text) => {
+                cli::out(&text)?;
+                if !text.is_empty() && !text.ends_with('\n') {
+                    cli::out("\n")?;
+                }
+                Ok(exit::SUCCESS)
+            }
+            Err(cohort_common::Error::State(msg)) => {
+                eprintln!("cohort-status: {msg}");
+                Ok(exit::NEGATIVE)
+            }
+            Err(e) => Err(e.into()),
+        };
+    }
+    if args.pid {
+        let [name] = args.ids.as_slice() else {
+            return Err(usage("--pid takes exactly one run"));
+        };
+        let found = discover::find(&root, name)?;
+        if found.origin == Origin::Legacy {
+            eprintln!(
+                "cohort-status: run {} is a legacy record; it has no runner cohort can vouch for",
+                found.id
+            );
+            return Ok(exit::NEGATIVE);
+        }
+        return match observe::live_runner_pid(&found.dir)? {
+            Some(pid) => {
+                cli::out(&format!("{pid}\n"))?;
+                Ok(exit::SUCCESS)
+            }
+            None => {
+                eprintln!("cohort-status: run {} has no live runner", found.id);
+                Ok(exit::NEGATIVE)
+            }
+        };
+    }
+    if !args.ids.is_empty() {
+        for name in &args.ids {
+            let found = discover::find(&root, name)?;
+            let obs = observe::observe_found(&found)
+                .with_context(|| format!("cannot read run {}", found.id))?;
+            if args.json {
+                let children = listing::descendants(&root, &obs.record)?;
+                let row = Row::new(found.id.clone(), found.origin.clone(), Ok(obs));
+                let mut text = render::json_line(&row);
+                text.push('\n');
+                for c in &children {
+                    text.push_str(&render::json_line(c));
+                    text.push('\n');
+                }
+                cli::out(&text)?;
+            } else {
+                let children = listing::descendants(&root, &obs.record)?;
+                cli::out(&render::show(&found.dir, &found.origin, &obs, &children))?;
+            }
+        }
+        return Ok(exit::SUCCESS);
+    }
+    list(&root, &args)
+}
+
+fn list(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
+    let opts = ListOptions {
+        states: args.state.clone(),
+        since: args.since,
+        limit: args.limit,
+        all: args.all,
+        tree: args.tree,
+    };
+    let listing = listing::list(root, &opts)?;
+    let rows = listing.rows;
+    if listing.older_active > 0 && std::io::stderr().is_terminal() {
+        eprintln!(
+            "cohort-status: {} older run(s) were in progress when last seen; cohort-status --state running --state queued lists them",
+            listing.older_active
+        );
+    }
+    if args.json {
+        // Written in pieces so a long listing streams and a closed pipe stops it early.
+        let mut text = String::with_capacity(64 * 1024);
+        for r in &rows {
+            text.push_str(&render::json_line(r));
+            text.push('\n');
+            if text.len() >= 60 * 1024 {
+                cli::out(&text)?;
+                text.clear();
+            }
+        }
+        cli::out(&text)?;
+    } else {
+        cli::out(&render::table(&rows, render::use_colour()))?;
+    }
+    Ok(exit::SUCCESS)
+}
+
+fn check(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
+    if !args.ids.is_empty() {
+        return Err(usage("--check takes no run names; it checks every run"));
+    }
+    let problems = check::check(root, args.since.unwrap_or(check::DEFAULT_SINCE))?;
+    let mut text = String::new();
+    for p in &problems {
+        if args.json {
+            text.push_str(&serde_json::to_string(p)?);
+        } else {
+            text.push_str(&p.line());
+        }
+        text.push('\n');
+    }
+    cli::out(&text)?;
+    Ok(if problems.is_empty() {
+        exit::SUCCESS
+    } else {
+        exit::NEGATIVE
+    })
+}
+
+fn follow(root: &StateRoot, name: &str) -> anyhow::Result<u8> {
+    let found = discover::find(root, name)?;
+    let mut write = |b: &[u8]| -> std::io::Result<()> {
+        use std::io::Write;
+        let mut o = std::io::stdout().lock();
+        o.write_all(b)?;
+        o.flush()
+    };
+    let state = wait::follow(&found, Duration::from_millis(100), &mut write)?;
+    if state == RunState::Complete {
+        Ok(exit::SUCCESS)
+    } else {
+        eprintln!("cohort-status: run {} ended {}", found.id, state.as_str());
+        Ok(exit::NEGATIVE)
+    }
+}
+
+fn wait(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
+    if args.ids.is_empty() {
+        return Err(usage("--wait needs at least one run"));
+    }
+    let mut runs = Vec::new();
+    for name in &args.ids {
+        runs.push(discover::find(root, name)?);
+    }
+    match wait::wait(runs, args.timeout)? {
+        WaitOutcome::TimedOut => {
+            eprintln!("cohort-status: timed out waiting");
+            Ok(exit::TIMEOUT)
+        }
+        WaitOutcome::Done(states) => {
+            let mut all_ok = true;
+            for (id, state) in &states {
+                if *state != RunState::Complete {
+                    all_ok = false;
+                    eprintln!("cohort-status: run {id} ended {}", state.as_str());
+                }
+            }
+            Ok(if all_ok {
+                exit::SUCCESS
+            } else {
+                exit::NEGATIVE
+            })
+        }
+    }
+}

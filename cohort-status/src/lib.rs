@@ -1,0 +1,23 @@
+//! cohort-status: list and explain runs, wait on them, follow them, check them from cron, and
+//! diagnose the installation.
+//!
+//! - [`cmd`]: the command line and what each mode does;
+//! - [`listing`]: which runs a listing shows, read through the store's index;
+//! - [`render`]: the table, the single-run view and `--json` lines;
+//! - [`wait`]: `--wait` (a blocking lock, no polling) and `--follow`;
+//! - [`output`]: a run's answer for `--output`;
+//! - [`check`]: the cron check;
+//! - [`doctor`]: the installation report.
+//!
+//! Reading runs (discovery, reconciliation, the index) is `cohort_common::store`'s: every
+//! program reads runs the same way.
+
+#![deny(missing_docs)]
+
+pub mod check;
+pub mod cmd;
+pub mod doctor;
+pub mod listing;
+pub mod output;
+pub mod render;
+pub mod wait;
