@@ -1,10 +1,19 @@
 //! Durations on the command line (`--timeout 10m`) and in tables (`3m ago`, `1h02m`).
+//!
+//! Every flag that takes a duration parses it here, so the unit rule (a bare number is refused)
+//! and the range are the same in every program.
 
 use std::time::Duration;
 
+/// The longest duration a flag accepts: 100 years (36500d). Deadlines are added to the clock
+/// and durations are stored in milliseconds; anything longer is a typo, and refusing it keeps
+/// every sum in range.
+pub const MAX: Duration = Duration::from_secs(36_500 * 86_400);
+
 /// Parse a duration: a sequence of `<number><unit>` with units `ms`, `s`, `m`, `h`, `d`
 /// (`90s`, `10m`, `1h30m`, `2d`). A bare number is refused: `--older-than 7` meant as days
-/// must not prune everything older than seven seconds. Errors describe the expected form.
+/// must not prune everything older than seven seconds. So is anything longer than [`MAX`]
+/// (never wrapped round to something short). Errors describe the expected form.
 pub fn parse(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     if t.is_empty() {
@@ -23,20 +32,26 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         if digits == 0 {
             return Err(bad());
         }
-        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        let too_long = || format!("duration {text:?} is too long (at most 36500d, 100 years)");
+        let n: u64 = rest[..digits].parse().map_err(|_| too_long())?;
         rest = &rest[digits..];
         let unit_len = rest.bytes().take_while(|b| b.is_ascii_alphabetic()).count();
         let unit = &rest[..unit_len];
         rest = &rest[unit_len..];
-        let d = match unit {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n * 60),
-            "h" => Duration::from_secs(n * 3600),
-            "d" => Duration::from_secs(n * 86400),
+        let unit_ms: u64 = match unit {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
             _ => return Err(bad()),
         };
-        total += d;
+        total = n
+            .checked_mul(unit_ms)
+            .map(Duration::from_millis)
+            .and_then(|d| total.checked_add(d))
+            .filter(|t| *t <= MAX)
+            .ok_or_else(too_long)?;
     }
     Ok(total)
 }
@@ -88,6 +103,21 @@ mod tests {
         assert_eq!(parse("2d").unwrap(), Duration::from_secs(172800));
         for bad in ["", "m", "10x", "1.5h", "-3s"] {
             assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn too_long_is_refused_never_wrapped() {
+        assert_eq!(parse("36500d").unwrap(), MAX);
+        for long in [
+            "36501d",
+            "307445734561825861m",
+            "18446744073709551615ms",
+            "18446744073709551616s",
+            "36500d1ms",
+        ] {
+            let err = parse(long).unwrap_err();
+            assert!(err.contains("too long"), "{long}: {err}");
         }
     }
 

@@ -1,4 +1,4 @@
-//! The exit-code table shared by all four binaries (DESIGN §9).
+//! The exit-code table shared by all four binaries (`docs/architecture.md`, "Exit codes").
 //!
 //! Every binary maps its result to one of these constants and nothing else, so a script can
 //! branch on `$?` the same way whichever cohort tool it called.

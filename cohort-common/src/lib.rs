@@ -8,7 +8,7 @@
 //! - [`os`]: file and lock primitives (atomic durable writes, no-follow non-blocking reads,
 //!   rename without replace, the directory lister, locks with deadlines);
 //! - [`identity`]: the Pi runtime a run is tied to, and process identity;
-//! - [`format`]: the run-directory format (layout, ids, record, launch spec, events, routes,
+//! - [`format`](mod@format): the run-directory format (layout, ids, record, launch spec, events, routes,
 //!   legacy records), described in `docs/format.md`;
 //! - [`store`]: discovery, observation (liveness and reconciliation) and the listing index:
 //!   the reading every program does the same way.

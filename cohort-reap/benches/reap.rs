@@ -34,7 +34,7 @@ fn build(profiles: &[&Path], n: usize) {
     }
     for _ in 0..n {
         let id = RunId::new().to_string();
-        let mut rec = RunRecord::queued(&id, RunMode::Single);
+        let mut rec = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
         rec.finish(RunState::Complete, None);
         rec.steps.push(StepRecord {
             agent: "step-0".into(),

@@ -47,6 +47,7 @@ use cohort_common::format::layout::{self, RunDir, StateRoot};
 use cohort_common::format::record::{self, now_ms, RunRecord, RunState};
 use cohort_common::os::files::{self, EntryKind, Hidden};
 use cohort_common::os::lock::{self, Liveness, LockKind};
+use cohort_common::os::tree;
 use cohort_common::store::{discover, observe};
 
 use crate::trash;
@@ -653,7 +654,7 @@ pub fn reap(
             }
             trash::RecoveryStep::Delete { entry } => {
                 if !dry {
-                    if let Err(e) = trash::remove_entry(&trash, &entry, &mut || {}) {
+                    if let Err(e) = tree::remove_entry(&trash, &entry, &mut || {}) {
                         report.cleanup_error.get_or_insert_with(|| {
                             format!("cannot delete {}: {e}", trash.join(&entry).display())
                         });
@@ -720,8 +721,8 @@ pub fn reap(
             sessions_kept: unit.sessions.clone(),
         };
         if dry {
-            entry.bytes = trash::measure(root.run_dir(id).path())
-                + unit.subtree.as_deref().map(trash::measure).unwrap_or(0);
+            entry.bytes = tree::measure(root.run_dir(id).path())
+                + unit.subtree.as_deref().map(tree::measure).unwrap_or(0);
             report.entries.push(entry);
             continue;
         }
@@ -745,7 +746,7 @@ pub fn reap(
     if moved_nested {
         files::sync_dir(&nested_root)?;
     }
-    let trash_dir = trash::OpenDir::open(&trash).at("open", &trash)?;
+    let trash_dir = tree::OpenDir::open(&trash).at("open", &trash)?;
     for (mut entry, nested) in committed {
         let mut freed = 0;
         let halves = [
@@ -1109,7 +1110,7 @@ mod tests {
     const ID: &str = "01a22a44-9e62-7266-ab9d-e5b500ee829c";
 
     fn rec(state: RunState, ended_at: Option<u64>) -> RunRecord {
-        let mut r = RunRecord::queued(ID, RunMode::Single);
+        let mut r = RunRecord::queued(&ID.parse().unwrap(), RunMode::Single);
         r.state = state;
         r.ended_at = ended_at;
         r

@@ -42,7 +42,7 @@ use cohort_common::identity::procinfo;
 use cohort_common::identity::runtime::{self, Runtime, NODE_ENV, PI_ENTRY_ENV};
 use cohort_common::os::files;
 use cohort_common::os::lock::{self, RunLock, RUNNER_LOCK_WAIT};
-use cohort_common::store::observe;
+use cohort_common::store::{discover, observe};
 
 use crate::process::own_rusage;
 use crate::session::{self, NewSession};
@@ -359,7 +359,13 @@ impl Supervisor {
     }
 
     fn final_text(&self, i: usize) -> String {
-        std::fs::read_to_string(self.dir.final_text(i)).unwrap_or_default()
+        // Taken over without a copy: a final text may be many MiB.
+        files::read_regular(&self.dir.final_text(i))
+            .map(|b| {
+                String::from_utf8(b)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+            })
+            .unwrap_or_default()
     }
 
     /// Run one chain step's members with at most `limit` alive; returns the failure, if any.
@@ -613,13 +619,12 @@ impl Supervisor {
     /// their runners may come up after this call, so [`Supervisor::wait_nested_stopped`] asks
     /// again.
     fn stop_nested_runs(&mut self) -> usize {
-        let dir = self.state_root.nested_runs_dir(&self.tree.root_run_id);
-        let Ok(rd) = std::fs::read_dir(&dir) else {
+        let Ok(found) = discover::nested_of(&self.state_root, &self.tree.root_run_id) else {
             return 0;
         };
         let mut starting = 0;
-        for e in rd.flatten() {
-            let run = RunDir::new(e.path());
+        for f in found.into_iter().filter(|f| f.problem().is_none()) {
+            let run = f.dir;
             let Ok(rec) = record::load(&run.status()) else {
                 continue;
             };

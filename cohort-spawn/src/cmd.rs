@@ -288,14 +288,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let out = if args.json {
         serde_json::json!({
-            "runId": started.run_id,
-            "shortId": id::short_of(&started.run_id),
+            "runId": started.run_id.to_string(),
+            "shortId": started.run_id.short(),
             "runDir": started.dir.path(),
             "runtime": started.runtime,
         })
         .to_string()
     } else {
-        started.run_id.clone()
+        started.run_id.to_string()
     };
     cli::out(&format!("{out}\n"))?;
     Ok(())

@@ -1,5 +1,5 @@
 //! Revival: continuing a finished run's Pi session on the very installation that started it
-//! (DESIGN §5, §10).
+//! (`docs/architecture.md`, "A run from spawn to reap"; `docs/format.md`, "Session files").
 //!
 //! [`plan`] is the pure decision over what was observed of the original run ([`Facts`]); it
 //! either returns what the new run needs ([`Plan`]) or refuses with a one-line reason. The new
@@ -226,7 +226,10 @@ mod tests {
     }
 
     fn facts() -> Facts {
-        let mut r = RunRecord::queued("01a22a44-9e62-7266-ab9d-e5b500ee829c", RunMode::Single);
+        let mut r = RunRecord::queued(
+            &"01a22a44-9e62-7266-ab9d-e5b500ee829c".parse().unwrap(),
+            RunMode::Single,
+        );
         r.finish(RunState::Complete, None);
         r.runtime = Some(rt());
         r.cwd = Some("/work".into());

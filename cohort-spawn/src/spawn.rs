@@ -64,7 +64,7 @@ pub struct SpawnRequest {
 #[derive(Clone, Debug)]
 pub struct Spawned {
     /// The new run's id.
-    pub run_id: String,
+    pub run_id: RunId,
     /// Its directory.
     pub dir: RunDir,
     /// The runtime.
@@ -75,7 +75,7 @@ pub struct Spawned {
 #[derive(Debug)]
 pub struct SpawnError {
     /// The id of the run left `failed`, if the failure came after `queued`.
-    pub run_id: Option<String>,
+    pub run_id: Option<RunId>,
     /// What went wrong.
     pub error: Error,
 }
@@ -105,15 +105,15 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     if req.chain.is_empty() {
         return Err(Error::Usage("nothing to run: no task".into()).into());
     }
-    let run_id = RunId::new().to_string();
+    let run_id = RunId::new();
     let dir = match &req.placement {
         Some(p) => {
             files::create_dir_all_private(&root.nested_runs_dir(&p.root_run_id))?;
-            root.nested_run_dir(&p.root_run_id, &run_id)
+            root.nested_run_dir(&p.root_run_id, &run_id.to_string())
         }
         None => {
             files::create_dir_all_private(&root.runs_dir())?;
-            root.run_dir(&run_id)
+            root.run_dir(&run_id.to_string())
         }
     };
     // The run dir is assembled under a hidden name (listings skip dot names) with its lock file

@@ -229,7 +229,10 @@ mod tests {
     use cohort_common::os::lock::Liveness;
 
     fn obs(state: RunState, judgement: Judgement) -> std::result::Result<Observed, String> {
-        let mut r = RunRecord::queued("01a22a44-9e62-7266-ab9d-e5b500ee829c", RunMode::Single);
+        let mut r = RunRecord::queued(
+            &"01a22a44-9e62-7266-ab9d-e5b500ee829c".parse().unwrap(),
+            RunMode::Single,
+        );
         r.state = state;
         r.started_at = Some(1_000);
         Ok(Observed {

@@ -89,6 +89,13 @@ fn usage(msg: &str) -> anyhow::Error {
 
 /// Run the command line `args`; the binary maps the result to an exit code.
 pub fn run(args: Args) -> anyhow::Result<u8> {
+    // Before anything is read: a mode that looks at every run must not silently drop the ids
+    // it was given.
+    if (args.check || args.doctor) && !args.ids.is_empty() {
+        anyhow::bail!(cohort_common::Error::Usage(
+            "--check and --doctor look at every run; they take no run ids".into()
+        ));
+    }
     let root = StateRoot::from_env()?;
     if args.check {
         return check(&root, &args);
@@ -105,11 +112,6 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         } else {
             exit::SUCCESS
         });
-    }
-    if (args.check || args.doctor) && !args.ids.is_empty() {
-        anyhow::bail!(cohort_common::Error::Usage(
-            "--check and --doctor look at every run; they take no run ids".into()
-        ));
     }
     if args.follow {
         let [name] = args.ids.as_slice() else {
@@ -136,11 +138,11 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                 }
                 Ok(exit::SUCCESS)
             }
-            Err(cohort_common::Error::State(msg)) => {
+            Err(output::OutputError::NoText(msg)) => {
                 eprintln!("cohort-status: {msg}");
                 Ok(exit::NEGATIVE)
             }
-            Err(e) => Err(e.into()),
+            Err(output::OutputError::Store(e)) => Err(e.into()),
         };
     }
     if args.pid {

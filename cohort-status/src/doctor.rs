@@ -22,10 +22,14 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use cohort_common::cli::human_bytes;
 use cohort_common::error::Result;
-use cohort_common::format::layout::INDEX_DIR;
-use cohort_common::format::layout::{StateRoot, NESTED_RUNS_DIR, RUNS_DIR, SESSIONS_DIR};
+use cohort_common::format::layout::{
+    StateRoot, INDEX_DIR, NESTED_RUNS_DIR, RUNS_DIR, SESSIONS_DIR,
+};
 use cohort_common::identity::runtime::{self, RuntimeRequest};
+use cohort_common::os::files::{self, Hidden};
+use cohort_common::os::tree;
 use cohort_common::store::discover::Origin;
 use cohort_common::store::index::{Outcome, View};
 
@@ -279,9 +283,10 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
     }
     view.save();
     let legacy_dir = cohort_common::format::legacy::runs_dir();
-    let legacy = std::fs::read_dir(&legacy_dir)
-        .ok()
-        .map(|rd| (legacy_dir.clone(), rd.count()));
+    let legacy = legacy_dir.is_dir().then(|| {
+        let n = files::list_dir(&legacy_dir, Hidden::Include).map_or(0, |v| v.len());
+        (legacy_dir.clone(), n)
+    });
     Ok(Report {
         runtime: runtime_now(),
         recorded_runtimes: recorded_runtimes(root)?,
@@ -296,41 +301,21 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
 pub fn disk_use(r: &Path) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     let mut total = 0;
-    if let Ok(rd) = std::fs::read_dir(r) {
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let part = match name.as_str() {
-                RUNS_DIR => "runs",
-                NESTED_RUNS_DIR => "nested",
-                SESSIONS_DIR => "sessions",
-                INDEX_DIR => "index",
-                _ => "other",
-            };
-            let n = walk_bytes(&e.path());
-            *out.entry(part.to_string()).or_default() += n;
-            total += n;
-        }
+    for e in files::list_dir(r, Hidden::Include).unwrap_or_default() {
+        let part = match e.name.to_str() {
+            Some(RUNS_DIR) => "runs",
+            Some(NESTED_RUNS_DIR) => "nested",
+            Some(SESSIONS_DIR) => "sessions",
+            Some(INDEX_DIR) => "index",
+            _ => "other",
+        };
+        let n = tree::measure(&r.join(&e.name));
+        *out.entry(part.to_string()).or_default() += n;
+        total += n;
     }
     out.insert("total".into(), total);
     out
 }
-
-fn walk_bytes(p: &Path) -> u64 {
-    let Ok(m) = std::fs::symlink_metadata(p) else {
-        return 0;
-    };
-    let mut n = m.blocks() * 512;
-    if m.is_dir() {
-        if let Ok(rd) = std::fs::read_dir(p) {
-            for e in rd.flatten() {
-                n += walk_bytes(&e.path());
-            }
-        }
-    }
-    n
-}
-
-use cohort_common::cli::human_bytes;
 
 /// The report as text.
 pub fn render(r: &Report) -> String {

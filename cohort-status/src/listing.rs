@@ -482,7 +482,7 @@ mod tests {
         assert!(passes(&err, id, &[], None));
         assert!(!passes(&err, id, &[RunState::Failed], None));
         let mut rec = cohort_common::format::record::RunRecord::queued(
-            id,
+            &id.parse().unwrap(),
             cohort_common::format::record::RunMode::Single,
         );
         rec.state = RunState::Failed;

@@ -2,7 +2,20 @@
 
 use std::path::PathBuf;
 
-use cohort_common::error::{Error, Result};
+use cohort_common::error::Error;
+
+/// Why there is no answer to print.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    /// The run or step has no final text (yet): a negative answer, exit 1.
+    #[error("{0}")]
+    NoText(String),
+    /// The step named does not exist, or a file could not be read: an error, exit 2.
+    #[error(transparent)]
+    Store(#[from] Error),
+}
+
+type Result<T> = std::result::Result<T, OutputError>;
 use cohort_common::format::layout::RunDir;
 use cohort_common::format::record::{RunRecord, StepStatus};
 use cohort_common::format::spec;
@@ -57,10 +70,16 @@ pub fn final_text(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<
             return Err(Error::Usage(format!(
                 "run {} has {n} step(s); there is no step {i}",
                 rec.run_id
-            )))
+            ))
+            .into())
         }
         None if n > 0 => n - 1,
-        None => return Err(Error::State(format!("run {} has no steps", rec.run_id))),
+        None => {
+            return Err(OutputError::NoText(format!(
+                "run {} has no steps",
+                rec.run_id
+            )))
+        }
     };
     let step = &rec.steps[i];
     let missing = || {
@@ -69,7 +88,7 @@ pub fn final_text(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<
             .as_deref()
             .map(|e| format!(": {e}"))
             .unwrap_or_default();
-        Error::State(format!(
+        OutputError::NoText(format!(
             "step {i} of run {} has no final text (run {}, step {}{why})",
             rec.run_id,
             rec.state.as_str(),
@@ -77,8 +96,9 @@ pub fn final_text(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<
         ))
     };
     // Read without following a symlink or blocking on a FIFO, like every record read.
-    let text =
-        files::read_regular(&dir.final_text(i)).map(|b| String::from_utf8_lossy(&b).into_owned());
+    let text = files::read_regular(&dir.final_text(i)).map(|b| {
+        String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    });
     match text {
         // A failed or stopped step may have written nothing: that is no answer, not an empty
         // one.
@@ -125,7 +145,7 @@ mod tests {
 
     #[test]
     fn the_answer_of_a_run_is_its_last_chain_step() {
-        let mut r = RunRecord::queued("x", RunMode::Chain);
+        let mut r = RunRecord::queued(&cohort_common::format::id::RunId::new(), RunMode::Chain);
         assert!(answer_steps(&r).is_empty());
         r.steps = vec![Default::default(); 4];
         assert_eq!(answer_steps(&r), vec![3]);

@@ -414,7 +414,7 @@ mod tests {
     #[test]
     fn json_line_splices_listing_fields_into_the_record() {
         let rec = RunRecord::queued(
-            "01a22a44-9e62-7266-ab9d-e5b500ee829c",
+            &"01a22a44-9e62-7266-ab9d-e5b500ee829c".parse().unwrap(),
             cohort_common::format::record::RunMode::Single,
         );
         let row = Row::new(

@@ -169,7 +169,7 @@ mod tests {
         let dir = root.run_dir(&id);
         files::create_dir_all_private(dir.path()).unwrap();
         std::fs::File::create(dir.lock()).unwrap();
-        let mut r = RunRecord::queued(&id, record::RunMode::Single);
+        let mut r = RunRecord::queued(&id.parse().unwrap(), record::RunMode::Single);
         r.state = state;
         record::store(&dir.status(), &r).unwrap();
         dir

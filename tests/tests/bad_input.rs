@@ -148,6 +148,60 @@ fn usage_errors_leave_no_record() {
 }
 
 #[test]
+fn durations_that_overflow_are_refused_not_wrapped() {
+    // 307445734561825861 minutes wraps round to about 44 s in u64 milliseconds: a reap of
+    // "runs older than that" must be refused, not run against 44 s.
+    let env = TestEnv::new();
+    let id = env.spawn(&["--model", "fake/plain", "hello"]);
+    env.wait_terminal(&id, 60);
+    for (bin, args) in [
+        ("cohort-reap", vec!["--older-than", "307445734561825861m"]),
+        ("cohort-reap", vec!["--older-than", "18446744073709551616s"]),
+        ("cohort-status", vec!["--since", "307445734561825861m"]),
+        ("cohort-status", vec!["--check", "--since", "36501d"]),
+        (
+            "cohort-spawn",
+            vec![
+                "--timeout",
+                "307445734561825861m",
+                "--model",
+                "fake/plain",
+                "x",
+            ],
+        ),
+    ] {
+        let out = env.run(bin, &args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{bin} {args:?}: {}",
+            stderr(&out)
+        );
+        assert!(
+            stderr(&out).contains("too long"),
+            "{bin} {args:?}: {}",
+            stderr(&out)
+        );
+    }
+    assert!(env.run_dir(&id).exists(), "nothing was reaped");
+    assert_eq!(records(&env).len(), 1, "no spawn left a record");
+}
+
+#[test]
+fn doctor_and_check_refuse_run_ids() {
+    let env = TestEnv::new();
+    for args in [["--doctor", "deadbeefdead"], ["--check", "deadbeefdead"]] {
+        let out = env.run("cohort-status", &args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            stderr(&out).contains("take no run ids") && stdout(&out).is_empty(),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
 fn run_names_that_match_nothing_or_several() {
     let env = TestEnv::new();
     let root = env.state_root();
@@ -159,7 +213,7 @@ fn run_names_that_match_nothing_or_several() {
         let dir = root.run_dir(id);
         cohort_common::os::files::create_dir_all_private(dir.path()).unwrap();
         let mut r = cohort_common::format::record::RunRecord::queued(
-            id,
+            &id.parse().unwrap(),
             cohort_common::format::record::RunMode::Single,
         );
         r.finish(cohort_common::format::record::RunState::Complete, None);
@@ -314,4 +368,88 @@ fn fifos_where_files_belong_never_hang_a_reader() {
     assert_eq!(st.code(), Some(2));
     let st = run_bounded(&env, "cohort-status", &[], 10);
     assert!(st.success(), "the listing shows an error row and exits 0");
+    // Every command that reads the record: an error, never a hang.
+    for args in [
+        vec!["--pid", id.as_str()],
+        vec![id.as_str()],
+        vec!["--json", id.as_str()],
+        vec!["--wait", "--timeout", "5s", id.as_str()],
+        vec!["--check"],
+        vec!["--doctor"],
+        vec!["--all", "--json"],
+    ] {
+        let st = run_bounded(&env, "cohort-status", &args, 10);
+        assert!(
+            st.code().is_some(),
+            "cohort-status {args:?} ended by a signal"
+        );
+    }
+    assert_eq!(
+        run_bounded(&env, "cohort-status", &["--pid", &id], 10).code(),
+        Some(2),
+        "--pid on an unreadable record is an error"
+    );
+    let st = run_bounded(&env, "cohort-reap", &[&id], 10);
+    assert_eq!(st.code(), Some(1), "the reap refuses an unreadable record");
+    assert!(dir.exists(), "a refused reap deletes nothing");
+    let st = run_bounded(&env, "cohort-reap", &["--all-terminal"], 10);
+    assert!(st.code().is_some());
+    assert!(dir.exists());
+    // A runner started on it refuses at once.
+    let runner = cohort_e2e::harness::bin_dir().join("cohort-runner");
+    let mut child = env
+        .program(&runner)
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    cohort_e2e::harness::wait_for(std::time::Duration::from_secs(10), || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    })
+    .unwrap_or_else(|_| {
+        let _ = child.kill();
+        panic!("cohort-runner hung on a FIFO status.json")
+    });
+    assert_eq!(status.unwrap().code(), Some(2));
+}
+
+#[test]
+fn a_fifo_record_of_a_running_run_never_hangs_pid_or_reconciliation() {
+    // A record that says `running` with a free lock is reconciled by the next reader; a FIFO
+    // planted in its place must be an error row for every one of them, never a blocking read.
+    let env = TestEnv::new();
+    let root = env.state_root();
+    let id = cohort_common::format::id::RunId::new().to_string();
+    let dir = root.run_dir(&id);
+    cohort_common::os::files::create_dir_all_private(dir.path()).unwrap();
+    std::fs::File::create(dir.lock()).unwrap();
+    nix::unistd::mkfifo(
+        &dir.status(),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    for args in [
+        vec!["--pid", id.as_str()],
+        vec![id.as_str()],
+        vec!["--json"],
+        vec!["--state", "running"],
+        vec!["--wait", "--timeout", "5s", id.as_str()],
+        vec!["--check"],
+    ] {
+        let st = run_bounded(&env, "cohort-status", &args, 10);
+        assert!(st.code().is_some(), "cohort-status {args:?}");
+    }
+    let out = env.run("cohort-status", &["--json"]);
+    let row: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    assert_eq!(row["runId"], id.as_str());
+    assert!(
+        row["error"]
+            .as_str()
+            .unwrap()
+            .contains("not a regular file"),
+        "{row}"
+    );
 }

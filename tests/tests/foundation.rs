@@ -6,7 +6,7 @@ use std::time::Duration;
 use cohort_e2e::harness::{alive, stderr, stdout, wait_for, TestEnv};
 use serde_json::Value;
 
-/// The fields DESIGN §4 says every record holds, with their JSON types.
+/// The fields every record holds (`docs/format.md`, "status.json"), with their JSON types.
 fn check_schema(v: &Value) {
     let rec: cohort_common::format::record::RunRecord = serde_json::from_value(v.clone())
         .unwrap_or_else(|e| panic!("record does not parse: {e}\n{v:#}"));

@@ -35,7 +35,7 @@ fn write_run(env: &TestEnv, dir: &RunDir, id: &str, state: RunState, ended_ago: 
         .join("step-0.jsonl");
     files::create_dir_all_private(session.parent().unwrap()).unwrap();
     std::fs::write(&session, b"{\"type\":\"session\"}\n").unwrap();
-    let mut r = RunRecord::queued(id, RunMode::Single);
+    let mut r = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
     r.state = state;
     if state.is_terminal() {
         r.ended_at = Some(now_ms() - ended_ago);
@@ -409,7 +409,7 @@ fn refuses_an_unreadable_record() {
         },
         |id| id.to_string(),
         Some(Box::new(|env, id, _| {
-            let mut r = RunRecord::queued(id, RunMode::Single);
+            let mut r = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
             r.finish(RunState::Complete, None);
             record::store(&env.state_root().run_dir(id).status(), &r).unwrap();
         })),

@@ -43,7 +43,7 @@ fn put(
     };
     cohort_common::os::files::create_dir_all_private(dir.path()).unwrap();
     std::fs::File::create(dir.lock()).unwrap();
-    let mut r = RunRecord::queued(&id, RunMode::Single);
+    let mut r = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
     r.state = state;
     r.steps.push(StepRecord {
         agent: "worker".into(),

@@ -1,4 +1,4 @@
-//! Run ids and run-name resolution (DESIGN §3).
+//! Run ids and run-name resolution (`docs/format.md`, "Layout").
 //!
 //! Run ids are UUIDv7 in hyphenated lowercase form, so directory names sort by creation time.
 //! The first 8 hex digits are the top of a millisecond timestamp and are shared by every run

@@ -1,4 +1,4 @@
-//! Legacy records: runs written by the pi-subagents / pi-cohort TypeScript extension (DESIGN §2).
+//! Legacy records: runs written by the pi-subagents / pi-cohort TypeScript extension (`docs/format.md`, "Legacy records").
 //!
 //! They live outside the state root, in `$PI_SUBAGENTS_TEMP_ROOT/async-subagent-runs/` or, when
 //! that variable is unset, `<tmpdir>/pi-subagents-uid-<uid>/async-subagent-runs/`. cohort-status

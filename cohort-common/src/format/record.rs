@@ -13,6 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::format::id::RunId;
 use crate::identity::runtime::Runtime;
 use crate::os::files;
 
@@ -317,7 +318,7 @@ pub struct RunRecord {
 
 impl RunRecord {
     /// A fresh `queued` record for `run_id`, stamped now.
-    pub fn queued(run_id: &str, mode: RunMode) -> Self {
+    pub fn queued(run_id: &RunId, mode: RunMode) -> Self {
         let now = now_ms();
         RunRecord {
             format_version: FORMAT_VERSION,
@@ -428,7 +429,10 @@ mod tests {
 
     #[test]
     fn round_trip_and_defaults() {
-        let mut r = RunRecord::queued("01a22a44-9e62-7266-ab9d-e5b500ee829c", RunMode::Single);
+        let mut r = RunRecord::queued(
+            &"01a22a44-9e62-7266-ab9d-e5b500ee829c".parse().unwrap(),
+            RunMode::Single,
+        );
         r.steps.push(StepRecord {
             task: "hello   world\nagain".into(),
             ..Default::default()
@@ -461,7 +465,7 @@ mod tests {
             load(&p),
             Err(Error::NewerFormat { found: 99, .. })
         ));
-        let r = RunRecord::queued("x", RunMode::Single);
+        let r = RunRecord::queued(&crate::format::id::RunId::new(), RunMode::Single);
         assert!(matches!(store(&p, &r), Err(Error::NewerFormat { .. })));
     }
 

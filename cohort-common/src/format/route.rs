@@ -1,5 +1,5 @@
 //! Nested runs: the route of a run tree and the variables a runner exports to its children
-//! (DESIGN §7).
+//! (`docs/format.md`, "Layout").
 //!
 //! A top-level runner creates its tree's route before it launches a child:
 //! `R/nested-subagent-events/<rootRunId>/route.json` (0600) holding the tree's capability token
@@ -313,7 +313,7 @@ pub fn child_env(
     ]
 }
 
-/// Session-root rules for a start that reuses session files (DESIGN §7): the root must be
+/// Session-root rules for a start that reuses session files (README, "Runs inside runs"): the root must be
 /// absolute, exist, be a directory and equal its own canonical path; each file must be an
 /// existing regular, non-symlink `.jsonl` file whose canonical path is inside the root. Each
 /// violation has its own message.
@@ -435,8 +435,10 @@ mod tests {
         let route = create(&root, ROOT, 2).unwrap();
         let dir = root.run_dir(ROOT);
         crate::os::files::create_dir_all_private(dir.path()).unwrap();
-        let mut rec =
-            crate::format::record::RunRecord::queued(ROOT, crate::format::record::RunMode::Chain);
+        let mut rec = crate::format::record::RunRecord::queued(
+            &ROOT.parse().unwrap(),
+            crate::format::record::RunMode::Chain,
+        );
         rec.state = crate::format::record::RunState::Running;
         rec.steps = vec![Default::default(), Default::default()];
         rec.steps[1].status = crate::format::record::StepStatus::Running;

@@ -1,4 +1,4 @@
-//! The launch spec (`launch.json`) and the chain file format (DESIGN §6).
+//! The launch spec (`launch.json`) and the chain file format (`docs/format.md`, "launch.json"; `docs/chain.md`).
 //!
 //! Spawn writes the launch spec once, before starting the runner; it is immutable and holds
 //! everything the runner needs: the chain of steps, options, runtime, cwd, profile and session
@@ -102,7 +102,7 @@ impl Default for RunOptions {
     }
 }
 
-/// Where a nested run sits in its tree (DESIGN §7).
+/// Where a nested run sits in its tree (`docs/format.md`, "Layout").
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Placement {

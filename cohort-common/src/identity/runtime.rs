@@ -1,4 +1,4 @@
-//! Runtime identity: the Pi installation a run launches its children with (DESIGN §5).
+//! Runtime identity: the Pi installation a run launches its children with (`docs/format.md`, "status.json", field `runtime`).
 //!
 //! A runtime is three canonical absolute paths: the Node executable, the Pi CLI entry script
 //! and the Pi package root. Spawn captures it once ([`capture`]); the runner validates it again

@@ -37,7 +37,7 @@ pub fn create_dir_all_private(path: &Path) -> Result<()> {
 }
 
 /// Create exactly `path` (not its parents) with mode 0700. An existing path is
-/// [`Error::RunExists`]: run directories are never reused (DESIGN §3).
+/// [`Error::RunExists`]: run directories are never reused.
 pub fn create_dir_exclusive(path: &Path) -> Result<()> {
     match DirBuilder::new().mode(DIR_MODE).create(path) {
         Ok(()) => Ok(()),

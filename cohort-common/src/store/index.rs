@@ -787,7 +787,7 @@ mod tests {
         let id = crate::format::id::RunId::new().to_string();
         let dir = root.run_dir(&id);
         files::create_dir_all_private(dir.path()).unwrap();
-        let mut r = RunRecord::queued(&id, RunMode::Single);
+        let mut r = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
         r.state = state;
         crate::format::record::store(&dir.status(), &r).unwrap();
         id

@@ -5,7 +5,7 @@
 //!   reconciliation of a run whose runner is gone;
 //! - [`index`]: the listing index of top-level runs (a cache, never the truth).
 //!
-//! Built on [`crate::format`] (what the files hold) and [`crate::os`] (how they are read and
+//! Built on [`crate::format`](mod@crate::format) (what the files hold) and [`crate::os`] (how they are read and
 //! locked); the programs build their features on top of it.
 
 pub mod discover;

@@ -247,7 +247,7 @@ mod tests {
         let dir = root.run_dir(&id);
         crate::os::files::create_dir_all_private(dir.path()).unwrap();
         std::fs::File::create(dir.lock()).unwrap();
-        let mut r = RunRecord::queued(&id, crate::format::record::RunMode::Single);
+        let mut r = RunRecord::queued(&id.parse().unwrap(), crate::format::record::RunMode::Single);
         r.state = state;
         r.pid = Some(1); // init: alive, but a pid proves nothing.
         record::store(&dir.status(), &r).unwrap();
@@ -276,6 +276,27 @@ mod tests {
                 .count(),
             1
         );
+    }
+
+    #[test]
+    fn a_fifo_record_is_an_error_never_a_hang() {
+        // Each call below would block for ever on a blocking open or read of the FIFO.
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(t.path());
+        let dir = make_run(&root, RunState::Running);
+        std::fs::remove_file(dir.status()).unwrap();
+        nix::unistd::mkfifo(
+            &dir.status(),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        assert!(matches!(observe(&dir), Err(Error::NotRegular { .. })));
+        assert!(matches!(reconcile(&dir), Err(Error::NotRegular { .. })));
+        assert!(matches!(
+            live_runner_pid(&dir),
+            Err(Error::NotRegular { .. })
+        ));
+        assert!(reason(&observe(&dir).unwrap_err()).starts_with("status.json is not a regular"));
     }
 
     #[test]
