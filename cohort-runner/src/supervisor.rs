@@ -185,16 +185,15 @@ pub fn run(dir: &RunDir, ready: impl FnOnce()) -> Result<RunState> {
             rec.state.as_str()
         )));
     }
+    // Before `running` is published, a failure is recorded here and returned.
+    let fail = |mut rec: RunRecord, why: String, e: Error| -> Result<RunState> {
+        rec.finish(RunState::Failed, Some(why));
+        record::store(&dir.status(), &rec)?;
+        Err(e)
+    };
     let spec: LaunchSpec = match files::read_json(&dir.spec()) {
         Ok(s) => s,
-        Err(e) => {
-            rec.finish(
-                RunState::Failed,
-                Some(format!("cannot read the launch spec: {e}")),
-            );
-            record::store(&dir.status(), &rec)?;
-            return Err(e);
-        }
+        Err(e) => return fail(rec, format!("cannot read the launch spec: {e}"), e),
     };
     let mut events = EventLog::open(&dir.events(), spec.options.events_cap_bytes)?;
     let state_root = StateRoot::for_profile(&spec.profile_dir);
@@ -212,14 +211,7 @@ pub fn run(dir: &RunDir, ready: impl FnOnce()) -> Result<RunState> {
                 route_dir: state_root.route_dir(&rec.run_id),
                 capability_token: file.capability_token,
             },
-            Err(e) => {
-                rec.finish(
-                    RunState::Failed,
-                    Some(format!("cannot create the run's route: {e}")),
-                );
-                record::store(&dir.status(), &rec)?;
-                return Err(e);
-            }
+            Err(e) => return fail(rec, format!("cannot create the run's route: {e}"), e),
         },
     };
 

@@ -143,6 +143,46 @@ pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     })
 }
 
+/// Open `path` with `opts` plus `O_NOFOLLOW | O_NONBLOCK`: never through a symlink, never
+/// blocking on a FIFO. `action` names the operation in an [`Error::Io`].
+///
+/// Errors: [`Error::NotRegular`] for a symlink (and for a socket, which cannot be opened);
+/// [`Error::Io`] otherwise (kind `NotFound` for a missing file).
+pub fn open_no_follow(opts: &mut OpenOptions, path: &Path, action: &'static str) -> Result<File> {
+    opts.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => Error::NotRegular {
+                path: path.to_path_buf(),
+                what: "a symlink; cohort never follows it",
+            },
+            Some(libc::ENXIO) => Error::NotRegular {
+                path: path.to_path_buf(),
+                what: "not a regular file",
+            },
+            _ => Error::Io {
+                action,
+                path: path.to_path_buf(),
+                source: e,
+            },
+        })
+}
+
+/// Check that an open `file` (opened from `path`) is a regular file.
+///
+/// Errors: [`Error::NotRegular`] for a FIFO, device or directory; [`Error::Io`] when it cannot
+/// be examined.
+pub fn ensure_regular(file: &File, path: &Path) -> Result<()> {
+    if file.metadata().at("stat", path)?.is_file() {
+        Ok(())
+    } else {
+        Err(Error::NotRegular {
+            path: path.to_path_buf(),
+            what: "not a regular file",
+        })
+    }
+}
+
 /// Open `path` for reading without following a symlink and without blocking, and check that it
 /// is a regular file. The descriptor keeps `O_NONBLOCK`, which changes nothing for a regular
 /// file.
@@ -150,32 +190,8 @@ pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
 /// Errors: [`Error::NotRegular`] for a symlink, FIFO, socket, device or directory;
 /// [`Error::Io`] (kind `NotFound` for a missing file) otherwise.
 pub fn open_regular(path: &Path) -> Result<File> {
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => Error::NotRegular {
-                path: path.to_path_buf(),
-                what: "a symlink; cohort never follows it",
-            },
-            // O_NONBLOCK on a FIFO with no writer succeeds, but a socket cannot be opened.
-            Some(libc::ENXIO) => Error::NotRegular {
-                path: path.to_path_buf(),
-                what: "not a regular file",
-            },
-            _ => Error::Io {
-                action: "read",
-                path: path.to_path_buf(),
-                source: e,
-            },
-        })?;
-    if !f.metadata().at("stat", path)?.is_file() {
-        return Err(Error::NotRegular {
-            path: path.to_path_buf(),
-            what: "not a regular file",
-        });
-    }
+    let f = open_no_follow(OpenOptions::new().read(true), path, "read")?;
+    ensure_regular(&f, path)?;
     Ok(f)
 }
 

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, IoContext, Result};
+use crate::os::files;
 
 /// Which flock to take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,29 +140,12 @@ impl RunLock {
 /// Errors: [`Error::NotRegular`] for anything but a regular file (a symlink included);
 /// [`Error::Io`] otherwise (kind `NotFound` when there is no lock file).
 pub fn open_lock(path: &Path, write: bool) -> Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = OpenOptions::new()
-        .read(true)
-        .write(write)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => Error::NotRegular {
-                path: path.to_path_buf(),
-                what: "a symlink; cohort never follows it",
-            },
-            _ => Error::Io {
-                action: "open lock file",
-                path: path.to_path_buf(),
-                source: e,
-            },
-        })?;
-    if !file.metadata().at("stat", path)?.is_file() {
-        return Err(Error::NotRegular {
-            path: path.to_path_buf(),
-            what: "not a regular file",
-        });
-    }
+    let file = files::open_no_follow(
+        OpenOptions::new().read(true).write(write),
+        path,
+        "open lock file",
+    )?;
+    files::ensure_regular(&file, path)?;
     Ok(file)
 }
 
@@ -171,24 +155,17 @@ pub fn open_lock(path: &Path, write: bool) -> Result<File> {
 /// Errors: as [`open_lock`].
 pub fn open_or_create_lock(path: &Path) -> Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .mode(crate::os::files::FILE_MODE)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => Error::NotRegular {
-                path: path.to_path_buf(),
-                what: "a symlink; cohort never follows it",
-            },
-            _ => Error::Io {
-                action: "open lock file",
-                path: path.to_path_buf(),
-                source: e,
-            },
-        })
+    let file = files::open_no_follow(
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(files::FILE_MODE),
+        path,
+        "open lock file",
+    )?;
+    files::ensure_regular(&file, path)?;
+    Ok(file)
 }
 
 /// Probe a lock file: try a shared lock and release it at once.
