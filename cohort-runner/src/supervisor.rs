@@ -169,14 +169,23 @@ impl OutputLog {
     }
 }
 
-/// Run the run in `dir` to its end. `ready` is called once `running` is published (the binary
-/// uses it to tell spawn the runner is up). Returns the final state.
+/// Run the run in `dir` to its end. `inherited` is the held run lock spawn handed down (taken
+/// over with [`RunLock::adopt`]); without it the runner takes the lock itself. `ready` is called
+/// once `running` is published (the binary uses it to tell spawn the runner is up). Returns the
+/// final state.
 ///
 /// Errors: [`Error::LockBusy`] (another runner), [`Error::State`] (the record is not `queued`),
 /// I/O and JSON errors on the run dir. Once `running` is published every failure is recorded in
 /// the record instead.
-pub fn run(dir: &RunDir, ready: impl FnOnce()) -> Result<RunState> {
-    let _lock = RunLock::acquire(&dir.lock(), RUNNER_LOCK_WAIT)?;
+pub fn run(
+    dir: &RunDir,
+    inherited: Option<std::os::fd::OwnedFd>,
+    ready: impl FnOnce(),
+) -> Result<RunState> {
+    let _lock = match inherited {
+        Some(fd) => RunLock::adopt(fd, &dir.lock())?,
+        None => RunLock::acquire(&dir.lock(), RUNNER_LOCK_WAIT)?,
+    };
     let mut rec = record::load(&dir.status())?;
     if rec.state != RunState::Queued {
         return Err(Error::State(format!(

@@ -72,9 +72,14 @@ pub fn check_session_file(file: &Path) -> Result<()> {
 }
 
 /// Which of `files` a live run (runner lock held) names as a step's session file, with that
-/// run's short id. Paths are compared in canonical form. Only runs the index holds as active,
+/// run's short id, for the start of run `except` (which is left out, and which does not yield
+/// to a newer run that is still queued). Paths are compared in canonical form. Only runs the index holds as active,
 /// and nested runs, are read: a terminal run has no runner.
-pub fn sessions_in_use(root: &StateRoot, files: &[PathBuf]) -> Result<Vec<(PathBuf, String)>> {
+pub fn sessions_in_use(
+    root: &StateRoot,
+    files: &[PathBuf],
+    except: Option<&str>,
+) -> Result<Vec<(PathBuf, String)>> {
     // The same file under another name (a symlink, a hard link) is the same file: compare
     // device and inode when the file exists, else the canonical path.
     let key = |p: &Path| -> (Option<(u64, u64)>, PathBuf) {
@@ -105,6 +110,16 @@ pub fn sessions_in_use(root: &StateRoot, files: &[PathBuf]) -> Result<Vec<(PathB
         let Ok(rec) = record::load(&dir.status()) else {
             continue;
         };
+        // Two starts racing for one session: a queued run yields to an older (smaller id)
+        // queued run and to any running one, so exactly one of them goes ahead. (A runner
+        // that still meets a held session lock fails its step: `cohort_runner::session`.)
+        if let Some(me) = except {
+            if rec.run_id == me
+                || (rec.state == record::RunState::Queued && rec.run_id.as_str() > me)
+            {
+                continue;
+            }
+        }
         for p in rec.steps.iter().filter_map(|s| s.session_file.as_deref()) {
             let c = key(p);
             if let Some((_, given)) = wanted.iter().find(|(w, _)| same(w, &c)) {

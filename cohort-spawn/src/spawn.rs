@@ -19,7 +19,8 @@ use cohort_common::format::layout::{self, RunDir, StateRoot, PROFILE_ENV};
 use cohort_common::format::record::{self, RunMode, RunRecord, RunState, StepRecord};
 use cohort_common::format::route;
 use cohort_common::format::spec::{
-    self, ChainStep, LaunchSpec, Placement, RunOptions, READY_LINE, SPEC_VERSION,
+    self, ChainStep, LaunchSpec, Placement, RunOptions, LOCK_FD, LOCK_FD_ENV, READY_LINE,
+    SPEC_VERSION,
 };
 use cohort_common::identity::runtime::{self, Runtime, RuntimeRequest};
 use cohort_common::os::files;
@@ -126,7 +127,9 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         .to_path_buf();
     let staging = dir.staging();
     files::create_dir_exclusive(staging.path())?;
-    files::create_file_exclusive(&staging.lock())?;
+    // The run lock exists only held, and stays held until the runner has taken it over (spawn
+    // hands it the descriptor): a `queued` run whose lock is free is provably abandoned.
+    let lock = RunLock::create_held(&staging.lock())?;
 
     // Publish `queued` before validating anything.
     let (flat, groups) = spec::flatten(&req.chain);
@@ -165,14 +168,15 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     files::sync_dir(&parent)?;
     let _ = events::append_once(&dir.events(), EventKind::RunQueued, json!({}));
 
-    match prepare_and_start(root, &dir, &mut rec, &req) {
+    let lock = lock.moved_to(&dir.lock());
+    match prepare_and_start(root, &dir, &mut rec, &req, &lock) {
         Ok(runtime) => Ok(Spawned {
             run_id,
             dir,
             runtime,
         }),
         Err(error) => {
-            fail_start(&dir, &error);
+            fail_start(&dir, &lock, &error);
             Err(SpawnError {
                 run_id: Some(run_id),
                 error,
@@ -182,11 +186,9 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
 }
 
 /// Rewrite a run whose start failed as `failed` with the reason, unless a runner has taken it
-/// over (then the runner's record stands).
-fn fail_start(dir: &RunDir, error: &Error) {
-    let Ok(Some(_lock)) = RunLock::try_acquire(&dir.lock()) else {
-        return;
-    };
+/// over and ended it (then the runner's record stands). Spawn still holds the run lock here
+/// (`_lock`): nothing else writes the record meanwhile.
+fn fail_start(dir: &RunDir, _lock: &RunLock, error: &Error) {
     let Ok(mut rec) = record::load(&dir.status()) else {
         return;
     };
@@ -204,6 +206,7 @@ fn prepare_and_start(
     dir: &RunDir,
     rec: &mut RunRecord,
     req: &SpawnRequest,
+    lock: &RunLock,
 ) -> Result<Runtime> {
     // Session files first: the cwd default reads a session header, which must be a regular
     // file (a FIFO would block).
@@ -235,7 +238,10 @@ fn prepare_and_start(
             )));
         }
     }
-    if let Some((file, run)) = session::sessions_in_use(root, &reused)?.into_iter().next() {
+    if let Some((file, run)) = session::sessions_in_use(root, &reused, Some(&rec.run_id))?
+        .into_iter()
+        .next()
+    {
         return Err(Error::State(format!(
             "the session file {} is in use by live run {run}; two runs must not write one session",
             file.display()
@@ -293,7 +299,7 @@ fn prepare_and_start(
         })?;
     }
 
-    start_runner(root, dir, &req.runner)?;
+    start_runner(root, dir, &req.runner, lock)?;
     Ok(rt)
 }
 
@@ -314,15 +320,37 @@ pub fn validate_cwd(cwd: &Path) -> Result<PathBuf> {
     cwd.canonicalize().at("resolve", cwd)
 }
 
-/// Start the detached runner for `dir` and wait until it reports `running` (or dies).
-fn start_runner(root: &StateRoot, dir: &RunDir, runner: &Path) -> Result<()> {
+/// Start the detached runner for `dir`, handing it the held run lock as descriptor
+/// [`LOCK_FD`] (named in [`LOCK_FD_ENV`]), and wait until it reports `running` (or dies).
+fn start_runner(root: &StateRoot, dir: &RunDir, runner: &Path, lock: &RunLock) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
     let log = files::open_append(&dir.runner_log())?;
     let mut cmd = Command::new(runner);
     cmd.arg(dir.path())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log)
-        .env(PROFILE_ENV, root.profile());
+        .env(PROFILE_ENV, root.profile())
+        .env(LOCK_FD_ENV, LOCK_FD.to_string());
+    let held = lock.file().as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and only calls dup2(2) and
+    // fcntl(2), which are async-signal-safe, and allocates nothing. It puts the run lock's
+    // descriptor at LOCK_FD without close-on-exec, so the runner inherits the held lock (the
+    // same open file: the lock is never free between spawn and the runner).
+    unsafe {
+        cmd.pre_exec(move || {
+            if held == LOCK_FD {
+                let flags = libc::fcntl(held, libc::F_GETFD);
+                if flags < 0 || libc::fcntl(held, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(held, LOCK_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     // The runner is not a step process of any parent run: without the route variables it stays
     // out of the parent's descendant sweep (see `cohort_runner::sweep`). Its placement is in
     // the launch spec.

@@ -3,9 +3,9 @@
 //! Silent and exit 0 when all is well; otherwise one line per problem and exit 1. A problem is:
 //!
 //! - `failed`: a run that failed within the window (`--since`, default 24 h), by `endedAt`;
-//! - `lost`: the same, when the failure is "runner lost" (reconciled now or earlier), or a
-//!   `running` record without any lock file (no runner can exist);
-//! - `unresolved`: a `queued` run that no runner took, older than [`UNRESOLVED_AFTER_MS`];
+//! - `lost`: the same, when the failure is "runner lost" (settled now or earlier);
+//! - `abandoned`: the same, when the failure is "start abandoned": a `queued` run whose lock no
+//!   process held (its spawn or runner died before the run started);
 //! - `runtime-gone`: a live `running` run whose recorded Node or Pi no longer validates
 //!   ([`cohort_common::identity::runtime::revalidate`]): its next step will fail;
 //! - `corrupt`: a record that cannot be read, or an entry that cannot be a run.
@@ -25,12 +25,10 @@ use cohort_common::format::record::{now_ms, RunState};
 use cohort_common::identity::runtime::{self, Runtime};
 use cohort_common::store::discover::{Found, Origin};
 use cohort_common::store::index::{Outcome, View};
-use cohort_common::store::observe::{Judgement, Observed, RUNNER_LOST};
+use cohort_common::store::observe::{Judgement, Observed, RUNNER_LOST, START_ABANDONED};
 
 /// The default window of `--check`: 24 h.
 pub const DEFAULT_SINCE: Duration = Duration::from_secs(24 * 3600);
-/// A `queued` run without a runner is a problem once it is this old (ms): 10 minutes.
-pub const UNRESOLVED_AFTER_MS: u64 = 10 * 60 * 1000;
 
 /// The kind of a problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -40,8 +38,8 @@ pub enum Kind {
     Failed,
     /// Its runner was lost.
     Lost,
-    /// Queued, never started, older than 10 minutes.
-    Unresolved,
+    /// Its start was abandoned: queued, and no process holds its lock.
+    Abandoned,
     /// Running, but its recorded runtime is gone.
     RuntimeGone,
     /// Unreadable record or stray entry.
@@ -54,7 +52,7 @@ impl Kind {
         match self {
             Kind::Failed => "failed",
             Kind::Lost => "lost",
-            Kind::Unresolved => "unresolved",
+            Kind::Abandoned => "abandoned",
             Kind::RuntimeGone => "runtime-gone",
             Kind::Corrupt => "corrupt",
         }
@@ -101,25 +99,6 @@ pub fn assess(
     };
     let r = &o.record;
     match o.judgement {
-        Judgement::Lost => {
-            return Some((
-                Kind::Lost,
-                "the record says running but it has no runner lock file".into(),
-            ))
-        }
-        Judgement::Unresolved => {
-            let age = now.saturating_sub(r.started_at.unwrap_or(0));
-            if age >= UNRESOLVED_AFTER_MS {
-                return Some((
-                    Kind::Unresolved,
-                    format!(
-                        "queued {} ago and no runner ever took it; start a new run",
-                        cohort_common::duration::human(age)
-                    ),
-                ));
-            }
-            return None;
-        }
         Judgement::Alive if r.state == RunState::Running => {
             return match &r.runtime {
                 None => Some((Kind::RuntimeGone, "no runtime is recorded".into())),
@@ -140,8 +119,11 @@ pub fn assess(
                 .error
                 .clone()
                 .unwrap_or_else(|| "no error recorded".into());
-            let kind = if err == RUNNER_LOST {
+            // A settlement that could not be written yet carries the write error after it.
+            let kind = if err.starts_with(RUNNER_LOST) {
                 Kind::Lost
+            } else if err.starts_with(START_ABANDONED) {
+                Kind::Abandoned
             } else {
                 Kind::Failed
             };
@@ -275,15 +257,25 @@ mod tests {
     }
 
     #[test]
-    fn unresolved_after_ten_minutes() {
-        let o = obs(RunState::Queued, Judgement::Unresolved);
-        assert_eq!(
-            assess(&o, 1_000 + UNRESOLVED_AFTER_MS - 1, 0, &mut ok),
-            None
-        );
-        let got = assess(&o, 1_000 + UNRESOLVED_AFTER_MS, 0, &mut ok).unwrap();
-        assert_eq!(got.0, Kind::Unresolved);
-        assert!(got.1.contains("start a new run"));
+    fn settled_starts_and_runners_have_their_own_kinds() {
+        for (error, kind) in [
+            (START_ABANDONED.to_string(), Kind::Abandoned),
+            (RUNNER_LOST.to_string(), Kind::Lost),
+            (
+                format!("{RUNNER_LOST} (not yet written to status.json: No space left on device)"),
+                Kind::Lost,
+            ),
+        ] {
+            let mut o = obs(RunState::Failed, Judgement::Trusted);
+            if let Ok(o) = &mut o {
+                o.record.ended_at = Some(50_000);
+                o.record.error = Some(error.clone());
+            }
+            let got = assess(&o, 60_000, 0, &mut ok).unwrap();
+            assert_eq!(got.0, kind, "{error}");
+            let head: String = error.chars().take(11).collect();
+            assert!(got.1.contains(&head), "{}", got.1);
+        }
     }
 
     #[test]
@@ -304,10 +296,8 @@ mod tests {
     }
 
     #[test]
-    fn corrupt_and_lockless() {
+    fn corrupt() {
         let e: std::result::Result<Observed, String> = Err("invalid JSON".into());
         assert_eq!(assess(&e, 0, 0, &mut ok).unwrap().0, Kind::Corrupt);
-        let o = obs(RunState::Running, Judgement::Lost);
-        assert_eq!(assess(&o, 0, 0, &mut ok).unwrap().0, Kind::Lost);
     }
 }

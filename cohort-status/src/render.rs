@@ -18,7 +18,7 @@ use cohort_common::format::layout::RunDir;
 use cohort_common::format::record::{now_ms, RunRecord, RunState, StepStatus};
 use cohort_common::os::lock::Liveness;
 use cohort_common::store::discover::Origin;
-use cohort_common::store::observe::{Judgement, Observed};
+use cohort_common::store::observe::Observed;
 
 /// One listed run: what was read, or why it could not be.
 #[derive(Debug)]
@@ -73,20 +73,16 @@ fn paint(word: &str, colour: bool) -> String {
         "complete" => "32",
         "failed" | "lost" | "error" => "31",
         "running" => "36",
-        "queued" | "queued?" => "33",
+        "queued" => "33",
         _ => "2",
     };
     format!("\x1b[{code}m{word}\x1b[0m")
 }
 
-/// The state word shown for an observed run: `queued?` marks an unresolved queued run, `lost`
-/// a `running` record that has no lock file (so it cannot be reconciled).
+/// The state word shown for an observed run: the record's state, as every reader reports it
+/// (a run whose runner or start is provably gone was settled `failed` by the observation).
 pub fn state_word(o: &Observed) -> String {
-    match o.judgement {
-        Judgement::Unresolved => "queued?".to_string(),
-        Judgement::Lost => "lost".to_string(),
-        _ => o.record.state.as_str().to_string(),
-    }
+    o.record.state.as_str().to_string()
 }
 
 fn steps_done(r: &RunRecord) -> String {
@@ -142,10 +138,7 @@ pub fn table(rows: &[Row], colour: bool) -> String {
         cells.push(match &row.observed {
             Ok(o) => {
                 let r = &o.record;
-                let mut task = format!("{marks}{}", r.task_summary(60));
-                if o.judgement == Judgement::Unresolved {
-                    task = format!("{marks}(no runner; start a new run) {}", r.task_summary(60));
-                }
+                let task = format!("{marks}{}", r.task_summary(60));
                 [
                     short,
                     state_word(o),
@@ -214,11 +207,10 @@ pub fn json_line(row: &Row) -> String {
             let rec = serde_json::to_string(&o.record).unwrap_or_else(|_| "{}".into());
             let mut s = String::with_capacity(rec.len() + 128);
             s.push_str(&format!(
-                "{{\"shortId\":{},\"origin\":\"{}\",\"live\":{},\"unresolved\":{}",
+                "{{\"shortId\":{},\"origin\":\"{}\",\"live\":{},\"unresolved\":false",
                 json!(cohort_common::format::id::short_of(&row.id)),
                 row.origin.word(),
                 o.liveness == Liveness::Held,
-                o.judgement == Judgement::Unresolved
             ));
             match rec.strip_prefix('{') {
                 Some(rest) if rest != "}" => {
@@ -247,20 +239,6 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
             &mut s,
             "origin",
             "legacy pi-subagents record (read-only: never reconciled, rewritten or revived)".into(),
-        );
-    }
-    if o.judgement == Judgement::Lost {
-        line(
-            &mut s,
-            "note",
-            "the record says running but there is no runner lock file: no runner can exist".into(),
-        );
-    }
-    if o.judgement == Judgement::Unresolved {
-        line(
-            &mut s,
-            "note",
-            "queued, but no runner ever took it: it will not run; start a new run".into(),
         );
     }
     let live_below = children
@@ -401,6 +379,7 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cohort_common::store::observe::Judgement;
     use std::ffi::OsStr;
 
     #[test]
@@ -422,14 +401,14 @@ mod tests {
             Origin::Nested { root: "r".into() },
             Ok(Observed {
                 record: rec,
-                judgement: Judgement::Unresolved,
+                judgement: Judgement::Starting,
                 liveness: Liveness::Free,
             }),
         );
         let v: serde_json::Value = serde_json::from_str(&json_line(&row)).unwrap();
         assert_eq!(v["shortId"], "e5b500ee829c");
         assert_eq!(v["origin"], "nested");
-        assert_eq!(v["unresolved"], true);
+        assert_eq!(v["unresolved"], false);
         assert_eq!(v["live"], false);
         assert_eq!(v["state"], "queued");
         let err = Row::new("x".into(), Origin::TopLevel, Err("bad".into()));

@@ -27,11 +27,12 @@ pub enum WaitOutcome {
     TimedOut,
 }
 
-/// Block until every run is terminal (or unresolved, which will never change), or `timeout`.
+/// Block until every run is terminal, or `timeout`.
 ///
-/// A running run is waited on with a blocking shared lock on its runner lock, so the kernel
-/// wakes the waiter when the runner exits: no polling. Only a run still `queued` (its runner
-/// is starting) is re-checked every 50 ms.
+/// A run that is starting or running is waited on with a blocking shared lock on its run lock
+/// (spawn holds it from the start and hands it to the runner), so the kernel wakes the waiter
+/// when the last holder exits: no polling. A run whose lock is free is settled by the
+/// observation and returns at once.
 ///
 /// A legacy record is never waited on: it has no lock and nothing will ever change it, so its
 /// stored state is the answer.
@@ -64,17 +65,15 @@ fn wait_one(found: &Found) -> Result<RunState> {
     loop {
         let obs = observe_found(found)?;
         match obs.judgement {
-            Judgement::Trusted | Judgement::Unresolved | Judgement::Unknown | Judgement::Legacy => {
-                return Ok(obs.record.state)
-            }
-            Judgement::Lost => {
-                // The lock is missing (foreign record): nothing can ever change it.
-                return Ok(obs.record.state);
-            }
-            Judgement::Alive => lock::wait_released(&dir.lock())?,
-            // A runner holds the lock but has not published `running` yet: wait on the lock.
-            Judgement::Starting if obs.liveness.is_alive() => lock::wait_released(&dir.lock())?,
-            Judgement::Starting => std::thread::sleep(Duration::from_millis(50)),
+            // Settled by the observation, or nothing will ever change it.
+            Judgement::Trusted
+            | Judgement::Lost
+            | Judgement::Abandoned
+            | Judgement::Unknown
+            | Judgement::Legacy => return Ok(obs.record.state),
+            // Spawn or the runner holds the lock (it is handed from one to the other, never
+            // free in between): the kernel wakes us when the last holder is gone.
+            Judgement::Alive | Judgement::Starting => lock::wait_released(&dir.lock())?,
         }
     }
 }

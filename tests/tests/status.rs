@@ -259,11 +259,14 @@ fn reconciliation_trusts_the_lock_not_the_pid() {
     // A dead pid, but the lock is held: running.
     let (alive, alive_dir) = put(&env, RunState::Running, None, |r| r.pid = Some(999_999));
     let held = RunLock::acquire(&alive_dir.lock(), Duration::from_secs(1)).unwrap();
-    // An old queued run with no runner: unresolved, never rewritten.
+    // A queued run whose lock no process holds: its start was abandoned, and it is settled.
     let (queued, queued_dir) = put(&env, RunState::Queued, None, |r| {
         r.started_at = Some(now_ms() - 3600 * 1000)
     });
-    let queued_before = std::fs::read(queued_dir.status()).unwrap();
+    // A queued run whose lock is held (spawn or the runner is starting it): left alone.
+    let (starting, starting_dir) = put(&env, RunState::Queued, None, |_| {});
+    let starting_held = RunLock::acquire(&starting_dir.lock(), Duration::from_secs(1)).unwrap();
+    let starting_before = std::fs::read(starting_dir.status()).unwrap();
 
     let t = ok_stdout(&env, &[]);
     let row = |id: &str| {
@@ -274,10 +277,8 @@ fn reconciliation_trusts_the_lock_not_the_pid() {
     };
     assert!(row(&lost).contains("failed"), "{t}");
     assert!(row(&alive).contains("running"), "{t}");
-    assert!(
-        row(&queued).contains("queued?") && row(&queued).contains("start a new run"),
-        "{t}"
-    );
+    assert!(row(&queued).contains("failed"), "{t}");
+    assert!(row(&starting).contains("queued"), "{t}");
 
     let rec: Value = serde_json::from_slice(&std::fs::read(lost_dir.status()).unwrap()).unwrap();
     assert_eq!(rec["state"], "failed");
@@ -285,7 +286,33 @@ fn reconciliation_trusts_the_lock_not_the_pid() {
     assert_eq!(rec["steps"][0]["status"], "failed");
     let events = std::fs::read_to_string(lost_dir.events()).unwrap();
     assert_eq!(events.matches("run.lost").count(), 1);
-    assert_eq!(std::fs::read(queued_dir.status()).unwrap(), queued_before);
+    let rec: Value = serde_json::from_slice(&std::fs::read(queued_dir.status()).unwrap()).unwrap();
+    assert_eq!(rec["state"], "failed");
+    assert!(
+        rec["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("start abandoned"),
+        "{rec}"
+    );
+    let events = std::fs::read_to_string(queued_dir.events()).unwrap();
+    assert_eq!(events.matches("run.abandoned").count(), 1);
+    assert_eq!(
+        std::fs::read(starting_dir.status()).unwrap(),
+        starting_before
+    );
+    // Every reader agrees: --json says what the table says.
+    let json = ok_stdout(&env, &["--json"]);
+    for line in json.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let id = v["runId"].as_str().unwrap();
+        assert_eq!(
+            v["state"].as_str().unwrap(),
+            row(id).split_whitespace().nth(1).unwrap(),
+            "{line}"
+        );
+    }
+    drop(starting_held);
     let rec: Value = serde_json::from_slice(&std::fs::read(alive_dir.status()).unwrap()).unwrap();
     assert_eq!(rec["state"], "running");
     assert!(
@@ -293,9 +320,9 @@ fn reconciliation_trusts_the_lock_not_the_pid() {
         "the unrelated process is untouched"
     );
 
-    // The single-run view explains the unresolved run.
+    // The single-run view says why the abandoned run failed.
     let t = ok_stdout(&env, &[&queued]);
-    assert!(t.contains("start a new run"), "{t}");
+    assert!(t.contains("start abandoned"), "{t}");
     // Once its lock is released, the live run is lost too.
     drop(held);
     let t = ok_stdout(&env, &["--state", "failed"]);
@@ -430,8 +457,9 @@ fn check_is_silent_when_well_and_names_each_problem() {
         r.started_at = Some(now_ms() - 3 * 86_400_000);
         r.ended_at = Some(now_ms() - 3 * 86_400_000);
     });
-    // A queued run still starting is fine.
-    put(&env, RunState::Queued, None, |_| {});
+    // A queued run still starting (its lock is held) is fine.
+    let (_, starting) = put(&env, RunState::Queued, None, |_| {});
+    let _starting_held = RunLock::acquire(&starting.lock(), Duration::from_secs(1)).unwrap();
     let out = status(&env, &["--check"]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
     assert!(stdout(&out).is_empty());
@@ -440,9 +468,8 @@ fn check_is_silent_when_well_and_names_each_problem() {
         r.error = Some("model said no".into())
     });
     let (lost, _) = put(&env, RunState::Running, None, |_| {});
-    let (stuck, _) = put(&env, RunState::Queued, None, |r| {
-        r.started_at = Some(now_ms() - 11 * 60 * 1000)
-    });
+    // Queued, and no process holds its lock: its start was abandoned.
+    let (stuck, _) = put(&env, RunState::Queued, None, |_| {});
     let (gone, gone_dir) = put(&env, RunState::Running, None, |r| {
         r.runtime = Some(cohort_common::identity::runtime::Runtime {
             node_exec_path: "/nonexistent/node".into(),
@@ -469,7 +496,10 @@ fn check_is_silent_when_well_and_names_each_problem() {
         line(&lost).unwrap().contains("lost: ") && t.contains("runner lost"),
         "{t}"
     );
-    assert!(line(&stuck).unwrap().contains("unresolved: "), "{t}");
+    assert!(
+        line(&stuck).unwrap().contains("abandoned: ") && t.contains("start abandoned"),
+        "{t}"
+    );
     assert!(
         line(&gone).unwrap().contains("runtime-gone: ") && t.contains("/nonexistent/node"),
         "{t}"
@@ -657,7 +687,8 @@ fn format_version_1_fixtures_read_and_list() {
     let lines: Vec<String> = t.lines().map(words).collect();
     assert_eq!(lines[1], "9d4e5f6a7b8c failed single step-0", "{t}");
     assert_eq!(lines[2], "2f7d8e6b1a04 complete chain scout", "{t}");
-    assert_eq!(lines[3], "└ c4d5e6f70819 queued? single", "{t}");
+    // The queued nested run has no lock file and no process: its start is settled abandoned.
+    assert_eq!(lines[3], "└ c4d5e6f70819 failed single", "{t}");
     let v = ok_stdout(&env, &[&ids[0]]);
     assert!(
         v.contains("tokens=5732") && v.contains("anthropic/claude-sonnet-4"),

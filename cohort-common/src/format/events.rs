@@ -35,6 +35,9 @@ pub enum EventKind {
     RunTimedOut,
     /// A reader found the runner gone and settled the record `failed`; `{error}`.
     RunLost,
+    /// A reader found a `queued` run whose lock no process holds and settled it `failed`;
+    /// `{error}`.
+    RunAbandoned,
     /// A step's Pi child started; `{step, pid, sessionFile}`.
     StepStarted,
     /// A step completed; `{step, exitCode, signal, error}`.
@@ -60,7 +63,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind, in the order `docs/format.md` lists them.
-    pub const ALL: [EventKind; 18] = [
+    pub const ALL: [EventKind; 19] = [
         EventKind::RunQueued,
         EventKind::RunStarted,
         EventKind::RunCompleted,
@@ -69,6 +72,7 @@ impl EventKind {
         EventKind::RunStopped,
         EventKind::RunTimedOut,
         EventKind::RunLost,
+        EventKind::RunAbandoned,
         EventKind::StepStarted,
         EventKind::StepCompleted,
         EventKind::StepFailed,
@@ -92,6 +96,7 @@ impl EventKind {
             EventKind::RunStopped => "run.stopped",
             EventKind::RunTimedOut => "run.timedOut",
             EventKind::RunLost => "run.lost",
+            EventKind::RunAbandoned => "run.abandoned",
             EventKind::StepStarted => "step.started",
             EventKind::StepCompleted => "step.completed",
             EventKind::StepFailed => "step.failed",

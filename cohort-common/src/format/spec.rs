@@ -14,6 +14,11 @@ use crate::error::{Error, Result};
 /// The line `cohort-runner` prints on its stdout once it holds the run lock and has published
 /// `running`; spawn waits for it before it prints the run id.
 pub const READY_LINE: &str = "cohort-runner: ready";
+/// The environment variable through which spawn tells the runner that it inherits the held run
+/// lock, and as which descriptor.
+pub const LOCK_FD_ENV: &str = "COHORT_LOCK_FD";
+/// The descriptor spawn hands the held run lock to the runner as.
+pub const LOCK_FD: i32 = 3;
 use crate::format::record::{ParallelGroup, RunMode};
 use crate::identity::runtime::Runtime;
 
