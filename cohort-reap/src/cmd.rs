@@ -92,6 +92,12 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     for k in &report.trash_kept {
         eprintln!("cohort-reap: kept in the trash: {k}");
     }
+    if !report.staging_removed.is_empty() {
+        eprintln!(
+            "cohort-reap: {} staging directories of abandoned starts {would}removed",
+            report.staging_removed.len()
+        );
+    }
 
     let mut text = String::new();
     let (mut removed, mut freed) = (0, 0);

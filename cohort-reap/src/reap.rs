@@ -190,7 +190,7 @@ impl fmt::Display for Refusal {
             ),
             Refusal::NotFound => write!(f, "no run matches it"),
             Refusal::Ambiguous { candidates } => {
-                write!(f, "ambiguous; it matches {}", candidates.join(", "))
+                write!(f, "ambiguous; it matches {}", id::describe_candidates(candidates))
             }
             Refusal::AlreadyRemoved => write!(f, "already removed by another cohort-reap"),
             Refusal::NestedRun { root: Some(r) } => write!(
@@ -510,6 +510,9 @@ pub struct Report {
     /// Deleting from the trash failed: the runs are out of the listing, but their space is not
     /// yet free; a later reap retries.
     pub cleanup_error: Option<String>,
+    /// Staging directories of starts that are provably over (`.spawn-<id>`, see
+    /// [`discover::staging_abandoned`]) that were removed (would be, in a dry run).
+    pub staging_removed: Vec<PathBuf>,
 }
 
 impl Report {
@@ -667,6 +670,24 @@ pub fn reap(
                 report.trash_kept.push(format!("{entry}: {why}"));
             }
         }
+    }
+
+    // Staging directories of starts that are provably over: every reap removes them, whatever
+    // it was asked to select. A start in progress holds its lock and is never touched.
+    for staging in discover::abandoned_staging(root, now)? {
+        if !dry {
+            // Hold the (free) lock while removing, so no probe can mistake a half-removed
+            // directory for a start in progress.
+            let _held = lock::RunLock::try_acquire(&staging.lock()).ok().flatten();
+            let parent = staging.path().parent().unwrap_or(Path::new("/"));
+            if let Err(e) = tree::remove_entry(parent, &staging.name(), &mut || {}) {
+                report.cleanup_error.get_or_insert_with(|| {
+                    format!("cannot delete {}: {e}", staging.path().display())
+                });
+                continue;
+            }
+        }
+        report.staging_removed.push(staging.path().to_path_buf());
     }
 
     let ctx = Ctx {

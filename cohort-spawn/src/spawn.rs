@@ -211,8 +211,17 @@ fn prepare_and_start(
     // Session files first: the cwd default reads a session header, which must be a regular
     // file (a FIFO would block).
     let reused = session::session_files(&req.chain);
+    let mut existing = Vec::new();
     for f in &reused {
-        session::check_session_file(f)?;
+        match session::check_session_file(f)? {
+            session::SessionFile::Existing => existing.push(f.clone()),
+            // A new session: its directory is made now, Pi makes the file.
+            session::SessionFile::New => {
+                if let Some(parent) = f.parent() {
+                    files::create_dir_all_private(parent)?;
+                }
+            }
+        }
     }
     // Working directory: --cwd, else a continued session's header cwd, else ours.
     let cwd = match &req.cwd {
@@ -229,7 +238,7 @@ fn prepare_and_start(
     let cwd = validate_cwd(&cwd)?;
     rec.cwd = Some(cwd.clone());
 
-    for f in &reused {
+    for f in &existing {
         let real = f.canonicalize().at("resolve", f)?;
         if cohort_common::os::lock::probe(&real).is_ok_and(|l| l.is_alive()) {
             return Err(Error::State(format!(

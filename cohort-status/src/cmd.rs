@@ -97,6 +97,14 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         ));
     }
     let root = StateRoot::from_env()?;
+    if args.check && !root.path().is_dir() {
+        // A mistyped profile must not pass cron for ever: nothing to check is not healthy.
+        anyhow::bail!(cohort_common::Error::State(format!(
+            "the state root {} does not exist (profile {}); nothing was ever run there",
+            root.path().display(),
+            root.source()
+        )));
+    }
     if args.check {
         return check(&root, &args);
     }

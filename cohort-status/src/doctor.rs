@@ -27,10 +27,11 @@ use cohort_common::error::Result;
 use cohort_common::format::layout::{
     StateRoot, INDEX_DIR, NESTED_RUNS_DIR, RUNS_DIR, SESSIONS_DIR,
 };
+use cohort_common::format::record::now_ms;
 use cohort_common::identity::runtime::{self, RuntimeRequest};
 use cohort_common::os::files::{self, Hidden};
 use cohort_common::os::tree;
-use cohort_common::store::discover::Origin;
+use cohort_common::store::discover::{self, Origin};
 use cohort_common::store::index::{Outcome, View};
 
 /// The runtime part of the report.
@@ -225,6 +226,11 @@ pub struct Report {
     pub top_level_counts: BTreeMap<String, usize>,
     /// The legacy runs directory, when it exists, and how many entries it holds.
     pub legacy: Option<(PathBuf, usize)>,
+    /// Staging directories (`.spawn-<id>`) of starts that are provably over: the next
+    /// cohort-reap removes them.
+    pub abandoned_starts: Vec<PathBuf>,
+    /// Staging directories of starts in progress (their lock is held).
+    pub starts_in_progress: usize,
     /// Bytes on disk under the state root, by part (`runs`, `nested`, `sessions`, `index`,
     /// `other`, `total`).
     pub disk_bytes: BTreeMap<String, u64>,
@@ -243,8 +249,17 @@ impl Report {
 pub fn doctor(root: &StateRoot) -> Result<Report> {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut view = View::open(root)?;
-    for k in view.terminal().clone().values() {
-        *counts.entry(k.state.as_str().to_string()).or_default() += 1;
+    // Counted from the directory as it is: the index's terminal log may still hold runs that
+    // were reaped since it was written.
+    let present: std::collections::HashSet<String> = view
+        .all()
+        .into_iter()
+        .filter_map(|e| e.name.into_string().ok())
+        .collect();
+    for (id, k) in view.terminal().iter() {
+        if present.contains(id) {
+            *counts.entry(k.state.as_str().to_string()).or_default() += 1;
+        }
     }
     let live: Vec<cohort_common::store::discover::Found> = view
         .active
@@ -287,7 +302,14 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         let n = files::list_dir(&legacy_dir, Hidden::Include).map_or(0, |v| v.len());
         (legacy_dir.clone(), n)
     });
+    let staging = discover::staging_dirs(root)?;
+    let abandoned: Vec<PathBuf> = discover::abandoned_staging(root, now_ms())?
+        .into_iter()
+        .map(|d| d.path().to_path_buf())
+        .collect();
     Ok(Report {
+        starts_in_progress: staging.len().saturating_sub(abandoned.len()),
+        abandoned_starts: abandoned,
         runtime: runtime_now(),
         recorded_runtimes: recorded_runtimes(root)?,
         state_root: state_root(root),
@@ -382,6 +404,18 @@ pub fn render(r: &Report) -> String {
             p.display()
         )),
         None => s.push_str("legacy runs: none found\n"),
+    }
+    if r.starts_in_progress > 0 {
+        s.push_str(&format!("starts in progress: {}\n", r.starts_in_progress));
+    }
+    if !r.abandoned_starts.is_empty() {
+        s.push_str(&format!(
+            "abandoned starts: {} staging directories (the next cohort-reap removes them)\n",
+            r.abandoned_starts.len()
+        ));
+        for p in &r.abandoned_starts {
+            s.push_str(&format!("  {}\n", p.display()));
+        }
     }
     s.push_str("disk use:\n");
     for (k, v) in &r.disk_bytes {

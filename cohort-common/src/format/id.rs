@@ -72,6 +72,27 @@ pub fn id_time(id: &str) -> Option<u64> {
     Some(b[..6].iter().fold(0u64, |acc, &x| (acc << 8) | x as u64))
 }
 
+/// How many candidates an ambiguity error names before it says how many more match.
+pub const CANDIDATES_SHOWN: usize = 3;
+
+/// The candidates of an ambiguous name, for one short line (pure): their count, then at most
+/// [`CANDIDATES_SHOWN`] short ids, then how many more match: `10 runs: a1b2c3d4e5f6,
+/// 0f1e2d3c4b5a, 99aa88bb77cc and 7 more`.
+pub fn describe_candidates(candidates: &[String]) -> String {
+    let shown: Vec<&str> = candidates
+        .iter()
+        .take(CANDIDATES_SHOWN)
+        .map(|c| short_of(c))
+        .collect();
+    let more = candidates.len().saturating_sub(CANDIDATES_SHOWN);
+    let tail = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!("{} runs: {}{tail}", candidates.len(), shown.join(", "))
+}
+
 /// Whether `name` is acceptable as a run name at all: 8 to 36 characters of hex digits and `-`.
 /// This is what keeps `/`, `..` and NUL out of every path built from a name.
 pub fn is_plausible_name(name: &str) -> bool {
@@ -143,6 +164,27 @@ mod tests {
         assert_eq!(resolve("E5B500EE", ids).unwrap(), A);
         assert_eq!(resolve("01a22a44-b1", ids).unwrap(), B);
         assert_eq!(resolve("f67becac", ids).unwrap(), B);
+    }
+
+    #[test]
+    fn ambiguity_names_a_few_short_ids_and_counts_the_rest() {
+        let many: Vec<String> = (0..10)
+            .map(|i| format!("01a22a44-9e62-7266-ab9d-e5b500ee82{i:02}"))
+            .collect();
+        let text = describe_candidates(&many);
+        assert_eq!(
+            text,
+            "10 runs: e5b500ee8200, e5b500ee8201, e5b500ee8202 and 7 more"
+        );
+        assert_eq!(
+            describe_candidates(&[A.into(), B.into()]),
+            "2 runs: e5b500ee829c, f67becacc1b9"
+        );
+        let err = Error::AmbiguousRun {
+            name: "01a22a44".into(),
+            candidates: many,
+        };
+        assert!(err.to_string().len() < 120, "{err}");
     }
 
     #[test]

@@ -44,11 +44,35 @@ pub const RUNNER_LOG: &str = "runner.log";
 /// (`.spawn-<id>`): hidden, so no listing shows it.
 pub const STAGING_PREFIX: &str = ".spawn-";
 
+/// Where the profile dir came from, to say so when it is wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProfileSource {
+    /// `$PI_CODING_AGENT_DIR`, as set.
+    Env(String),
+    /// The default, `$HOME/.pi/agent` (`PI_CODING_AGENT_DIR` unset or empty).
+    Default,
+    /// Given explicitly by the caller ([`StateRoot::for_profile`]).
+    Explicit,
+}
+
+impl std::fmt::Display for ProfileSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProfileSource::Env(v) => write!(f, "from {PROFILE_ENV}={v}"),
+            ProfileSource::Default => {
+                write!(f, "the default ~/.pi/agent, as {PROFILE_ENV} is not set")
+            }
+            ProfileSource::Explicit => write!(f, "as given"),
+        }
+    }
+}
+
 /// The state root `R` and the profile dir `P` it lives in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StateRoot {
     profile: PathBuf,
     root: PathBuf,
+    source: ProfileSource,
 }
 
 impl StateRoot {
@@ -56,7 +80,11 @@ impl StateRoot {
     pub fn for_profile(profile: impl Into<PathBuf>) -> Self {
         let profile = profile.into();
         let root = profile.join(STATE_DIR);
-        StateRoot { profile, root }
+        StateRoot {
+            profile,
+            root,
+            source: ProfileSource::Explicit,
+        }
     }
 
     /// The state root from the environment: `$PI_CODING_AGENT_DIR` (a leading `~` expanded
@@ -66,7 +94,12 @@ impl StateRoot {
     /// Errors with [`Error::Usage`] when neither variable gives a usable path.
     pub fn from_env() -> Result<Self> {
         let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
-        let profile = profile_dir(std::env::var_os(PROFILE_ENV), home)?;
+        let env = std::env::var_os(PROFILE_ENV).filter(|v| !v.is_empty());
+        let source = match &env {
+            Some(v) => ProfileSource::Env(v.to_string_lossy().into_owned()),
+            None => ProfileSource::Default,
+        };
+        let profile = profile_dir(env, home)?;
         let profile = if profile.is_absolute() {
             profile
         } else {
@@ -74,7 +107,15 @@ impl StateRoot {
                 .map_err(|e| Error::Usage(format!("cannot resolve the current directory: {e}")))?
                 .join(profile)
         };
-        Ok(Self::for_profile(profile))
+        Ok(StateRoot {
+            source,
+            ..Self::for_profile(profile)
+        })
+    }
+
+    /// Where the profile dir came from.
+    pub fn source(&self) -> &ProfileSource {
+        &self.source
     }
 
     /// The profile dir `P` (exported to runners and children as `PI_CODING_AGENT_DIR`).
