@@ -44,7 +44,7 @@ use serde::Serialize;
 use cohort_common::error::{Error, IoContext, Result};
 use cohort_common::format::id;
 use cohort_common::format::layout::{self, RunDir, StateRoot};
-use cohort_common::format::record::{self, now_ms, RunRecord, RunState};
+use cohort_common::format::record::{self, Now, RunRecord, RunState};
 use cohort_common::os::files::{self, EntryKind, Hidden};
 use cohort_common::os::lock::{self, Liveness, LockKind};
 use cohort_common::os::tree;
@@ -99,15 +99,17 @@ impl Selection {
             && !self.all_terminal
     }
 
-    /// Whether a record passes `--state` and `--older-than` (pure). A record without `endedAt`
-    /// never passes `--older-than`: its age is unknown.
-    pub fn matches(&self, rec: &RunRecord, now_ms: u64) -> bool {
+    /// Whether a record passes `--state` and `--older-than` (pure). The age is
+    /// [`RunRecord::ended_ago`]: by the boot clock on the boot the run ended on, so a wall-clock
+    /// step never makes a run that just ended old enough. A record without `endedAt` never
+    /// passes `--older-than`: its age is unknown.
+    pub fn matches(&self, rec: &RunRecord, now: &Now) -> bool {
         if !self.states.is_empty() && !self.states.contains(&rec.state) {
             return false;
         }
-        match (self.older_than, rec.ended_at) {
+        match (self.older_than, rec.ended_ago(now)) {
             (None, _) => true,
-            (Some(age), Some(end)) => now_ms.saturating_sub(end) >= age.as_millis() as u64,
+            (Some(age), Some(ago)) => ago >= age.as_millis() as u64,
             (Some(_), None) => false,
         }
     }
@@ -290,7 +292,7 @@ pub struct NestedObservation {
 /// Decide on a top-level run itself (pure). `named`: the user named it (refusals are
 /// reported); otherwise it came from the filters, and a run that is unreadable, not terminal
 /// or not matching is simply not selected ([`Decision::Skip`]).
-pub fn decide_run(obs: &RunObservation, sel: &Selection, named: bool, now_ms: u64) -> Decision {
+pub fn decide_run(obs: &RunObservation, sel: &Selection, named: bool, now: &Now) -> Decision {
     use Decision::Refuse;
     if let Some(why) = &obs.unsafe_path {
         return Refuse(Refusal::UnsafePath(why.clone()));
@@ -300,7 +302,7 @@ pub fn decide_run(obs: &RunObservation, sel: &Selection, named: bool, now_ms: u6
         Err(_) if !named => return Decision::Skip,
         Err(e) => return Refuse(Refusal::Unreadable(e.clone())),
     };
-    let picked_by_filters = rec.state.is_terminal() && sel.matches(rec, now_ms);
+    let picked_by_filters = rec.state.is_terminal() && sel.matches(rec, now);
     if !named && !picked_by_filters {
         return Decision::Skip;
     }
@@ -320,7 +322,7 @@ pub fn decide_run(obs: &RunObservation, sel: &Selection, named: bool, now_ms: u6
     if !rec.state.is_terminal() {
         return Refuse(Refusal::NotTerminal(rec.state));
     }
-    if !sel.matches(rec, now_ms) {
+    if !sel.matches(rec, now) {
         return Refuse(Refusal::NotSelected);
     }
     Decision::Remove
@@ -359,9 +361,9 @@ pub fn decide(
     subtree: &std::result::Result<Vec<NestedObservation>, String>,
     sel: &Selection,
     named: bool,
-    now_ms: u64,
+    now: &Now,
 ) -> Decision {
-    match decide_run(obs, sel, named, now_ms) {
+    match decide_run(obs, sel, named, now) {
         Decision::Remove => match decide_subtree(subtree) {
             Some(r) => Decision::Refuse(r),
             None => Decision::Remove,
@@ -566,7 +568,8 @@ pub fn reap(
         dry_run: dry,
         ..Report::default()
     };
-    let now = now_ms();
+    let clock = Now::current();
+    let now = clock.wall_ms;
     let runs_dir = root.runs_dir();
 
     // Names are resolved before waiting for another reap, so a run it removes meanwhile is
@@ -693,7 +696,7 @@ pub fn reap(
     let ctx = Ctx {
         root,
         sel,
-        now,
+        now: clock,
         dry,
         runs_outside: resolves_outside(root, &runs_dir),
         nested_outside: resolves_outside(root, &nested_root),
@@ -800,7 +803,7 @@ pub fn reap(
 struct Ctx<'a> {
     root: &'a StateRoot,
     sel: &'a Selection,
-    now: u64,
+    now: Now,
     dry: bool,
     runs_outside: Option<String>,
     nested_outside: Option<String>,
@@ -843,7 +846,7 @@ fn examine(ctx: &Ctx<'_>, id: &str, named: bool, kind: EntryKind) -> Examined {
                 // is worth riding out a probe for.
                 obs.liveness = Liveness::Held;
                 obs.record = read_record(&dir.status());
-                if decide_run(&obs, ctx.sel, named, ctx.now) == Decision::Skip {
+                if decide_run(&obs, ctx.sel, named, &ctx.now) == Decision::Skip {
                     return Examined::Skip;
                 }
                 match take_lock(&dir.lock(), true, PROBE_WAIT) {
@@ -864,7 +867,7 @@ fn examine(ctx: &Ctx<'_>, id: &str, named: bool, kind: EntryKind) -> Examined {
             obs.record = read_record(&dir.status());
         }
     }
-    match decide_run(&obs, ctx.sel, named, ctx.now) {
+    match decide_run(&obs, ctx.sel, named, &ctx.now) {
         Decision::Remove => {}
         Decision::Skip => return Examined::Skip,
         Decision::Refuse(r) => return Examined::Refuse(r),
@@ -1161,7 +1164,8 @@ mod tests {
         for state in ALL_STATES {
             for live in ALL_LIVENESS {
                 for named in [true, false] {
-                    let d = decide_run(&obs(state, live), &all_terminal(), named, 5_000);
+                    let d =
+                        decide_run(&obs(state, live), &all_terminal(), named, &Now::wall(5_000));
                     let removable = state.is_terminal() && !live.is_alive();
                     assert_eq!(
                         d == Decision::Remove,
@@ -1185,7 +1189,7 @@ mod tests {
                 &obs(RunState::Complete, Liveness::Held),
                 &all_terminal(),
                 false,
-                0
+                &Now::wall(0)
             ),
             Decision::Refuse(Refusal::Running)
         );
@@ -1198,28 +1202,36 @@ mod tests {
         o.unsafe_path = Some("its run directory is a symlink".into());
         for named in [true, false] {
             assert_eq!(
-                decide_run(&o, &sel, named, 0).refusal().map(Refusal::code),
+                decide_run(&o, &sel, named, &Now::wall(0))
+                    .refusal()
+                    .map(Refusal::code),
                 Some("unsafe-path")
             );
         }
         let mut o = obs(RunState::Complete, Liveness::Free);
         o.record = Err("invalid JSON".into());
         assert_eq!(
-            decide_run(&o, &sel, true, 0).refusal().map(Refusal::code),
+            decide_run(&o, &sel, true, &Now::wall(0))
+                .refusal()
+                .map(Refusal::code),
             Some("unreadable")
         );
-        assert_eq!(decide_run(&o, &sel, false, 0), Decision::Skip);
+        assert_eq!(decide_run(&o, &sel, false, &Now::wall(0)), Decision::Skip);
         let mut o = obs(RunState::Complete, Liveness::Free);
         o.record.as_mut().unwrap().root_run_id = Some("root".into());
         o.record.as_mut().unwrap().depth = 1;
         assert_eq!(
-            decide_run(&o, &sel, true, 0).refusal().map(Refusal::code),
+            decide_run(&o, &sel, true, &Now::wall(0))
+                .refusal()
+                .map(Refusal::code),
             Some("nested-run")
         );
         let mut o = obs(RunState::Complete, Liveness::Free);
         o.id = "notes".into();
         assert_eq!(
-            decide_run(&o, &sel, false, 0).refusal().map(Refusal::code),
+            decide_run(&o, &sel, false, &Now::wall(0))
+                .refusal()
+                .map(Refusal::code),
             Some("unsafe-path")
         );
     }
@@ -1231,20 +1243,37 @@ mod tests {
             older_than: Some(Duration::from_secs(1)),
             ..Default::default()
         };
-        assert!(sel.matches(&rec(RunState::Failed, Some(1_000)), 2_000));
-        assert!(!sel.matches(&rec(RunState::Failed, Some(1_000)), 1_999));
-        assert!(!sel.matches(&rec(RunState::Failed, None), 10_000_000));
-        assert!(!sel.matches(&rec(RunState::Complete, Some(0)), 5_000));
+        assert!(sel.matches(&rec(RunState::Failed, Some(1_000)), &Now::wall(2_000)));
+        // Ended seconds ago on this boot, though the wall clock (stepped while it ran) says an
+        // hour: not old enough.
+        let mut stepped = rec(RunState::Failed, Some(1_000));
+        stepped.clock = Some(record::BootTimes {
+            boot_id: "b".into(),
+            started_at: Some(10),
+            ended_at: Some(500),
+        });
+        let now = Now {
+            wall_ms: 1_000 + 3_600_000,
+            boot_id: "b".into(),
+            boot_ms: Some(1_200),
+        };
+        assert!(!sel.matches(&stepped, &now));
+        assert!(!sel.matches(&rec(RunState::Failed, Some(1_000)), &Now::wall(1_999)));
+        assert!(!sel.matches(&rec(RunState::Failed, None), &Now::wall(10_000_000)));
+        assert!(!sel.matches(&rec(RunState::Complete, Some(0)), &Now::wall(5_000)));
         // Named but not matching: refused, not skipped; by filter: skipped.
         let o = RunObservation {
             record: Ok(rec(RunState::Complete, Some(0))),
             ..obs(RunState::Complete, Liveness::Free)
         };
         assert_eq!(
-            decide_run(&o, &sel, true, 5_000),
+            decide_run(&o, &sel, true, &Now::wall(5_000)),
             Decision::Refuse(Refusal::NotSelected)
         );
-        assert_eq!(decide_run(&o, &sel, false, 5_000), Decision::Skip);
+        assert_eq!(
+            decide_run(&o, &sel, false, &Now::wall(5_000)),
+            Decision::Skip
+        );
         assert!(Selection::default().is_empty());
         assert!(!all_terminal().is_empty());
     }
@@ -1292,7 +1321,7 @@ mod tests {
             &Ok(vec![n(Ok(RunState::Complete), Liveness::Held)]),
             &all_terminal(),
             true,
-            0,
+            &Now::wall(0),
         );
         assert_eq!(d, Decision::Refuse(Refusal::NestedRunning("n".into())));
     }

@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use cohort_common::error::Result;
 use cohort_common::format::layout::StateRoot;
-use cohort_common::format::record::{now_ms, RunState};
+use cohort_common::format::record::{Now, RunState};
 use cohort_common::identity::runtime::{self, Runtime};
 use cohort_common::store::discover::{Found, Origin};
 use cohort_common::store::index::{Outcome, View};
@@ -85,12 +85,14 @@ impl Problem {
     }
 }
 
-/// Decide whether one observed run is a problem (pure). `cutoff` is the start of the window
+/// Decide whether one observed run is a problem (pure). `since` is the window in ms back from
+/// `now`, measured as [`cohort_common::format::record::RunRecord::ended_ago`] does (the boot clock on the same boot, so a
+/// wall-clock step never hides a fresh failure)
 /// (ms since epoch); `runtime_ok` validates a recorded runtime.
 pub fn assess(
     observed: &std::result::Result<Observed, String>,
-    now: u64,
-    cutoff: u64,
+    now: &Now,
+    since: u64,
     runtime_ok: &mut dyn FnMut(&Runtime) -> std::result::Result<(), String>,
 ) -> Option<(Kind, String)> {
     let o = match observed {
@@ -113,8 +115,11 @@ pub fn assess(
         _ => {}
     }
     if r.state == RunState::Failed {
-        let when = r.ended_at.or(r.last_update).or(r.started_at).unwrap_or(0);
-        if when >= cutoff {
+        let ago = r
+            .ended_ago(now)
+            .or_else(|| r.started_ago(now))
+            .unwrap_or(u64::MAX);
+        if ago <= since {
             let err = r
                 .error
                 .clone()
@@ -131,7 +136,7 @@ pub fn assess(
                 kind,
                 format!(
                     "{} ago: {}",
-                    cohort_common::duration::human(now.saturating_sub(when)),
+                    cohort_common::duration::human(ago),
                     cohort_common::format::record::summarize(&err, 160)
                 ),
             ));
@@ -142,8 +147,8 @@ pub fn assess(
 
 /// Run the check over top-level and nested runs; problems in id order.
 pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
-    let now = now_ms();
-    let cutoff = now.saturating_sub(since.as_millis() as u64);
+    let now = Now::current();
+    let since = since.as_millis() as u64;
     let mut view = View::open(root)?;
     let known = view.terminal().clone();
     // Top-level: read everything except terminal runs that cannot be failures in the window.
@@ -154,7 +159,10 @@ pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
         .filter(|f| match known.get(&f.id) {
             Some(k) => {
                 k.state == RunState::Failed
-                    && k.ended_at.or(k.started_at).unwrap_or(u64::MAX) >= cutoff
+                    && k.ended_ago(&now)
+                        .or_else(|| k.started_ago(&now))
+                        .unwrap_or(0)
+                        <= since
             }
             None => true,
         })
@@ -190,7 +198,7 @@ pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
                 },
             );
         }
-        if let Some((kind, message)) = assess(o, now, cutoff, &mut runtime_ok) {
+        if let Some((kind, message)) = assess(o, &now, since, &mut runtime_ok) {
             out.push(Problem {
                 run_id: f.id.clone(),
                 origin: f.origin.word(),
@@ -235,14 +243,41 @@ mod tests {
             o.record.ended_at = Some(50_000);
             o.record.error = Some("boom".into());
         }
-        let got = assess(&o, 60_000, 40_000, &mut ok).unwrap();
+        let got = assess(&o, &Now::wall(60_000), 20_000, &mut ok).unwrap();
         assert_eq!(got.0, Kind::Failed);
         assert!(got.1.contains("boom"), "{}", got.1);
-        assert_eq!(assess(&o, 60_000, 50_001, &mut ok), None);
+        assert_eq!(assess(&o, &Now::wall(60_000), 9_999, &mut ok), None);
         if let Ok(o) = &mut o {
             o.record.error = Some(RUNNER_LOST.into());
         }
-        assert_eq!(assess(&o, 60_000, 0, &mut ok).unwrap().0, Kind::Lost);
+        assert_eq!(
+            assess(&o, &Now::wall(60_000), 60_000, &mut ok).unwrap().0,
+            Kind::Lost
+        );
+    }
+
+    #[test]
+    fn a_failure_recorded_while_the_clock_was_behind_is_still_fresh() {
+        // The run failed 5 s ago by the boot clock; the wall clock was an hour behind when it
+        // wrote endedAt, and is right again now.
+        let mut o = obs(RunState::Failed, Judgement::Trusted);
+        if let Ok(o) = &mut o {
+            o.record.ended_at = Some(1_000);
+            o.record.error = Some("boom".into());
+            o.record.clock = Some(cohort_common::format::record::BootTimes {
+                boot_id: "b".into(),
+                started_at: Some(1_000),
+                ended_at: Some(95_000),
+            });
+        }
+        let now = Now {
+            wall_ms: 1_000 + 3_600_000 + 5_000,
+            boot_id: "b".into(),
+            boot_ms: Some(100_000),
+        };
+        let got = assess(&o, &now, 15 * 60_000, &mut ok).unwrap();
+        assert_eq!(got.0, Kind::Failed);
+        assert!(got.1.starts_with("5s ago"), "{}", got.1);
     }
 
     #[test]
@@ -252,7 +287,10 @@ mod tests {
             (RunState::Stopped, Judgement::Trusted),
             (RunState::Queued, Judgement::Starting),
         ] {
-            assert_eq!(assess(&obs(s, j), 10_000_000, 0, &mut ok), None);
+            assert_eq!(
+                assess(&obs(s, j), &Now::wall(10_000_000), 10_000_000, &mut ok),
+                None
+            );
         }
     }
 
@@ -271,7 +309,7 @@ mod tests {
                 o.record.ended_at = Some(50_000);
                 o.record.error = Some(error.clone());
             }
-            let got = assess(&o, 60_000, 0, &mut ok).unwrap();
+            let got = assess(&o, &Now::wall(60_000), 60_000, &mut ok).unwrap();
             assert_eq!(got.0, kind, "{error}");
             let head: String = error.chars().take(11).collect();
             assert!(got.1.contains(&head), "{}", got.1);
@@ -289,15 +327,18 @@ mod tests {
             });
         }
         let mut gone = |_: &Runtime| Err("Node at /gone/node is not usable".to_string());
-        let got = assess(&o, 0, 0, &mut gone).unwrap();
+        let got = assess(&o, &Now::wall(0), 0, &mut gone).unwrap();
         assert_eq!(got.0, Kind::RuntimeGone);
         assert!(got.1.contains("/gone/node"));
-        assert_eq!(assess(&o, 0, 0, &mut ok), None);
+        assert_eq!(assess(&o, &Now::wall(0), 0, &mut ok), None);
     }
 
     #[test]
     fn corrupt() {
         let e: std::result::Result<Observed, String> = Err("invalid JSON".into());
-        assert_eq!(assess(&e, 0, 0, &mut ok).unwrap().0, Kind::Corrupt);
+        assert_eq!(
+            assess(&e, &Now::wall(0), 0, &mut ok).unwrap().0,
+            Kind::Corrupt
+        );
     }
 }

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use cohort_common::duration;
 use cohort_common::format::layout::RunDir;
-use cohort_common::format::record::{now_ms, RunRecord, RunState, StepStatus};
+use cohort_common::format::record::{now_ms, Now, RunRecord, RunState, StepStatus};
 use cohort_common::os::lock::Liveness;
 use cohort_common::store::discover::Origin;
 use cohort_common::store::observe::Observed;
@@ -94,12 +94,21 @@ fn steps_done(r: &RunRecord) -> String {
     format!("{done}/{}", r.steps.len())
 }
 
-fn duration_of(r: &RunRecord, now: u64) -> String {
-    match (r.started_at, r.ended_at) {
-        (Some(s), Some(e)) => duration::human(e.saturating_sub(s)),
-        (Some(s), None) if r.state == RunState::Running => duration::human(now.saturating_sub(s)),
+/// The run's duration ([`RunRecord::duration_ms`]: the boot clock on one boot, never
+/// negative), for a run that has run at all.
+fn duration_of(r: &RunRecord, now: &Now) -> String {
+    let ran = r.ended_at.is_some() || r.state == RunState::Running;
+    match r.duration_ms(now) {
+        Some(ms) if ran => duration::human(ms),
         _ => "-".into(),
     }
+}
+
+/// "3m ago": how long ago the run started ([`RunRecord::started_ago`]).
+fn age_of(r: &RunRecord, now: &Now) -> String {
+    r.started_ago(now)
+        .map(duration::age)
+        .unwrap_or_else(|| "-".into())
 }
 
 /// The table: ID, STATE, MODE, AGENT, AGE, DURATION, STEPS, TASK. Error rows show `error` and
@@ -107,7 +116,7 @@ fn duration_of(r: &RunRecord, now: u64) -> String {
 /// and name their parent step; legacy and (flat) nested rows are marked in the TASK column.
 /// `colour` paints the state word (see [`use_colour`]).
 pub fn table(rows: &[Row], colour: bool) -> String {
-    let now = now_ms();
+    let now = Now::current();
     let mut cells: Vec<[String; 8]> = vec![[
         "ID".into(),
         "STATE".into(),
@@ -144,10 +153,8 @@ pub fn table(rows: &[Row], colour: bool) -> String {
                     state_word(o),
                     mode_word(r),
                     r.steps.first().map(|s| s.agent.clone()).unwrap_or_default(),
-                    r.started_at
-                        .map(|s| duration::age(now.saturating_sub(s)))
-                        .unwrap_or("-".into()),
-                    duration_of(r, now),
+                    age_of(r, &now),
+                    duration_of(r, &now),
                     steps_done(r),
                     task,
                 ]
@@ -271,14 +278,9 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
             ),
         );
     }
-    line(
-        &mut s,
-        "started",
-        r.started_at
-            .map(|t| duration::age(now.saturating_sub(t)))
-            .unwrap_or("-".into()),
-    );
-    line(&mut s, "duration", duration_of(r, now));
+    let clock = Now::current();
+    line(&mut s, "started", age_of(r, &clock));
+    line(&mut s, "duration", duration_of(r, &clock));
     if let Some(cwd) = &r.cwd {
         line(&mut s, "cwd", cwd.display().to_string());
     }

@@ -23,6 +23,23 @@ impl RunId {
         RunId(Uuid::now_v7())
     }
 
+    /// A fresh id created at `now_ms` (ms since the epoch), but never earlier than 1 ms after
+    /// `floor` (the newest id created before it): when the wall clock steps back, new ids still
+    /// sort after old ones, so listings stay newest-first.
+    pub fn after(floor: Option<&RunId>, now_ms: u64) -> Self {
+        let floor_ms = floor
+            .and_then(|f| id_time(&f.to_string()))
+            .map(|t| t + 1)
+            .unwrap_or(0);
+        let ms = now_ms.max(floor_ms);
+        let ts = uuid::Timestamp::from_unix(
+            uuid::NoContext,
+            ms / 1000,
+            ((ms % 1000) * 1_000_000) as u32,
+        );
+        RunId(Uuid::new_v7(ts))
+    }
+
     /// The short id shown in listings: the last 12 hex digits.
     pub fn short(&self) -> String {
         short_of(&self.to_string()).to_string()
@@ -154,6 +171,21 @@ mod tests {
         assert_eq!(a.short().len(), 12);
         assert!(a.to_string().ends_with(&a.short()));
         assert_eq!(a.to_string().parse::<RunId>().unwrap(), a);
+    }
+
+    #[test]
+    fn ids_after_a_floor_sort_after_it_whatever_the_clock_says() {
+        let floor = RunId::after(None, 5_000_000);
+        assert_eq!(id_time(&floor.to_string()), Some(5_000_000));
+        // The wall clock stepped back an hour.
+        let next = RunId::after(Some(&floor), 5_000_000 - 3_600_000);
+        assert!(next > floor && next.to_string() > floor.to_string());
+        assert_eq!(id_time(&next.to_string()), Some(5_000_001));
+        // A clock ahead of the floor wins.
+        assert_eq!(
+            id_time(&RunId::after(Some(&floor), 9_000_000).to_string()),
+            Some(9_000_000)
+        );
     }
 
     #[test]

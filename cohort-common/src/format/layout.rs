@@ -29,6 +29,9 @@ pub const INDEX_DIR: &str = ".status-index";
 pub const REAP_TRASH_DIR: &str = ".reap-trash";
 /// The lock reapers take turns on, under the state root.
 pub const REAPER_LOCK: &str = ".reap.lock";
+/// The id of the newest run spawn created, under the state root: a floor for the next id, so
+/// ids (and listings) stay in creation order when the wall clock steps back.
+pub const LAST_RUN_ID: &str = ".last-run-id";
 
 /// The run record.
 pub const STATUS_FILE: &str = "status.json";
@@ -161,6 +164,11 @@ impl StateRoot {
     /// `R/.reap.lock`: the lock reapers take turns on.
     pub fn reaper_lock(&self) -> PathBuf {
         self.root.join(REAPER_LOCK)
+    }
+
+    /// `R/.last-run-id`: the newest run id spawn created.
+    pub fn last_run_id(&self) -> PathBuf {
+        self.root.join(LAST_RUN_ID)
     }
 
     /// `R/sessions/async-<runId>`: the default Pi session dir of a run.

@@ -139,6 +139,23 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     sync_dir(dir)
 }
 
+/// Replace `path` with `bytes` atomically but not durably (temp file + rename, no fsync): for
+/// caches and hints, whose loss after a crash costs only time. A reader sees the old or the
+/// new file, never a torn one.
+pub fn replace_unsynced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut tmp = tempfile::Builder::new()
+        .prefix(TEMP_PREFIX)
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(FILE_MODE))
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
 /// Serialize `value` as pretty JSON (with a trailing newline) and [`write_atomic`] it.
 pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let mut bytes = serde_json::to_vec_pretty(value).map_err(|source| Error::Json {
