@@ -268,9 +268,9 @@ mod tests {
         assert_eq!(staging_dirs(&root).unwrap().len(), 4);
         let now = crate::format::record::now_ms();
         let mut got: Vec<RunDir> = abandoned_staging(&root, now).unwrap();
-        got.sort_by(|a, b| a.name().cmp(&b.name()));
+        got.sort_by_key(|d| d.name());
         let mut want = vec![killed.clone(), nested_killed.clone()];
-        want.sort_by(|a, b| a.name().cmp(&b.name()));
+        want.sort_by_key(|d| d.name());
         assert_eq!(got, want);
         // An hour later the lockless one is debris too.
         let later = abandoned_staging(&root, now + 3_600_000).unwrap();
