@@ -127,7 +127,7 @@ pub fn capture(req: &RuntimeRequest) -> Result<(Runtime, RuntimeSource), Runtime
         (None, None) => (
             find_on_path("pi", &path_var).ok_or_else(|| RuntimeError::NotFound {
                 what: "pi",
-                hint: "no `pi` on PATH; install it (npm install -g @mariozechner/pi-coding-agent) or pass --pi-entry PATH/TO/dist/cli.js".into(),
+                hint: "no `pi` on PATH; install it (npm install -g @earendil-works/pi-coding-agent, or @mariozechner/pi-coding-agent on Node 20) or pass --pi-entry with the package's declared CLI (bin.pi of its package.json)".into(),
             })?,
             RuntimeSource::Path,
         ),
@@ -206,10 +206,7 @@ pub fn validate(node: &Path, entry: &Path) -> Result<Runtime, RuntimeError> {
                 ))
             })?;
             if declared != entry_c {
-                return Err(bad_entry(format!(
-                    "it is not the package's declared CLI ({})",
-                    declared.display()
-                )));
+                return Err(bad_entry(not_declared_cli(&declared)));
             }
             return Ok(Runtime {
                 node_exec_path: node_c,
@@ -222,6 +219,16 @@ pub fn validate(node: &Path, entry: &Path) -> Result<Runtime, RuntimeError> {
     Err(bad_entry(
         "it is not inside an npm package (no package.json above it); standalone binaries and custom hosts are unsupported".into(),
     ))
+}
+
+/// Why an entry that is not its package's declared CLI is refused, naming the path that is.
+/// Pi 1.x (`@earendil-works/pi-coding-agent`) still ships `dist/cli.js`, the 0.x CLI path, but
+/// declares `dist/bundle/cli.js` in `bin.pi`: a 0.x-era `--pi-entry` lands here.
+pub fn not_declared_cli(declared: &Path) -> String {
+    format!(
+        "it is not the package's declared CLI; use {}, the package's declared CLI",
+        declared.display()
+    )
 }
 
 /// The declared CLI of a `package.json`: `bin` when it is a string, else `bin.pi`, else the only
@@ -320,10 +327,16 @@ mod tests {
         let entry = fake_package(&t.path().join("pkg"), PI_PACKAGE_NAMES[1]);
         let node = fake_node(t.path());
         let other = entry.with_file_name("other.js");
-        assert!(matches!(
-            validate(&node, &other),
-            Err(RuntimeError::BadEntry { .. })
-        ));
+        let err = validate(&node, &other).unwrap_err();
+        assert!(matches!(err, RuntimeError::BadEntry { .. }));
+        let declared = entry.canonicalize().unwrap();
+        assert!(
+            err.to_string().ends_with(&format!(
+                "use {}, the package's declared CLI",
+                declared.display()
+            )),
+            "{err}"
+        );
         let foreign = fake_package(&t.path().join("foreign"), "left-pad");
         assert!(matches!(
             validate(&node, &foreign),
@@ -333,6 +346,33 @@ mod tests {
             validate(&node, &t.path().join("missing.js")),
             Err(RuntimeError::BadEntry { .. })
         ));
+    }
+
+    #[test]
+    fn the_pi_0x_path_in_a_1x_package_is_refused_naming_the_bundle_cli() {
+        // Pi 1.x ships dist/cli.js but declares dist/bundle/cli.js.
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("pkg");
+        fs::create_dir_all(root.join("dist/bundle")).unwrap();
+        fs::write(
+            root.join("package.json"),
+            json!({"name": PI_PACKAGE_NAMES[1], "bin": {"pi": "dist/bundle/cli.js"}}).to_string(),
+        )
+        .unwrap();
+        fs::write(root.join("dist/cli.js"), "").unwrap();
+        fs::write(root.join("dist/bundle/cli.js"), "").unwrap();
+        let node = fake_node(t.path());
+        let err = validate(&node, &root.join("dist/cli.js")).unwrap_err();
+        let bundle = root.join("dist/bundle/cli.js").canonicalize().unwrap();
+        assert!(
+            err.to_string().contains(&format!(
+                "use {}, the package's declared CLI",
+                bundle.display()
+            )),
+            "{err}"
+        );
+        let rt = validate(&node, &root.join("dist/bundle/cli.js")).unwrap();
+        assert_eq!(rt.pi_entry_path, bundle);
     }
 
     #[test]
