@@ -389,7 +389,10 @@ pub fn render(r: &Report) -> String {
                 r.runtime.node_version.as_deref().unwrap_or("unknown")
             ));
             s.push_str(&format!("  pi entry     {}\n", rt.pi_entry_path.display()));
-            s.push_str(&format!("  pi package   {}\n", rt.pi_package_root.display()));
+            s.push_str(&format!(
+                "  pi package   {}\n",
+                rt.pi_package_root.display()
+            ));
             if let Some(p) = &r.runtime.pi_package {
                 s.push_str(&format!(
                     "  pi version   {} {}{}\n",
