@@ -8,7 +8,11 @@
 //! `tool_execution_end` are parsed in full. Memory stays flat however long the stream is,
 //! bounded by the longest *kept* line.
 //!
-//! Event shapes are Pi 0.73's (`dist/modes/print-mode.js` prints the agent session's events).
+//! Event shapes are those of Pi 0.73.1 (`dist/modes/print-mode.js` prints the agent session's
+//! events) and Pi 1.6.0, checked on both by `tests/tests/pi_contract.rs`. 1.6 differs only where
+//! cohort does not look: a `message_update` carries `usage` before `assistantMessageEvent` and
+//! no `partial`, a `role: system` message opens the stream, and `agent_settled` follows
+//! `agent_end`.
 //! Pi exits 0 even when the model call failed, so success is decided from the stream
 //! ([`decide_step`]): the last assistant message's `stopReason` of `error` or `aborted`, or a
 //! stream that ends without `agent_end`, is a failure.

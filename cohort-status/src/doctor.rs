@@ -3,7 +3,9 @@
 //! The report has parts, each gathered by its own function:
 //!
 //! - [`runtime_now`]: the runtime `cohort-spawn` would capture now (default request: flags
-//!   absent, so `COHORT_NODE`/`COHORT_PI_ENTRY`, else `PATH`) and why it is or isn't valid;
+//!   absent, so `COHORT_NODE`/`COHORT_PI_ENTRY`, else `PATH`) and why it is or isn't valid,
+//!   its Node version and Pi package version, and whether that Node meets the package's
+//!   `engines.node` ([`crate::engines`]);
 //! - [`recorded_runtimes`]: each distinct runtime recorded by live or revivable runs, and
 //!   whether it is still present and valid (a revival uses it, never today's `PATH`);
 //! - [`state_root`]: the state root, whether it exists, its owner and permission bits (it
@@ -13,7 +15,7 @@
 //! - disk use of the state root (a walk that never follows symlinks), split by part.
 //!
 //! Exit status (binary): 0 when nothing is wrong, 1 when the report holds a warning (invalid
-//! runtime now, a recorded runtime gone, a state root others can read or owned by someone
+//! runtime now, a Node outside its Pi package's `engines.node`, a recorded runtime gone, a state root others can read or owned by someone
 //! else).
 
 use std::collections::BTreeMap;
@@ -34,6 +36,8 @@ use cohort_common::os::tree;
 use cohort_common::store::discover::{self, Origin};
 use cohort_common::store::index::{Outcome, View};
 
+use crate::engines;
+
 /// The runtime part of the report.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -44,26 +48,77 @@ pub struct RuntimeReport {
     pub runtime: Option<runtime::Runtime>,
     /// Why there is no valid runtime.
     pub error: Option<String>,
+    /// What its Node prints for `node --version` (e.g. `v22.23.5`); `None` without a valid
+    /// runtime or when Node did not answer (then a warning says why).
+    pub node_version: Option<String>,
+    /// Name, version and `engines.node` of its Pi package; `None` without a valid runtime.
+    pub pi_package: Option<runtime::PackageInfo>,
+    /// Problems with a runtime that is otherwise valid: a Node that does not answer
+    /// `--version`, or one outside the Pi package's `engines.node`.
+    pub warnings: Vec<String>,
 }
 
-/// The runtime `cohort-spawn` would capture now, with the default request.
+/// The runtime `cohort-spawn` would capture now, with the default request, with its Node and
+/// Pi versions (this runs `node --version`: see [`engines::node_version`]).
 pub fn runtime_now() -> RuntimeReport {
     match runtime::capture(&RuntimeRequest::default()) {
-        Ok((rt, src)) => RuntimeReport {
-            source: Some(
-                serde_json::to_value(src)
-                    .ok()
-                    .and_then(|v| v.as_str().map(String::from))
-                    .unwrap_or_default(),
-            ),
-            runtime: Some(rt),
-            error: None,
-        },
+        Ok((rt, src)) => {
+            let node_version = engines::node_version(&rt.node_exec_path).map_err(|e| e.to_string());
+            let pi_package = runtime::package_info(&rt.pi_package_root);
+            let warnings = runtime_warnings(&rt, pi_package.as_ref().ok(), &node_version);
+            RuntimeReport {
+                source: Some(
+                    serde_json::to_value(src)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default(),
+                ),
+                node_version: node_version.ok(),
+                pi_package: pi_package.ok(),
+                runtime: Some(rt),
+                error: None,
+                warnings,
+            }
+        }
         Err(e) => RuntimeReport {
             source: None,
             runtime: None,
             error: Some(e.to_string()),
+            node_version: None,
+            pi_package: None,
+            warnings: Vec::new(),
         },
+    }
+}
+
+/// What is wrong with a valid runtime `rt` whose package says `pkg` and whose Node answered
+/// `node_version` (its `--version` output, or why it did not answer). Pure. An unreadable
+/// `engines.node` is not a warning: the range is the package's claim, and cohort cannot judge
+/// it.
+pub fn runtime_warnings(
+    rt: &runtime::Runtime,
+    pkg: Option<&runtime::PackageInfo>,
+    node_version: &std::result::Result<String, String>,
+) -> Vec<String> {
+    let version = match node_version {
+        Ok(v) => v,
+        Err(e) => return vec![format!("cannot tell the Node version: {e}")],
+    };
+    let Some(pkg) = pkg else {
+        return Vec::new();
+    };
+    match engines::check(pkg.node_engines.as_deref(), version) {
+        engines::Verdict::NotMet => vec![format!(
+            "{} {} needs Node {} (engines.node) but {} is {version}: Pi will fail to start on it; \
+             install a Node that meets the range and put it first on PATH (or pass --node)",
+            pkg.name,
+            pkg.version.as_deref().unwrap_or("(no version)"),
+            pkg.node_engines.as_deref().unwrap_or_default(),
+            rt.node_exec_path.display(),
+        )],
+        engines::Verdict::Met | engines::Verdict::NoRange | engines::Verdict::Unreadable(_) => {
+            Vec::new()
+        }
     }
 }
 
@@ -240,6 +295,7 @@ impl Report {
     /// Whether anything in the report is a problem (exit 1).
     pub fn has_warnings(&self) -> bool {
         self.runtime.error.is_some()
+            || !self.runtime.warnings.is_empty()
             || !self.state_root.warnings.is_empty()
             || self.recorded_runtimes.iter().any(|r| r.error.is_some())
     }
@@ -349,9 +405,30 @@ pub fn render(r: &Report) -> String {
                 "  ok, from {}\n",
                 r.runtime.source.as_deref().unwrap_or("?")
             ));
-            s.push_str(&format!("  node        {}\n", rt.node_exec_path.display()));
-            s.push_str(&format!("  pi entry    {}\n", rt.pi_entry_path.display()));
-            s.push_str(&format!("  pi package  {}\n", rt.pi_package_root.display()));
+            s.push_str(&format!("  node         {}\n", rt.node_exec_path.display()));
+            s.push_str(&format!(
+                "  node version {}\n",
+                r.runtime.node_version.as_deref().unwrap_or("unknown")
+            ));
+            s.push_str(&format!("  pi entry     {}\n", rt.pi_entry_path.display()));
+            s.push_str(&format!(
+                "  pi package   {}\n",
+                rt.pi_package_root.display()
+            ));
+            if let Some(p) = &r.runtime.pi_package {
+                s.push_str(&format!(
+                    "  pi version   {} {}{}\n",
+                    p.name,
+                    p.version.as_deref().unwrap_or("(no version)"),
+                    p.node_engines
+                        .as_deref()
+                        .map(|e| format!(" (needs Node {e})"))
+                        .unwrap_or_default()
+                ));
+            }
+            for w in &r.runtime.warnings {
+                s.push_str(&format!("  WARNING: {w}\n"));
+            }
         }
         (None, Some(e)) => s.push_str(&format!("  NOT VALID: {e}\n")),
         (None, None) => s.push_str("  unknown\n"),
@@ -466,5 +543,33 @@ mod tests {
     }
 
     #[test]
-    fn bytes() {}
+    fn a_node_outside_engines_is_a_warning() {
+        let rt = runtime::Runtime {
+            node_exec_path: "/usr/bin/node".into(),
+            pi_entry_path: "/p/dist/bundle/cli.js".into(),
+            pi_package_root: "/p".into(),
+        };
+        let pkg = |engines: Option<&str>| runtime::PackageInfo {
+            name: "@earendil-works/pi-coding-agent".into(),
+            version: Some("1.6.0".into()),
+            node_engines: engines.map(String::from),
+        };
+        let w = runtime_warnings(&rt, Some(&pkg(Some(">=22.19.0"))), &Ok("v20.20.2".into()));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("@earendil-works/pi-coding-agent 1.6.0 needs Node >=22.19.0")
+                && w[0].contains("/usr/bin/node is v20.20.2"),
+            "{w:?}"
+        );
+        let met = runtime_warnings(&rt, Some(&pkg(Some(">=22.19.0"))), &Ok("v22.23.5".into()));
+        assert!(met.is_empty(), "{met:?}");
+        assert!(runtime_warnings(&rt, Some(&pkg(None)), &Ok("v1.0.0".into())).is_empty());
+        assert!(runtime_warnings(&rt, Some(&pkg(Some("?!"))), &Ok("v1.0.0".into())).is_empty());
+        assert!(runtime_warnings(&rt, None, &Ok("v1.0.0".into())).is_empty());
+        let silent = runtime_warnings(&rt, Some(&pkg(Some(">=22"))), &Err("timed out".into()));
+        assert_eq!(
+            silent,
+            vec!["cannot tell the Node version: timed out".to_string()]
+        );
+    }
 }

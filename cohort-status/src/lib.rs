@@ -7,7 +7,8 @@
 //! - [`wait`]: `--wait` (a blocking lock, no polling) and `--follow`;
 //! - [`output`]: a run's answer for `--output`;
 //! - [`check`]: the cron check;
-//! - [`doctor`]: the installation report.
+//! - [`doctor`]: the installation report;
+//! - [`engines`]: whether a runtime's Node meets its Pi package's `engines.node`.
 //!
 //! Reading runs (discovery, reconciliation, the index) is `cohort_common::store`'s: every
 //! program reads runs the same way.
@@ -17,6 +18,7 @@
 pub mod check;
 pub mod cmd;
 pub mod doctor;
+pub mod engines;
 pub mod listing;
 pub mod output;
 pub mod render;

@@ -548,6 +548,21 @@ fn doctor_reports_runtime_root_counts_and_disk() {
         t.contains(&env.pi_entry.canonicalize().unwrap().display().to_string()),
         "{t}"
     );
+    // The versions of the runtime it would capture: the generation under test on its Node.
+    let g = cohort_e2e::pi::generation();
+    assert!(
+        t.contains(&format!(
+            "  pi version   {} {} (needs Node ",
+            g.package, g.version
+        )),
+        "{t}"
+    );
+    let node_version = cohort_status::engines::node_version(&env.node).unwrap();
+    assert!(
+        t.contains(&format!("  node version {node_version}\n")),
+        "{t}"
+    );
+    assert!(!t.contains("WARNING"), "{t}");
     assert!(t.contains("mode 0700"), "{t}");
     assert!(
         t.contains("complete   1") && t.contains("failed     1"),
@@ -583,6 +598,55 @@ fn doctor_reports_runtime_root_counts_and_disk() {
             .unwrap()
             .contains("0755"),
         "{v:#}"
+    );
+}
+
+#[test]
+fn doctor_warns_when_node_is_outside_the_pi_packages_engines() {
+    let env = TestEnv::new();
+    // A `node` first on PATH that says it is v18.0.0: below what either Pi generation declares
+    // (0.73.1: >=20.6.0, 1.6.0: >=22.19.0).
+    let old = env.tmp.path().join("old-node");
+    std::fs::create_dir(&old).unwrap();
+    let node = old.join("node");
+    std::fs::write(&node, "#!/bin/sh\necho v18.0.0\n").unwrap();
+    std::fs::set_permissions(&node, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut path = std::ffi::OsString::from(&old);
+    path.push(":");
+    path.push(env.path_var());
+    let out = env
+        .cmd("cohort-status")
+        .env("PATH", &path)
+        .args(["--doctor", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let rt = &v["runtime"];
+    let g = cohort_e2e::pi::generation();
+    assert_eq!(rt["nodeVersion"], "v18.0.0", "{rt:#}");
+    assert_eq!(rt["piPackage"]["name"], g.package, "{rt:#}");
+    assert_eq!(rt["piPackage"]["version"], g.version, "{rt:#}");
+    let engines = rt["piPackage"]["nodeEngines"].as_str().unwrap();
+    let w = rt["warnings"][0].as_str().unwrap_or_default();
+    assert!(
+        w.contains(&format!("{} {} needs Node {engines}", g.package, g.version))
+            && w.contains("is v18.0.0"),
+        "{rt:#}"
+    );
+    // The text form says the same, and the Node it names is the one on PATH.
+    let out = env
+        .cmd("cohort-status")
+        .env("PATH", &path)
+        .arg("--doctor")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let t = stdout(&out);
+    assert!(t.contains("  node version v18.0.0\n"), "{t}");
+    assert!(
+        t.contains(&format!("WARNING: {w}")) && t.contains(&node.display().to_string()),
+        "{t}"
     );
 }
 
