@@ -1,12 +1,71 @@
-//! Helpers shared by the four binaries: printing an error chain once with the right exit code,
-//! treating a closed stdout (`cohort-status | head -1`) as success, and byte sizes in the same
-//! human units everywhere.
+//! Helpers shared by the four binaries: parsing the command line with usage errors on one line,
+//! printing an error chain once with the right exit code, treating a closed stdout
+//! (`cohort-status | head -1`) as success, and byte sizes in the same human units everywhere.
+//!
+//! Usage errors are rendered here rather than by clap: clap prints three to seven lines (a tip,
+//! the usage, "For more information…"), and its tip for a value that starts with `-` ("use
+//! `-- -5m`") is wrong for cohort, where everything after `--` goes to Pi.
 
 use std::error::Error as StdError;
 use std::io::{self, Write};
 use std::process::ExitCode;
 
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+
 use crate::exit;
+
+/// Parse the command line into `A`, the way every cohort binary does: `--help` and `--version`
+/// print in full on stdout and exit 0; any other error is one line on stderr,
+/// `<bin>: error: …` ([`usage_line`]), and exit 2 ([`exit::ERROR`]). `task_hint`: the
+/// binary takes free-text tasks, so an unexpected argument that looks like a task starting with
+/// `-` gets a hint to read it from stdin. `Err` carries the exit code to return from `main`.
+pub fn parse_args<A: clap::Parser>(bin: &str, task_hint: bool) -> Result<A, ExitCode> {
+    A::try_parse().map_err(|e| match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            ExitCode::from(exit::SUCCESS)
+        }
+        _ => {
+            let _ = writeln!(io::stderr(), "{}", usage_line(bin, &e, task_hint));
+            ExitCode::from(exit::ERROR)
+        }
+    })
+}
+
+/// The one line a usage error prints (pure over the error): `<bin>: error: <what clap found>;
+/// try '<bin> --help'`, with clap's tips and usage dropped and a multi-line message (a list of
+/// missing arguments) joined with spaces. With `task_hint`, an unexpected argument that starts
+/// with a single `-` or holds a space — a task, not a mistyped flag — is followed by how to pass
+/// it: from stdin with `-`.
+pub fn usage_line(bin: &str, err: &clap::Error, task_hint: bool) -> String {
+    let rendered = err.render().to_string();
+    let head = rendered.split("\n\n").next().unwrap_or("");
+    let mut msg = head
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    if let Some(rest) = msg.strip_prefix("error: ") {
+        msg = rest.to_string();
+    }
+    let invalid = match err.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(s)) => Some(s.as_str()),
+        _ => None,
+    };
+    match invalid {
+        Some(arg)
+            if task_hint
+                && err.kind() == ErrorKind::UnknownArgument
+                && ((arg.starts_with('-') && !arg.starts_with("--")) || arg.contains(' ')) =>
+        {
+            format!(
+                "{bin}: error: {msg}; a task that starts with '-' is read from stdin: echo '{arg} …' | {bin} -"
+            )
+        }
+        _ => format!("{bin}: error: {msg}; try '{bin} --help'"),
+    }
+}
 
 /// Print `err` and its causes on stderr as one line, `<bin>: error: …`, and return the exit code:
 /// the [`crate::Error::exit_code`] of the first library error in the chain, else
@@ -64,6 +123,67 @@ pub fn human_bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    /// A command line with the shapes the binaries use.
+    #[derive(Parser, Debug)]
+    #[command(name = "t", version)]
+    struct T {
+        tasks: Vec<String>,
+        #[arg(long, value_parser = crate::duration::parse)]
+        since: Option<std::time::Duration>,
+        #[arg(long)]
+        a: bool,
+        #[arg(long, conflicts_with = "a")]
+        b: bool,
+        #[arg(long, required = true)]
+        need: Option<String>,
+    }
+
+    fn line(args: &[&str], hint: bool) -> String {
+        let e = T::try_parse_from(std::iter::once("t").chain(args.iter().copied())).unwrap_err();
+        usage_line("t", &e, hint)
+    }
+
+    #[test]
+    fn usage_errors_are_one_line_without_clap_tips() {
+        let cases: [(&[&str], &str); 5] = [
+            (
+                &["--need", "x", "--bogus"],
+                "unexpected argument '--bogus' found",
+            ),
+            (
+                &["--need", "x", "--since", "7"],
+                "duration \"7\" has no unit",
+            ),
+            (&["--need", "x", "--a", "--b"], "cannot be used with"),
+            (
+                &[],
+                "the following required arguments were not provided: --need <NEED>",
+            ),
+            (
+                &["--need", "x", "--since", "-5m"],
+                "unexpected argument '-5' found",
+            ),
+        ];
+        for (args, want) in cases {
+            let l = line(args, false);
+            assert!(!l.contains('\n'), "{args:?}: {l}");
+            assert!(l.starts_with("t: error: "), "{args:?}: {l}");
+            assert!(l.contains(want), "{args:?}: {l}");
+            assert!(!l.contains("tip:") && !l.contains("'--'"), "{args:?}: {l}");
+            assert!(l.ends_with("try 't --help'"), "{args:?}: {l}");
+        }
+    }
+
+    #[test]
+    fn a_task_that_looks_like_a_flag_gets_the_stdin_hint() {
+        let l = line(&["--need", "x", "-v means verbose"], true);
+        assert!(l.contains("read from stdin: echo '-v …' | t -"), "{l}");
+        // A mistyped long flag is not a task: no hint.
+        let l = line(&["--need", "x", "--bogus"], true);
+        assert!(l.ends_with("try 't --help'"), "{l}");
+    }
 
     #[test]
     fn bytes_in_binary_units() {

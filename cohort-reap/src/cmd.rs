@@ -31,7 +31,7 @@ pub struct Args {
     #[arg(long, value_parser = parse_terminal)]
     state: Vec<RunState>,
     /// Select runs that ended at least this long ago (e.g. 7d, 12h, 90m).
-    #[arg(long, value_parser = duration::parse, value_name = "DURATION")]
+    #[arg(long, value_parser = duration::parse, allow_hyphen_values = true, value_name = "DURATION")]
     older_than: Option<Duration>,
     /// Select every terminal top-level run (narrow it with --state/--older-than).
     #[arg(long, conflicts_with = "ids")]
@@ -44,7 +44,7 @@ pub struct Args {
     #[arg(long)]
     json: bool,
     /// How long to wait for another cohort-reap working on the same state root.
-    #[arg(long, value_parser = duration::parse, value_name = "DURATION", default_value = "30s")]
+    #[arg(long, value_parser = duration::parse, allow_hyphen_values = true, value_name = "DURATION", default_value = "30s")]
     wait: Duration,
 }
 

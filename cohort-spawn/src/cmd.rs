@@ -84,13 +84,13 @@ pub struct Args {
     #[arg(long, requires = "shape")]
     fail_fast: bool,
     /// Deadline for the whole run (e.g. 30m, 1h).
-    #[arg(long, value_parser = duration::parse_positive)]
+    #[arg(long, value_parser = duration::parse_positive, allow_hyphen_values = true)]
     timeout: Option<std::time::Duration>,
     /// Deadline for each step (e.g. 10m).
-    #[arg(long, value_parser = duration::parse_positive)]
+    #[arg(long, value_parser = duration::parse_positive, allow_hyphen_values = true)]
     step_timeout: Option<std::time::Duration>,
     /// Grace between SIGTERM and SIGKILL when stopping a child.
-    #[arg(long, value_parser = duration::parse, default_value = "5s")]
+    #[arg(long, value_parser = duration::parse, allow_hyphen_values = true, default_value = "5s")]
     grace: std::time::Duration,
     /// Cap of each step's output log, in bytes.
     #[arg(long, default_value_t = 16 << 20)]

@@ -39,7 +39,7 @@ pub struct Args {
     #[arg(long)]
     wait: bool,
     /// With --wait: give up after this long (exit 124).
-    #[arg(long, value_parser = duration::parse_positive, requires = "wait")]
+    #[arg(long, value_parser = duration::parse_positive, allow_hyphen_values = true, requires = "wait")]
     timeout: Option<Duration>,
     /// Stream a run's output logs live, like `tail -f`; exit 0 if it completes, 1 otherwise.
     #[arg(long, conflicts_with_all = ["wait", "output", "pid", "check", "doctor"])]
@@ -59,10 +59,10 @@ pub struct Args {
     state: Vec<RunState>,
     /// List only runs started within this long (e.g. 2h, 3d); with --check, the window for
     /// failures (default 24h).
-    #[arg(long, value_parser = duration::parse)]
+    #[arg(long, value_parser = duration::parse, allow_hyphen_values = true)]
     since: Option<Duration>,
     /// List at most this many runs, newest first (0: all).
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 50, value_parser = parse_limit, allow_hyphen_values = true)]
     limit: usize,
     /// Include nested runs and legacy (pi-subagents) runs in the listing.
     #[arg(long)]
@@ -81,6 +81,11 @@ pub struct Args {
 
 fn parse_state(s: &str) -> Result<RunState, String> {
     s.parse()
+}
+
+fn parse_limit(s: &str) -> Result<usize, String> {
+    s.parse()
+        .map_err(|_| format!("--limit takes a count of runs, 0 or more (0: all), not {s:?}"))
 }
 
 fn usage(msg: &str) -> anyhow::Error {
