@@ -20,10 +20,7 @@ use crate::reap::{self, Options, Outcome, Selection};
 /// of any run in its nested subtree. Nothing is removed unless selected: name runs, or use
 /// --state, --older-than or --all-terminal.
 #[derive(Parser)]
-#[command(
-    version,
-    after_help = "Exit codes: 0 everything selected was removed (or would be, with --dry-run); 1 some runs were refused; 2 usage or operational error.\nJSON Lines fields: see docs/reap.md."
-)]
+#[command(version, after_help = cli::exit_codes_help(MAN.exit_codes))]
 pub struct Args {
     /// Runs to remove (full id, short id, or a unique prefix of 8+ characters).
     ids: Vec<String>,
@@ -46,7 +43,42 @@ pub struct Args {
     /// How long to wait for another cohort-reap working on the same state root.
     #[arg(long, value_parser = duration::parse, allow_hyphen_values = true, value_name = "DURATION", default_value = "30s")]
     wait: Duration,
+    /// Print a completion script (complete-bash, complete-zsh, complete-fish) or the man page
+    /// (man) on stdout, and exit.
+    #[arg(long, value_name = "KIND", exclusive = true)]
+    generate: Option<cli::Generate>,
 }
+
+/// The man page's additions: exit codes (also in `--help`) and examples.
+pub const MAN: cli::ManPage = cli::ManPage {
+    exit_codes: &[
+        (
+            exit::SUCCESS,
+            "everything selected was removed (or would be, with --dry-run)",
+        ),
+        (exit::NEGATIVE, "some runs were refused"),
+        (exit::ERROR, "usage or operational error"),
+    ],
+    examples: &[
+        (
+            "cohort-reap --dry-run --all-terminal",
+            "The plan: what would go (with sizes), what stays and why.",
+        ),
+        (
+            "cohort-reap --all-terminal --older-than 7d",
+            "Remove every finished run that ended a week ago or more.",
+        ),
+        (
+            "cohort-reap --state failed --state stopped",
+            "Remove failed and stopped runs.",
+        ),
+        (
+            "cohort-reap 0e5b8ad1c3f2",
+            "Remove one run by its short id.",
+        ),
+    ],
+    sections: &[],
+};
 
 fn parse_terminal(s: &str) -> Result<RunState, String> {
     let st: RunState = s.parse()?;
@@ -61,6 +93,11 @@ fn parse_terminal(s: &str) -> Result<RunState, String> {
 
 /// Run the command line `args`; the binary maps the result to an exit code.
 pub fn run(args: Args) -> anyhow::Result<u8> {
+    if let Some(kind) = args.generate {
+        use clap::CommandFactory;
+        cli::out_bytes(&cli::generate(Args::command(), kind, &MAN))?;
+        return Ok(exit::SUCCESS);
+    }
     let root = StateRoot::from_env()?;
     let sel = Selection {
         names: args.ids,

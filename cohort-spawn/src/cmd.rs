@@ -16,7 +16,7 @@ use cohort_common::format::record::RunMode;
 use cohort_common::format::route;
 use cohort_common::format::spec::{self, ChainStep, ParallelSpec, RunOptions, TaskSpec};
 use cohort_common::identity::runtime::{self, RuntimeRequest};
-use cohort_common::{cli, duration};
+use cohort_common::{cli, duration, exit};
 
 use crate::revive;
 use crate::spawn::{self, SpawnRequest};
@@ -26,10 +26,7 @@ use crate::spawn::{self, SpawnRequest};
 /// Everything after `--` is passed to each Pi child verbatim.
 #[derive(Parser)]
 #[command(group(clap::ArgGroup::new("shape").args(["parallel", "chain"])))]
-#[command(
-    version,
-    after_help = "Exit codes: 0 started, 2 usage or start error (a failed record is left behind), 3 Pi runtime missing or invalid."
-)]
+#[command(version, after_help = cli::exit_codes_help(MAN.exit_codes))]
 pub struct Args {
     /// The task; `-` reads it from stdin. With --parallel, one task per member.
     tasks: Vec<String>,
@@ -108,7 +105,46 @@ pub struct Args {
     /// Print one JSON object ({"runId", "shortId", "runDir", "runtime"}) instead of the id.
     #[arg(long)]
     json: bool,
+    /// Print a completion script (complete-bash, complete-zsh, complete-fish) or the man page
+    /// (man) on stdout, and exit.
+    #[arg(long, value_name = "KIND", exclusive = true)]
+    generate: Option<cli::Generate>,
 }
+
+/// The man page's additions: exit codes (also in `--help`) and examples.
+pub const MAN: cli::ManPage = cli::ManPage {
+    exit_codes: &[
+        (exit::SUCCESS, "the run started"),
+        (
+            exit::ERROR,
+            "usage or start error (a start that fails after the run exists leaves a failed record saying why)",
+        ),
+        (exit::RUNTIME, "the Pi runtime is missing or invalid"),
+    ],
+    examples: &[
+        (
+            "cohort-spawn --model anthropic/claude-sonnet-4 \"List the TODOs in src/\"",
+            "Start a run in the background and print its id.",
+        ),
+        (
+            "echo \"-v means verbose\" | cohort-spawn -",
+            "Read the task from stdin (a task that starts with - cannot be an argument).",
+        ),
+        (
+            "cohort-spawn --parallel \"review for bugs\" \"review for style\" -- --no-skills",
+            "Run two tasks at once; everything after -- goes to each Pi child.",
+        ),
+        (
+            "cohort-spawn --chain review.json",
+            "Run a chain of steps (see CHAIN FILES).",
+        ),
+        (
+            "cohort-spawn --revive 0e5b8ad1c3f2 \"Now fix them\"",
+            "Continue a finished run's Pi session in a new run.",
+        ),
+    ],
+    sections: &[],
+};
 
 fn read_task(t: &str) -> anyhow::Result<String> {
     let task = if t == "-" {
@@ -128,6 +164,11 @@ fn read_task(t: &str) -> anyhow::Result<String> {
 
 /// Run the command line `args`; the binary maps the result to an exit code.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(kind) = args.generate {
+        use clap::CommandFactory;
+        cli::out_bytes(&cli::generate(Args::command(), kind, &MAN))?;
+        return Ok(());
+    }
     // Route variables decide whether and where a record is created: check them first.
     let root = StateRoot::from_env()?;
     let placement = match route::parse_env(|k| std::env::var_os(k))? {

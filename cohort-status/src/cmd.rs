@@ -22,13 +22,7 @@ use crate::{check, doctor, output, wait};
 
 /// Inspect cohort runs: list them, show one, wait on or follow them, check them from cron.
 #[derive(Parser)]
-#[command(
-    version,
-    after_help = "Exit codes: 0 success (a listing with unreadable records still exits 0; they \
-show as `error` rows); 1 a negative answer: a waited or followed run did not complete, --check \
-found problems, --doctor found a warning, --output has no text yet, --pid has no live runner; \
-2 usage or operational error; 124 --wait --timeout expired."
-)]
+#[command(version, after_help = cli::exit_codes_help(MAN.exit_codes))]
 pub struct Args {
     /// Runs to show or wait on (full id, short id, or a unique prefix of 8+ characters).
     ids: Vec<String>,
@@ -77,7 +71,51 @@ pub struct Args {
     /// disk use.
     #[arg(long, conflicts_with_all = ["wait", "output", "pid"])]
     doctor: bool,
+    /// Print a completion script (complete-bash, complete-zsh, complete-fish) or the man page
+    /// (man) on stdout, and exit.
+    #[arg(long, value_name = "KIND", exclusive = true)]
+    generate: Option<cli::Generate>,
 }
+
+/// The man page's additions: exit codes (also in `--help`) and examples.
+pub const MAN: cli::ManPage = cli::ManPage {
+    exit_codes: &[
+        (
+            exit::SUCCESS,
+            "success (a listing with unreadable records still exits 0; they show as error rows)",
+        ),
+        (
+            exit::NEGATIVE,
+            "a negative answer: a waited or followed run did not complete, --check found problems, --doctor found a warning, --output has no text yet, --pid has no live runner",
+        ),
+        (exit::ERROR, "usage or operational error"),
+        (exit::TIMEOUT, "--wait --timeout expired"),
+    ],
+    examples: &[
+        ("cohort-status", "The newest 50 top-level runs, newest first."),
+        (
+            "cohort-status --state failed --since 2h",
+            "Runs that failed in the last two hours.",
+        ),
+        (
+            "cohort-status --wait 3f2a9c1e && cohort-status --output 3f2a9c1e",
+            "Wait for a run, then print its answer.",
+        ),
+        (
+            "kill $(cohort-status --pid 3f2a9c1e)",
+            "Stop a run (its children get TERM, then KILL).",
+        ),
+        (
+            "*/15 * * * * cohort-status --check --since 15m",
+            "From cron: mail me when a run failed or is stuck.",
+        ),
+        (
+            "cohort-status --doctor",
+            "The runtime, state root, counts and disk use.",
+        ),
+    ],
+    sections: &[],
+};
 
 fn parse_state(s: &str) -> Result<RunState, String> {
     s.parse()
@@ -94,6 +132,11 @@ fn usage(msg: &str) -> anyhow::Error {
 
 /// Run the command line `args`; the binary maps the result to an exit code.
 pub fn run(args: Args) -> anyhow::Result<u8> {
+    if let Some(kind) = args.generate {
+        use clap::CommandFactory;
+        cli::out_bytes(&cli::generate(Args::command(), kind, &MAN))?;
+        return Ok(exit::SUCCESS);
+    }
     // Before anything is read: a mode that looks at every run must not silently drop the ids
     // it was given.
     if (args.check || args.doctor) && !args.ids.is_empty() {

@@ -114,3 +114,78 @@ fn help_and_version_stay_full_and_exit_0() {
         );
     }
 }
+
+/// `bin --generate kind`: exit 0, nothing on stderr; returns stdout.
+fn generated(bin: &str, kind: &str) -> String {
+    let out = run(bin, &["--generate", kind]);
+    assert_eq!(out.status.code(), Some(0), "{bin} {kind}: {}", stderr(&out));
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+    stdout(&out)
+}
+
+#[test]
+fn completion_scripts_load_in_bash_and_zsh_and_fish_scripts_are_complete() {
+    let tmp = tempfile::tempdir().unwrap();
+    for bin in ["cohort-spawn", "cohort-status", "cohort-reap"] {
+        let script = tmp.path().join(format!("{bin}.bash"));
+        std::fs::write(&script, generated(bin, "complete-bash")).unwrap();
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(format!("source {} && complete -p {bin}", script.display()))
+            .output()
+            .expect("run bash");
+        assert!(out.status.success(), "{bin}: {}", stderr(&out));
+        assert!(
+            stdout(&out).starts_with("complete ") && stdout(&out).trim_end().ends_with(bin),
+            "{bin}: {}",
+            stdout(&out)
+        );
+        let zsh = generated(bin, "complete-zsh");
+        assert!(zsh.starts_with(&format!("#compdef {bin}")), "{zsh}");
+        let fish = generated(bin, "complete-fish");
+        assert!(fish.contains(&format!("complete -c {bin} ")), "{fish}");
+        assert!(fish.contains("-l json"), "{bin}: {fish}");
+    }
+    // The flags a user would complete are there.
+    assert!(generated("cohort-status", "complete-bash").contains("--since"));
+}
+
+#[test]
+fn man_pages_are_roff_with_exit_status_and_examples() {
+    for bin in ["cohort-spawn", "cohort-status", "cohort-reap"] {
+        let man = generated(bin, "man");
+        assert!(man.starts_with(".ie \\n(.g .ds Aq"), "{bin}: {man}");
+        assert!(man.contains(&format!(".TH {bin} 1")), "{bin}: {man}");
+        for section in [
+            ".SH NAME",
+            ".SH SYNOPSIS",
+            ".SH OPTIONS",
+            ".SH \"EXIT STATUS\"",
+            ".SH EXAMPLES",
+        ] {
+            assert!(man.contains(section), "{bin} lacks {section}: {man}");
+        }
+        assert!(man.contains(".TP\n\\fB2\\fR\nusage or"), "{bin}: {man}");
+        // Formatted by groff when the machine has it (.ci/run installs it), with warnings on.
+        if Command::new("groff").arg("--version").output().is_ok() {
+            let page = tempfile::NamedTempFile::new().unwrap();
+            std::fs::write(page.path(), &man).unwrap();
+            let out = Command::new("groff")
+                .args(["-man", "-Tutf8", "-ww", "-P-cbou"])
+                .arg(page.path())
+                .output()
+                .expect("run groff");
+            assert!(out.status.success(), "{bin}: {}", stderr(&out));
+            assert!(
+                stderr(&out).is_empty(),
+                "{bin}: groff warns: {}",
+                stderr(&out)
+            );
+            let text = stdout(&out);
+            assert!(
+                text.contains("EXIT STATUS") && text.contains("EXAMPLES"),
+                "{text}"
+            );
+        }
+    }
+}
