@@ -207,6 +207,16 @@ pub fn out(text: &str) -> io::Result<()> {
     out_bytes(text.as_bytes())
 }
 
+/// Write `text` to stdout with a newline after it unless it is empty or already ends with
+/// one (a run's answer, which a model may end either way).
+pub fn out_terminated(text: &str) -> io::Result<()> {
+    out(text)?;
+    if !text.is_empty() && !text.ends_with('\n') {
+        out("\n")?;
+    }
+    Ok(())
+}
+
 /// Write `bytes` to stdout and flush, like [`out`].
 pub fn out_bytes(bytes: &[u8]) -> io::Result<()> {
     let mut o = io::stdout().lock();

@@ -3,7 +3,7 @@
 //! Reads the task (from stdin when it is `-`), builds a [`SpawnRequest`] (a single task, a
 //! parallel group, a chain file or a revival), calls [`spawn::spawn`], and prints the run id on
 //! stdout (one JSON object with `--json`). It returns as soon as the runner reports `running`,
-//! without waiting for the run.
+//! unless `--wait` asks it to wait for the run and print its answer ([`crate::wait`]).
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -105,6 +105,11 @@ pub struct Args {
     /// Print one JSON object ({"runId", "shortId", "runDir", "runtime"}) instead of the id.
     #[arg(long)]
     json: bool,
+    /// Wait for the run to end and print its answer (what cohort-status --output prints) on
+    /// stdout; the run id goes to stderr. Exit 0 complete, 1 failed or stopped, 124 when
+    /// --timeout ended it. Ctrl-C stops waiting and leaves the run running.
+    #[arg(long, conflicts_with = "json")]
+    wait: bool,
     /// Print a completion script (complete-bash, complete-zsh, complete-fish) or the man page
     /// (man) on stdout, and exit.
     #[arg(long, value_name = "KIND", exclusive = true)]
@@ -114,12 +119,21 @@ pub struct Args {
 /// The man page's additions: exit codes (also in `--help`) and examples.
 pub const MAN: cli::ManPage = cli::ManPage {
     exit_codes: &[
-        (exit::SUCCESS, "the run started"),
+        (exit::SUCCESS, "the run started (with --wait: it completed)"),
+        (
+            exit::NEGATIVE,
+            "with --wait: the run failed or was stopped",
+        ),
         (
             exit::ERROR,
             "usage or start error (a start that fails after the run exists leaves a failed record saying why)",
         ),
         (exit::RUNTIME, "the Pi runtime is missing or invalid"),
+        (exit::TIMEOUT, "with --wait: --timeout ended the run"),
+        (
+            crate::wait::INTERRUPTED,
+            "with --wait: Ctrl-C stopped the waiting (the run goes on)",
+        ),
     ],
     examples: &[
         (
@@ -133,6 +147,10 @@ pub const MAN: cli::ManPage = cli::ManPage {
         (
             "cohort-spawn --parallel \"review for bugs\" \"review for style\" -- --no-skills",
             "Run two tasks at once; everything after -- goes to each Pi child.",
+        ),
+        (
+            "cohort-spawn --wait \"Summarise these notes\" < notes.md | next-step",
+            "Wait for the run and hand its answer on; exit 1 if it failed.",
         ),
         (
             "cohort-spawn --chain review.json",
@@ -163,11 +181,11 @@ fn read_task(t: &str) -> anyhow::Result<String> {
 }
 
 /// Run the command line `args`; the binary maps the result to an exit code.
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args) -> anyhow::Result<u8> {
     if let Some(kind) = args.generate {
         use clap::CommandFactory;
         cli::out_bytes(&cli::generate(Args::command(), kind, &MAN))?;
-        return Ok(());
+        return Ok(exit::SUCCESS);
     }
     // Route variables decide whether and where a record is created: check them first.
     let root = StateRoot::from_env()?;
@@ -327,6 +345,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             });
         }
     };
+    if args.wait {
+        eprintln!("cohort-spawn: run {} started", started.run_id);
+        return crate::wait::wait_and_answer(&root, &started.run_id.to_string());
+    }
     let out = if args.json {
         serde_json::json!({
             "runId": started.run_id.to_string(),
@@ -339,5 +361,5 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         started.run_id.to_string()
     };
     cli::out(&format!("{out}\n"))?;
-    Ok(())
+    Ok(exit::SUCCESS)
 }

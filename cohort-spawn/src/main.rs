@@ -4,7 +4,7 @@
 
 use std::process::ExitCode;
 
-use cohort_common::{cli, exit};
+use cohort_common::cli;
 use cohort_spawn::cmd::{self, Args};
 
 fn main() -> ExitCode {
@@ -13,7 +13,7 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     match cmd::run(args) {
-        Ok(()) => ExitCode::from(exit::SUCCESS),
+        Ok(code) => ExitCode::from(code),
         Err(err) => cli::fail("cohort-spawn", err.as_ref()),
     }
 }

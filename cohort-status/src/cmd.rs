@@ -11,14 +11,15 @@ use anyhow::Context;
 use clap::Parser;
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::RunState;
+use cohort_common::store::answer::{self, AnswerError};
 use cohort_common::store::discover::{self, Origin};
 use cohort_common::store::observe;
+use cohort_common::store::wait::{self, WaitOutcome};
 use cohort_common::{cli, duration, exit};
 
 use crate::listing::{self, ListOptions};
 use crate::render::{self, Row};
-use crate::wait::WaitOutcome;
-use crate::{check, doctor, output, wait};
+use crate::{check, doctor, follow};
 
 /// Inspect cohort runs: list them, show one, wait on or follow them, check them from cron.
 #[derive(Parser)]
@@ -178,19 +179,16 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         };
         let found = discover::find(&root, name)?;
         let obs = observe::observe_found(&found)?;
-        return match output::output_text(&found.dir, &obs.record, args.step) {
+        return match answer::answer(&found.dir, &obs.record, args.step) {
             Ok(text) => {
-                cli::out(&text)?;
-                if !text.is_empty() && !text.ends_with('\n') {
-                    cli::out("\n")?;
-                }
+                cli::out_terminated(&text)?;
                 Ok(exit::SUCCESS)
             }
-            Err(output::OutputError::NoText(msg)) => {
+            Err(AnswerError::NoText(msg)) => {
                 eprintln!("cohort-status: {msg}");
                 Ok(exit::NEGATIVE)
             }
-            Err(output::OutputError::Store(e)) => Err(e.into()),
+            Err(AnswerError::Store(e)) => Err(e.into()),
         };
     }
     if args.pid {
@@ -305,7 +303,7 @@ fn follow(root: &StateRoot, name: &str) -> anyhow::Result<u8> {
         o.write_all(b)?;
         o.flush()
     };
-    let state = wait::follow(&found, Duration::from_millis(100), &mut write)?;
+    let state = follow::follow(&found, Duration::from_millis(100), &mut write)?;
     if state == RunState::Complete {
         Ok(exit::SUCCESS)
     } else {
