@@ -105,6 +105,16 @@ pub struct Args {
     /// Print one JSON object ({"runId", "shortId", "runDir", "runtime"}) instead of the id.
     #[arg(long)]
     json: bool,
+    /// A shell command to run once when the run has ended (default: $COHORT_ON_EXIT; an empty
+    /// CMD turns that off). Run by the runner through `sh -c`, after the final record is on
+    /// disk, with COHORT_RUN_ID, COHORT_STATE, COHORT_RUN_DIR and PI_CODING_AGENT_DIR set, stdin
+    /// from /dev/null and its output in the run's runner.log. Its failure is logged and recorded
+    /// as an event; it never changes the run's state.
+    #[arg(long, value_name = "CMD", allow_hyphen_values = true)]
+    on_exit: Option<String>,
+    /// How long the on-exit hook may run before it gets SIGTERM (then SIGKILL after --grace).
+    #[arg(long, value_parser = duration::parse_positive, allow_hyphen_values = true, default_value = "60s")]
+    on_exit_timeout: std::time::Duration,
     /// Wait for the run to end and print its answer (what cohort-status --output prints) on
     /// stdout; the run id goes to stderr. Exit 0 complete, 1 failed or stopped, 124 when
     /// --timeout ended it. Ctrl-C stops waiting and leaves the run running.
@@ -178,6 +188,12 @@ fn read_task(t: &str) -> anyhow::Result<String> {
         return Err(cohort_common::Error::Usage("the task is empty".into()).into());
     }
     Ok(task)
+}
+
+/// The on-exit hook a run gets (pure): `--on-exit CMD` when given (an empty or blank CMD
+/// means none, so it can turn off `$COHORT_ON_EXIT`), else `$COHORT_ON_EXIT` unless blank.
+pub fn on_exit_command(flag: Option<String>, env: Option<String>) -> Option<String> {
+    flag.or(env).filter(|c| !c.trim().is_empty())
 }
 
 /// Run the command line `args`; the binary maps the result to an exit code.
@@ -328,6 +344,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             concurrency: args.concurrency.map(|c| c as usize),
             output_cap_bytes: args.output_cap,
             events_cap_bytes: args.events_cap,
+            on_exit: on_exit_command(args.on_exit.clone(), std::env::var(spec::ON_EXIT_ENV).ok()),
+            on_exit_timeout_ms: Some(args.on_exit_timeout.as_millis() as u64),
         },
         revives,
         placement,
@@ -362,4 +380,19 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     };
     cli::out(&format!("{out}\n"))?;
     Ok(exit::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flag_beats_the_environment_and_blank_means_none() {
+        let s = |v: &str| Some(v.to_string());
+        assert_eq!(on_exit_command(None, None), None);
+        assert_eq!(on_exit_command(None, s("notify")), s("notify"));
+        assert_eq!(on_exit_command(s("log"), s("notify")), s("log"));
+        assert_eq!(on_exit_command(s(""), s("notify")), None);
+        assert_eq!(on_exit_command(None, s("  ")), None);
+    }
 }

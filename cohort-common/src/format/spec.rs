@@ -86,7 +86,23 @@ pub struct RunOptions {
     pub output_cap_bytes: u64,
     /// Cap of `events.jsonl`, bytes.
     pub events_cap_bytes: u64,
+    /// A shell command the runner runs once, through `sh -c`, after the terminal record is
+    /// durable (`cohort-spawn --on-exit`, else `$COHORT_ON_EXIT`); absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_exit: Option<String>,
+    /// How long the on-exit hook may run before it gets SIGTERM (then SIGKILL after `grace_ms`),
+    /// ms. Absent: [`DEFAULT_ON_EXIT_TIMEOUT_MS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_exit_timeout_ms: Option<u64>,
 }
+
+/// The default bound of the on-exit hook's run time: 60 s, ms.
+pub const DEFAULT_ON_EXIT_TIMEOUT_MS: u64 = 60_000;
+
+/// The environment variable `cohort-spawn` reads the on-exit hook from when `--on-exit` is not
+/// given. The runner removes it from its Pi children's environment, so runs they start do not
+/// inherit the hook.
+pub const ON_EXIT_ENV: &str = "COHORT_ON_EXIT";
 
 impl Default for RunOptions {
     fn default() -> Self {
@@ -98,6 +114,8 @@ impl Default for RunOptions {
             concurrency: None,
             output_cap_bytes: 16 << 20,
             events_cap_bytes: 4 << 20,
+            on_exit: None,
+            on_exit_timeout_ms: None,
         }
     }
 }
