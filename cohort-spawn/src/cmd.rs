@@ -49,7 +49,7 @@ pub struct Args {
     /// Continue this Pi session file instead of starting a new one.
     #[arg(long)]
     session: Option<PathBuf>,
-    /// A label for the run's step (shown in listings).
+    /// A label for the run's step (shown in listings); with --parallel, member i is LABEL-i.
     #[arg(long)]
     label: Option<String>,
     /// Node executable to run Pi with (default: $COHORT_NODE, else `node` on PATH).
@@ -190,6 +190,13 @@ fn read_task(t: &str) -> anyhow::Result<String> {
     Ok(task)
 }
 
+/// The labels of the `n` members of a `--parallel` group (pure): with `--label x`, `x-0`,
+/// `x-1`, … so that `--output` headings (`## <label>`) and listings tell the members apart;
+/// without it, none (each member shows as `step-<i>`).
+pub fn member_labels(label: Option<&str>, n: usize) -> Vec<Option<String>> {
+    (0..n).map(|i| label.map(|l| format!("{l}-{i}"))).collect()
+}
+
 /// The on-exit hook a run gets (pure): `--on-exit CMD` when given (an empty or blank CMD
 /// means none, so it can turn off `$COHORT_ON_EXIT`), else `$COHORT_ON_EXIT` unless blank.
 pub fn on_exit_command(flag: Option<String>, env: Option<String>) -> Option<String> {
@@ -272,6 +279,12 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                 "--chain takes its tasks from the file; give no TASK".into()
             ));
         }
+        if args.label.is_some() {
+            bail!(cohort_common::Error::Usage(
+                "--chain takes its labels from the file (`label` of each step); give no --label"
+                    .into()
+            ));
+        }
         let text = std::fs::read_to_string(file)
             .with_context(|| format!("cannot read chain file {}", file.display()))?;
         (spec::parse_chain(&text)?, RunMode::Chain)
@@ -281,12 +294,15 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                 "--parallel needs at least one TASK".into()
             ));
         }
+        let labels = member_labels(args.label.as_deref(), args.tasks.len());
         let members = args
             .tasks
             .iter()
-            .map(|t| {
+            .zip(labels)
+            .map(|(t, label)| {
                 Ok(TaskSpec {
                     task: read_task(t)?,
+                    label,
                     ..base.clone()
                 })
             })
@@ -385,6 +401,16 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parallel_members_get_distinct_labels() {
+        assert_eq!(
+            member_labels(Some("x"), 3),
+            vec![Some("x-0".into()), Some("x-1".into()), Some("x-2".into())]
+        );
+        assert_eq!(member_labels(None, 2), vec![None, None]);
+        assert!(member_labels(Some("x"), 0).is_empty());
+    }
 
     #[test]
     fn the_flag_beats_the_environment_and_blank_means_none() {

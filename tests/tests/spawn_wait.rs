@@ -6,6 +6,7 @@ use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use cohort_e2e::harness::{signal, stderr, stdout, wait_for, TestEnv, HERMETIC};
+use serde_json::Value;
 
 /// `cohort-spawn --wait ARGS -- <hermetic>` with `input` on stdin.
 fn spawn_wait(env: &TestEnv, args: &[&str], input: &str) -> Output {
@@ -127,4 +128,38 @@ fn ctrl_c_stops_waiting_and_leaves_the_run_running() {
     assert_eq!(env.record(&id)["state"], "running");
     env.runner_pid(&id);
     env.stop(&id);
+}
+
+#[test]
+fn parallel_members_of_a_label_are_told_apart() {
+    let env = TestEnv::new();
+    let out = spawn_wait(
+        &env,
+        &[
+            "--model",
+            "fake/plain",
+            "--label",
+            "x",
+            "--parallel",
+            "A",
+            "B",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "## x-0\nECHO: A\n\n## x-1\nECHO: B\n");
+    let id = announced_id(&stderr(&out));
+    let labels: Vec<Value> = env.record(&id)["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["agent"].clone())
+        .collect();
+    assert_eq!(labels, vec!["x-0", "x-1"]);
+    // A chain takes its labels from its file: --label is refused, nothing is created.
+    let chain = env.tmp.path().join("chain.json");
+    std::fs::write(&chain, r#"{"steps":[{"task":"a"}]}"#).unwrap();
+    let out = env.spawn_raw(&["--label", "x", "--chain", chain.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("give no --label"), "{}", stderr(&out));
 }

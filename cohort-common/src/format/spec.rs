@@ -259,6 +259,11 @@ pub fn parse_chain(text: &str) -> Result<Vec<ChainStep>> {
             for (m, t) in p.parallel.iter().enumerate() {
                 check_task(t, &format!("step {n}, member {m}"))?;
             }
+            if let Some(dup) = duplicate_label(&p.parallel) {
+                return Err(bad(format!(
+                    "step {n}: two members are labelled {dup:?}; labels head each member's text in {{previous}} and --output, so they must differ"
+                )));
+            }
             ChainStep::Parallel(p)
         } else {
             let t: TaskSpec =
@@ -269,6 +274,16 @@ pub fn parse_chain(text: &str) -> Result<Vec<ChainStep>> {
         out.push(step);
     }
     Ok(out)
+}
+
+/// The first label two members of a parallel group share, if any (pure). Members without a
+/// label are `step-<i>`, distinct by construction.
+fn duplicate_label(members: &[TaskSpec]) -> Option<&str> {
+    let mut seen = std::collections::HashSet::new();
+    members
+        .iter()
+        .filter_map(|t| t.label.as_deref())
+        .find(|l| !seen.insert(*l))
 }
 
 fn check_task(t: &TaskSpec, at: &str) -> Result<()> {
@@ -349,10 +364,20 @@ mod tests {
             (r#"{"steps":[]}"#, "empty"),
             (r#"{"steps":[{"task":"  "}]}"#, "empty"),
             (r#"{"stepz":[]}"#, "stepz"),
+            (
+                r#"{"steps":[{"parallel":[{"task":"a","label":"r"},{"task":"b"},{"task":"c","label":"r"}]}]}"#,
+                "step 0: two members are labelled \"r\"",
+            ),
         ] {
             let err = parse_chain(bad).unwrap_err().to_string();
             assert!(err.contains(needle), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn distinct_labels_in_a_group_are_accepted() {
+        let ok = r#"{"steps":[{"task":"x","label":"r"},{"parallel":[{"task":"a","label":"r"},{"task":"b","label":"s"},{"task":"c"}]}]}"#;
+        assert!(parse_chain(ok).is_ok());
     }
 
     #[test]
