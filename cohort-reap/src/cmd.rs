@@ -14,7 +14,8 @@ use cohort_common::{cli, duration, exit};
 
 use crate::reap::{self, Options, Outcome, Selection};
 
-/// Remove finished cohort runs, each with its nested runs. Routes and session files are kept.
+/// Remove finished cohort runs, each with its nested runs. Routes and session files are kept
+/// unless --sessions is given.
 ///
 /// A run is removed only when its record is terminal and no runner holds its lock or the lock
 /// of any run in its nested subtree. Nothing is removed unless selected: name runs, or use
@@ -37,6 +38,11 @@ pub struct Args {
     /// change nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Also remove the Pi session files cohort created for the removed runs (never a file named
+    /// with --session or --revive, never one a remaining or live run uses) and the routes of
+    /// their run trees; the report lists what went and what stayed.
+    #[arg(long)]
+    sessions: bool,
     /// Print the report as JSON Lines, one object per run.
     #[arg(long)]
     json: bool,
@@ -108,6 +114,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let opts = Options {
         dry_run: args.dry_run,
         reaper_wait: args.wait,
+        sessions: args.sessions,
     };
     let report = reap::reap(&root, &sel, &opts, &mut || {
         eprintln!("cohort-reap: waiting for another cohort-reap to finish…")
@@ -160,8 +167,24 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                     text.push_str(&format!(", {} nested run{s}", e.nested_runs));
                 }
                 text.push_str(")\n");
+                let verb = if report.dry_run {
+                    "would remove"
+                } else {
+                    "removed"
+                };
+                for s in &e.sessions_removed {
+                    text.push_str(&format!("  {verb} session {}\n", s.display()));
+                }
+                if let Some(r) = &e.route_removed {
+                    text.push_str(&format!("  {verb} route {}\n", r.display()));
+                }
                 for s in &e.sessions_kept {
-                    text.push_str(&format!("  kept session {}\n", s.display()));
+                    match e.why_kept.get(s) {
+                        Some(why) => {
+                            text.push_str(&format!("  kept session {} ({why})\n", s.display()))
+                        }
+                        None => text.push_str(&format!("  kept session {}\n", s.display())),
+                    }
                 }
             }
             Outcome::Refused(r) => text.push_str(&format!("refused {shown}: {r}\n")),
