@@ -6,7 +6,8 @@
 //! - [`render`]: the table, the single-run view and `--json` lines;
 //! - [`follow`]: `--follow`, a `tail -f` of a run's output logs;
 //! - [`check`]: the cron check;
-//! - [`doctor`]: the installation report.
+//! - [`doctor`]: the installation report;
+//! - [`logind`]: whether logout kills runners on a systemd host.
 //!
 //! Reading runs (discovery, reconciliation, the index), waiting on them (`--wait`) and their
 //! answer (`--output`) are `cohort_common::store`'s: every program reads runs the same way.
@@ -18,4 +19,5 @@ pub mod cmd;
 pub mod doctor;
 pub mod follow;
 pub mod listing;
+pub mod logind;
 pub mod render;
