@@ -3,8 +3,7 @@
 //! cohort's runners detach into sessions of their own, but on a systemd host where logind's
 //! `KillUserProcesses` is on and lingering is off for the user, logind kills every process of
 //! the user's login session scope when the last session ends, detached or not: runs die
-//! "runner lost" at logout. The fix is `loginctl enable-linger` (or `KillUserProcesses=no`, or
-//! starting cohort from a user service). See logind.conf(5) `KillUserProcesses=`,
+//! "runner lost" at logout. The fix is `loginctl enable-linger` (or `KillUserProcesses=no`). See logind.conf(5) `KillUserProcesses=`,
 //! `KillOnlyUsers=`, `KillExcludeUsers=`, and loginctl(1) `enable-linger`.
 //!
 //! [`assess`] is the pure decision over what `loginctl show-user` prints (no argument: the
