@@ -26,7 +26,11 @@ use crate::spawn::{self, SpawnRequest};
 /// Everything after `--` is passed to each Pi child verbatim.
 #[derive(Parser)]
 #[command(group(clap::ArgGroup::new("shape").args(["parallel", "chain"])))]
-#[command(version, after_help = cli::exit_codes_help(MAN.exit_codes))]
+#[command(
+    version,
+    after_help = cli::exit_codes_help(MAN.exit_codes),
+    after_long_help = format!("Chain files (--chain FILE):\n\n{CHAIN_FILES}\n\n{}", cli::exit_codes_help(MAN.exit_codes))
+)]
 pub struct Args {
     /// The task; `-` reads it from stdin. With --parallel, one task per member.
     tasks: Vec<String>,
@@ -67,7 +71,8 @@ pub struct Args {
     /// session file).
     #[arg(long, requires = "revive")]
     step: Option<usize>,
-    /// Run the chain in this JSON file (see docs/chain.md).
+    /// Run the chain in this JSON file (its format: "Chain files" in --help, CHAIN FILES in the
+    /// man page).
     #[arg(long, conflicts_with_all = ["parallel", "session"])]
     chain: Option<PathBuf>,
     /// Run the TASKs as one parallel group.
@@ -126,7 +131,32 @@ pub struct Args {
     generate: Option<cli::Generate>,
 }
 
-/// The man page's additions: exit codes (also in `--help`) and examples.
+/// The chain file format, for `--help` and the man page (the same as `docs/chain.md`, which an
+/// installed binary cannot point at).
+pub const CHAIN_FILES: &str = r###"A chain file is a JSON object with a list of steps, run in order. A step is a task or a
+parallel group:
+
+  { "steps": [
+      { "task": "List the modules in src/", "label": "scout", "model": "provider/id" },
+      { "parallel": [ { "task": "Review {previous} for bugs", "label": "bugs" },
+                      { "task": "Review {previous} for style", "label": "style" } ],
+        "concurrency": 2 },
+      { "task": "Summarize: {previous}", "thinking": "high", "tools": ["read"] }
+  ] }
+
+Keys of a task: task (the prompt, required; {previous} is replaced by the previous step's
+final text), label (shown in listings; heads the member's text after a group; default
+step-<i>), model (Pi --model), thinking (Pi --thinking), tools (Pi --tools, a list), piArgs
+(extra Pi arguments for this step, after the run-wide ones given after --). Keys of a group:
+parallel (the member tasks, non-empty), concurrency (most members alive at once; default
+--concurrency, else all).
+
+Unknown keys are an error, and so is sessionFile: a chain starts new sessions (continue one
+with --session, or --revive a finished run). Members of one group need distinct labels. After a
+group, {previous} is each member's text headed by "## <label>", separated by blank lines. A
+failed step ends the run; the steps after it end stopped."###;
+
+/// The man page's additions: the chain file format, exit codes (also in `--help`) and examples.
 pub const MAN: cli::ManPage = cli::ManPage {
     exit_codes: &[
         (exit::SUCCESS, "the run started (with --wait: it completed)"),
@@ -171,7 +201,7 @@ pub const MAN: cli::ManPage = cli::ManPage {
             "Continue a finished run's Pi session in a new run.",
         ),
     ],
-    sections: &[],
+    sections: &[("Chain files", CHAIN_FILES)],
 };
 
 fn read_task(t: &str) -> anyhow::Result<String> {
@@ -401,6 +431,34 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_chain_help_names_every_key_the_parser_knows() {
+        // Every key of a task and a group, as serialized; and the one refused key.
+        let t = TaskSpec {
+            task: "t".into(),
+            label: Some("l".into()),
+            model: Some("m".into()),
+            thinking: Some("h".into()),
+            tools: Some(vec!["read".into()]),
+            pi_args: vec!["--x".into()],
+            session_file: Some("/s.jsonl".into()),
+        };
+        let g = ParallelSpec {
+            parallel: vec![t.clone()],
+            concurrency: Some(1),
+        };
+        let mut keys: Vec<String> = Vec::new();
+        for v in [
+            serde_json::to_value(&t).unwrap(),
+            serde_json::to_value(&g).unwrap(),
+        ] {
+            keys.extend(v.as_object().unwrap().keys().cloned());
+        }
+        for k in keys {
+            assert!(CHAIN_FILES.contains(&k), "the chain help lacks {k}");
+        }
+    }
 
     #[test]
     fn parallel_members_get_distinct_labels() {

@@ -95,6 +95,25 @@ fn a_task_that_starts_with_a_dash_is_pointed_at_stdin() {
 }
 
 #[test]
+fn spawn_help_gives_the_chain_file_format() {
+    let out = run("cohort-spawn", &["--help"]);
+    let text = stdout(&out);
+    assert!(text.contains("Chain files (--chain FILE):"), "{text}");
+    for key in [
+        "\"parallel\"",
+        "concurrency",
+        "piArgs",
+        "sessionFile",
+        "{previous}",
+    ] {
+        assert!(text.contains(key), "lacks {key}: {text}");
+    }
+    // The short help stays short.
+    let short = stdout(&run("cohort-spawn", &["-h"]));
+    assert!(!short.contains("Chain files (--chain FILE):"), "{short}");
+}
+
+#[test]
 fn help_and_version_stay_full_and_exit_0() {
     for bin in ["cohort-spawn", "cohort-status", "cohort-reap"] {
         let out = run(bin, &["--help"]);
@@ -105,6 +124,8 @@ fn help_and_version_stay_full_and_exit_0() {
             "{bin}: {text}"
         );
         assert!(text.contains("Exit codes"), "{bin}: {text}");
+        // An installed binary cannot reach the repository's docs.
+        assert!(!text.contains("docs/"), "{bin}: {text}");
         let out = run(bin, &["--version"]);
         assert_eq!(out.status.code(), Some(0));
         assert!(
@@ -166,6 +187,9 @@ fn man_pages_are_roff_with_exit_status_and_examples() {
             assert!(man.contains(section), "{bin} lacks {section}: {man}");
         }
         assert!(man.contains(".TP\n\\fB2\\fR\nusage or"), "{bin}: {man}");
+        if bin == "cohort-spawn" {
+            assert!(man.contains(".SH \"CHAIN FILES\""), "{man}");
+        }
         // Formatted by groff when the machine has it (.ci/run installs it), with warnings on.
         if Command::new("groff").arg("--version").output().is_ok() {
             let page = tempfile::NamedTempFile::new().unwrap();
