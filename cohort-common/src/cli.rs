@@ -81,6 +81,21 @@ pub enum Generate {
     Man,
 }
 
+/// The `--generate KIND` flag, flattened into each binary's command line
+/// (`#[command(flatten)]`) so the three define it once.
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct GenerateArg {
+    /// Print a completion script (complete-bash, complete-zsh, complete-fish) or the man page
+    /// (man) on stdout, and exit.
+    #[arg(long, value_name = "KIND", exclusive = true)]
+    pub generate: Option<Generate>,
+}
+
+/// Print what `--generate kind` asks for the command line `A` ([`generate`]) on stdout.
+pub fn print_generated<A: clap::CommandFactory>(kind: Generate, page: &ManPage) -> io::Result<()> {
+    out_bytes(&generate(A::command(), kind, page))
+}
+
 /// What a binary's man page adds to what clap knows of its command line. Kept as data so the
 /// same table also feeds `--help` ([`exit_codes_help`]).
 #[derive(Clone, Copy, Debug)]

@@ -49,10 +49,8 @@ pub struct Args {
     /// How long to wait for another cohort-reap working on the same state root.
     #[arg(long, value_parser = duration::parse, allow_hyphen_values = true, value_name = "DURATION", default_value = "30s")]
     wait: Duration,
-    /// Print a completion script (complete-bash, complete-zsh, complete-fish) or the man page
-    /// (man) on stdout, and exit.
-    #[arg(long, value_name = "KIND", exclusive = true)]
-    generate: Option<cli::Generate>,
+    #[command(flatten)]
+    generate: cli::GenerateArg,
 }
 
 /// The man page's additions: exit codes (also in `--help`) and examples.
@@ -99,9 +97,8 @@ fn parse_terminal(s: &str) -> Result<RunState, String> {
 
 /// Run the command line `args`; the binary maps the result to an exit code.
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    if let Some(kind) = args.generate {
-        use clap::CommandFactory;
-        cli::out_bytes(&cli::generate(Args::command(), kind, &MAN))?;
+    if let Some(kind) = args.generate.generate {
+        cli::print_generated::<Args>(kind, &MAN)?;
         return Ok(exit::SUCCESS);
     }
     let root = StateRoot::from_env()?;

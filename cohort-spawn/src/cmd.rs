@@ -125,10 +125,8 @@ pub struct Args {
     /// --timeout ended it. Ctrl-C stops waiting and leaves the run running.
     #[arg(long, conflicts_with = "json")]
     wait: bool,
-    /// Print a completion script (complete-bash, complete-zsh, complete-fish) or the man page
-    /// (man) on stdout, and exit.
-    #[arg(long, value_name = "KIND", exclusive = true)]
-    generate: Option<cli::Generate>,
+    #[command(flatten)]
+    generate: cli::GenerateArg,
 }
 
 /// The chain file format, for `--help` and the man page (the same as `docs/chain.md`, which an
@@ -235,9 +233,8 @@ pub fn on_exit_command(flag: Option<String>, env: Option<String>) -> Option<Stri
 
 /// Run the command line `args`; the binary maps the result to an exit code.
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    if let Some(kind) = args.generate {
-        use clap::CommandFactory;
-        cli::out_bytes(&cli::generate(Args::command(), kind, &MAN))?;
+    if let Some(kind) = args.generate.generate {
+        cli::print_generated::<Args>(kind, &MAN)?;
         return Ok(exit::SUCCESS);
     }
     // Route variables decide whether and where a record is created: check them first.

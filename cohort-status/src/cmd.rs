@@ -72,10 +72,8 @@ pub struct Args {
     /// disk use.
     #[arg(long, conflicts_with_all = ["wait", "output", "pid"])]
     doctor: bool,
-    /// Print a completion script (complete-bash, complete-zsh, complete-fish) or the man page
-    /// (man) on stdout, and exit.
-    #[arg(long, value_name = "KIND", exclusive = true)]
-    generate: Option<cli::Generate>,
+    #[command(flatten)]
+    generate: cli::GenerateArg,
 }
 
 /// The man page's additions: exit codes (also in `--help`) and examples.
@@ -133,9 +131,8 @@ fn usage(msg: &str) -> anyhow::Error {
 
 /// Run the command line `args`; the binary maps the result to an exit code.
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    if let Some(kind) = args.generate {
-        use clap::CommandFactory;
-        cli::out_bytes(&cli::generate(Args::command(), kind, &MAN))?;
+    if let Some(kind) = args.generate.generate {
+        cli::print_generated::<Args>(kind, &MAN)?;
         return Ok(exit::SUCCESS);
     }
     // Before anything is read: a mode that looks at every run must not silently drop the ids
