@@ -16,7 +16,8 @@
 //! Nothing is followed through a symlink: a run dir, subtree, lock file or record that is a
 //! symlink is refused, as is anything under a parent that resolves outside the state root, and
 //! any name holding `/`, `..` or NUL. Routes (`nested-subagent-events/`) and sessions
-//! (`sessions/`) are never touched. A record that cannot be read is never removed.
+//! (`sessions/`) are not touched, unless `--sessions` asks for the ones cohort created for the
+//! removed runs ([`crate::sessions`]). A record that cannot be read is never removed.
 //!
 //! # Crash safety
 //!
@@ -32,7 +33,7 @@
 //! same run either waits and then reports it "removed by another cohort-reap", or reports the
 //! other reap as busy; it never claims a half-moved unit, and recovery never races a live reap.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -50,6 +51,7 @@ use cohort_common::os::lock::{self, Liveness, LockKind};
 use cohort_common::os::tree;
 use cohort_common::store::{discover, observe};
 
+use crate::sessions::{self, RunSessions};
 use crate::trash;
 
 /// The hidden trash directory under the state root.
@@ -427,9 +429,15 @@ pub struct ReportEntry {
     pub bytes: u64,
     /// Number of nested runs removed (or to be removed) with it.
     pub nested_runs: usize,
-    /// Session files of the run and its nested runs, left in place (reaping never deletes
-    /// sessions).
+    /// Session files of the run and its nested runs, left in place (without `--sessions`:
+    /// all that exist).
     pub sessions_kept: Vec<PathBuf>,
+    /// With `--sessions`: why each kept session file was kept.
+    pub why_kept: BTreeMap<PathBuf, String>,
+    /// With `--sessions`: the session files removed (would be, in a dry run).
+    pub sessions_removed: Vec<PathBuf>,
+    /// With `--sessions`: the route dir of the run's tree, removed (would be, in a dry run).
+    pub route_removed: Option<PathBuf>,
 }
 
 /// The JSON Lines form of a [`ReportEntry`] (documented in `docs/reap.md`).
@@ -448,6 +456,10 @@ struct JsonEntry<'a> {
     bytes: u64,
     nested_runs: usize,
     sessions_kept: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    sessions_removed: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    route_removed: Option<String>,
     dry_run: bool,
 }
 
@@ -460,6 +472,9 @@ impl ReportEntry {
             bytes: 0,
             nested_runs: 0,
             sessions_kept: Vec::new(),
+            why_kept: BTreeMap::new(),
+            sessions_removed: Vec::new(),
+            route_removed: None,
         }
     }
 
@@ -489,6 +504,15 @@ impl ReportEntry {
                 .iter()
                 .map(|p| p.to_string_lossy().into_owned())
                 .collect(),
+            sessions_removed: self
+                .sessions_removed
+                .iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect(),
+            route_removed: self
+                .route_removed
+                .as_ref()
+                .map(|p| p.to_string_lossy().into_owned()),
             dry_run,
         };
         serde_json::to_string(&j).expect("plain data serializes")
@@ -531,6 +555,9 @@ pub struct Options {
     pub dry_run: bool,
     /// How long to wait for another reap holding the reaper lock.
     pub reaper_wait: Duration,
+    /// Also remove the session files cohort created for the removed runs and their trees'
+    /// routes ([`crate::sessions`]).
+    pub sessions: bool,
 }
 
 impl Default for Options {
@@ -538,6 +565,7 @@ impl Default for Options {
         Options {
             dry_run: false,
             reaper_wait: REAPER_WAIT,
+            sessions: false,
         }
     }
 }
@@ -725,6 +753,7 @@ pub fn reap(
 
     // Examine each, and (unless dry) move every removable unit into the trash.
     let mut committed: Vec<(ReportEntry, bool)> = Vec::new();
+    let mut swept_units: Vec<(String, Vec<RunSessions>)> = Vec::new();
     let mut moved_nested = false;
     for (id, name, kind) in candidates {
         let named = name.is_some();
@@ -743,10 +772,14 @@ pub fn reap(
             bytes: 0,
             nested_runs: unit.nested_ids.len(),
             sessions_kept: unit.sessions.clone(),
+            why_kept: BTreeMap::new(),
+            sessions_removed: Vec::new(),
+            route_removed: None,
         };
         if dry {
             entry.bytes = tree::measure(root.run_dir(id).path())
                 + unit.subtree.as_deref().map(tree::measure).unwrap_or(0);
+            swept_units.push((id.to_string(), unit.runs.clone()));
             report.entries.push(entry);
             continue;
         }
@@ -754,6 +787,7 @@ pub fn reap(
             Ok(nested) => {
                 moved_nested |= nested;
                 entry.outcome = Outcome::Removed;
+                swept_units.push((id.to_string(), unit.runs.clone()));
                 committed.push((entry, nested));
             }
             Err(r) => report.entries.push(ReportEntry::refused(id, name, r)),
@@ -761,6 +795,9 @@ pub fn reap(
         drop(unit);
     }
     if committed.is_empty() {
+        if opts.sessions {
+            apply_sweep(root, &mut report, &swept_units, dry);
+        }
         return Ok(report);
     }
 
@@ -796,7 +833,31 @@ pub fn reap(
         entry.bytes = freed;
         report.entries.push(entry);
     }
+    if opts.sessions {
+        apply_sweep(root, &mut report, &swept_units, dry);
+    }
     Ok(report)
+}
+
+/// `--sessions`, once the units are out of the listing (or, in a dry run, planned): sweep their
+/// session files and routes ([`sessions::sweep`]) and note it in their report entries.
+fn apply_sweep(
+    root: &StateRoot,
+    report: &mut Report,
+    units: &[(String, Vec<RunSessions>)],
+    dry: bool,
+) {
+    let mut swept = sessions::sweep(root, units, dry);
+    for e in report.entries.iter_mut().filter(|e| e.is_removal()) {
+        let Some(s) = swept.remove(&e.run_id) else {
+            continue;
+        };
+        e.bytes += s.bytes;
+        e.sessions_kept = s.kept.iter().map(|(p, _)| p.clone()).collect();
+        e.why_kept = s.kept.into_iter().collect();
+        e.sessions_removed = s.removed;
+        e.route_removed = s.route;
+    }
 }
 
 /// Everything [`examine`] needs, computed once per reap.
@@ -819,6 +880,8 @@ struct Unit {
     subtree: Option<PathBuf>,
     nested_ids: Vec<String>,
     sessions: Vec<PathBuf>,
+    /// The session files each run of the unit names (for `--sessions`).
+    runs: Vec<RunSessions>,
 }
 
 enum Examined {
@@ -874,6 +937,7 @@ fn examine(ctx: &Ctx<'_>, id: &str, named: bool, kind: EntryKind) -> Examined {
     }
     let rec = obs.record.as_ref().expect("Remove implies a record");
     let mut sessions = session_files(rec);
+    let mut runs = vec![RunSessions::of(rec)];
 
     let subtree = if ctx.pending_restore.contains(id) {
         Some(ctx.trash.join(trash::nested_entry(id)))
@@ -884,7 +948,7 @@ fn examine(ctx: &Ctx<'_>, id: &str, named: bool, kind: EntryKind) -> Examined {
     };
     let nested = match &subtree {
         None => Ok(Vec::new()),
-        Some(p) => observe_subtree(ctx, p, &mut locks, &mut sessions),
+        Some(p) => observe_subtree(ctx, p, &mut locks, &mut sessions, &mut runs),
     };
     if let Some(r) = decide_subtree(&nested) {
         return Examined::Refuse(r);
@@ -900,6 +964,7 @@ fn examine(ctx: &Ctx<'_>, id: &str, named: bool, kind: EntryKind) -> Examined {
             .map(|n| n.id)
             .collect(),
         sessions,
+        runs,
     })
 }
 
@@ -908,6 +973,7 @@ fn observe_subtree(
     path: &Path,
     locks: &mut Vec<File>,
     sessions: &mut Vec<PathBuf>,
+    runs: &mut Vec<RunSessions>,
 ) -> std::result::Result<Vec<NestedObservation>, String> {
     if let Some(why) = &ctx.nested_outside {
         return Err(why.clone());
@@ -942,6 +1008,7 @@ fn observe_subtree(
             let rec = read_record(&dir.status());
             if let Ok(r) = &rec {
                 sessions.extend(session_files(r));
+                runs.push(RunSessions::of(r));
             }
             n.state = rec.map(|r| r.state);
         }

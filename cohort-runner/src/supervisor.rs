@@ -44,6 +44,7 @@ use cohort_common::os::files;
 use cohort_common::os::lock::{self, RunLock, RUNNER_LOCK_WAIT};
 use cohort_common::store::{discover, observe};
 
+use crate::hook;
 use crate::process::own_rusage;
 use crate::session::{self, NewSession};
 use crate::step::{self, Ending, Phase, StepRun};
@@ -254,8 +255,12 @@ pub fn run(
         dirty: false,
         stop: None,
         run_deadline: None,
+        stored: true,
     };
     let state = sup.run_chain();
+    if let Some(command) = sup.spec.options.on_exit.clone() {
+        sup.run_on_exit(&command, state);
+    }
     Ok(state)
 }
 
@@ -290,6 +295,8 @@ struct Supervisor {
     dirty: bool,
     stop: Option<Ending>,
     run_deadline: Option<Instant>,
+    /// The last record write succeeded (the terminal record is durable once `run_chain` ends).
+    stored: bool,
 }
 
 impl Supervisor {
@@ -357,6 +364,36 @@ impl Supervisor {
         );
         self.flush(true);
         outcome.state
+    }
+
+    /// Run the on-exit hook once, after `run_chain` stored the terminal record; record how it
+    /// went as events. Skipped (and said in `runner.log`) when that record could not be stored:
+    /// the hook is promised a final state on disk.
+    fn run_on_exit(&mut self, command: &str, state: RunState) {
+        if !self.stored {
+            eprintln!(
+                "cohort-runner: the on-exit hook is not run: the final record could not be stored"
+            );
+            return;
+        }
+        let o = &self.spec.options;
+        let h = hook::Hook {
+            command,
+            run_id: &self.rec.run_id,
+            state,
+            run_dir: &self.dir,
+            profile_dir: &self.spec.profile_dir,
+            cwd: &self.spec.cwd,
+            timeout: Duration::from_millis(
+                o.on_exit_timeout_ms
+                    .unwrap_or(spec::DEFAULT_ON_EXIT_TIMEOUT_MS),
+            ),
+            grace: Duration::from_millis(o.grace_ms),
+        };
+        let events = &mut self.events;
+        hook::run(&h, &mut |kind, fields| {
+            let _ = events.append(kind, fields);
+        });
     }
 
     fn final_text(&self, i: usize) -> String {
@@ -450,6 +487,7 @@ impl Supervisor {
             .stderr(Stdio::piped())
             .process_group(0)
             .env(PROFILE_ENV, &self.spec.profile_dir)
+            .env_remove(spec::ON_EXIT_ENV)
             .env(NODE_ENV, &rt.node_exec_path)
             .env(PI_ENTRY_ENV, &rt.pi_entry_path)
             .envs(route::child_env(
@@ -881,9 +919,13 @@ impl Supervisor {
             return;
         }
         self.rec.last_update = Some(now_ms());
-        if let Err(e) = record::store(&self.dir.status(), &self.rec) {
-            eprintln!("cohort-runner: {e}");
-        }
+        self.stored = match record::store(&self.dir.status(), &self.rec) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("cohort-runner: {e}");
+                false
+            }
+        };
         self.last_write = Instant::now();
         self.dirty = false;
     }

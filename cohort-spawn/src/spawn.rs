@@ -375,6 +375,9 @@ fn start_runner(root: &StateRoot, dir: &RunDir, runner: &Path, lock: &RunLock) -
     for k in route::ROUTE_VARS {
         cmd.env_remove(k);
     }
+    // The hook is in the launch spec. Left in the environment, a hook (or a Pi child) that
+    // starts a run would hand it the same hook, and a hook that spawns would never end.
+    cmd.env_remove(spec::ON_EXIT_ENV);
     let mut child = cmd
         .spawn()
         .map_err(|e| Error::Usage(format!("cannot start the runner {}: {e}", runner.display())))?;

@@ -12,11 +12,13 @@
 //!   should be 0700 and ours: tasks and outputs may hold secrets);
 //! - counts per state (through the index, so only active records are read);
 //! - the legacy runs directory, if any;
-//! - disk use of the state root (a walk that never follows symlinks), split by part.
+//! - disk use of the state root (a walk that never follows symlinks), split by part;
+//! - whether logout kills runners (systemd-logind, [`crate::logind`]).
 //!
 //! Exit status (binary): 0 when nothing is wrong, 1 when the report holds a warning (invalid
-//! runtime now, a Node outside its Pi package's `engines.node`, a recorded runtime gone, a state root others can read or owned by someone
-//! else).
+//! runtime now, a Node outside its Pi package's `engines.node`, a recorded runtime gone, a
+//! state root others can read or owned by someone else, logind killing the user's processes
+//! at logout).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -289,6 +291,8 @@ pub struct Report {
     /// Bytes on disk under the state root, by part (`runs`, `nested`, `sessions`, `index`,
     /// `other`, `total`).
     pub disk_bytes: BTreeMap<String, u64>,
+    /// Whether logout kills runners (systemd-logind).
+    pub logind: crate::logind::LogindReport,
 }
 
 impl Report {
@@ -298,6 +302,7 @@ impl Report {
             || !self.runtime.warnings.is_empty()
             || !self.state_root.warnings.is_empty()
             || self.recorded_runtimes.iter().any(|r| r.error.is_some())
+            || self.logind.warning.is_some()
     }
 }
 
@@ -372,6 +377,7 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         top_level_counts: counts,
         legacy,
         disk_bytes: disk_use(root.path()),
+        logind: crate::logind::check(),
     })
 }
 
@@ -497,6 +503,23 @@ pub fn render(r: &Report) -> String {
     s.push_str("disk use:\n");
     for (k, v) in &r.disk_bytes {
         s.push_str(&format!("  {k:<10} {}\n", human_bytes(*v)));
+    }
+    let l = &r.logind;
+    let word = |v: Option<bool>| match v {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "unknown",
+    };
+    match l.source {
+        "none" => s.push_str("logout: not a systemd host; logind does not end runners\n"),
+        src => s.push_str(&format!(
+            "logout (systemd-logind, from {src}): KillUserProcesses {}, linger {}\n",
+            word(l.kill_user_processes),
+            word(l.linger)
+        )),
+    }
+    if let Some(w) = &l.warning {
+        s.push_str(&format!("  WARNING: {w}\n"));
     }
     s
 }

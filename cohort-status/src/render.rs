@@ -372,7 +372,12 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
         }
     }
     s.push_str("paths:\n");
-    for (k, p) in crate::output::paths_of(dir) {
+    for (k, p) in [
+        ("dir", dir.path().to_path_buf()),
+        ("status", dir.status()),
+        ("events", dir.events()),
+        ("runner log", dir.runner_log()),
+    ] {
         s.push_str(&format!("  {k:<11} {}\n", p.display()));
     }
     s

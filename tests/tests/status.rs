@@ -44,6 +44,9 @@ fn put(
     cohort_common::os::files::create_dir_all_private(dir.path()).unwrap();
     std::fs::File::create(dir.lock()).unwrap();
     let mut r = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
+    // No boot-clock times: these records are timed by the wall-clock times the tests set (as
+    // records of an older cohort, or from another boot, are).
+    r.clock = None;
     r.state = state;
     r.steps.push(StepRecord {
         agent: "worker".into(),
@@ -526,6 +529,8 @@ fn check_is_silent_when_well_and_names_each_problem() {
 #[test]
 fn doctor_reports_runtime_root_counts_and_disk() {
     let env = TestEnv::new();
+    // Whatever the host's logind does, this test is about the other parts.
+    fake_loginctl(&env, "no", "no");
     put(&env, RunState::Complete, None, |_| {});
     put(&env, RunState::Failed, None, |_| {});
     std::fs::set_permissions(
@@ -599,6 +604,56 @@ fn doctor_reports_runtime_root_counts_and_disk() {
             .contains("0755"),
         "{v:#}"
     );
+}
+
+/// Put a `loginctl` on the test's PATH that answers `show-user` (the manager's properties:
+/// `KillUserProcesses=<kill>`, nobody excluded) and `show-user UID` (`Linger=<linger>`), as
+/// systemd's does.
+fn fake_loginctl(env: &TestEnv, kill: &str, linger: &str) {
+    let script = env.path_bin.join("loginctl");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = show-user ] || exit 1\nif [ $# -eq 1 ]; then\n  printf 'EnableWallMessages=no\\nKillUserProcesses={kill}\\nKillOnlyUsers=\\nKillExcludeUsers=\\n'\nelse\n  printf 'UID=%s\\nState=active\\nLinger={linger}\\n' \"$2\"\nfi\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn doctor_says_when_logout_kills_runners() {
+    let env = TestEnv::new();
+    fake_loginctl(&env, "yes", "no");
+    let out = env.run("cohort-status", &["--doctor", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let l = &v["logind"];
+    assert_eq!(l["source"], "loginctl", "{l:#}");
+    assert_eq!(l["killUserProcesses"], true);
+    assert_eq!(l["linger"], false);
+    assert!(
+        l["warning"]
+            .as_str()
+            .unwrap()
+            .contains("loginctl enable-linger"),
+        "{l:#}"
+    );
+    let out = env.run("cohort-status", &["--doctor"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("KillUserProcesses yes, linger no")
+            && stdout(&out).contains("WARNING: logind kills your processes"),
+        "{}",
+        stdout(&out)
+    );
+    // With lingering on, logout leaves the runners alone: no warning, exit 0.
+    fake_loginctl(&env, "yes", "yes");
+    let out = env.run("cohort-status", &["--doctor", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["logind"]["linger"], true);
+    assert_eq!(v["logind"]["warning"], Value::Null);
 }
 
 #[test]

@@ -59,11 +59,19 @@ pub enum EventKind {
     NestedStarted,
     /// The log reached its size cap; nothing more is written; `{capBytes}`.
     LogTruncated,
+    /// The on-exit hook started, after the terminal record was stored; `{pid, state}`.
+    HookStarted,
+    /// The on-exit hook exited 0; `{exitCode, durationMs}`.
+    HookCompleted,
+    /// The on-exit hook could not start, exited non-zero, was killed by a signal, or ran past
+    /// its time bound; `{exitCode, signal, timedOut, durationMs, error}`. The run's state is
+    /// not changed.
+    HookFailed,
 }
 
 impl EventKind {
     /// Every kind, in the order `docs/format.md` lists them.
-    pub const ALL: [EventKind; 19] = [
+    pub const ALL: [EventKind; 22] = [
         EventKind::RunQueued,
         EventKind::RunStarted,
         EventKind::RunCompleted,
@@ -83,6 +91,9 @@ impl EventKind {
         EventKind::NestedStopping,
         EventKind::NestedStarted,
         EventKind::LogTruncated,
+        EventKind::HookStarted,
+        EventKind::HookCompleted,
+        EventKind::HookFailed,
     ];
 
     /// The `type` word as written.
@@ -107,6 +118,9 @@ impl EventKind {
             EventKind::NestedStopping => "nested.stopping",
             EventKind::NestedStarted => "nested.started",
             EventKind::LogTruncated => "log.truncated",
+            EventKind::HookStarted => "hook.started",
+            EventKind::HookCompleted => "hook.completed",
+            EventKind::HookFailed => "hook.failed",
         }
     }
 }

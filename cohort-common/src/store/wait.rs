@@ -1,22 +1,17 @@
-//! Waiting and following: `cohort-status --wait` and `--follow`.
+//! Waiting for runs to end: `cohort-status --wait` and `cohort-spawn --wait`.
 //!
 //! A running run is waited on with a blocking shared lock on its runner lock, so the kernel
-//! wakes the waiter when the runner exits: no polling (the approach of nq). Following streams
-//! a run's output logs like `tail -f` until the run ends.
+//! wakes the waiter when the runner exits: no polling (the approach of nq). Two programs wait,
+//! so they wait the same way, here.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use cohort_common::error::{Error, Result};
-use cohort_common::format::record::RunState;
-use cohort_common::os::files;
-use cohort_common::os::lock;
-use cohort_common::store::discover::Found;
-use cohort_common::store::observe::{observe_found, Judgement};
-
-use crate::output::complete_utf8_prefix;
+use crate::error::Result;
+use crate::format::record::RunState;
+use crate::os::lock;
+use crate::store::discover::Found;
+use crate::store::observe::{observe_found, Judgement};
 
 /// How a wait ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,93 +73,17 @@ fn wait_one(found: &Found) -> Result<RunState> {
     }
 }
 
-/// Stream a run's output logs (`output-<i>.log`) to `out` as they grow, like `tail -f`, until
-/// the run ends; returns its final state. Steps appear as they start; when the run has more
-/// than one step, a `==> step <i> (<label>) <==` line heads each switch between logs. Lines are
-/// written whole while the run lives; what remains is flushed at the end. The record is checked
-/// every `poll`; the logs are read after the record, so once the record is terminal the last
-/// read holds everything the runner wrote.
-pub fn follow(
-    found: &Found,
-    poll: Duration,
-    out: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
-) -> Result<RunState> {
-    let mut offsets: Vec<u64> = Vec::new();
-    let mut current: Option<usize> = None;
-    let mut open_line = false;
-    loop {
-        let obs = observe_found(found)?;
-        let done = !matches!(obs.judgement, Judgement::Alive | Judgement::Starting);
-        let steps = &obs.record.steps;
-        if offsets.len() < steps.len() {
-            offsets.resize(steps.len(), 0);
-        }
-        for (i, off) in offsets.iter_mut().enumerate() {
-            let path = found.dir.output_log(i);
-            let Ok(bytes) = read_from(&path, *off) else {
-                continue;
-            };
-            // Everything there is, streamed text without its newline included, but never half
-            // a UTF-8 character (a read can catch a write part-way).
-            let take = if done {
-                bytes.len()
-            } else {
-                complete_utf8_prefix(&bytes)
-            };
-            if take == 0 {
-                continue;
-            }
-            if steps.len() > 1 && current != Some(i) {
-                if open_line {
-                    out(b"\n").map_err(io_err)?;
-                }
-                let label = steps.get(i).map(|s| s.agent.as_str()).unwrap_or("");
-                out(format!("==> step {i} ({label}) <==\n").as_bytes()).map_err(io_err)?;
-            }
-            current = Some(i);
-            out(&bytes[..take]).map_err(io_err)?;
-            open_line = !bytes[..take].ends_with(b"\n");
-            if done && open_line {
-                out(b"\n").map_err(io_err)?;
-                open_line = false;
-            }
-            *off += take as u64;
-        }
-        if done {
-            return Ok(obs.record.state);
-        }
-        std::thread::sleep(poll);
-    }
-}
-
-fn io_err(e: std::io::Error) -> Error {
-    Error::Io {
-        action: "write",
-        path: PathBuf::from("<stdout>"),
-        source: e,
-    }
-}
-
-fn read_from(path: &Path, offset: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::{Seek, SeekFrom};
-    let mut f = files::open_regular(path).map_err(std::io::Error::other)?;
-    f.seek(SeekFrom::Start(offset))?;
-    let mut v = Vec::new();
-    f.read_to_end(&mut v)?;
-    Ok(v)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cohort_common::format::layout::{RunDir, StateRoot};
-    use cohort_common::format::record::{self, RunRecord};
-    use cohort_common::os::files::EntryKind;
-    use cohort_common::os::lock::RunLock;
-    use cohort_common::store::discover::Origin;
+    use crate::format::layout::{RunDir, StateRoot};
+    use crate::format::record::{self, RunRecord};
+    use crate::os::files::{self, EntryKind};
+    use crate::os::lock::RunLock;
+    use crate::store::discover::Origin;
 
     fn make_run(root: &StateRoot, state: RunState) -> RunDir {
-        let id = cohort_common::format::id::RunId::new().to_string();
+        let id = crate::format::id::RunId::new().to_string();
         let dir = root.run_dir(&id);
         files::create_dir_all_private(dir.path()).unwrap();
         std::fs::File::create(dir.lock()).unwrap();
