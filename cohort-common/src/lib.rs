@@ -14,7 +14,7 @@
 //!   the reading every program does the same way.
 //!
 //! Beside them: [`error`] (typed errors naming the path involved), [`exit`] (the exit-code
-//! table), [`cli`] (printing errors and data the same way in every binary) and [`duration`]
+//! table), [`fault`] (named crash points for the fault-injection suite), [`cli`] (printing errors and data the same way in every binary) and [`duration`]
 //! (the duration syntax every flag uses).
 
 #![deny(missing_docs)]
@@ -23,6 +23,7 @@ pub mod cli;
 pub mod duration;
 pub mod error;
 pub mod exit;
+pub mod fault;
 pub mod format;
 pub mod identity;
 pub mod os;

@@ -33,6 +33,7 @@ use nix::unistd::Pid;
 use serde_json::json;
 
 use cohort_common::error::{Error, Result};
+use cohort_common::fault;
 use cohort_common::format::events::{EventKind, EventLog};
 use cohort_common::format::layout::{self, RunDir, StateRoot, PROFILE_ENV};
 use cohort_common::format::record::{self, now_ms, RecentTool, RunRecord, RunState, StepStatus};
@@ -46,6 +47,7 @@ use cohort_common::store::{discover, observe};
 
 use crate::hook;
 use crate::process::own_rusage;
+use crate::reserve::{Reserve, RESERVE_BYTES};
 use crate::session::{self, NewSession};
 use crate::step::{self, Ending, Phase, StepRun};
 use crate::stream::{preview, ChildExit, Notice, StderrDigest, StreamParser, StreamSummary};
@@ -187,6 +189,7 @@ pub fn run(
         Some(fd) => RunLock::adopt(fd, &dir.lock())?,
         None => RunLock::acquire(&dir.lock(), RUNNER_LOCK_WAIT)?,
     };
+    fault::point("runner.locked");
     let mut rec = record::load(&dir.status())?;
     if rec.state != RunState::Queued {
         return Err(Error::State(format!(
@@ -238,6 +241,7 @@ pub fn run(
     record::store(&dir.status(), &rec)?;
     events.append(EventKind::RunStarted, json!({"pid": std::process::id()}))?;
     ready();
+    fault::point("runner.running");
 
     let mut sup = Supervisor {
         dir: dir.clone(),
@@ -256,6 +260,7 @@ pub fn run(
         stop: None,
         run_deadline: None,
         stored: true,
+        reserve: Reserve::create(&dir.reserve(), RESERVE_BYTES),
     };
     let state = sup.run_chain();
     if let Some(command) = sup.spec.options.on_exit.clone() {
@@ -295,6 +300,8 @@ struct Supervisor {
     dirty: bool,
     stop: Option<Ending>,
     run_deadline: Option<Instant>,
+    /// Disk space held back for the last record write (reserve.rs).
+    reserve: Reserve,
     /// The last record write succeeded (the terminal record is durable once `run_chain` ends).
     stored: bool,
 }
@@ -343,6 +350,7 @@ impl Supervisor {
         if self.stop.is_some() {
             self.wait_nested_stopped();
         }
+        fault::point("runner.before-final");
         let outcome = step::run_outcome(self.stop, failure, self.spec.options.timeout_ms);
         // Steps never started end `stopped`, not silently `pending`.
         for s in self
@@ -371,9 +379,9 @@ impl Supervisor {
     /// the hook is promised a final state on disk.
     fn run_on_exit(&mut self, command: &str, state: RunState) {
         if !self.stored {
-            eprintln!(
-                "cohort-runner: the on-exit hook is not run: the final record could not be stored"
-            );
+            crate::process::log(format_args!(
+                "the on-exit hook is not run: the final record could not be stored"
+            ));
             return;
         }
         let o = &self.spec.options;
@@ -543,6 +551,7 @@ impl Supervisor {
             EventKind::StepStarted,
             json!({"step": i, "pid": pid, "sessionFile": session_file}),
         );
+        fault::point("runner.child-started");
         self.dirty = true;
         self.active.insert(i, run);
         Ok(())
@@ -912,6 +921,7 @@ impl Supervisor {
         );
         self.dirty = true;
         self.flush(true);
+        fault::point("runner.step-ended");
     }
 
     fn flush(&mut self, force: bool) {
@@ -919,10 +929,18 @@ impl Supervisor {
             return;
         }
         self.rec.last_update = Some(now_ms());
-        self.stored = match record::store(&self.dir.status(), &self.rec) {
+        let mut result = record::store(&self.dir.status(), &self.rec);
+        if result.as_ref().is_err_and(Error::is_no_space) && self.reserve.release() {
+            // The disk is full: the reserve makes room for the record (reserve.rs).
+            crate::process::log(format_args!(
+                "the disk is full; released the reserve to write the record"
+            ));
+            result = record::store(&self.dir.status(), &self.rec);
+        }
+        self.stored = match result {
             Ok(()) => true,
             Err(e) => {
-                eprintln!("cohort-runner: {e}");
+                crate::process::log(format_args!("{e}"));
                 false
             }
         };
@@ -975,7 +993,7 @@ fn spawn_stdout_reader(
                         // The final text goes straight to disk from the parsed line: a huge
                         // reply is never held twice.
                         if let Err(e) = files::write_atomic(&final_path, text.as_bytes()) {
-                            eprintln!("cohort-runner: {e}");
+                            crate::process::log(format_args!("{e}"));
                         }
                         wrote_final = true;
                     }
@@ -1066,7 +1084,7 @@ fn spawn_stdout_reader(
         ));
         if !wrote_final {
             if let Err(e) = files::write_atomic(&final_path, b"") {
-                eprintln!("cohort-runner: {e}");
+                crate::process::log(format_args!("{e}"));
             }
         }
         let _ = tx.send(Msg::StreamEnd(i, summary));

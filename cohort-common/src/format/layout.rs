@@ -43,6 +43,8 @@ pub const LOCK_FILE: &str = "runner.lock";
 pub const EVENTS_FILE: &str = "events.jsonl";
 /// The runner's own stderr.
 pub const RUNNER_LOG: &str = "runner.log";
+/// Disk space the runner holds back while it lives (hidden: no reader looks at it).
+pub const RESERVE_FILE: &str = ".reserve";
 /// The prefix of a run directory being assembled by spawn, beside where it will be published
 /// (`.spawn-<id>`): hidden, so no listing shows it.
 pub const STAGING_PREFIX: &str = ".spawn-";
@@ -264,6 +266,11 @@ impl RunDir {
     /// `events.jsonl`.
     pub fn events(&self) -> PathBuf {
         self.path.join(EVENTS_FILE)
+    }
+
+    /// `.reserve`: disk space the runner holds back to write its last record on a full disk.
+    pub fn reserve(&self) -> PathBuf {
+        self.path.join(RESERVE_FILE)
     }
 
     /// `runner.log`, the runner's stderr.
