@@ -435,3 +435,28 @@ fn a_full_disk_ends_a_started_run_with_a_record_that_says_why() {
         .collect();
     assert!(left.iter().all(|n| !n.starts_with(".spawn-")), "{left:?}");
 }
+
+#[test]
+fn the_decisive_line_of_a_failure_survives_into_check() {
+    let env = TestEnv::new();
+    // A Pi that prints a long stderr and names the cause last, then exits 1.
+    let js = r#"
+for (let i = 0; i < 40; i++) console.error(`loading module ${i} of a rather long list of modules`);
+console.error('warning: an error handler is deprecated');
+console.error('boom: missing module');
+process.exit(1);
+"#;
+    let entry = cohort_e2e::harness::fake_pi_package(&env.tmp.path().join("fake-pi"), js);
+    let id = env.spawn(&["--pi-entry", entry.to_str().unwrap(), "fail loudly"]);
+    let rec = env.wait_terminal(&id, 60);
+    assert_eq!(rec["state"], "failed");
+    let out = env.run("cohort-status", &["--check"]);
+    assert_eq!(out.status.code(), Some(1));
+    let line = stdout(&out)
+        .lines()
+        .find(|l| l.starts_with(&id[24..]))
+        .unwrap()
+        .to_string();
+    assert!(line.contains("boom: missing module"), "{line}");
+    assert!(line.chars().count() < 260, "one short line: {line}");
+}
