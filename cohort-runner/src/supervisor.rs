@@ -1184,7 +1184,7 @@ mod tests {
             chain_index: 1,
             spec: spec::TaskSpec {
                 task: "t".into(),
-                resolved_agent: Some(agent.clone()),
+                resolved_agent: Some(Box::new(agent.clone())),
                 ..Default::default()
             },
         };

@@ -360,7 +360,7 @@ pub fn apply(task: &mut TaskSpec, def: &AgentDef) {
     if task.tools.is_none() {
         task.tools = a.tools.clone();
     }
-    task.resolved_agent = Some(a.clone());
+    task.resolved_agent = Some(Box::new(a.clone()));
 }
 
 /// The project directory for `cwd`: its nearest ancestor (itself included) that has a `.pi/`
@@ -484,6 +484,17 @@ mod tests {
         assert_eq!(d.spec.system_prompt_mode, PromptMode::Replace);
         assert!(!d.spec.inherit_project_context && !d.spec.inherit_skills);
         assert_eq!(d.spec.tools, None);
+    }
+
+    #[test]
+    fn the_documented_example_parses() {
+        let text = crate::chains::tests::doc_example("A complete example");
+        let d = parse_agent(&text, AgentScope::Project, None).unwrap();
+        assert_eq!(d.spec.name, "reviewer");
+        assert_eq!(d.spec.model.as_deref(), Some("anthropic/claude-sonnet-4"));
+        assert!(d.spec.inherit_project_context);
+        assert_eq!(d.ignored, vec!["output"]);
+        assert!(d.spec.prompt.starts_with("You review code changes."));
     }
 
     #[test]

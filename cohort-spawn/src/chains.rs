@@ -410,7 +410,7 @@ pub fn listing(found: &[SavedChain]) -> Vec<ChainRow> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const REVIEW: &str = "---\nname: review\ndescription: Scout, two reviews, a summary\n---\n\
@@ -550,6 +550,32 @@ Intro text is ignored.\n\n## scout\nmodel: fake/plain\nreads: context.md\n\nMap 
         assert_eq!(rows.len(), 3);
         assert_eq!(rows[2].path, PathBuf::from("/p/r.chain.md"));
         assert!(rows[0].problem.is_some() && rows[1].problem.is_some());
+    }
+
+    /// The first ```markdown block after `after` in `docs/agents.md`.
+    pub(crate) fn doc_example(after: &str) -> String {
+        let doc = include_str!("../../docs/agents.md");
+        let rest = &doc[doc.find(after).expect("the marker")..];
+        let start = rest.find("```markdown\n").expect("a markdown block") + 12;
+        let len = rest[start..].find("\n```\n").expect("its end");
+        format!("{}\n", &rest[start..start + len])
+    }
+
+    #[test]
+    fn the_documented_example_parses() {
+        let c = parse_chain_md(&doc_example("A complete `.chain.md`")).unwrap();
+        assert_eq!(c.name, "review");
+        assert_eq!(c.steps.len(), 3);
+        let ChainStep::Parallel(g) = &c.steps[1] else {
+            panic!()
+        };
+        assert_eq!(g.concurrency, Some(2));
+        assert_eq!(g.parallel[1].tools.as_ref().unwrap().len(), 4);
+        assert!(g.parallel[0].task.ends_with("{previous}"));
+        let ChainStep::Task(w) = &c.steps[2] else {
+            panic!()
+        };
+        assert_eq!(w.thinking.as_deref(), Some("high"));
     }
 
     #[test]

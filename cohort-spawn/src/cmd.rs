@@ -519,7 +519,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             pi_args: Vec::new(),
             session_file: Some(plan.session_file),
             agent: plan.agent.as_ref().map(|a| a.name.clone()),
-            resolved_agent: plan.agent,
+            resolved_agent: plan.agent.map(Box::new),
         };
         (vec![ChainStep::Task(t)], RunMode::Single)
     } else if let Some(file) = &args.chain {

@@ -165,7 +165,7 @@ pub fn plan(f: &Facts) -> Result<Plan> {
             .or_else(|| task_spec.as_ref().and_then(|t| t.model.clone())),
         thinking: task_spec.as_ref().and_then(|t| t.thinking.clone()),
         tools: task_spec.as_ref().and_then(|t| t.tools.clone()),
-        agent: task_spec.and_then(|t| t.resolved_agent),
+        agent: task_spec.and_then(|t| t.resolved_agent).map(|a| *a),
         pi_args,
     })
 }

@@ -57,7 +57,7 @@ pub struct TaskSpec {
     /// revivals use the agent as it was when the run started. Written into the launch spec by
     /// spawn; refused in a chain file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resolved_agent: Option<AgentSpec>,
+    pub resolved_agent: Option<Box<AgentSpec>>,
 }
 
 /// How an agent's prompt combines with Pi's own system prompt (the agent file's
