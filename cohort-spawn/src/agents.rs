@@ -263,30 +263,24 @@ impl Catalog {
     /// sorted by name.
     pub fn listing(&self) -> Vec<AgentRow> {
         let mut rows = Vec::new();
-        for name in self.agents.keys() {
-            match self.resolve(name) {
-                Ok(def) => rows.push(AgentRow {
-                    name: name.clone(),
-                    scope: def.spec.scope,
-                    path: def.spec.path.clone(),
-                    description: def.description.clone(),
-                    model: def.spec.model.clone(),
-                    ignored: def.ignored.clone(),
-                    problem: None,
-                }),
-                Err(e) => {
-                    let (_, def) = self.agents[name].last().expect("candidates");
-                    rows.push(AgentRow {
-                        name: name.clone(),
-                        scope: def.spec.scope,
-                        path: def.spec.path.clone(),
-                        description: def.description.clone(),
-                        model: def.spec.model.clone(),
-                        ignored: def.ignored.clone(),
-                        problem: Some(e.to_string()),
-                    })
-                }
-            }
+        for (name, candidates) in &self.agents {
+            // The agent the name resolves to, else the top candidate and why it cannot be used.
+            let (def, problem) = match self.resolve(name) {
+                Ok(def) => (def, None),
+                Err(e) => (
+                    &candidates.last().expect("candidates").1,
+                    Some(e.to_string()),
+                ),
+            };
+            rows.push(AgentRow {
+                name: name.clone(),
+                scope: def.spec.scope,
+                path: def.spec.path.clone(),
+                description: def.description.clone(),
+                model: def.spec.model.clone(),
+                ignored: def.ignored.clone(),
+                problem,
+            });
         }
         for p in &self.problems {
             if !self.agents.contains_key(&p.name) {

@@ -172,6 +172,31 @@ with --session, or --revive a finished run) and resolvedAgent (written by cohort
 group, {previous} is each member's text headed by "## <label>", separated by blank lines. A
 failed step ends the run; the steps after it end stopped."###;
 
+/// Agents and saved chains, for the man page (the full text is `docs/agents.md`).
+pub const AGENTS: &str = r####"An agent is a markdown file: YAML frontmatter, then its system prompt.
+
+  ---
+  name: reviewer
+  description: Reviews a change against its task and lists risks
+  model: anthropic/claude-sonnet-4
+  tools: read, grep, find, ls
+  ---
+  You review code changes. ...
+
+Fields: name (required), description, model, thinking, tools (Pi --tools), systemPromptMode
+(replace, the default: the prompt replaces Pi's own; append), inheritProjectContext (default
+false: Pi gets --no-context-files), inheritSkills (default false: --no-skills). Other keys are
+ignored. Found, lowest priority first: builtin (scout, worker, reviewer), user
+($PI_CODING_AGENT_DIR/agents/**/*.md), project (the nearest ancestor of the run's cwd with a
+.pi/ or .agents/ directory: .agents/**/*.md, then .pi/agents/**/*.md). --model, --thinking,
+--tools and Pi args after -- beat the agent's fields.
+
+A saved chain is NAME.chain.md or NAME.chain.json in $PI_CODING_AGENT_DIR/chains/ or the
+project's .pi/chains/; --chain NAME runs it when NAME is not a file. A .chain.md has frontmatter
+name and description, then one "## AGENT" section per step (config lines label, model,
+thinking, tools; a blank line; the task), and "## parallel" with "### AGENT" members for a
+parallel group. {task} is the TASK given after the chain, {previous} the previous step's text."####;
+
 /// The man page's additions: the chain file format, exit codes (also in `--help`) and examples.
 pub const MAN: cli::ManPage = cli::ManPage {
     exit_codes: &[
@@ -225,7 +250,7 @@ pub const MAN: cli::ManPage = cli::ManPage {
             "Continue a finished run's Pi session in a new run.",
         ),
     ],
-    sections: &[("Chain files", CHAIN_FILES)],
+    sections: &[("Chain files", CHAIN_FILES), ("Agents", AGENTS)],
 };
 
 fn read_task(t: &str) -> anyhow::Result<String> {
@@ -323,88 +348,74 @@ fn resolve_agents(chain: &mut [ChainStep], profile: &Path, cwd: &Path) -> anyhow
 /// `--list-agents` / `--list-chains`: a table (problems and ignored keys on indented lines
 /// below their row), or JSON Lines with `--json` ([`agents::AgentRow`], [`chains::ChainRow`]).
 fn list(args: &Args, profile: &Path, cwd: &Path) -> anyhow::Result<u8> {
-    let mut out = String::new();
-    if args.list_agents {
+    let out = if args.list_agents {
         let rows = agents::discover(profile, cwd).listing();
-        if args.json {
-            for r in &rows {
-                out.push_str(&serde_json::to_string(r)?);
-                out.push('\n');
-            }
-        } else {
-            let table: Vec<[String; 5]> = rows
-                .iter()
-                .map(|r| {
-                    [
-                        r.name.clone(),
-                        r.scope.as_str().into(),
-                        r.model.clone().unwrap_or_else(|| "-".into()),
-                        shown_path(r.path.as_deref()),
-                        r.description.clone().unwrap_or_else(|| "-".into()),
-                    ]
-                })
-                .collect();
-            let notes: Vec<Vec<String>> = rows
-                .iter()
-                .map(|r| {
-                    let mut n = Vec::new();
-                    if let Some(p) = &r.problem {
-                        n.push(format!("problem: {p}"));
-                    }
-                    if !r.ignored.is_empty() {
-                        n.push(format!("ignored keys: {}", r.ignored.join(", ")));
-                    }
-                    n
-                })
-                .collect();
-            out = render(
-                ["NAME", "SCOPE", "MODEL", "PATH", "DESCRIPTION"],
-                &table,
-                &notes,
-            );
-        }
+        listing_text(
+            &rows,
+            args.json,
+            ["NAME", "SCOPE", "MODEL", "PATH", "DESCRIPTION"],
+            |r| {
+                let cells = [
+                    r.name.clone(),
+                    r.scope.as_str().into(),
+                    r.model.clone().unwrap_or_else(|| "-".into()),
+                    shown_path(r.path.as_deref()),
+                    r.description.clone().unwrap_or_else(|| "-".into()),
+                ];
+                (cells, notes(r.problem.as_deref(), &r.ignored))
+            },
+        )?
     } else {
         let rows = chains::listing(&chains::discover(profile, cwd));
-        if args.json {
-            for r in &rows {
-                out.push_str(&serde_json::to_string(r)?);
-                out.push('\n');
-            }
-        } else {
-            let table: Vec<[String; 5]> = rows
-                .iter()
-                .map(|r| {
-                    [
-                        r.name.clone(),
-                        r.scope.as_str().into(),
-                        r.steps.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
-                        r.path.display().to_string(),
-                        r.description.clone().unwrap_or_else(|| "-".into()),
-                    ]
-                })
-                .collect();
-            let notes: Vec<Vec<String>> = rows
-                .iter()
-                .map(|r| {
-                    let mut n = Vec::new();
-                    if let Some(p) = &r.problem {
-                        n.push(format!("problem: {p}"));
-                    }
-                    if !r.ignored.is_empty() {
-                        n.push(format!("ignored keys: {}", r.ignored.join(", ")));
-                    }
-                    n
-                })
-                .collect();
-            out = render(
-                ["NAME", "SCOPE", "STEPS", "PATH", "DESCRIPTION"],
-                &table,
-                &notes,
-            );
-        }
-    }
+        listing_text(
+            &rows,
+            args.json,
+            ["NAME", "SCOPE", "STEPS", "PATH", "DESCRIPTION"],
+            |r| {
+                let cells = [
+                    r.name.clone(),
+                    r.scope.as_str().into(),
+                    r.steps.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+                    r.path.display().to_string(),
+                    r.description.clone().unwrap_or_else(|| "-".into()),
+                ];
+                (cells, notes(r.problem.as_deref(), &r.ignored))
+            },
+        )?
+    };
     cli::out(&out)?;
     Ok(exit::SUCCESS)
+}
+
+/// Rows as JSON Lines, or as a [`render`]ed table of the cells and notes `row` gives.
+fn listing_text<R: serde::Serialize>(
+    rows: &[R],
+    json: bool,
+    head: [&str; 5],
+    row: impl Fn(&R) -> ([String; 5], Vec<String>),
+) -> anyhow::Result<String> {
+    if json {
+        let mut out = String::new();
+        for r in rows {
+            out.push_str(&serde_json::to_string(r)?);
+            out.push('\n');
+        }
+        return Ok(out);
+    }
+    let (cells, notes): (Vec<_>, Vec<_>) = rows.iter().map(row).unzip();
+    Ok(render(head, &cells, &notes))
+}
+
+/// The lines under a listed row: its problem, then the keys it ignores (pure).
+fn notes(problem: Option<&str>, ignored: &[String]) -> Vec<String> {
+    let mut n = Vec::new();
+    if let Some(p) = problem {
+        n.push(format!("problem: {p}"));
+    }
+    if !ignored.is_empty() {
+        n.push(format!("ignored keys: {}", ignored.join(", ")));
+    }
+    n
 }
 
 fn shown_path(p: Option<&Path>) -> String {

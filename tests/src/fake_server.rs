@@ -75,6 +75,13 @@ impl FakeServer {
         format!("http://127.0.0.1:{}/v1", self.port)
     }
 
+    /// The last logged request; panics when Pi sent none.
+    pub fn last_request(&self) -> Value {
+        self.requests()
+            .pop()
+            .expect("Pi sent a request to the fake server")
+    }
+
     /// Every logged request so far.
     pub fn requests(&self) -> Vec<Value> {
         std::fs::read_to_string(&self.log)
@@ -160,7 +167,8 @@ fn handle(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     }
 }
 
-fn message_text(m: &Value) -> String {
+/// The text of a logged or received message: its `content` string, or its text parts joined.
+pub fn message_text(m: &Value) -> String {
     match &m["content"] {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts

@@ -6,6 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 
+use cohort_e2e::fake_server::message_text as text;
 use cohort_e2e::harness::{stderr, stdout, TestEnv, HERMETIC};
 use serde_json::Value;
 
@@ -55,15 +56,6 @@ fn started_id(out: &Output) -> String {
         .to_string()
 }
 
-/// The text of a logged message (a string, or text parts).
-fn text(m: &Value) -> String {
-    match &m["content"] {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
-        _ => String::new(),
-    }
-}
-
 fn system_prompt(req: &Value) -> String {
     assert_eq!(req["messages"][0]["role"], "system", "{req:#}");
     text(&req["messages"][0])
@@ -93,10 +85,7 @@ fn tools(req: &Value) -> Vec<String> {
 }
 
 fn last_request(env: &TestEnv) -> Value {
-    env.server
-        .requests()
-        .pop()
-        .expect("a request reached the model")
+    env.server.last_request()
 }
 
 fn run_count(env: &TestEnv) -> usize {

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
+use cohort_e2e::fake_server::message_text as text;
 use cohort_e2e::harness::{stderr, stdout, wait_for, TestEnv, HERMETIC};
 use cohort_runner::stream::{decide_step, ChildExit, StepVerdict, StreamParser, UPDATE_HEAD};
 use serde_json::Value;
@@ -100,19 +101,7 @@ fn verdict(out: &Output) -> (StreamParser, StepVerdict, Vec<String>) {
 
 /// The last request the fake server got.
 fn last_request(env: &TestEnv) -> Value {
-    env.server
-        .requests()
-        .pop()
-        .expect("Pi sent a request to the fake server")
-}
-
-/// The text of a logged request message (a string, or text parts).
-fn text(m: &Value) -> String {
-    match &m["content"] {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
-        _ => String::new(),
-    }
+    env.server.last_request()
 }
 
 #[test]
