@@ -476,6 +476,11 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         None => std::env::current_dir().context("cannot read the current directory")?,
     };
     if args.list_agents || args.list_chains {
+        if !args.tasks.is_empty() {
+            bail!(cohort_common::Error::Usage(
+                "--list-agents and --list-chains take no TASK".into()
+            ));
+        }
         return list(&args, root.profile(), &cwd_for_lookup);
     }
     let base = TaskSpec {

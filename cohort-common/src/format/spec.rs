@@ -498,6 +498,41 @@ mod tests {
     }
 
     #[test]
+    fn a_launch_spec_chain_from_before_agents_still_reads() {
+        // A step as spawn wrote it before agents existed: no `agent`, no `resolvedAgent`.
+        let old = r#"[{"task":"x","label":"l","model":"p/m"},{"parallel":[{"task":"y"}]}]"#;
+        let chain: Vec<ChainStep> = serde_json::from_str(old).unwrap();
+        let (flat, _) = flatten(&chain);
+        assert!(flat
+            .iter()
+            .all(|f| f.spec.agent.is_none() && f.spec.resolved_agent.is_none()));
+        // And a new one does not write the fields when there is no agent.
+        assert_eq!(serde_json::to_string(&chain).unwrap(), old);
+    }
+
+    #[test]
+    fn a_chain_file_may_name_agents_but_not_resolve_them() {
+        let chain = parse_chain(r#"{"steps":[{"task":"x","agent":"scout"}]}"#).unwrap();
+        let (flat, _) = flatten(&chain);
+        assert_eq!(flat[0].spec.agent.as_deref(), Some("scout"));
+        assert_eq!(label_of(&flat[0].spec, 0), "scout");
+        for (bad, needle) in [
+            (
+                r#"{"steps":[{"task":"x","resolvedAgent":{"name":"a","scope":"user","prompt":"p"}}]}"#,
+                "resolvedAgent",
+            ),
+            (r#"{"steps":[{"task":"x","agent":" "}]}"#, "empty `agent`"),
+            (
+                r#"{"steps":[{"parallel":[{"task":"a","agent":"r"},{"task":"b","agent":"r"}]}]}"#,
+                "labelled \"r\"",
+            ),
+        ] {
+            let err = parse_chain(bad).unwrap_err().to_string();
+            assert!(err.contains(needle), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn previous_substitution() {
         assert_eq!(substitute_previous("Sum: {previous}!", "abc"), "Sum: abc!");
         assert_eq!(
