@@ -283,6 +283,18 @@ impl RunDir {
         self.path.join(format!("output-{step}.log"))
     }
 
+    /// `prompt-<i>.md`: the system prompt of flat step `i`'s agent, which the runner writes
+    /// before the step starts and names to Pi (`--system-prompt` / `--append-system-prompt`).
+    pub fn prompt_file(&self, step: usize) -> PathBuf {
+        self.path.join(format!("prompt-{step}.md"))
+    }
+
+    /// `task-<i>.md`: the task of flat step `i` (after `{previous}` is substituted), which the
+    /// runner writes before the step starts and gives Pi on stdin.
+    pub fn task_file(&self, step: usize) -> PathBuf {
+        self.path.join(format!("task-{step}.md"))
+    }
+
     /// `final-<i>.txt`: the final assistant text of flat step `i`.
     pub fn final_text(&self, step: usize) -> PathBuf {
         self.path.join(format!("final-{step}.txt"))
@@ -327,6 +339,14 @@ mod tests {
         assert_eq!(
             r.nested_run_dir("root", "x").path(),
             Path::new("/p/pi-cohort/nested-subagent-runs/root/x")
+        );
+        assert_eq!(
+            d.task_file(2),
+            Path::new("/p/pi-cohort/async-subagent-runs/abc/task-2.md")
+        );
+        assert_eq!(
+            d.prompt_file(0),
+            Path::new("/p/pi-cohort/async-subagent-runs/abc/prompt-0.md")
         );
         assert_eq!(
             r.default_session_dir("abc"),

@@ -120,7 +120,7 @@ pub struct Known {
     pub started_at: Option<u64>,
     /// `endedAt`, ms since epoch.
     pub ended_at: Option<u64>,
-    /// The record's boot-clock times: the first [`BOOT_KEY_LEN`] characters of the boot id
+    /// The record's boot-clock times: the first 8 characters of the boot id
     /// (ASCII), `clock.startedAt` and `clock.endedAt` (ms since boot).
     pub boot: Option<([u8; BOOT_KEY_LEN], Option<u64>, Option<u64>)>,
 }
