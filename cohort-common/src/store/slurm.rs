@@ -95,9 +95,9 @@ pub fn parse_sacct(out: &str) -> Option<JobStatus> {
     })
 }
 
-/// Run a Slurm client with a bound; `Ok((success, stdout, stderr))`, or the reason it could not
-/// run.
-fn run_client(program: &str, args: &[&str]) -> Result<(bool, String, String), String> {
+/// Run a Slurm client (found on `PATH`) with stdin from `/dev/null`, killed after
+/// [`QUERY_TIMEOUT`]: `Ok((exited 0, stdout, stderr))`, or why it could not run or answer.
+pub fn run_client(program: &str, args: &[&str]) -> Result<(bool, String, String), String> {
     let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
@@ -128,8 +128,8 @@ fn run_client(program: &str, args: &[&str]) -> Result<(bool, String, String), St
     ))
 }
 
-/// The last non-empty line of a client's stderr (its error message).
-fn last_line(text: &str) -> String {
+/// The last non-empty line of a client's stderr (its error message), `no message` when empty.
+pub fn last_line(text: &str) -> String {
     text.lines()
         .map(str::trim)
         .rfind(|l| !l.is_empty())
