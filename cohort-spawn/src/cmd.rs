@@ -265,10 +265,7 @@ pub fn choose_backend(
             kind.as_str()
         )));
     }
-    Ok(LaunchBackend {
-        kind,
-        sbatch_args,
-    })
+    Ok(LaunchBackend { kind, sbatch_args })
 }
 
 /// Run the command line `args`; the binary maps the result to an exit code.

@@ -9,9 +9,9 @@
 //! it does natively. Until then the run is `queued` with a free lock, and readers ask Slurm
 //! about the job ([`cohort_common::store::slurm`]).
 //!
-//! The batch shell ignores SIGTERM: `scancel --signal=TERM --full JOBID` signals every process
-//! of the job, and the run must end through its runner's stop (children TERM, grace, KILL,
-//! `stopped` recorded), not by the job ending when its shell dies.
+//! The script `exec`s the runner (`--backend slurm`), so the runner is the job's batch process
+//! and stays in its process group: `scancel --signal=TERM --full JOBID` reaches it, and the run
+//! ends through the runner's usual stop (children TERM, grace, KILL, `stopped` recorded).
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -37,21 +37,19 @@ fn quote(path: &Path) -> Result<String> {
         .map_err(|e| Error::Usage(format!("cannot quote {text:?} for the batch script: {e}")))
 }
 
-/// The batch script of run `run_id` (pure): it exports the profile the run belongs to, ignores
-/// SIGTERM in the batch shell (see the module docs) and runs `runner RUN_DIR`; the job's exit
-/// status is the runner's. Every path is absolute and must be the same on every node.
+/// The batch script of run `run_id` (pure): it exports the profile the run belongs to and
+/// `exec`s `runner --backend slurm RUN_DIR` (see the module docs); the job's exit status is the
+/// runner's. Every path is absolute and must be the same on every node.
 pub fn batch_script(run_id: &str, runner: &Path, dir: &Path, profile: &Path) -> Result<String> {
     Ok(format!(
         "#!/bin/sh\n\
          # cohort run {run_id}: submitted by cohort-spawn with sbatch. Runs the run's runner on the\n\
-         # node Slurm allocated; its output goes to the run's runner.log.\n\
-         # The shell ignores SIGTERM so that scancel --signal=TERM --full ends the run through the\n\
-         # runner's stop (children TERM, grace, KILL, 'stopped' recorded).\n\
-         trap '' TERM\n\
+         # node Slurm allocated; its output goes to the run's runner.log. The runner replaces\n\
+         # this shell, so scancel --signal=TERM --full JOBID stops the run through it.\n\
          {PROFILE_ENV}={profile}\n\
          export {PROFILE_ENV}\n\
          unset {LOCK_FD_ENV}\n\
-         {runner} {dir}\n",
+         exec {runner} --backend slurm {dir}\n",
         profile = quote(profile)?,
         runner = quote(runner)?,
         dir = quote(dir)?,
@@ -115,7 +113,10 @@ pub fn submit(
     user_args: &[String],
 ) -> Result<String> {
     let runner = std::path::absolute(runner).map_err(|e| {
-        Error::Usage(format!("cannot resolve the runner {}: {e}", runner.display()))
+        Error::Usage(format!(
+            "cannot resolve the runner {}: {e}",
+            runner.display()
+        ))
     })?;
     let script = batch_script(run_id, &runner, dir.path(), root.profile())?;
     files::write_atomic(&dir.slurm_script(), script.as_bytes())?;
@@ -159,7 +160,7 @@ mod tests {
     }
 
     #[test]
-    fn the_script_quotes_its_paths_and_ignores_term_in_the_shell() {
+    fn the_script_quotes_its_paths_and_execs_the_runner() {
         let s = batch_script(
             "0190aaaa-bbbb-7ccc-8ddd-eeeeffff0000",
             Path::new("/opt/cohort/bin/cohort-runner"),
@@ -168,10 +169,11 @@ mod tests {
         )
         .unwrap();
         assert!(s.starts_with("#!/bin/sh\n"), "{s}");
-        assert!(s.contains("\ntrap '' TERM\n"), "{s}");
         assert!(s.contains("PI_CODING_AGENT_DIR=/shared/profile\nexport PI_CODING_AGENT_DIR\n"));
         assert!(
-            s.ends_with("/opt/cohort/bin/cohort-runner \"/shared/it's here/run\"\n"),
+            s.ends_with(
+                "\nexec /opt/cohort/bin/cohort-runner --backend slurm \"/shared/it's here/run\"\n"
+            ),
             "{s}"
         );
     }
@@ -184,10 +186,7 @@ mod tests {
             &dir,
             &["--hold".into(), "--partition=gpu".into()],
         );
-        let args: Vec<String> = args
-            .into_iter()
-            .map(|a| a.into_string().unwrap())
-            .collect();
+        let args: Vec<String> = args.into_iter().map(|a| a.into_string().unwrap()).collect();
         assert_eq!(
             args,
             [

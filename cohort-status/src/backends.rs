@@ -57,7 +57,13 @@ pub fn assess(
         (Some(_), None) => (None, Some("sinfo was not asked".to_string())),
         (Some(_), Some(Err(e))) => (None, Some(format!("the controller does not answer: {e}"))),
         (Some(_), Some(Ok(out))) => (
-            Some(out.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect()),
+            Some(
+                out.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .map(String::from)
+                    .collect(),
+            ),
             None,
         ),
     };
@@ -77,7 +83,9 @@ pub fn assess(
         Some(e) => e.parse::<BackendKind>(),
     };
     let warning = match &default {
-        Err(e) => Some(format!("{BACKEND_ENV}: {e}; cohort-spawn refuses to start runs")),
+        Err(e) => Some(format!(
+            "{BACKEND_ENV}: {e}; cohort-spawn refuses to start runs"
+        )),
         Ok(k) if !usable.contains(k) => Some(format!(
             "{BACKEND_ENV}={} but that backend is not usable here: {}",
             k.as_str(),
@@ -115,7 +123,9 @@ pub fn render(r: &BackendsReport) -> String {
     let mut s = String::from("backends:\n");
     s.push_str(&format!(
         "  default      {}\n",
-        r.default.map(|k| k.as_str()).unwrap_or("(invalid COHORT_BACKEND)")
+        r.default
+            .map(|k| k.as_str())
+            .unwrap_or("(invalid COHORT_BACKEND)")
     ));
     s.push_str("  native       usable\n");
     match (&r.slurm.error, &r.slurm.sbatch) {
@@ -165,16 +175,30 @@ mod tests {
         let down = assess(
             None,
             sbatch,
-            Some(Err("Unable to contact slurm controller (connect failure)".into())),
+            Some(Err(
+                "Unable to contact slurm controller (connect failure)".into()
+            )),
         );
         assert!(!down.slurm.usable);
-        assert!(down.slurm.error.as_deref().unwrap().contains("connect failure"));
-        assert_eq!(down.warning, None, "Slurm down is no problem for native users");
+        assert!(down
+            .slurm
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("connect failure"));
+        assert_eq!(
+            down.warning, None,
+            "Slurm down is no problem for native users"
+        );
 
         let absent = assess(Some("slurm"), None, None);
         assert_eq!(absent.usable, [BackendKind::Native]);
         assert_eq!(absent.slurm.error.as_deref(), Some("sbatch is not on PATH"));
-        assert!(absent.warning.as_deref().unwrap().contains("COHORT_BACKEND=slurm"));
+        assert!(absent
+            .warning
+            .as_deref()
+            .unwrap()
+            .contains("COHORT_BACKEND=slurm"));
 
         let bad = assess(Some("k8s"), None, None);
         assert_eq!(bad.default, None);

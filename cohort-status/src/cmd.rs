@@ -213,7 +213,11 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         // A Slurm run's runner lives on a node, where a pid means nothing here: stop it
         // through Slurm.
         let rec = cohort_common::format::record::load(&found.dir.status())?;
-        if let Some(b) = rec.backend.as_ref().filter(|b| b.kind() != Some(BackendKind::Native)) {
+        if let Some(b) = rec
+            .backend
+            .as_ref()
+            .filter(|b| b.kind() != Some(BackendKind::Native))
+        {
             match b.slurm_job_id() {
                 Some(job) => eprintln!(
                     "cohort-status: run {} runs as Slurm job {job}, not a local pid; stop it with: {}",

@@ -19,7 +19,9 @@ use serde::{Deserialize, Serialize};
 pub const BACKEND_ENV: &str = "COHORT_BACKEND";
 
 /// A backend's name, as `--backend` and `COHORT_BACKEND` take it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     /// The detached runner on this machine, started by spawn (the default).
@@ -144,16 +146,16 @@ mod tests {
     fn names_and_versions() {
         assert_eq!("slurm".parse::<BackendKind>(), Ok(BackendKind::Slurm));
         assert_eq!("native".parse::<BackendKind>(), Ok(BackendKind::Native));
-        assert!("k8s".parse::<BackendKind>().unwrap_err().contains("native or slurm"));
+        assert!("k8s"
+            .parse::<BackendKind>()
+            .unwrap_err()
+            .contains("native or slurm"));
         assert_eq!(record_format_version(None), 1);
         assert_eq!(record_format_version(Some(&Backend::Native)), 1);
         assert_eq!(
             record_format_version(Some(&Backend::Slurm { job_id: None })),
             2
         );
-        assert_eq!(
-            scancel_command("7"),
-            "scancel --signal=TERM --full 7"
-        );
+        assert_eq!(scancel_command("7"), "scancel --signal=TERM --full 7");
     }
 }

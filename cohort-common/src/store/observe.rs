@@ -133,7 +133,7 @@ pub fn settlement(state: RunState, job: Option<&JobReport>) -> Option<Settlement
             let because = |reason: &Option<String>| {
                 reason
                     .as_ref()
-                    .map(|r| format!(", reason {r}"))
+                    .map(|r| format!(" (Slurm reason: {r})"))
                     .unwrap_or_default()
             };
             match &job.status {
@@ -147,12 +147,12 @@ pub fn settlement(state: RunState, job: Option<&JobReport>) -> Option<Settlement
                     JobPhase::Waiting => None,
                     JobPhase::Cancelled => settled(
                         RunState::Stopped,
-                        format!("Slurm job {id} was {word}{} before its runner started", because(reason)),
+                        format!("Slurm job {id} was {word} before its runner started{}", because(reason)),
                         EventKind::RunAbandoned,
                     ),
                     JobPhase::Ended => settled(
                         RunState::Failed,
-                        format!("Slurm job {id} ended {word}{} before its runner started (see runner.log)", because(reason)),
+                        format!("Slurm job {id} ended {word} before its runner started; see runner.log{}", because(reason)),
                         EventKind::RunAbandoned,
                     ),
                 },
@@ -415,10 +415,19 @@ mod tests {
         assert_eq!(judge(RunState::Running, NoLockFile, None), Judgement::Lost);
         assert_eq!(judge(RunState::Queued, Held, None), Judgement::Starting);
         assert_eq!(judge(RunState::Queued, Free, None), Judgement::Abandoned);
-        assert_eq!(judge(RunState::Queued, NoLockFile, None), Judgement::Abandoned);
+        assert_eq!(
+            judge(RunState::Queued, NoLockFile, None),
+            Judgement::Abandoned
+        );
         assert_eq!(judge(RunState::Unknown, Free, None), Judgement::Unknown);
-        assert_eq!(settlement(RunState::Running, None).unwrap().error, RUNNER_LOST);
-        assert_eq!(settlement(RunState::Queued, None).unwrap().error, START_ABANDONED);
+        assert_eq!(
+            settlement(RunState::Running, None).unwrap().error,
+            RUNNER_LOST
+        );
+        assert_eq!(
+            settlement(RunState::Queued, None).unwrap().error,
+            START_ABANDONED
+        );
         assert!(settlement(RunState::Complete, None).is_none());
         assert!(settlement(RunState::Unknown, None).is_none());
     }
@@ -442,7 +451,11 @@ mod tests {
         use Liveness::*;
         // (what Slurm said, judgement, settled state, words in the error)
         let table: Vec<(JobReport, Judgement, Option<(RunState, &[&str])>)> = vec![
-            (known("PENDING", Some("JobHeldUser")), Judgement::Scheduled, None),
+            (
+                known("PENDING", Some("JobHeldUser")),
+                Judgement::Scheduled,
+                None,
+            ),
             (known("CONFIGURING", None), Judgement::Scheduled, None),
             (known("RUNNING", None), Judgement::Scheduled, None),
             (
@@ -453,7 +466,10 @@ mod tests {
             (
                 known("CANCELLED", Some("JobHeldUser")),
                 Judgement::Abandoned,
-                Some((RunState::Stopped, &["Slurm job 17", "CANCELLED", "JobHeldUser"])),
+                Some((
+                    RunState::Stopped,
+                    &["Slurm job 17", "CANCELLED", "JobHeldUser"],
+                )),
             ),
             (
                 known("FAILED", Some("NonZeroExitCode")),
@@ -463,7 +479,10 @@ mod tests {
             (
                 known("COMPLETED", None),
                 Judgement::Abandoned,
-                Some((RunState::Failed, &["COMPLETED", "before its runner started"])),
+                Some((
+                    RunState::Failed,
+                    &["COMPLETED", "before its runner started"],
+                )),
             ),
             (
                 known("NODE_FAIL", None),
@@ -544,7 +563,10 @@ mod tests {
             panic!("not written")
         };
         assert_eq!(rec.state, RunState::Stopped);
-        assert_eq!(record::load(&dir.status()).unwrap().state, RunState::Stopped);
+        assert_eq!(
+            record::load(&dir.status()).unwrap().state,
+            RunState::Stopped
+        );
         assert!(matches!(
             settle(&dir, Some(&report)).unwrap(),
             Settled::NotNeeded

@@ -186,7 +186,13 @@ mod tests {
         assert_eq!(phase("CANCELLED"), JobPhase::Cancelled);
         assert_eq!(phase("CANCELLED by 0"), JobPhase::Cancelled);
         assert_eq!(phase("CANCELLED+"), JobPhase::Cancelled);
-        for w in ["COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"] {
+        for w in [
+            "COMPLETED",
+            "FAILED",
+            "TIMEOUT",
+            "NODE_FAIL",
+            "OUT_OF_MEMORY",
+        ] {
             assert_eq!(phase(w), JobPhase::Ended, "{w}");
         }
     }
