@@ -405,3 +405,64 @@ fn bad_backends_are_usage_errors_and_a_missing_or_refusing_sbatch_a_failed_start
         "Invalid account or account/partition combination",
     );
 }
+
+#[test]
+fn a_version_2_record_is_left_queued_while_slurm_cannot_be_asked_and_settled_once_it_is_gone() {
+    let env = TestEnv::new();
+    let fixture = cohort_e2e::harness::workspace().join("tests/fixtures/v2/queued-slurm.json");
+    let text = std::fs::read_to_string(&fixture).unwrap();
+    let rec: cohort_common::format::record::RunRecord = serde_json::from_str(&text).unwrap();
+    assert_eq!(rec.format_version, 2);
+    // Round trip: what we read is what we would write.
+    let orig: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(serde_json::to_value(&rec).unwrap(), orig);
+    let dir = env.state_root().run_dir(&rec.run_id);
+    std::fs::create_dir_all(dir.path()).unwrap();
+    std::fs::write(dir.status(), &text).unwrap();
+    let id = rec.run_id.clone();
+
+    // No Slurm client on PATH: nothing proves the start over, so nothing is written.
+    let bare = |args: &[&str]| {
+        env.cmd("cohort-status")
+            .env("PATH", &env.path_bin)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let shown = stdout(&bare(&[&id]));
+    assert!(shown.contains("state        queued"), "{shown}");
+    assert!(
+        shown.contains("slurm job 4242 (stop: scancel --signal=TERM --full 4242); Slurm cannot be asked: cannot run scontrol"),
+        "{shown}"
+    );
+    let check = bare(&["--check"]);
+    assert_eq!(check.status.code(), Some(0), "{}", stdout(&check));
+    assert_eq!(std::fs::read_to_string(dir.status()).unwrap(), text);
+
+    // A controller that has forgotten the job, and no accounting: the runner never started,
+    // and never will. The next read settles it.
+    let fake = env.tmp.path().join("fake-slurm");
+    script(
+        &fake,
+        "scontrol",
+        "echo 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1",
+    );
+    let path = std::env::join_paths([fake.as_path(), env.path_bin.as_path()]).unwrap();
+    let out = env
+        .cmd("cohort-status")
+        .env("PATH", path)
+        .args([&id, "--json"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    assert_eq!(v["state"], "failed", "{v:#}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("Slurm no longer knows job 4242, and its runner never started"),
+        "{v:#}"
+    );
+    assert_eq!(env.record(&id)["state"], "failed");
+    assert_eq!(env.record(&id)["formatVersion"], 2);
+}
