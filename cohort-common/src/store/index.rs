@@ -109,7 +109,7 @@ pub fn is_racy(stamp: Stamp, listed_at_ms: u64) -> bool {
 }
 
 /// The length of the boot-id prefix the index keeps with boot-clock times.
-const BOOT_KEY_LEN: usize = 8;
+pub const BOOT_KEY_LEN: usize = 8;
 
 /// What the index knows of a run that was seen terminal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

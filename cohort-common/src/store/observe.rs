@@ -449,8 +449,9 @@ mod tests {
     #[test]
     fn a_queued_slurm_run_with_a_free_lock_is_judged_by_what_slurm_says() {
         use Liveness::*;
-        // (what Slurm said, judgement, settled state, words in the error)
-        let table: Vec<(JobReport, Judgement, Option<(RunState, &[&str])>)> = vec![
+        // (what Slurm said, judgement, settled state and words in the error)
+        type Settles = Option<(RunState, &'static [&'static str])>;
+        let table: Vec<(JobReport, Judgement, Settles)> = vec![
             (
                 known("PENDING", Some("JobHeldUser")),
                 Judgement::Scheduled,
