@@ -208,6 +208,10 @@ pub const MAN: cli::ManPage = cli::ManPage {
             "cohort-spawn --revive 0e5b8ad1c3f2 \"Now fix them\"",
             "Continue a finished run's Pi session in a new run.",
         ),
+        (
+            "cohort-spawn --backend slurm --sbatch-arg=--partition=batch \"Audit src/\"",
+            "Run it as a Slurm batch job (the state root must be on storage every node sees); stop it with the scancel command cohort-status shows.",
+        ),
     ],
     sections: &[("Chain files", CHAIN_FILES)],
 };

@@ -2,7 +2,6 @@
 //! ([`cohort_e2e::slurm`]); the bad-input cases run everywhere. Tests that need the cluster
 //! skip with a message when Slurm is not installed or the tests do not run as root.
 
-use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -60,6 +59,12 @@ fn status(env: &TestEnv, cluster: &Cluster, id: &str) -> Value {
     serde_json::from_str(stdout(&out).lines().next().expect("a line")).expect("JSON")
 }
 
+/// The shared cluster and a fresh world, or `None` (the test skips; [`slurm::cluster`] said
+/// why) without Slurm.
+fn world() -> Option<(&'static Cluster, TestEnv)> {
+    Some((slurm::cluster()?, TestEnv::new()))
+}
+
 fn lock_is_free(env: &TestEnv, id: &str) -> bool {
     !cohort_common::os::lock::probe(&env.run_dir(id).join("runner.lock"))
         .expect("probe")
@@ -68,10 +73,9 @@ fn lock_is_free(env: &TestEnv, id: &str) -> bool {
 
 #[test]
 fn a_run_completes_through_slurm_and_its_pi_child_sees_the_job_id() {
-    let Some(cluster) = slurm::cluster() else {
+    let Some((cluster, env)) = world() else {
         return;
     };
-    let env = TestEnv::new();
     let id = spawn(
         &env,
         cluster,
@@ -115,10 +119,9 @@ fn a_run_completes_through_slurm_and_its_pi_child_sees_the_job_id() {
 
 #[test]
 fn a_held_job_is_queued_passes_check_and_is_settled_stopped_after_scancel() {
-    let Some(cluster) = slurm::cluster() else {
+    let Some((cluster, env)) = world() else {
         return;
     };
-    let env = TestEnv::new();
     // The environment picks the backend; --sbatch-arg passes --hold to sbatch verbatim.
     let out = cmd(&env, cluster, "cohort-spawn")
         .env("COHORT_BACKEND", "slurm")
@@ -192,10 +195,9 @@ fn a_held_job_is_queued_passes_check_and_is_settled_stopped_after_scancel() {
 
 #[test]
 fn scancel_term_full_stops_a_running_run_with_no_pi_child_left() {
-    let Some(cluster) = slurm::cluster() else {
+    let Some((cluster, env)) = world() else {
         return;
     };
-    let env = TestEnv::new();
     let id = spawn(
         &env,
         cluster,
@@ -220,10 +222,9 @@ fn scancel_term_full_stops_a_running_run_with_no_pi_child_left() {
 
 #[test]
 fn a_runtime_missing_on_the_node_fails_the_step_saying_how_to_restore_it() {
-    let Some(cluster) = slurm::cluster() else {
+    let Some((cluster, env)) = world() else {
         return;
     };
-    let env = TestEnv::new();
     // A Pi package that exists at spawn, then is gone by the time the job runs on the node.
     let pkg = env.tmp.path().join("pi-pkg");
     let entry = cohort_e2e::harness::fake_pi_package(&pkg, "process.exit(0)\n");
@@ -255,10 +256,9 @@ fn a_runtime_missing_on_the_node_fails_the_step_saying_how_to_restore_it() {
 
 #[test]
 fn sbatch_refusing_the_job_is_a_start_failure_with_its_message() {
-    let Some(cluster) = slurm::cluster() else {
+    let Some((cluster, env)) = world() else {
         return;
     };
-    let env = TestEnv::new();
     let out = cmd(&env, cluster, "cohort-spawn")
         .args([
             "--backend",
@@ -273,10 +273,9 @@ fn sbatch_refusing_the_job_is_a_start_failure_with_its_message() {
 
 #[test]
 fn the_doctor_reports_the_backends() {
-    let Some(cluster) = slurm::cluster() else {
+    let Some((cluster, env)) = world() else {
         return;
     };
-    let env = TestEnv::new();
     let out = run(&env, cluster, "cohort-status", &["--doctor", "--json"]);
     let v: Value = serde_json::from_str(&stdout(&out)).expect("JSON");
     let b = &v["backends"];
@@ -333,13 +332,21 @@ fn assert_start_failure(env: &TestEnv, out: &Output, needle: &str) {
     assert_eq!(rec["backend"]["kind"], "slurm");
 }
 
-/// Write an executable `sh` script `name` into `dir`.
-fn script(dir: &Path, name: &str, body: &str) {
+/// `bin` of this world with a PATH of only its `node` and `pi` and a fake Slurm client
+/// `program`: a `sh` script running `body`.
+fn with_fake_client(env: &TestEnv, bin: &str, program: &str, body: &str) -> Command {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir).unwrap();
-    let p = dir.join(name);
+    let dir = env.tmp.path().join(format!("fake-{program}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(program);
     std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut c = env.cmd(bin);
+    c.env(
+        "PATH",
+        std::env::join_paths([dir.as_path(), env.path_bin.as_path()]).unwrap(),
+    );
+    c
 }
 
 #[test]
@@ -386,17 +393,13 @@ fn bad_backends_are_usage_errors_and_a_missing_or_refusing_sbatch_a_failed_start
     std::fs::remove_dir_all(env.state_root().runs_dir()).unwrap();
 
     // An sbatch that refuses the job: its message, on one line, in the error and the record.
-    let fake = env.tmp.path().join("fake-sbatch");
-    script(
-        &fake,
+    let out = with_fake_client(
+        &env,
+        "cohort-spawn",
         "sbatch",
         "echo 'sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified' >&2\nexit 1",
-    );
-    let path = std::env::join_paths([fake.as_path(), env.path_bin.as_path()]).unwrap();
-    let out = env
-        .cmd("cohort-spawn")
-        .env("PATH", path)
-        .args(["--backend", "slurm", "t"])
+    )
+    .args(["--backend", "slurm", "t"])
         .output()
         .unwrap();
     assert_start_failure(
@@ -441,19 +444,15 @@ fn a_version_2_record_is_left_queued_while_slurm_cannot_be_asked_and_settled_onc
 
     // A controller that has forgotten the job, and no accounting: the runner never started,
     // and never will. The next read settles it.
-    let fake = env.tmp.path().join("fake-slurm");
-    script(
-        &fake,
+    let out = with_fake_client(
+        &env,
+        "cohort-status",
         "scontrol",
         "echo 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1",
-    );
-    let path = std::env::join_paths([fake.as_path(), env.path_bin.as_path()]).unwrap();
-    let out = env
-        .cmd("cohort-status")
-        .env("PATH", path)
-        .args([&id, "--json"])
-        .output()
-        .unwrap();
+    )
+    .args([&id, "--json"])
+    .output()
+    .unwrap();
     let v: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
     assert_eq!(v["state"], "failed", "{v:#}");
     assert!(
