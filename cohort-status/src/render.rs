@@ -221,6 +221,9 @@ pub fn json_line(row: &Row) -> String {
                 row.origin.word(),
                 o.liveness == Liveness::Held,
             ));
+            if let Some(j) = &o.job {
+                s.push_str(&format!(",\"scheduler\":{}", scheduler_json(j)));
+            }
             match rec.strip_prefix('{') {
                 Some(rest) if rest != "}" => {
                     s.push(',');
@@ -231,6 +234,19 @@ pub fn json_line(row: &Row) -> String {
             s
         }
         Err(e) => json!({"runId": row.id, "origin": row.origin.word(), "error": e}).to_string(),
+    }
+}
+
+/// `--json`'s `scheduler` field (pure): what the scheduler said about a `queued` run's job
+/// when it was asked: `{jobId, state, reason}` (`state` null when the job is gone) or
+/// `{jobId, error}` when it could not be asked.
+pub fn scheduler_json(j: &JobReport) -> serde_json::Value {
+    match &j.status {
+        JobStatus::Known { state, reason } => {
+            json!({"jobId": j.job_id, "state": state, "reason": reason})
+        }
+        JobStatus::Gone => json!({"jobId": j.job_id, "state": null, "reason": null}),
+        JobStatus::Unreachable(e) => json!({"jobId": j.job_id, "error": e}),
     }
 }
 
@@ -455,6 +471,10 @@ mod tests {
         assert_eq!(
             backend_line(&rec, Some(&held)).unwrap(),
             "slurm job 12 (stop: scancel --signal=TERM --full 12); Slurm says PENDING (JobHeldUser)"
+        );
+        assert_eq!(
+            scheduler_json(&held),
+            json!({"jobId": "12", "state": "PENDING", "reason": "JobHeldUser"})
         );
         rec.finish(cohort_common::format::record::RunState::Complete, None);
         assert_eq!(backend_line(&rec, None).unwrap(), "slurm job 12");

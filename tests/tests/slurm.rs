@@ -139,6 +139,10 @@ fn a_held_job_is_queued_passes_check_and_is_settled_stopped_after_scancel() {
         let v = status(&env, cluster, &id);
         assert_eq!(v["state"], "queued", "{v:#}");
         assert_eq!(v["live"], false);
+        assert_eq!(
+            v["scheduler"],
+            serde_json::json!({"jobId": job, "state": "PENDING", "reason": "JobHeldUser"})
+        );
         assert!(lock_is_free(&env, &id));
     }
     let check = run(&env, cluster, "cohort-status", &["--check"]);
@@ -464,4 +468,26 @@ fn a_version_2_record_is_left_queued_while_slurm_cannot_be_asked_and_settled_onc
     );
     assert_eq!(env.record(&id)["state"], "failed");
     assert_eq!(env.record(&id)["formatVersion"], 2);
+}
+
+#[test]
+fn spawn_wait_waits_through_the_pending_job_and_prints_the_answer() {
+    let Some((cluster, env)) = world() else {
+        return;
+    };
+    let out = cmd(&env, cluster, "cohort-spawn")
+        .args([
+            "--backend",
+            "slurm",
+            "--wait",
+            "--model",
+            "fake/plain",
+            "hello",
+        ])
+        .arg("--")
+        .args(HERMETIC)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "ECHO: hello\n");
 }
