@@ -9,8 +9,10 @@
 //! accounting database). It waits until `sinfo` reports the node idle. Nothing outside the
 //! temp dir is touched, and clients find the cluster through `SLURM_CONF` ([`Cluster::conf`]).
 //!
-//! The daemons are stopped by pid when the test binary exits (an `atexit` handler: SIGTERM,
-//! then SIGKILL after 5 s); as a safety net for a binary that dies without exiting, each
+//! When the test binary exits, an `atexit` handler cancels the jobs still known to the cluster
+//! and waits (up to 30 s) until `squeue` lists none, so no `slurmstepd` is left finishing a job
+//! for a controller that is gone; then it stops the daemons by pid (SIGTERM, then SIGKILL after
+//! 5 s) and removes the temp dir. As a safety net for a binary that dies without exiting, each
 //! daemon also gets SIGTERM when the thread that started it ends (`PR_SET_PDEATHSIG`), and that
 //! thread lives as long as the process.
 //!
@@ -52,10 +54,20 @@ impl Cluster {
 
 /// The daemons started, stopped by pid at exit.
 static DAEMONS: Mutex<Vec<Child>> = Mutex::new(Vec::new());
+/// The running cluster, for the exit handler.
+static RUNNING: OnceLock<Cluster> = OnceLock::new();
 
-/// Stop every daemon this process started: SIGTERM, up to 5 s, then SIGKILL (registered with
-/// `atexit`).
+/// End the cluster's jobs, stop every daemon this process started (SIGTERM, up to 5 s, then
+/// SIGKILL), remove its temp dir (registered with `atexit`).
 extern "C" fn stop_daemons() {
+    if let Some(c) = RUNNING.get() {
+        let me = nix::unistd::geteuid().to_string();
+        let _ = c.client("scancel", &["--user", &me]);
+        let _ = wait_for(Duration::from_secs(30), || {
+            let out = c.client("squeue", &["-h", "-o", "%i"]);
+            out.status.success() && out.stdout.iter().all(u8::is_ascii_whitespace)
+        });
+    }
     let Ok(mut daemons) = DAEMONS.lock() else {
         return;
     };
@@ -72,6 +84,9 @@ extern "C" fn stop_daemons() {
         }
     }
     daemons.clear();
+    if let Some(c) = RUNNING.get() {
+        let _ = std::fs::remove_dir_all(&c.dir);
+    }
 }
 
 /// The shared cluster of this test binary, started on first use; `None` (with a line on
@@ -327,5 +342,9 @@ fn start() -> Result<Cluster, String> {
             dir.display()
         )
     })?;
+    let _ = RUNNING.set(Cluster {
+        dir: dir.clone(),
+        host: host.clone(),
+    });
     Ok(cluster)
 }
