@@ -117,7 +117,8 @@ pub struct Args {
     /// only), e.g. --sbatch-arg=--partition=batch --sbatch-arg=--time=2:00:00.
     #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
     sbatch_arg: Vec<String>,
-    /// Print one JSON object ({"runId", "shortId", "runDir", "runtime"}) instead of the id.
+    /// Print one JSON object ({"runId", "shortId", "runDir", "runtime"}, and "backend" with the
+    /// Slurm job id for a Slurm run) instead of the id.
     #[arg(long)]
     json: bool,
     /// A shell command to run once when the run has ended (default: $COHORT_ON_EXIT; an empty
@@ -458,13 +459,16 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         return crate::wait::wait_and_answer(&root, &started.run_id.to_string());
     }
     let out = if args.json {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "runId": started.run_id.to_string(),
             "shortId": started.run_id.short(),
             "runDir": started.dir.path(),
             "runtime": started.runtime,
-        })
-        .to_string()
+        });
+        if let Some(b) = &started.backend {
+            v["backend"] = serde_json::json!(b);
+        }
+        v.to_string()
     } else {
         started.run_id.to_string()
     };

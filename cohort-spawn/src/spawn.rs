@@ -73,6 +73,8 @@ pub struct Spawned {
     pub run_id: RunId,
     /// Its directory.
     pub dir: RunDir,
+    /// The backend as recorded (`None` for a native run): a Slurm run's job id.
+    pub backend: Option<Backend>,
     /// The runtime.
     pub runtime: Runtime,
 }
@@ -190,6 +192,7 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         Ok(runtime) => Ok(Spawned {
             run_id,
             dir,
+            backend: rec.backend.clone(),
             runtime,
         }),
         Err(error) => {

@@ -125,14 +125,25 @@ fn a_held_job_is_queued_passes_check_and_is_settled_stopped_after_scancel() {
     // The environment picks the backend; --sbatch-arg passes --hold to sbatch verbatim.
     let out = cmd(&env, cluster, "cohort-spawn")
         .env("COHORT_BACKEND", "slurm")
-        .args(["--sbatch-arg=--hold", "--model", "fake/plain", "held"])
+        .args([
+            "--sbatch-arg=--hold",
+            "--json",
+            "--model",
+            "fake/plain",
+            "held",
+        ])
         .arg("--")
         .args(HERMETIC)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    let id = stdout(&out).trim().to_string();
+    let printed: Value = serde_json::from_str(&stdout(&out)).expect("one JSON object");
+    let id = printed["runId"].as_str().unwrap().to_string();
     let job = job_id(&env, &id);
+    assert_eq!(
+        printed["backend"],
+        serde_json::json!({"kind": "slurm", "jobId": job})
+    );
     // The window under test: queued, and no process holds the run lock. Natively that proves
     // the start abandoned; here Slurm still holds the job.
     for _ in 0..3 {
