@@ -9,6 +9,14 @@
 //! appended ([`settle`]). A pid alone never proves life or death: the lock decides, so an
 //! unrelated process that happens to own the recorded pid changes nothing.
 //!
+//! One case needs more than the lock: a `queued` run of a scheduler backend (Slurm). Spawn
+//! releases its lock once the job is submitted, and the runner takes it only when the job runs
+//! on a node, so a free lock proves nothing until the scheduler has been asked
+//! ([`crate::store::slurm::query`], the I/O; its report is an input of [`judge`] and
+//! [`settlement`]): a job still pending leaves the run `queued`, a cancelled one settles it
+//! `stopped`, a failed, ended or forgotten one `failed`, and a scheduler that cannot be asked
+//! leaves it as it is.
+//!
 //! Records are read through [`record::load`], which never follows a symlink and reads only
 //! regular files: a `status.json` that is a FIFO or a directory is an error row, never a hang.
 //! Legacy records ([`crate::format::legacy`]) are read through their own parser and are never
