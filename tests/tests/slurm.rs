@@ -347,15 +347,17 @@ fn assert_start_failure(env: &TestEnv, out: &Output, needle: &str) {
     assert_eq!(rec["backend"]["kind"], "slurm");
 }
 
-/// `bin` of this world with a PATH of only its `node` and `pi` and a fake Slurm client
-/// `program`: a `sh` script running `body`.
-fn with_fake_client(env: &TestEnv, bin: &str, program: &str, body: &str) -> Command {
+/// `bin` of this world with a PATH of only its `node` and `pi` and fake Slurm clients: each
+/// `(program, body)` a `sh` script running `body`.
+fn with_fake_clients(env: &TestEnv, bin: &str, clients: &[(&str, &str)]) -> Command {
     use std::os::unix::fs::PermissionsExt;
-    let dir = env.tmp.path().join(format!("fake-{program}"));
+    let dir = env.tmp.path().join(format!("fake-slurm-for-{bin}"));
     std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(program);
-    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (program, body) in clients {
+        let p = dir.join(program);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     let mut c = env.cmd(bin);
     c.env(
         "PATH",
@@ -408,11 +410,13 @@ fn bad_backends_are_usage_errors_and_a_missing_or_refusing_sbatch_a_failed_start
     std::fs::remove_dir_all(env.state_root().runs_dir()).unwrap();
 
     // An sbatch that refuses the job: its message, on one line, in the error and the record.
-    let out = with_fake_client(
+    let out = with_fake_clients(
         &env,
         "cohort-spawn",
-        "sbatch",
-        "echo 'sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified' >&2\nexit 1",
+        &[(
+            "sbatch",
+            "echo 'sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified' >&2\nexit 1",
+        )],
     )
     .args(["--backend", "slurm", "t"])
         .output()
@@ -450,20 +454,26 @@ fn a_version_2_record_is_left_queued_while_slurm_cannot_be_asked_and_settled_onc
     let shown = stdout(&bare(&[&id]));
     assert!(shown.contains("state        queued"), "{shown}");
     assert!(
-        shown.contains("slurm job 4242 (stop: scancel --signal=TERM --full 4242); Slurm cannot be asked: cannot run scontrol"),
+        shown.contains("slurm job 4242 (stop: scancel --signal=TERM --full 4242); Slurm cannot be asked: cannot run squeue"),
         "{shown}"
     );
     let check = bare(&["--check"]);
     assert_eq!(check.status.code(), Some(0), "{}", stdout(&check));
     assert_eq!(std::fs::read_to_string(dir.status()).unwrap(), text);
 
-    // A controller that has forgotten the job, and no accounting: the runner never started,
-    // and never will. The next read settles it.
-    let out = with_fake_client(
+    // A controller that has forgotten the job (the queue does not list it, and asked about it
+    // it says so), and no accounting: the runner never started, and never will. The next read
+    // settles it.
+    let out = with_fake_clients(
         &env,
         "cohort-status",
-        "scontrol",
-        "echo 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1",
+        &[
+            ("squeue", "echo '4241|RUNNING|None'"),
+            (
+                "scontrol",
+                "echo 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1",
+            ),
+        ],
     )
     .args([&id, "--json"])
     .output()

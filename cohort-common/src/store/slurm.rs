@@ -2,23 +2,32 @@
 //!
 //! Asked only for a `queued` Slurm run whose lock is free: the runner has not taken the lock,
 //! and only the scheduler knows whether it still will (the job is pending or starting) or never
-//! will (the job was cancelled, failed, or is gone). [`query`] runs Slurm's own clients:
-//! `scontrol show job -o JOBID` (the controller remembers ended jobs for `MinJobAge`, 300 s by
-//! default), then, when the controller no longer knows the job, `sacct` (where accounting is
-//! configured). The parsers and [`phase`] are pure; the judgement built on them is
+//! will (the job was cancelled, failed, or is gone). [`query`] runs Slurm's own clients: one
+//! `squeue --states=all` of the user's jobs answers for every run judged within
+//! [`SNAPSHOT_TTL`] (a listing of hundreds of pending runs costs one call, not one per run);
+//! a job it does not list is asked about on its own, `scontrol show job -o JOBID` (the
+//! controller remembers ended jobs for `MinJobAge`, 300 s by default), then `sacct` (where
+//! accounting is configured), so that absence is only ever concluded from a fresh answer. The
+//! parsers and [`phase`] are pure; the judgement built on them is
 //! [`crate::store::observe::judge`].
 //!
 //! The clients read `SLURM_CONF` and the site's configuration as every Slurm user command does;
 //! each call is bounded ([`QUERY_TIMEOUT`]), so a hung controller never hangs a listing.
 
+use std::collections::HashMap;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use wait_timeout::ChildExt;
 
 /// The longest a single Slurm client call may take before it is killed and the scheduler is
 /// reported unreachable.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long one `squeue` snapshot answers for, within one process: every run a listing judges
+/// shares it, and a waiter that asks every 2 s gets a fresh one each time.
+pub const SNAPSHOT_TTL: Duration = Duration::from_secs(1);
 
 /// What Slurm reported about a job.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,6 +104,51 @@ pub fn parse_sacct(out: &str) -> Option<JobStatus> {
     })
 }
 
+/// Parse `squeue -h -o %i|%T|%r` output (pure): job id → its state and reason. Lines that are
+/// not `ID|STATE|REASON` are skipped.
+pub fn parse_squeue(out: &str) -> HashMap<String, JobStatus> {
+    out.lines()
+        .filter_map(|l| {
+            let mut f = l.trim().splitn(3, '|');
+            let (id, state, reason) = (f.next()?, f.next()?, f.next()?);
+            (!id.is_empty() && !state.is_empty()).then(|| {
+                (
+                    id.to_string(),
+                    JobStatus::Known {
+                        state: state.to_string(),
+                        reason: Some(reason.trim().to_string())
+                            .filter(|r| !r.is_empty() && r != "None"),
+                    },
+                )
+            })
+        })
+        .collect()
+}
+
+type Snapshot = (Instant, Result<HashMap<String, JobStatus>, String>);
+
+/// The user's jobs as `squeue --states=all` lists them, at most [`SNAPSHOT_TTL`] old.
+fn snapshot() -> Result<HashMap<String, JobStatus>, String> {
+    static LAST: Mutex<Option<Snapshot>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((at, jobs)) = last.as_ref() {
+        if at.elapsed() < SNAPSHOT_TTL {
+            return jobs.clone();
+        }
+    }
+    let uid = nix::unistd::getuid().to_string();
+    let jobs = match run_client(
+        "squeue",
+        &["-h", "--states=all", "-u", &uid, "-o", "%i|%T|%r"],
+    ) {
+        Ok((true, out, _)) => Ok(parse_squeue(&out)),
+        Ok((false, _, err)) => Err(last_line(&err)),
+        Err(e) => Err(e),
+    };
+    *last = Some((Instant::now(), jobs.clone()));
+    jobs
+}
+
 /// Run a Slurm client (found on `PATH`) with stdin from `/dev/null`, killed after
 /// [`QUERY_TIMEOUT`]: `Ok((exited 0, stdout, stderr))`, or why it could not run or answer.
 pub fn run_client(program: &str, args: &[&str]) -> Result<(bool, String, String), String> {
@@ -137,10 +191,19 @@ pub fn last_line(text: &str) -> String {
         .to_string()
 }
 
-/// Ask Slurm about job `job_id`: the controller first (`scontrol show job -o`), then accounting
-/// (`sacct`) when the controller no longer knows the job. Never fails: what could not be
+/// Ask Slurm about job `job_id`: the user's jobs in the controller's queue (a shared
+/// `squeue` snapshot), else the controller about this job (`scontrol show job -o`), then
+/// accounting (`sacct`) when the controller no longer knows it. Never fails: what could not be
 /// learned is [`JobStatus::Unreachable`].
 pub fn query(job_id: &str) -> JobStatus {
+    match snapshot() {
+        Ok(jobs) => {
+            if let Some(s) = jobs.get(job_id) {
+                return s.clone();
+            }
+        }
+        Err(e) => return JobStatus::Unreachable(e),
+    }
     match run_client("scontrol", &["show", "job", "-o", job_id]) {
         Err(e) => return JobStatus::Unreachable(e),
         Ok((true, out, _)) => {
@@ -195,6 +258,26 @@ mod tests {
         ] {
             assert_eq!(phase(w), JobPhase::Ended, "{w}");
         }
+    }
+
+    #[test]
+    fn squeue_output_is_parsed() {
+        let jobs = parse_squeue("12|PENDING|JobHeldUser\n13|RUNNING|None\n\ngarbage\n");
+        assert_eq!(jobs.len(), 2);
+        assert_eq!(
+            jobs["12"],
+            JobStatus::Known {
+                state: "PENDING".into(),
+                reason: Some("JobHeldUser".into())
+            }
+        );
+        assert_eq!(
+            jobs["13"],
+            JobStatus::Known {
+                state: "RUNNING".into(),
+                reason: None
+            }
+        );
     }
 
     #[test]
