@@ -1,8 +1,9 @@
 //! `cohort-runner RUN_DIR`: the detached supervisor of one run.
 //!
-//! Started by `cohort-spawn`, never by hand. It detaches (new session, SIGHUP ignored, child
-//! subreaper), points its stdout at `/dev/null` once it has told spawn it is up, and runs the
-//! run to its end. Its stderr is the run's `runner.log`.
+//! Started by `cohort-spawn` (natively), or by the batch script spawn submitted to Slurm
+//! (`--backend slurm`), never by hand. It detaches (natively a new session; SIGHUP ignored,
+//! child subreaper), points its stdout at `/dev/null` once it has told spawn it is up, and runs
+//! the run to its end. Its stderr is the run's `runner.log`.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
@@ -10,6 +11,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use cohort_common::cli;
+use cohort_common::format::backend::BackendKind;
 use cohort_common::format::layout::RunDir;
 use cohort_common::format::spec::{LOCK_FD_ENV, READY_LINE};
 
@@ -21,6 +23,11 @@ use crate::{process, supervisor};
 pub struct Args {
     /// The run directory to run.
     run_dir: PathBuf,
+    /// Who started the runner: native (cohort-spawn, detached into a session of its own) or
+    /// slurm (a Slurm batch job: the runner stays in the job's session and process group, so
+    /// that `scancel --signal=TERM --full` reaches it).
+    #[arg(long, value_name = "NAME", default_value = "native")]
+    backend: BackendKind,
 }
 
 /// Run the command line `args`; the binary maps the result to an exit code.
@@ -29,7 +36,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // takes the lock itself). Read before anything else is opened, and kept open below.
     let inherited = inherited_lock();
     process::close_inherited_fds(inherited.as_ref().map(|fd| fd.as_raw_fd()));
-    process::detach().context("cannot detach")?;
+    process::detach(args.backend).context("cannot detach")?;
     let dir = RunDir::new(&args.run_dir);
     supervisor::run(&dir, inherited, || {
         // Tell spawn we are up, then let go of its pipe so it can return.

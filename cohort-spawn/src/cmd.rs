@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use cohort_common::format::backend::{BackendKind, LaunchBackend, BACKEND_ENV};
 use cohort_common::format::id;
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::RunMode;
@@ -123,7 +124,17 @@ pub struct Args {
     /// absolute, existing, canonical; files regular, non-symlink, .jsonl, inside it).
     #[arg(long)]
     session_root: Option<PathBuf>,
-    /// Print one JSON object ({"runId", "shortId", "runDir", "runtime"}) instead of the id.
+    /// Where the runner runs: native (detached on this machine) or slurm (a batch job submitted
+    /// with sbatch; the state root must be on storage every node sees). Default:
+    /// $COHORT_BACKEND, else native.
+    #[arg(long, value_name = "NAME")]
+    backend: Option<BackendKind>,
+    /// An option passed to sbatch verbatim, after cohort's own (repeatable; --backend slurm
+    /// only), e.g. --sbatch-arg=--partition=batch --sbatch-arg=--time=2:00:00.
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    sbatch_arg: Vec<String>,
+    /// Print one JSON object ({"runId", "shortId", "runDir", "runtime"}, and "backend" with the
+    /// Slurm job id for a Slurm run) instead of the id.
     #[arg(long)]
     json: bool,
     /// A shell command to run once when the run has ended (default: $COHORT_ON_EXIT; an empty
@@ -248,6 +259,10 @@ pub const MAN: cli::ManPage = cli::ManPage {
         (
             "cohort-spawn --revive 0e5b8ad1c3f2 \"Now fix them\"",
             "Continue a finished run's Pi session in a new run.",
+        ),
+        (
+            "cohort-spawn --backend slurm --sbatch-arg=--partition=batch \"Audit src/\"",
+            "Run it as a Slurm batch job (the state root must be on storage every node sees); stop it with the scancel command cohort-status shows.",
         ),
     ],
     sections: &[("Chain files", CHAIN_FILES), ("Agents", AGENTS)],
@@ -451,12 +466,44 @@ fn render(head: [&str; 5], rows: &[[String; 5]], notes: &[Vec<String>]) -> Strin
     out
 }
 
+/// The backend a run gets (pure): `--backend` when given, else `$COHORT_BACKEND` unless blank,
+/// else native; `--sbatch-arg` only with slurm.
+///
+/// Errors ([`cohort_common::Error::Usage`], exit 2, before any record exists): an unknown name
+/// in the environment, or `--sbatch-arg` for a native run.
+pub fn choose_backend(
+    flag: Option<BackendKind>,
+    env: Option<String>,
+    sbatch_args: Vec<String>,
+) -> Result<LaunchBackend, cohort_common::Error> {
+    let kind = match (flag, env.filter(|e| !e.trim().is_empty())) {
+        (Some(k), _) => k,
+        (None, Some(e)) => e
+            .trim()
+            .parse()
+            .map_err(|m| cohort_common::Error::Usage(format!("{BACKEND_ENV}: {m}")))?,
+        (None, None) => BackendKind::Native,
+    };
+    if kind != BackendKind::Slurm && !sbatch_args.is_empty() {
+        return Err(cohort_common::Error::Usage(format!(
+            "--sbatch-arg needs --backend slurm (this run's backend is {})",
+            kind.as_str()
+        )));
+    }
+    Ok(LaunchBackend { kind, sbatch_args })
+}
+
 /// Run the command line `args`; the binary maps the result to an exit code.
 pub fn run(args: Args) -> anyhow::Result<u8> {
     if let Some(kind) = args.generate.generate {
         cli::print_generated::<Args>(kind, &MAN)?;
         return Ok(exit::SUCCESS);
     }
+    let backend = choose_backend(
+        args.backend,
+        std::env::var(BACKEND_ENV).ok(),
+        args.sbatch_arg.clone(),
+    )?;
     // Route variables decide whether and where a record is created: check them first.
     let root = StateRoot::from_env()?;
     let placement = match route::parse_env(|k| std::env::var_os(k))? {
@@ -640,6 +687,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         max_depth: args.max_depth.unwrap_or(route::DEFAULT_MAX_DEPTH),
         session_root: args.session_root.clone(),
         runner: spawn::default_runner_path(),
+        backend,
     };
     let started = match spawn::spawn(&root, req) {
         Ok(s) => s,
@@ -656,13 +704,16 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         return crate::wait::wait_and_answer(&root, &started.run_id.to_string());
     }
     let out = if args.json {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "runId": started.run_id.to_string(),
             "shortId": started.run_id.short(),
             "runDir": started.dir.path(),
             "runtime": started.runtime,
-        })
-        .to_string()
+        });
+        if let Some(b) = &started.backend {
+            v["backend"] = serde_json::json!(b);
+        }
+        v.to_string()
     } else {
         started.run_id.to_string()
     };
@@ -703,6 +754,32 @@ mod tests {
             assert!(CHAIN_FILES.contains(&k), "the chain help lacks {k}");
         }
         assert!(CHAIN_FILES.contains("resolvedAgent"));
+    }
+
+    #[test]
+    fn the_backend_flag_beats_the_environment_and_sbatch_args_need_slurm() {
+        let s = |v: &str| Some(v.to_string());
+        let kind = |f, e| choose_backend(f, e, Vec::new()).map(|b| b.kind);
+        assert_eq!(kind(None, None).unwrap(), BackendKind::Native);
+        assert_eq!(kind(None, s("slurm")).unwrap(), BackendKind::Slurm);
+        assert_eq!(kind(None, s(" ")).unwrap(), BackendKind::Native);
+        assert_eq!(
+            kind(Some(BackendKind::Native), s("slurm")).unwrap(),
+            BackendKind::Native
+        );
+        let bad = kind(None, s("k8s")).unwrap_err().to_string();
+        assert!(bad.starts_with("COHORT_BACKEND: unknown backend"), "{bad}");
+        let args = vec!["--hold".to_string()];
+        assert!(choose_backend(None, None, args.clone())
+            .unwrap_err()
+            .to_string()
+            .contains("--sbatch-arg needs --backend slurm"));
+        assert_eq!(
+            choose_backend(Some(BackendKind::Slurm), None, args.clone())
+                .unwrap()
+                .sbatch_args,
+            args
+        );
     }
 
     #[test]

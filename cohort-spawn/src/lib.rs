@@ -8,6 +8,7 @@
 //! - [`spawn`]: the start itself, in the order the format requires (`queued` first, a `failed`
 //!   record for every start that fails after it);
 //! - [`revive`]: continuing a finished run's session on its recorded runtime;
+//! - [`slurm`]: submitting a run to Slurm (`--backend slurm`): the batch script, `sbatch`;
 //! - [`session`]: the session-file rules (a Pi session, not in use by a live run);
 //! - [`wait`]: `--wait`, waiting for the run and printing its answer.
 
@@ -19,5 +20,6 @@ pub mod cmd;
 pub mod frontmatter;
 pub mod revive;
 pub mod session;
+pub mod slurm;
 pub mod spawn;
 pub mod wait;

@@ -3,7 +3,9 @@
 //! Order matters and is the contract: usage errors are refused before anything exists; then the
 //! run dir is created exclusively with its lock file, and `queued` is published *before*
 //! anything is validated; then cwd, runtime and session rules are checked, the launch spec is
-//! written, and the detached runner is started. If any step after `queued` fails, the record is
+//! written, and the runner is started: detached on this machine (`native`), or submitted to
+//! Slurm as a batch job whose id is recorded before spawn lets go of the run lock
+//! ([`crate::slurm`]). If any step after `queued` fails, the record is
 //! rewritten `failed` with the reason, so a failed start always leaves a record that says why.
 
 use std::io::{BufRead, BufReader};
@@ -14,6 +16,7 @@ use serde_json::json;
 
 use cohort_common::error::{Error, IoContext, Result};
 use cohort_common::fault;
+use cohort_common::format::backend::{Backend, BackendKind, LaunchBackend};
 use cohort_common::format::events::{self, EventKind};
 use cohort_common::format::id::RunId;
 use cohort_common::format::layout::{self, RunDir, StateRoot, PROFILE_ENV};
@@ -60,6 +63,8 @@ pub struct SpawnRequest {
     pub session_root: Option<PathBuf>,
     /// The path of `cohort-runner`.
     pub runner: PathBuf,
+    /// The execution backend (`--backend`, `COHORT_BACKEND`) and its `--sbatch-arg`s.
+    pub backend: LaunchBackend,
 }
 
 /// A started run.
@@ -69,6 +74,8 @@ pub struct Spawned {
     pub run_id: RunId,
     /// Its directory.
     pub dir: RunDir,
+    /// The backend as recorded (`None` for a native run): a Slurm run's job id.
+    pub backend: Option<Backend>,
     /// The runtime.
     pub runtime: Runtime,
 }
@@ -149,6 +156,9 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     rec.chain_step_count = Some(req.chain.len());
     rec.parallel_groups = groups;
     rec.revives = req.revives.clone();
+    if req.backend.kind == BackendKind::Slurm {
+        rec.set_backend(Some(Backend::Slurm { job_id: None }));
+    }
     if let Some(p) = &req.placement {
         rec.root_run_id = Some(p.root_run_id.clone());
         rec.parent_run_id = Some(p.parent_run_id.clone());
@@ -188,6 +198,7 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
             Ok(Spawned {
                 run_id,
                 dir,
+                backend: rec.backend.clone(),
                 runtime,
             })
         }
@@ -314,6 +325,7 @@ fn prepare_and_start(
             .as_ref()
             .map(|p| p.max_depth)
             .unwrap_or(req.max_depth),
+        backend: (req.backend.kind != BackendKind::Native).then(|| req.backend.clone()),
     };
     files::write_json_atomic(&dir.spec(), &spec)?;
     rec.last_update = Some(record::now_ms());
@@ -325,7 +337,30 @@ fn prepare_and_start(
     }
 
     fault::point("spawn.validated");
-    start_runner(root, dir, &req.runner, lock)?;
+    match req.backend.kind {
+        BackendKind::Native => start_runner(root, dir, &req.runner, lock)?,
+        BackendKind::Slurm => {
+            let job_id = crate::slurm::submit(
+                root,
+                dir,
+                &rec.run_id,
+                &req.runner,
+                &req.backend.sbatch_args,
+            )?;
+            // Recorded while spawn still holds the run lock: a runner that starts at once waits
+            // for it, and a reader that finds the lock free afterwards can ask Slurm.
+            rec.set_backend(Some(Backend::Slurm {
+                job_id: Some(job_id.clone()),
+            }));
+            rec.last_update = Some(record::now_ms());
+            record::store(&dir.status(), rec)?;
+            let _ = events::append_once(
+                &dir.events(),
+                EventKind::RunSubmitted,
+                json!({"jobId": job_id}),
+            );
+        }
+    }
     Ok(rt)
 }
 

@@ -229,6 +229,7 @@ mod tests {
             record: r,
             judgement,
             liveness: Liveness::Free,
+            job: None,
         })
     }
 
@@ -286,6 +287,10 @@ mod tests {
             (RunState::Complete, Judgement::Trusted),
             (RunState::Stopped, Judgement::Trusted),
             (RunState::Queued, Judgement::Starting),
+            // A Slurm job still pending (or a scheduler that cannot be asked) is not a stuck
+            // start.
+            (RunState::Queued, Judgement::Scheduled),
+            (RunState::Queued, Judgement::Unconfirmed),
         ] {
             assert_eq!(
                 assess(&obs(s, j), &Now::wall(10_000_000), 10_000_000, &mut ok),

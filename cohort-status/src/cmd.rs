@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use cohort_common::format::backend::{scancel_command, BackendKind};
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::RunState;
 use cohort_common::store::answer::{self, AnswerError};
@@ -46,7 +47,8 @@ pub struct Args {
     /// With --output: the flat step index.
     #[arg(long, requires = "output")]
     step: Option<usize>,
-    /// Print the runner's pid, after checking it is still that runner (for `kill`).
+    /// Print the runner's pid, after checking it is still that runner (for `kill`). A Slurm
+    /// run has no local pid: exit 1 with the scancel command that stops it on stderr.
     #[arg(long)]
     pid: bool,
     /// List only runs in this state (repeatable).
@@ -206,6 +208,27 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                 "cohort-status: run {} is a legacy record; it has no runner cohort can vouch for",
                 found.id
             );
+            return Ok(exit::NEGATIVE);
+        }
+        // A Slurm run's runner lives on a node, where a pid means nothing here: stop it
+        // through Slurm.
+        let rec = cohort_common::format::record::load(&found.dir.status())?;
+        if let Some(b) = rec
+            .backend
+            .as_ref()
+            .filter(|b| b.kind() != Some(BackendKind::Native))
+        {
+            match b.slurm_job_id() {
+                Some(job) => eprintln!(
+                    "cohort-status: run {} runs as Slurm job {job}, not a local pid; stop it with: {}",
+                    found.id,
+                    scancel_command(job)
+                ),
+                None => eprintln!(
+                    "cohort-status: run {} is a scheduler run without a job id; it has no local pid",
+                    found.id
+                ),
+            }
             return Ok(exit::NEGATIVE);
         }
         return match observe::live_runner_pid(&found.dir)? {

@@ -13,12 +13,14 @@
 //! - counts per state (through the index, so only active records are read);
 //! - the legacy runs directory, if any;
 //! - disk use of the state root (a walk that never follows symlinks), split by part;
-//! - whether logout kills runners (systemd-logind, [`crate::logind`]).
+//! - whether logout kills runners (systemd-logind, [`crate::logind`]);
+//! - the execution backends usable here ([`crate::backends`]: native, and Slurm when `sbatch`
+//!   is on `PATH` and the controller answers `sinfo`).
 //!
 //! Exit status (binary): 0 when nothing is wrong, 1 when the report holds a warning (invalid
 //! runtime now, a Node outside its Pi package's `engines.node`, a recorded runtime gone, a
 //! state root others can read or owned by someone else, logind killing the user's processes
-//! at logout).
+//! at logout, a `COHORT_BACKEND` that is unknown or not usable here).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -293,6 +295,8 @@ pub struct Report {
     pub disk_bytes: BTreeMap<String, u64>,
     /// Whether logout kills runners (systemd-logind).
     pub logind: crate::logind::LogindReport,
+    /// The execution backends usable here.
+    pub backends: crate::backends::BackendsReport,
 }
 
 impl Report {
@@ -303,6 +307,7 @@ impl Report {
             || !self.state_root.warnings.is_empty()
             || self.recorded_runtimes.iter().any(|r| r.error.is_some())
             || self.logind.warning.is_some()
+            || self.backends.warning.is_some()
     }
 }
 
@@ -378,6 +383,7 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         legacy,
         disk_bytes: disk_use(root.path()),
         logind: crate::logind::check(),
+        backends: crate::backends::check(),
     })
 }
 
@@ -521,6 +527,7 @@ pub fn render(r: &Report) -> String {
     if let Some(w) = &l.warning {
         s.push_str(&format!("  WARNING: {w}\n"));
     }
+    s.push_str(&crate::backends::render(&r.backends));
     s
 }
 

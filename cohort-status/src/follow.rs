@@ -29,7 +29,10 @@ pub fn follow(
     let mut open_line = false;
     loop {
         let obs = observe_found(found)?;
-        let done = !matches!(obs.judgement, Judgement::Alive | Judgement::Starting);
+        let done = !matches!(
+            obs.judgement,
+            Judgement::Alive | Judgement::Starting | Judgement::Scheduled | Judgement::Unconfirmed
+        );
         let steps = &obs.record.steps;
         if offsets.len() < steps.len() {
             offsets.resize(steps.len(), 0);

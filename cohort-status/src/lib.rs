@@ -7,6 +7,7 @@
 //! - [`follow`]: `--follow`, a `tail -f` of a run's output logs;
 //! - [`check`]: the cron check;
 //! - [`doctor`]: the installation report;
+//! - [`backends`]: the doctor's backend section (native, Slurm);
 //! - [`engines`]: whether a runtime's Node meets its Pi package's `engines.node`.
 //! - [`logind`]: whether logout kills runners on a systemd host.
 //!
@@ -15,6 +16,7 @@
 
 #![deny(missing_docs)]
 
+pub mod backends;
 pub mod check;
 pub mod cmd;
 pub mod doctor;

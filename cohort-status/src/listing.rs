@@ -514,6 +514,7 @@ mod tests {
             record: rec,
             judgement: Judgement::Trusted,
             liveness: cohort_common::os::lock::Liveness::Free,
+            job: None,
         });
         let now = Now::wall(10_000);
         assert!(passes(&ok, id, &[RunState::Failed], Some(5_000), &now));

@@ -14,11 +14,13 @@ use std::io::IsTerminal;
 use serde_json::json;
 
 use cohort_common::duration;
+use cohort_common::format::backend::{scancel_command, BackendKind};
 use cohort_common::format::layout::RunDir;
 use cohort_common::format::record::{now_ms, Now, RunRecord, RunState, StepStatus};
 use cohort_common::os::lock::Liveness;
 use cohort_common::store::discover::Origin;
-use cohort_common::store::observe::Observed;
+use cohort_common::store::observe::{JobReport, Observed};
+use cohort_common::store::slurm::JobStatus;
 
 /// One listed run: what was read, or why it could not be.
 #[derive(Debug)]
@@ -227,6 +229,9 @@ pub fn json_line(row: &Row) -> String {
                 row.origin.word(),
                 o.liveness == Liveness::Held,
             ));
+            if let Some(j) = &o.job {
+                s.push_str(&format!(",\"scheduler\":{}", scheduler_json(j)));
+            }
             match rec.strip_prefix('{') {
                 Some(rest) if rest != "}" => {
                     s.push(',');
@@ -238,6 +243,51 @@ pub fn json_line(row: &Row) -> String {
         }
         Err(e) => json!({"runId": row.id, "origin": row.origin.word(), "error": e}).to_string(),
     }
+}
+
+/// `--json`'s `scheduler` field (pure): what the scheduler said about a `queued` run's job
+/// when it was asked: `{jobId, state, reason}` (`state` null when the job is gone) or
+/// `{jobId, error}` when it could not be asked.
+pub fn scheduler_json(j: &JobReport) -> serde_json::Value {
+    match &j.status {
+        JobStatus::Known { state, reason } => {
+            json!({"jobId": j.job_id, "state": state, "reason": reason})
+        }
+        JobStatus::Gone => json!({"jobId": j.job_id, "state": null, "reason": null}),
+        JobStatus::Unreachable(e) => json!({"jobId": j.job_id, "error": e}),
+    }
+}
+
+/// The `backend` line of the single-run view (pure): the Slurm job and the command that stops
+/// the run, and what Slurm said when it was asked (a `queued` run whose runner has not taken
+/// the lock); `None` for native runs.
+pub fn backend_line(r: &RunRecord, job: Option<&JobReport>) -> Option<String> {
+    let b = r.backend.as_ref()?;
+    let mut text = match (b.kind(), b.slurm_job_id()) {
+        (Some(BackendKind::Native), _) => return None,
+        (Some(BackendKind::Slurm), Some(id)) => {
+            let mut t = format!("slurm job {id}");
+            if !r.state.is_terminal() {
+                t.push_str(&format!(" (stop: {})", scancel_command(id)));
+            }
+            t
+        }
+        (Some(BackendKind::Slurm), None) => "slurm (no job id recorded yet)".to_string(),
+        (None, _) => "unknown to this cohort".to_string(),
+    };
+    match job.map(|j| &j.status) {
+        Some(JobStatus::Known { state, reason }) => {
+            text.push_str(&format!("; Slurm says {state}"));
+            if let Some(r) = reason {
+                text.push_str(&format!(" ({r})"));
+            }
+        }
+        Some(JobStatus::Unreachable(why)) => {
+            text.push_str(&format!("; Slurm cannot be asked: {why}"))
+        }
+        Some(JobStatus::Gone) | None => {}
+    }
+    Some(text)
 }
 
 /// The single-run view: header, runtime, steps, nested children (rows from
@@ -268,6 +318,9 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
         );
     }
     line(&mut s, "mode", mode_word(r));
+    if let Some(b) = backend_line(r, o.job.as_ref()) {
+        line(&mut s, "backend", b);
+    }
     if let Some(e) = &r.error {
         line(&mut s, "error", e.clone());
     }
@@ -413,6 +466,36 @@ mod tests {
     }
 
     #[test]
+    fn the_backend_line_names_the_job_its_stop_command_and_what_slurm_said() {
+        use cohort_common::format::backend::Backend;
+        let mut rec = RunRecord::queued(
+            &"01a22a44-9e62-7266-ab9d-e5b500ee829c".parse().unwrap(),
+            cohort_common::format::record::RunMode::Single,
+        );
+        assert_eq!(backend_line(&rec, None), None);
+        rec.set_backend(Some(Backend::Slurm {
+            job_id: Some("12".into()),
+        }));
+        let held = JobReport {
+            job_id: "12".into(),
+            status: JobStatus::Known {
+                state: "PENDING".into(),
+                reason: Some("JobHeldUser".into()),
+            },
+        };
+        assert_eq!(
+            backend_line(&rec, Some(&held)).unwrap(),
+            "slurm job 12 (stop: scancel --signal=TERM --full 12); Slurm says PENDING (JobHeldUser)"
+        );
+        assert_eq!(
+            scheduler_json(&held),
+            json!({"jobId": "12", "state": "PENDING", "reason": "JobHeldUser"})
+        );
+        rec.finish(cohort_common::format::record::RunState::Complete, None);
+        assert_eq!(backend_line(&rec, None).unwrap(), "slurm job 12");
+    }
+
+    #[test]
     fn json_line_splices_listing_fields_into_the_record() {
         let rec = RunRecord::queued(
             &"01a22a44-9e62-7266-ab9d-e5b500ee829c".parse().unwrap(),
@@ -425,6 +508,7 @@ mod tests {
                 record: rec,
                 judgement: Judgement::Starting,
                 liveness: Liveness::Free,
+                job: None,
             }),
         );
         let v: serde_json::Value = serde_json::from_str(&json_line(&row)).unwrap();

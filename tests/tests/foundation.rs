@@ -10,9 +10,10 @@ use serde_json::Value;
 fn check_schema(v: &Value) {
     let rec: cohort_common::format::record::RunRecord = serde_json::from_value(v.clone())
         .unwrap_or_else(|e| panic!("record does not parse: {e}\n{v:#}"));
+    // Native runs stay format version 1 (readable by every cohort) and carry no backend.
     assert_eq!(
         rec.format_version,
-        cohort_common::format::record::FORMAT_VERSION
+        cohort_common::format::backend::record_format_version(rec.backend.as_ref())
     );
     for key in [
         "runId",

@@ -21,6 +21,8 @@ use crate::os::files;
 pub enum EventKind {
     /// Spawn published the `queued` record.
     RunQueued,
+    /// Spawn submitted the run's batch job to a scheduler and recorded its handle; `{jobId}`.
+    RunSubmitted,
     /// The runner took the lock and published `running`; `{pid}`.
     RunStarted,
     /// Every step completed; `{rusage}` of the runner.
@@ -71,8 +73,9 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind, in the order `docs/format.md` lists them.
-    pub const ALL: [EventKind; 22] = [
+    pub const ALL: [EventKind; 23] = [
         EventKind::RunQueued,
+        EventKind::RunSubmitted,
         EventKind::RunStarted,
         EventKind::RunCompleted,
         EventKind::RunFailed,
@@ -100,6 +103,7 @@ impl EventKind {
     pub fn as_str(self) -> &'static str {
         match self {
             EventKind::RunQueued => "run.queued",
+            EventKind::RunSubmitted => "run.submitted",
             EventKind::RunStarted => "run.started",
             EventKind::RunCompleted => "run.completed",
             EventKind::RunFailed => "run.failed",

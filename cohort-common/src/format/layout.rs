@@ -45,6 +45,8 @@ pub const EVENTS_FILE: &str = "events.jsonl";
 pub const RUNNER_LOG: &str = "runner.log";
 /// Disk space the runner holds back while it lives (hidden: no reader looks at it).
 pub const RESERVE_FILE: &str = ".reserve";
+/// The batch script spawn submits with `sbatch` for a Slurm run.
+pub const SLURM_SCRIPT: &str = "slurm-job.sh";
 /// The prefix of a run directory being assembled by spawn, beside where it will be published
 /// (`.spawn-<id>`): hidden, so no listing shows it.
 pub const STAGING_PREFIX: &str = ".spawn-";
@@ -276,6 +278,11 @@ impl RunDir {
     /// `runner.log`, the runner's stderr.
     pub fn runner_log(&self) -> PathBuf {
         self.path.join(RUNNER_LOG)
+    }
+
+    /// `slurm-job.sh`: the batch script of a Slurm run (`docs/backends.md`).
+    pub fn slurm_script(&self) -> PathBuf {
+        self.path.join(SLURM_SCRIPT)
     }
 
     /// `output-<i>.log`: the readable output of flat step `i`.

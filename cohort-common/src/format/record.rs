@@ -13,12 +13,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::format::backend::{self, Backend};
 use crate::format::id::RunId;
 use crate::identity::runtime::Runtime;
 use crate::os::files;
 
-/// The format version this binary writes. Version 0 means "no version field" (legacy records).
-pub const FORMAT_VERSION: u32 = 1;
+/// The newest format version this binary reads and writes. Version 0 means "no version field"
+/// (legacy records); 1 is every native record; 2 a record with a scheduler `backend`
+/// ([`crate::format::backend::record_format_version`]), which an older cohort must list as newer
+/// rather than judge by its lock alone.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Milliseconds since the Unix epoch, now.
 pub fn now_ms() -> u64 {
@@ -413,6 +417,10 @@ pub struct RunRecord {
     /// For revivals: the run whose session this run continues.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revives: Option<String>,
+    /// The execution backend that starts the runner and the scheduler's handle for the run;
+    /// absent for native runs ([`crate::format::backend`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<Backend>,
     /// `startedAt` and `endedAt` on the boot clock, for ages and durations that a wall-clock
     /// step cannot bend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -423,11 +431,12 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
-    /// A fresh `queued` record for `run_id`, stamped now.
+    /// A fresh `queued` native record for `run_id`, stamped now (format version 1; see
+    /// [`RunRecord::set_backend`]).
     pub fn queued(run_id: &RunId, mode: RunMode) -> Self {
         let now = now_ms();
         RunRecord {
-            format_version: FORMAT_VERSION,
+            format_version: backend::record_format_version(None),
             run_id: run_id.to_string(),
             state: RunState::Queued,
             mode,
@@ -450,6 +459,7 @@ impl RunRecord {
             parent_step_index: None,
             depth: 0,
             revives: None,
+            backend: None,
             clock: crate::identity::procinfo::boot_clock_ms().map(|t| BootTimes {
                 boot_id: crate::identity::procinfo::boot_id(),
                 started_at: Some(t),
@@ -457,6 +467,14 @@ impl RunRecord {
             }),
             steps: Vec::new(),
         }
+    }
+
+    /// Record the execution backend, with the format version it needs (native runs keep the
+    /// field absent and version 1).
+    pub fn set_backend(&mut self, b: Option<Backend>) {
+        let b = b.filter(|b| *b != Backend::Native);
+        self.format_version = backend::record_format_version(b.as_ref());
+        self.backend = b;
     }
 
     /// Ms since the run started ([`elapsed`]: the boot clock on the same boot).

@@ -263,6 +263,10 @@ pub struct LaunchSpec {
     /// Max depth for the tree this run roots (top-level runs only).
     #[serde(default)]
     pub max_depth: u32,
+    /// How the runner was started; absent for native runs (an older runner ignores it and
+    /// runs the run the same way).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<crate::format::backend::LaunchBackend>,
 }
 
 /// A flat step: one Pi child, with the chain step it belongs to.

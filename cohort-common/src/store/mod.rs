@@ -4,6 +4,8 @@
 //! - [`observe`]: a run's record, its lock and the pure judgement of what to believe, with the
 //!   reconciliation of a run whose runner is gone;
 //! - [`index`]: the listing index of top-level runs (a cache, never the truth);
+//! - [`slurm`]: what Slurm says about a run's batch job, for a `queued` Slurm run whose lock is
+//!   free;
 //! - [`wait`]: blocking until runs end (a blocking lock, no polling);
 //! - [`answer`]: a run's answer, read from its steps' final texts.
 //!
@@ -14,6 +16,7 @@ pub mod answer;
 pub mod discover;
 pub mod index;
 pub mod observe;
+pub mod slurm;
 pub mod wait;
 
 /// Apply `f` to every item, on up to 4 threads when there are many (order kept). Reading

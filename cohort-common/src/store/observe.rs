@@ -9,6 +9,14 @@
 //! appended ([`settle`]). A pid alone never proves life or death: the lock decides, so an
 //! unrelated process that happens to own the recorded pid changes nothing.
 //!
+//! One case needs more than the lock: a `queued` run of a scheduler backend (Slurm). Spawn
+//! releases its lock once the job is submitted, and the runner takes it only when the job runs
+//! on a node, so a free lock proves nothing until the scheduler has been asked
+//! ([`crate::store::slurm::query`], the I/O; its report is an input of [`judge`] and
+//! [`settlement`]): a job still pending leaves the run `queued`, a cancelled one settles it
+//! `stopped`, a failed, ended or forgotten one `failed`, and a scheduler that cannot be asked
+//! leaves it as it is.
+//!
 //! Records are read through [`record::load`], which never follows a symlink and reads only
 //! regular files: a `status.json` that is a FIFO or a directory is an error row, never a hang.
 //! Legacy records ([`crate::format::legacy`]) are read through their own parser and are never
@@ -19,6 +27,7 @@ use std::path::Path;
 use serde_json::json;
 
 use crate::error::{Error, Result};
+use crate::format::backend::Backend;
 use crate::format::events::{self, EventKind};
 use crate::format::layout::RunDir;
 use crate::format::legacy;
@@ -27,6 +36,7 @@ use crate::identity::procinfo;
 use crate::os::files;
 use crate::os::lock::{self, Liveness, RunLock};
 use crate::store::discover::{Found, Origin};
+use crate::store::slurm::{self, JobPhase, JobStatus};
 
 /// The error of a `running` run settled because its runner is gone.
 pub const RUNNER_LOST: &str = "runner lost";
@@ -35,6 +45,15 @@ pub const RUNNER_LOST: &str = "runner lost";
 /// on a `queued` run proves that neither will ever start it.
 pub const START_ABANDONED: &str =
     "start abandoned: no process holds the run's lock (its spawn or runner ended before the run started)";
+
+/// A scheduler's report on a run's job, as [`judge`] and [`settlement`] take it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobReport {
+    /// The scheduler's handle (the Slurm job id).
+    pub job_id: String,
+    /// What the scheduler said.
+    pub status: JobStatus,
+}
 
 /// What a reader should believe about a run (pure: see [`judge`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,8 +67,14 @@ pub enum Judgement {
     Lost,
     /// `queued` and the lock is held: spawn or the runner is starting it.
     Starting,
-    /// `queued` and nobody holds the lock: no one will ever start it. The reader settles it
-    /// `failed` ([`settle`]).
+    /// `queued`, the lock is free, and the scheduler still has the job pending or starting: its
+    /// runner will take the lock when the job runs. Not settled, not a stuck start.
+    Scheduled,
+    /// `queued`, the lock is free, and the scheduler could not be asked (its report says why):
+    /// nothing proves the start over, so the run is left `queued`.
+    Unconfirmed,
+    /// `queued` and no one will ever start it: nobody holds the lock and, for a scheduler
+    /// backend, the job was cancelled, ended or is gone. The reader settles it ([`settle`]).
     Abandoned,
     /// A state word this binary does not know.
     Unknown,
@@ -58,32 +83,97 @@ pub enum Judgement {
     Legacy,
 }
 
-/// Judge a record from its state and the lock probe (pure). Age never matters: the lock does.
-pub fn judge(state: RunState, liveness: Liveness) -> Judgement {
+/// Judge a record from its state, the lock probe and, for a `queued` run of a scheduler
+/// backend whose lock is free, what the scheduler said about its job (`job`; `None` for native
+/// runs and for a scheduled run whose submission was never recorded) (pure). Age never
+/// matters: the lock does, and before the runner holds it, the scheduler.
+pub fn judge(state: RunState, liveness: Liveness, job: Option<&JobReport>) -> Judgement {
     match state {
         s if s.is_terminal() => Judgement::Trusted,
         RunState::Running if liveness.is_alive() => Judgement::Alive,
         RunState::Running => Judgement::Lost,
         RunState::Queued if liveness.is_alive() => Judgement::Starting,
-        RunState::Queued => Judgement::Abandoned,
+        RunState::Queued => match job.map(|j| &j.status) {
+            None | Some(JobStatus::Gone) => Judgement::Abandoned,
+            Some(JobStatus::Unreachable(_)) => Judgement::Unconfirmed,
+            Some(JobStatus::Known { state, .. }) => match slurm::phase(state) {
+                JobPhase::Waiting => Judgement::Scheduled,
+                JobPhase::Cancelled | JobPhase::Ended => Judgement::Abandoned,
+            },
+        },
         _ => Judgement::Unknown,
     }
 }
 
-/// How a run in `state` whose lock is provably free is settled (pure): the error it gets and
-/// the event that records it; `None` for a state that is never settled.
-pub fn settlement(state: RunState) -> Option<(&'static str, EventKind)> {
+/// How a run is settled: the state it gets, why, and the event that records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settlement {
+    /// `failed`, or `stopped` for a job the scheduler cancelled before its runner started.
+    pub state: RunState,
+    /// The record's `error`.
+    pub error: String,
+    /// `run.lost` or `run.abandoned`.
+    pub event: EventKind,
+}
+
+/// How a run in `state` whose lock is provably free is settled (pure), given what the
+/// scheduler said about its job for a scheduler backend (`job`, as for [`judge`]); `None` for a
+/// state that is never settled, and for a job the scheduler still has or could not report on.
+pub fn settlement(state: RunState, job: Option<&JobReport>) -> Option<Settlement> {
+    let settled = |state, error: String, event| {
+        Some(Settlement {
+            state,
+            error,
+            event,
+        })
+    };
     match state {
-        RunState::Running => Some((RUNNER_LOST, EventKind::RunLost)),
-        RunState::Queued => Some((START_ABANDONED, EventKind::RunAbandoned)),
+        RunState::Running => settled(RunState::Failed, RUNNER_LOST.into(), EventKind::RunLost),
+        RunState::Queued => {
+            let Some(job) = job else {
+                return settled(
+                    RunState::Failed,
+                    START_ABANDONED.into(),
+                    EventKind::RunAbandoned,
+                );
+            };
+            let id = &job.job_id;
+            let because = |reason: &Option<String>| {
+                reason
+                    .as_ref()
+                    .map(|r| format!(" (Slurm reason: {r})"))
+                    .unwrap_or_default()
+            };
+            match &job.status {
+                JobStatus::Unreachable(_) => None,
+                JobStatus::Gone => settled(
+                    RunState::Failed,
+                    format!("Slurm no longer knows job {id}, and its runner never started (see runner.log)"),
+                    EventKind::RunAbandoned,
+                ),
+                JobStatus::Known { state: word, reason } => match slurm::phase(word) {
+                    JobPhase::Waiting => None,
+                    JobPhase::Cancelled => settled(
+                        RunState::Stopped,
+                        format!("Slurm job {id} was {word} before its runner started{}", because(reason)),
+                        EventKind::RunAbandoned,
+                    ),
+                    JobPhase::Ended => settled(
+                        RunState::Failed,
+                        format!("Slurm job {id} ended {word} before its runner started; see runner.log{}", because(reason)),
+                        EventKind::RunAbandoned,
+                    ),
+                },
+            }
+        }
         _ => None,
     }
 }
 
-/// Settle `rec` in memory as `failed` with `error` (pure but for the clock): the run ends now,
-/// a running step fails, a step never started is stopped.
-pub fn settle_record(rec: &mut RunRecord, error: &str) {
-    rec.finish(RunState::Failed, Some(error.to_string()));
+/// Settle `rec` in memory as `state` (`failed` or `stopped`) with `error` (pure but for the
+/// clock): the run ends now, a running step fails, a step never started is stopped.
+pub fn settle_record(rec: &mut RunRecord, state: RunState, error: &str) {
+    rec.finish(state, Some(error.to_string()));
     for s in rec.steps.iter_mut() {
         if !s.status.is_final() {
             s.status = if s.status == StepStatus::Running {
@@ -96,6 +186,33 @@ pub fn settle_record(rec: &mut RunRecord, error: &str) {
     }
 }
 
+/// What to ask the scheduler about a record (pure): for a scheduler backend, its job, and for
+/// a backend this binary does not know, an [`JobStatus::Unreachable`] report, so that such a
+/// run is never settled by a binary that cannot ask its scheduler. `None` for native runs.
+pub fn scheduler_job(rec: &RunRecord) -> Option<Result<String, JobReport>> {
+    match rec.backend.as_ref()? {
+        Backend::Native => None,
+        Backend::Slurm { job_id } => job_id.clone().map(Ok),
+        Backend::Unknown => Some(Err(JobReport {
+            job_id: String::new(),
+            status: JobStatus::Unreachable(
+                "the run's backend is unknown to this cohort; upgrade cohort".into(),
+            ),
+        })),
+    }
+}
+
+/// Ask the scheduler about a `queued` run whose lock is free (the I/O around [`judge`]).
+fn ask_scheduler(rec: &RunRecord) -> Option<JobReport> {
+    match scheduler_job(rec)? {
+        Ok(job_id) => Some(JobReport {
+            status: slurm::query(&job_id),
+            job_id,
+        }),
+        Err(report) => Some(report),
+    }
+}
+
 /// A run as a reader sees it: the record (after reconciliation) and the judgement.
 #[derive(Clone, Debug)]
 pub struct Observed {
@@ -105,6 +222,9 @@ pub struct Observed {
     pub judgement: Judgement,
     /// The lock probe.
     pub liveness: Liveness,
+    /// What the scheduler said, when it was asked (a `queued` run of a scheduler backend whose
+    /// lock is free).
+    pub job: Option<JobReport>,
 }
 
 fn file_name(path: &Path) -> String {
@@ -158,6 +278,7 @@ pub fn observe_legacy(dir: &RunDir) -> Result<Observed> {
         record: rec,
         judgement,
         liveness: Liveness::NoLockFile,
+        job: None,
     })
 }
 
@@ -176,31 +297,40 @@ pub fn observe(dir: &RunDir) -> Result<Observed> {
             record: rec,
             judgement: Judgement::Trusted,
             liveness: Liveness::Free,
+            job: None,
         });
     }
     let liveness = lock::probe(&dir.lock())?;
-    let judgement = judge(rec.state, liveness);
+    let job = if rec.state == RunState::Queued && !liveness.is_alive() {
+        ask_scheduler(&rec)
+    } else {
+        None
+    };
+    let judgement = judge(rec.state, liveness, job.as_ref());
     if !matches!(judgement, Judgement::Lost | Judgement::Abandoned) {
         return Ok(Observed {
             record: rec,
             judgement,
             liveness,
+            job,
         });
     }
-    match settle(dir)? {
+    match settle(dir, job.as_ref())? {
         Settled::Written(rec) | Settled::Unwritten(rec) => Ok(Observed {
-            judgement: judge(rec.state, liveness),
+            judgement: judge(rec.state, liveness, job.as_ref()),
             record: rec,
             liveness,
+            job,
         }),
         Settled::NotNeeded | Settled::Busy => {
             // Someone took the lock or settled it between the probe and now: read it again.
             let rec = record::load(&dir.status())?;
             let liveness = lock::probe(&dir.lock())?;
             Ok(Observed {
-                judgement: judge(rec.state, liveness),
+                judgement: judge(rec.state, liveness, job.as_ref()),
                 record: rec,
                 liveness,
+                job,
             })
         }
     }
@@ -222,12 +352,13 @@ pub enum Settled {
 
 /// Settle a run whose lock is free: under the run's lock (created first when the record has
 /// none, so every settlement is serialised by the same lock), re-read the record and, if it is
-/// still `running` or `queued`, rewrite it `failed` ([`settlement`] says with which error),
+/// still `running` or `queued`, rewrite it as [`settlement`] says (with `job`, the scheduler's
+/// report for a scheduler backend: `failed`, or `stopped` for a cancelled job),
 /// append the event, and remove the temporary files a writer that died mid-write left in the
 /// run directory (the lock proves no writer is left).
 ///
 /// Errors: the lock file cannot be opened or created, or the record cannot be read.
-pub fn settle(dir: &RunDir) -> Result<Settled> {
+pub fn settle(dir: &RunDir, job: Option<&JobReport>) -> Result<Settled> {
     let lock = match RunLock::try_acquire(&dir.lock()) {
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             let created = lock::open_or_create_lock(&dir.lock())?;
@@ -240,10 +371,15 @@ pub fn settle(dir: &RunDir) -> Result<Settled> {
         return Ok(Settled::Busy);
     };
     let mut rec = record::load(&dir.status())?;
-    let Some((error, kind)) = settlement(rec.state) else {
+    let Some(Settlement {
+        state,
+        error,
+        event: kind,
+    }) = settlement(rec.state, job)
+    else {
         return Ok(Settled::NotNeeded);
     };
-    settle_record(&mut rec, error);
+    settle_record(&mut rec, state, &error);
     if let Err(e) = record::store(&dir.status(), &rec) {
         rec.error = Some(format!(
             "{error} (not yet written to status.json: {})",
@@ -280,19 +416,172 @@ mod tests {
     #[test]
     fn judgement_table() {
         use Liveness::*;
-        assert_eq!(judge(RunState::Complete, Held), Judgement::Trusted);
-        assert_eq!(judge(RunState::Failed, Free), Judgement::Trusted);
-        assert_eq!(judge(RunState::Running, Held), Judgement::Alive);
-        assert_eq!(judge(RunState::Running, Free), Judgement::Lost);
-        assert_eq!(judge(RunState::Running, NoLockFile), Judgement::Lost);
-        assert_eq!(judge(RunState::Queued, Held), Judgement::Starting);
-        assert_eq!(judge(RunState::Queued, Free), Judgement::Abandoned);
-        assert_eq!(judge(RunState::Queued, NoLockFile), Judgement::Abandoned);
-        assert_eq!(judge(RunState::Unknown, Free), Judgement::Unknown);
-        assert_eq!(settlement(RunState::Running).unwrap().0, RUNNER_LOST);
-        assert_eq!(settlement(RunState::Queued).unwrap().0, START_ABANDONED);
-        assert!(settlement(RunState::Complete).is_none());
-        assert!(settlement(RunState::Unknown).is_none());
+        assert_eq!(judge(RunState::Complete, Held, None), Judgement::Trusted);
+        assert_eq!(judge(RunState::Failed, Free, None), Judgement::Trusted);
+        assert_eq!(judge(RunState::Running, Held, None), Judgement::Alive);
+        assert_eq!(judge(RunState::Running, Free, None), Judgement::Lost);
+        assert_eq!(judge(RunState::Running, NoLockFile, None), Judgement::Lost);
+        assert_eq!(judge(RunState::Queued, Held, None), Judgement::Starting);
+        assert_eq!(judge(RunState::Queued, Free, None), Judgement::Abandoned);
+        assert_eq!(
+            judge(RunState::Queued, NoLockFile, None),
+            Judgement::Abandoned
+        );
+        assert_eq!(judge(RunState::Unknown, Free, None), Judgement::Unknown);
+        assert_eq!(
+            settlement(RunState::Running, None).unwrap().error,
+            RUNNER_LOST
+        );
+        assert_eq!(
+            settlement(RunState::Queued, None).unwrap().error,
+            START_ABANDONED
+        );
+        assert!(settlement(RunState::Complete, None).is_none());
+        assert!(settlement(RunState::Unknown, None).is_none());
+    }
+
+    fn job(status: JobStatus) -> JobReport {
+        JobReport {
+            job_id: "17".into(),
+            status,
+        }
+    }
+
+    fn known(state: &str, reason: Option<&str>) -> JobReport {
+        job(JobStatus::Known {
+            state: state.into(),
+            reason: reason.map(String::from),
+        })
+    }
+
+    #[test]
+    fn a_queued_slurm_run_with_a_free_lock_is_judged_by_what_slurm_says() {
+        use Liveness::*;
+        // (what Slurm said, judgement, settled state and words in the error)
+        type Settles = Option<(RunState, &'static [&'static str])>;
+        let table: Vec<(JobReport, Judgement, Settles)> = vec![
+            (
+                known("PENDING", Some("JobHeldUser")),
+                Judgement::Scheduled,
+                None,
+            ),
+            (known("CONFIGURING", None), Judgement::Scheduled, None),
+            (known("RUNNING", None), Judgement::Scheduled, None),
+            (
+                job(JobStatus::Unreachable("connect failure".into())),
+                Judgement::Unconfirmed,
+                None,
+            ),
+            (
+                known("CANCELLED", Some("JobHeldUser")),
+                Judgement::Abandoned,
+                Some((
+                    RunState::Stopped,
+                    &["Slurm job 17", "CANCELLED", "JobHeldUser"],
+                )),
+            ),
+            (
+                known("FAILED", Some("NonZeroExitCode")),
+                Judgement::Abandoned,
+                Some((RunState::Failed, &["Slurm job 17", "FAILED", "runner.log"])),
+            ),
+            (
+                known("COMPLETED", None),
+                Judgement::Abandoned,
+                Some((
+                    RunState::Failed,
+                    &["COMPLETED", "before its runner started"],
+                )),
+            ),
+            (
+                known("NODE_FAIL", None),
+                Judgement::Abandoned,
+                Some((RunState::Failed, &["NODE_FAIL"])),
+            ),
+            (
+                job(JobStatus::Gone),
+                Judgement::Abandoned,
+                Some((RunState::Failed, &["no longer knows job 17"])),
+            ),
+        ];
+        for (report, judgement, settled) in table {
+            assert_eq!(
+                judge(RunState::Queued, Free, Some(&report)),
+                judgement,
+                "{report:?}"
+            );
+            // The scheduler never overrides the lock: a held lock is a start in progress, and
+            // a running run is judged by its lock alone.
+            assert_eq!(
+                judge(RunState::Queued, Held, Some(&report)),
+                Judgement::Starting
+            );
+            assert_eq!(
+                judge(RunState::Running, Free, Some(&report)),
+                Judgement::Lost
+            );
+            let got = settlement(RunState::Queued, Some(&report));
+            match settled {
+                None => assert_eq!(got, None, "{report:?}"),
+                Some((state, words)) => {
+                    let got = got.unwrap_or_else(|| panic!("{report:?} is not settled"));
+                    assert_eq!(got.state, state, "{report:?}");
+                    assert_eq!(got.event, EventKind::RunAbandoned);
+                    for w in words {
+                        assert!(got.error.contains(w), "{w:?} not in {:?}", got.error);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn which_runs_the_scheduler_is_asked_about() {
+        let id = crate::format::id::RunId::new();
+        let mut r = RunRecord::queued(&id, crate::format::record::RunMode::Single);
+        assert_eq!(scheduler_job(&r), None);
+        r.set_backend(Some(Backend::Native));
+        assert_eq!(scheduler_job(&r), None);
+        assert_eq!(r.backend, None);
+        assert_eq!(r.format_version, 1);
+        // Submitted, but spawn died before recording the job id: nothing to ask.
+        r.set_backend(Some(Backend::Slurm { job_id: None }));
+        assert_eq!(r.format_version, 2);
+        assert_eq!(scheduler_job(&r), None);
+        r.set_backend(Some(Backend::Slurm {
+            job_id: Some("9".into()),
+        }));
+        assert_eq!(scheduler_job(&r), Some(Ok("9".into())));
+        r.backend = Some(Backend::Unknown);
+        let Some(Err(report)) = scheduler_job(&r) else {
+            panic!("an unknown backend is never asked about")
+        };
+        assert_eq!(
+            judge(RunState::Queued, Liveness::Free, Some(&report)),
+            Judgement::Unconfirmed
+        );
+    }
+
+    #[test]
+    fn a_cancelled_job_settles_its_queued_run_stopped_once() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(t.path());
+        let dir = make_run(&root, RunState::Queued);
+        let report = known("CANCELLED", None);
+        let Settled::Written(rec) = settle(&dir, Some(&report)).unwrap() else {
+            panic!("not written")
+        };
+        assert_eq!(rec.state, RunState::Stopped);
+        assert_eq!(
+            record::load(&dir.status()).unwrap().state,
+            RunState::Stopped
+        );
+        assert!(matches!(
+            settle(&dir, Some(&report)).unwrap(),
+            Settled::NotNeeded
+        ));
+        let ev = std::fs::read_to_string(dir.events()).unwrap();
+        assert_eq!(ev.matches("run.abandoned").count(), 1);
     }
 
     fn make_run(root: &StateRoot, state: RunState) -> RunDir {
@@ -344,7 +633,7 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(observe(&dir), Err(Error::NotRegular { .. })));
-        assert!(matches!(settle(&dir), Err(Error::NotRegular { .. })));
+        assert!(matches!(settle(&dir, None), Err(Error::NotRegular { .. })));
         assert!(matches!(
             live_runner_pid(&dir),
             Err(Error::NotRegular { .. })

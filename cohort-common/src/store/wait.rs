@@ -2,7 +2,9 @@
 //!
 //! A running run is waited on with a blocking shared lock on its runner lock, so the kernel
 //! wakes the waiter when the runner exits: no polling (the approach of nq). Two programs wait,
-//! so they wait the same way, here.
+//! so they wait the same way, here. The one exception is a run whose job a cluster scheduler
+//! still holds pending: no process holds its lock yet, so there is nothing to block on, and the
+//! waiter asks the scheduler again every [`SCHEDULER_POLL`] until the runner takes the lock.
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -12,6 +14,9 @@ use crate::format::record::RunState;
 use crate::os::lock;
 use crate::store::discover::Found;
 use crate::store::observe::{observe_found, Judgement};
+
+/// How often a waiter asks the scheduler again about a run whose job is still pending.
+pub const SCHEDULER_POLL: Duration = Duration::from_secs(2);
 
 /// How a wait ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,7 +32,8 @@ pub enum WaitOutcome {
 /// A run that is starting or running is waited on with a blocking shared lock on its run lock
 /// (spawn holds it from the start and hands it to the runner), so the kernel wakes the waiter
 /// when the last holder exits: no polling. A run whose lock is free is settled by the
-/// observation and returns at once.
+/// observation and returns at once, unless a scheduler still holds its job: then the
+/// scheduler is asked again every [`SCHEDULER_POLL`].
 ///
 /// A legacy record is never waited on: it has no lock and nothing will ever change it, so its
 /// stored state is the answer.
@@ -69,6 +75,8 @@ fn wait_one(found: &Found) -> Result<RunState> {
             // Spawn or the runner holds the lock (it is handed from one to the other, never
             // free in between): the kernel wakes us when the last holder is gone.
             Judgement::Alive | Judgement::Starting => lock::wait_released(&dir.lock())?,
+            // The scheduler holds the job (or cannot be asked): no lock to block on yet.
+            Judgement::Scheduled | Judgement::Unconfirmed => std::thread::sleep(SCHEDULER_POLL),
         }
     }
 }

@@ -1,0 +1,204 @@
+//! Submitting a run to Slurm (`docs/backends.md`, "Slurm").
+//!
+//! Spawn has published `queued` and written the launch spec, and holds the run lock. It writes a
+//! batch script into the run directory ([`batch_script`]), submits it with `sbatch --parsable`
+//! ([`sbatch_args`]: cohort's options first, the user's `--sbatch-arg`s after them, so a user's
+//! option wins), and records the job id Slurm printed ([`parse_job_id`]) in the record before it
+//! lets go of the lock. On the allocated node the script runs `cohort-runner RUN_DIR`, which
+//! takes the run lock by path (nothing is inherited across the scheduler) and runs the chain as
+//! it does natively. Until then the run is `queued` with a free lock, and readers ask Slurm
+//! about the job ([`cohort_common::store::slurm`]).
+//!
+//! The script `exec`s the runner (`--backend slurm`), so the runner is the job's batch process
+//! and stays in its process group: `scancel --signal=TERM --full JOBID` reaches it, and the run
+//! ends through the runner's usual stop (children TERM, grace, KILL, `stopped` recorded).
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use cohort_common::error::{Error, Result};
+use cohort_common::format::id;
+use cohort_common::format::layout::{RunDir, StateRoot, PROFILE_ENV};
+use cohort_common::format::route;
+use cohort_common::format::spec::{self, LOCK_FD_ENV};
+use cohort_common::os::files;
+
+/// Quote `path` for `sh` (pure). Errors on a path that is not UTF-8 or holds a NUL.
+fn quote(path: &Path) -> Result<String> {
+    let text = path.to_str().ok_or_else(|| {
+        Error::Usage(format!(
+            "{} is not UTF-8; a Slurm batch script cannot name it",
+            path.display()
+        ))
+    })?;
+    shlex::try_quote(text)
+        .map(|q| q.into_owned())
+        .map_err(|e| Error::Usage(format!("cannot quote {text:?} for the batch script: {e}")))
+}
+
+/// The batch script of run `run_id` (pure): it exports the profile the run belongs to and
+/// `exec`s `runner --backend slurm RUN_DIR` (see the module docs); the job's exit status is the
+/// runner's. Every path is absolute and must be the same on every node.
+pub fn batch_script(run_id: &str, runner: &Path, dir: &Path, profile: &Path) -> Result<String> {
+    Ok(format!(
+        "#!/bin/sh\n\
+         # cohort run {run_id}: submitted by cohort-spawn with sbatch. Runs the run's runner on the\n\
+         # node Slurm allocated; its output goes to the run's runner.log. The runner replaces\n\
+         # this shell, so scancel --signal=TERM --full JOBID stops the run through it.\n\
+         {PROFILE_ENV}={profile}\n\
+         export {PROFILE_ENV}\n\
+         unset {LOCK_FD_ENV}\n\
+         exec {runner} --backend slurm {dir}\n",
+        profile = quote(profile)?,
+        runner = quote(runner)?,
+        dir = quote(dir)?,
+    ))
+}
+
+/// The arguments of `sbatch` for run `run_id` in `dir` (pure): `--parsable`, the job name
+/// `cohort-<short id>`, output appended to `runner.log`, the run directory as the job's working
+/// directory, then `user` verbatim (a later option wins in sbatch), then the script.
+pub fn sbatch_args(run_id: &str, dir: &RunDir, user: &[String]) -> Vec<OsString> {
+    let mut output = OsString::from("--output=");
+    output.push(dir.runner_log());
+    let mut chdir = OsString::from("--chdir=");
+    chdir.push(dir.path());
+    let mut args: Vec<OsString> = vec![
+        "--parsable".into(),
+        format!("--job-name=cohort-{}", id::short_of(run_id)).into(),
+        output,
+        "--open-mode=append".into(),
+        chdir,
+    ];
+    args.extend(user.iter().map(OsString::from));
+    args.push(dir.slurm_script().into());
+    args
+}
+
+/// The job id in `sbatch --parsable` output (pure): `JOBID` or `JOBID;CLUSTER` on the first
+/// line. Errors with the output when there is none.
+pub fn parse_job_id(stdout: &str) -> std::result::Result<String, String> {
+    let line = stdout.lines().map(str::trim).find(|l| !l.is_empty());
+    let id = line.map(|l| l.split(';').next().unwrap_or("").trim());
+    match id {
+        Some(id) if !id.is_empty() && id.chars().all(|c| c.is_ascii_digit() || c == '_') => {
+            Ok(id.to_string())
+        }
+        _ => Err(format!(
+            "sbatch printed no job id: {:?}",
+            stdout.trim().chars().take(200).collect::<String>()
+        )),
+    }
+}
+
+/// The last non-empty line of `text` (sbatch's error message).
+fn last_line(text: &str) -> &str {
+    text.lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty())
+        .unwrap_or("")
+}
+
+/// Write the batch script of the run in `dir` and submit it; returns the job id.
+///
+/// Errors ([`Error::Usage`], exit 2; spawn then records the run `failed` with it): the runner
+/// path is not absolute-able or not UTF-8, the script cannot be written, `sbatch` cannot be run
+/// (not on `PATH`), or it refuses the job (its last stderr line is the message).
+pub fn submit(
+    root: &StateRoot,
+    dir: &RunDir,
+    run_id: &str,
+    runner: &Path,
+    user_args: &[String],
+) -> Result<String> {
+    let runner = std::path::absolute(runner).map_err(|e| {
+        Error::Usage(format!(
+            "cannot resolve the runner {}: {e}",
+            runner.display()
+        ))
+    })?;
+    let script = batch_script(run_id, &runner, dir.path(), root.profile())?;
+    files::write_atomic(&dir.slurm_script(), script.as_bytes())?;
+    let mut cmd = Command::new("sbatch");
+    cmd.args(sbatch_args(run_id, dir, user_args))
+        .stdin(Stdio::null())
+        .env(PROFILE_ENV, root.profile());
+    // As for the native runner: the job does not belong to a parent run's tree (its placement
+    // is in the launch spec), and the hook is in the launch spec, not the environment.
+    for k in route::ROUTE_VARS {
+        cmd.env_remove(k);
+    }
+    cmd.env_remove(spec::ON_EXIT_ENV).env_remove(LOCK_FD_ENV);
+    let out = cmd.output().map_err(|e| {
+        Error::Usage(format!(
+            "cannot run sbatch: {e}; the slurm backend needs Slurm's sbatch on PATH"
+        ))
+    })?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let msg = match last_line(&err) {
+            "" => format!("sbatch exited with {}", out.status),
+            line => line.to_string(),
+        };
+        return Err(Error::Usage(format!("sbatch refused the job: {msg}")));
+    }
+    parse_job_id(&stdout).map_err(Error::Usage)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_ids_are_read_from_parsable_output() {
+        assert_eq!(parse_job_id("42\n"), Ok("42".into()));
+        assert_eq!(parse_job_id("42;cluster-a\n"), Ok("42".into()));
+        assert!(parse_job_id("").unwrap_err().contains("no job id"));
+        assert!(parse_job_id("Submitted batch job 42").is_err());
+    }
+
+    #[test]
+    fn the_script_quotes_its_paths_and_execs_the_runner() {
+        let s = batch_script(
+            "0190aaaa-bbbb-7ccc-8ddd-eeeeffff0000",
+            Path::new("/opt/cohort/bin/cohort-runner"),
+            Path::new("/shared/it's here/run"),
+            Path::new("/shared/profile"),
+        )
+        .unwrap();
+        assert!(s.starts_with("#!/bin/sh\n"), "{s}");
+        assert!(s.contains("PI_CODING_AGENT_DIR=/shared/profile\nexport PI_CODING_AGENT_DIR\n"));
+        assert!(
+            s.ends_with(
+                "\nexec /opt/cohort/bin/cohort-runner --backend slurm \"/shared/it's here/run\"\n"
+            ),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn user_options_come_after_cohorts_and_before_the_script() {
+        let dir = RunDir::new("/r/0190aaaa-bbbb-7ccc-8ddd-eeeeffff0000");
+        let args = sbatch_args(
+            "0190aaaa-bbbb-7ccc-8ddd-eeeeffff0000",
+            &dir,
+            &["--hold".into(), "--partition=gpu".into()],
+        );
+        let args: Vec<String> = args.into_iter().map(|a| a.into_string().unwrap()).collect();
+        assert_eq!(
+            args,
+            [
+                "--parsable",
+                "--job-name=cohort-eeeeffff0000",
+                "--output=/r/0190aaaa-bbbb-7ccc-8ddd-eeeeffff0000/runner.log",
+                "--open-mode=append",
+                "--chdir=/r/0190aaaa-bbbb-7ccc-8ddd-eeeeffff0000",
+                "--hold",
+                "--partition=gpu",
+                "/r/0190aaaa-bbbb-7ccc-8ddd-eeeeffff0000/slurm-job.sh",
+            ]
+        );
+    }
+}
