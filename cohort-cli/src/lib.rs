@@ -1,4 +1,6 @@
-//! Helpers shared by the four binaries: parsing the command line with usage errors on one line,
+//! cohort-cli: the command-line conventions all four binaries share, so a script meets the same
+//! behaviour whichever tool it calls. Kept apart from `cohort-common` (the run-directory
+//! contract) because it is about the shell, not about runs: parsing the command line with usage errors on one line,
 //! completion scripts and man pages generated from the command line (`--generate`), printing an error chain once with the right exit code, treating a closed stdout
 //! (`cohort-status | head -1`) as success, and byte sizes in the same human units everywhere.
 //!
@@ -6,13 +8,17 @@
 //! the usage, "For more information…"), and its tip for a value that starts with `-` ("use
 //! `-- -5m`") is wrong for cohort, where everything after `--` goes to Pi.
 
+#![deny(missing_docs)]
+
 use std::error::Error as StdError;
 use std::io::{self, Write};
 use std::process::ExitCode;
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 
-use crate::exit;
+pub mod duration;
+
+use cohort_common::exit;
 
 /// Parse the command line into `A`, the way every cohort binary does: `--help` and `--version`
 /// print in full on stdout and exit 0; any other error is one line on stderr,
@@ -100,7 +106,7 @@ pub fn print_generated<A: clap::CommandFactory>(kind: Generate, page: &ManPage) 
 /// same table also feeds `--help` ([`exit_codes_help`]).
 #[derive(Clone, Copy, Debug)]
 pub struct ManPage {
-    /// The exit codes this binary uses and what each means for it (from [`crate::exit`]).
+    /// The exit codes this binary uses and what each means for it (from [`cohort_common::exit`]).
     pub exit_codes: &'static [(u8, &'static str)],
     /// Examples: (command line, what it does).
     pub examples: &'static [(&'static str, &'static str)],
@@ -187,7 +193,7 @@ fn man_page(cmd: clap::Command, page: &ManPage) -> Vec<u8> {
 }
 
 /// Print `err` and its causes on stderr as one line, `<bin>: error: …`, and return the exit code:
-/// the [`crate::Error::exit_code`] of the first library error in the chain, else
+/// the [`cohort_common::Error::exit_code`] of the first library error in the chain, else
 /// [`exit::ERROR`]. A broken pipe anywhere in the chain exits 0 quietly: the reader has all it
 /// wanted.
 pub fn fail(bin: &str, err: &(dyn StdError + 'static)) -> ExitCode {
@@ -202,8 +208,8 @@ pub fn fail(bin: &str, err: &(dyn StdError + 'static)) -> ExitCode {
         }
         if code.is_none() {
             code = e
-                .downcast_ref::<crate::Error>()
-                .map(crate::Error::exit_code);
+                .downcast_ref::<cohort_common::Error>()
+                .map(cohort_common::Error::exit_code);
         }
         let m = e.to_string();
         // A wrapper that already prints its source inline is not printed twice.

@@ -14,13 +14,11 @@
 //!   the reading every program does the same way.
 //!
 //! Beside them: [`error`] (typed errors naming the path involved), [`exit`] (the exit-code
-//! table), [`fault`] (named crash points for the fault-injection suite), [`cli`] (printing errors and data the same way in every binary) and [`duration`]
-//! (the duration syntax every flag uses).
+//! table) and [`fault`] (named crash points for the fault-injection suite). The command-line
+//! conventions the binaries share (one-line errors, `--generate`, durations) are `cohort-cli`'s.
 
 #![deny(missing_docs)]
 
-pub mod cli;
-pub mod duration;
 pub mod error;
 pub mod exit;
 pub mod fault;

@@ -6,11 +6,12 @@
 use std::time::Duration;
 
 use clap::Parser;
-use cohort_common::cli::human_bytes;
+use cohort_cli::human_bytes;
+use cohort_cli::{self as cli, duration};
+use cohort_common::exit;
 use cohort_common::format::id;
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::RunState;
-use cohort_common::{cli, duration, exit};
 
 use crate::reap::{self, Options, Outcome, Selection};
 

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use cohort_common::cli;
+use cohort_cli as cli;
 use cohort_common::format::backend::BackendKind;
 use cohort_common::format::layout::RunDir;
 use cohort_common::format::spec::{LOCK_FD_ENV, READY_LINE};

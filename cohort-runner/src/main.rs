@@ -1,10 +1,11 @@
 //! The `cohort-runner` binary: parse the command line, run it ([`cohort_runner::cmd::run`]), map
-//! the result to an exit code. A usage error is one line ([`cohort_common::cli::parse_args`]); a closed stdout is success; every error is printed once, on one
-//! line of stderr ([`cohort_common::cli::fail`]).
+//! the result to an exit code. A usage error is one line ([`cohort_cli::parse_args`]); a closed stdout is success; every error is printed once, on one
+//! line of stderr ([`cohort_cli::fail`]).
 
 use std::process::ExitCode;
 
-use cohort_common::{cli, exit};
+use cohort_cli as cli;
+use cohort_common::exit;
 use cohort_runner::cmd::{self, Args};
 
 fn main() -> ExitCode {

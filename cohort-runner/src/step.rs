@@ -21,7 +21,7 @@ use std::fs::File;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cohort_common::duration;
+use cohort_cli::duration;
 use cohort_common::format::events::EventKind;
 use cohort_common::format::record::{RunState, StepStatus};
 

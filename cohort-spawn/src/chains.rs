@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use cohort_common::error::{Error, Result};
 use cohort_common::format::record::AgentScope;
-use cohort_common::format::spec::{self, ChainStep, ParallelSpec, TaskSpec};
+use cohort_common::format::spec::{ChainStep, ParallelSpec, TaskSpec};
 use serde::Serialize;
 
 use crate::agents::{self, markdown_files, read_text};
@@ -236,7 +236,7 @@ fn parse_group(
             ignored,
         )?);
     }
-    if let Some(dup) = spec::duplicate_label(&parallel) {
+    if let Some(dup) = crate::chain_file::duplicate_label(&parallel) {
         return Err(TextError::at(
             line,
             format!(
@@ -276,13 +276,13 @@ pub fn file_stem(path: &Path) -> String {
 }
 
 /// Parse a chain file's text by its kind (pure): `.chain.md` with [`parse_chain_md`], anything
-/// else as JSON ([`spec::parse_chain`]). Errors are one line naming `path` (and the line).
+/// else as JSON ([`crate::chain_file::parse_chain`]). Errors are one line naming `path` (and the line).
 pub fn parse_file(path: &Path, text: &str) -> std::result::Result<ChainMd, String> {
     let shown = path.display();
     if path.to_string_lossy().ends_with(".md") {
         parse_chain_md(text).map_err(|e| format!("{shown}:{}: {}", e.line, e.message))
     } else {
-        spec::parse_chain(text)
+        crate::chain_file::parse_chain(text)
             .map(|steps| ChainMd {
                 name: file_stem(path),
                 description: None,

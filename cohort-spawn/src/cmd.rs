@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use cohort_cli::{self as cli, duration};
+use cohort_common::exit;
 use cohort_common::format::backend::{BackendKind, LaunchBackend, BACKEND_ENV};
 use cohort_common::format::id;
 use cohort_common::format::layout::StateRoot;
@@ -18,7 +20,6 @@ use cohort_common::format::record::RunMode;
 use cohort_common::format::route;
 use cohort_common::format::spec::{self, ChainStep, ParallelSpec, RunOptions, TaskSpec};
 use cohort_common::identity::runtime::{self, RuntimeRequest};
-use cohort_common::{cli, duration, exit};
 
 use crate::spawn::{self, SpawnRequest};
 use crate::{agents, chains, revive};
@@ -127,7 +128,7 @@ pub struct Args {
     /// Where the runner runs: native (detached on this machine) or slurm (a batch job submitted
     /// with sbatch; the state root must be on storage every node sees). Default:
     /// $COHORT_BACKEND, else native.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", value_parser = backend_names())]
     backend: Option<BackendKind>,
     /// An option passed to sbatch verbatim, after cohort's own (repeatable; --backend slurm
     /// only), e.g. --sbatch-arg=--partition=batch --sbatch-arg=--time=2:00:00.
@@ -308,7 +309,7 @@ fn load_chain(arg: &Path, profile: &Path, cwd: &Path) -> anyhow::Result<Vec<Chai
                 .map(|c| c.steps)
                 .map_err(|e| cohort_common::Error::Usage(e).into());
         }
-        return Ok(spec::parse_chain(&text)?);
+        return Ok(crate::chain_file::parse_chain(&text)?);
     }
     let name = arg.to_string_lossy();
     if name.contains('/') || name.ends_with(".json") || name.ends_with(".md") {
@@ -324,11 +325,11 @@ fn load_chain(arg: &Path, profile: &Path, cwd: &Path) -> anyhow::Result<Vec<Chai
 /// Put the TASK given with `--chain` in place of `{task}` (pure). A chain that uses `{task}`
 /// needs a TASK, and a TASK needs a `{task}` to go to: either mismatch is a usage error.
 pub fn fill_task(chain: &mut [ChainStep], given: Option<&str>) -> anyhow::Result<()> {
-    let uses = spec::tasks_mut(chain).any(|t| t.task.contains("{task}"));
+    let uses = crate::chain_file::tasks_mut(chain).any(|t| t.task.contains("{task}"));
     match (given, uses) {
         (Some(g), true) => {
-            for t in spec::tasks_mut(chain) {
-                t.task = spec::substitute_task(&t.task, g);
+            for t in crate::chain_file::tasks_mut(chain) {
+                t.task = crate::chain_file::substitute_task(&t.task, g);
             }
             Ok(())
         }
@@ -347,11 +348,12 @@ pub fn fill_task(chain: &mut [ChainStep], given: Option<&str>) -> anyhow::Result
 /// own ([`agents::apply`]). An unknown or unusable agent is a usage error before any record
 /// exists. Tasks that carry a resolved agent already (a revival) keep it.
 fn resolve_agents(chain: &mut [ChainStep], profile: &Path, cwd: &Path) -> anyhow::Result<()> {
-    if !spec::tasks_mut(chain).any(|t| t.agent.is_some() && t.resolved_agent.is_none()) {
+    if !crate::chain_file::tasks_mut(chain).any(|t| t.agent.is_some() && t.resolved_agent.is_none())
+    {
         return Ok(());
     }
     let catalog = agents::discover(profile, cwd);
-    for t in spec::tasks_mut(chain) {
+    for t in crate::chain_file::tasks_mut(chain) {
         if let (Some(name), None) = (t.agent.clone(), &t.resolved_agent) {
             let def = catalog.resolve(&name)?;
             agents::apply(t, def);
@@ -466,6 +468,13 @@ fn render(head: [&str; 5], rows: &[[String; 5]], notes: &[Vec<String>]) -> Strin
     out
 }
 
+/// The `--backend` parser: the names `BackendKind` knows, offered to completions too.
+fn backend_names() -> impl clap::builder::TypedValueParser<Value = BackendKind> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["native", "slurm"])
+        .map(|s| s.parse::<BackendKind>().expect("a possible value"))
+}
+
 /// The backend a run gets (pure): `--backend` when given, else `$COHORT_BACKEND` unless blank,
 /// else native; `--sbatch-arg` only with slurm.
 ///
@@ -506,14 +515,14 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     )?;
     // Route variables decide whether and where a record is created: check them first.
     let root = StateRoot::from_env()?;
-    let placement = match route::parse_env(|k| std::env::var_os(k))? {
+    let placement = match crate::route::parse_env(|k| std::env::var_os(k))? {
         Some(inherited) => {
             if args.max_depth.is_some() {
                 bail!(cohort_common::Error::Usage(
                     "--max-depth is set by the top-level spawn and inherited; a nested spawn cannot change it".into()
                 ));
             }
-            Some(route::validate(&root, &inherited)?)
+            Some(crate::route::validate(&root, &inherited)?)
         }
         None => None,
     };
@@ -804,7 +813,7 @@ mod tests {
 
     #[test]
     fn the_task_fills_task_and_mismatches_are_refused() {
-        let mut chain = spec::parse_chain(
+        let mut chain = crate::chain_file::parse_chain(
             r#"{"steps":[{"task":"Map {task}"},{"parallel":[{"task":"a {task} {previous}"}]}]}"#,
         )
         .unwrap();
@@ -812,12 +821,13 @@ mod tests {
         let (flat, _) = spec::flatten(&chain);
         assert_eq!(flat[0].spec.task, "Map the parser");
         assert_eq!(flat[1].spec.task, "a the parser {previous}");
-        let mut chain = spec::parse_chain(r#"{"steps":[{"task":"Map {task}"}]}"#).unwrap();
+        let mut chain =
+            crate::chain_file::parse_chain(r#"{"steps":[{"task":"Map {task}"}]}"#).unwrap();
         assert!(fill_task(&mut chain, None)
             .unwrap_err()
             .to_string()
             .contains("give the TASK"));
-        let mut chain = spec::parse_chain(r#"{"steps":[{"task":"Map"}]}"#).unwrap();
+        let mut chain = crate::chain_file::parse_chain(r#"{"steps":[{"task":"Map"}]}"#).unwrap();
         assert!(fill_task(&mut chain, Some("x")).is_err());
         assert!(fill_task(&mut chain, None).is_ok());
     }

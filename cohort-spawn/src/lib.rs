@@ -5,8 +5,10 @@
 //! - [`agents`]: agent files (builtin, user, project), precedence, `--list-agents`;
 //! - [`chains`]: saved chains (`NAME.chain.md`, `NAME.chain.json`), `--list-chains`;
 //! - [`frontmatter`]: the YAML frontmatter both kinds of file open with;
+//! - [`chain_file`]: the JSON chain file format and its checks;
 //! - [`spawn`]: the start itself, in the order the format requires (`queued` first, a `failed`
 //!   record for every start that fails after it);
+//! - [`route`]: a nested start's inherited route variables, checked before any record exists;
 //! - [`revive`]: continuing a finished run's session on its recorded runtime;
 //! - [`slurm`]: submitting a run to Slurm (`--backend slurm`): the batch script, `sbatch`;
 //! - [`session`]: the session-file rules (a Pi session, not in use by a live run);
@@ -15,10 +17,12 @@
 #![deny(missing_docs)]
 
 pub mod agents;
+pub mod chain_file;
 pub mod chains;
 pub mod cmd;
 pub mod frontmatter;
 pub mod revive;
+pub mod route;
 pub mod session;
 pub mod slurm;
 pub mod spawn;

@@ -55,7 +55,7 @@ pub struct SpawnRequest {
     pub options: RunOptions,
     /// The run this one revives.
     pub revives: Option<String>,
-    /// Where the run sits in a tree, for a nested start (from [`route::validate`]).
+    /// Where the run sits in a tree, for a nested start (from [`crate::route::validate`]).
     pub placement: Option<Placement>,
     /// For a top-level run: the deepest depth its tree allows.
     pub max_depth: u32,
@@ -284,7 +284,7 @@ fn prepare_and_start(
         )));
     }
     match (&req.session_root, &req.placement) {
-        (Some(sr), _) => route::check_session_root(sr, &reused)?,
+        (Some(sr), _) => crate::route::check_session_root(sr, &reused)?,
         (None, Some(_)) if !reused.is_empty() => {
             return Err(Error::Usage(
                 "a nested start that reuses session files needs --session-root DIR".into(),
@@ -331,7 +331,7 @@ fn prepare_and_start(
     rec.last_update = Some(record::now_ms());
     record::store(&dir.status(), rec)?;
     if let Some(p) = &req.placement {
-        route::stamp_started(p, &rec.run_id, &rt).map_err(|e| {
+        crate::route::stamp_started(p, &rec.run_id, &rt).map_err(|e| {
             Error::State(format!("cannot stamp nested.started into the route: {e}"))
         })?;
     }

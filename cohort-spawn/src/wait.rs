@@ -6,12 +6,13 @@
 //! `cohort-status --wait` and `--output`. Ctrl-C stops the waiting, never the run: the runner is
 //! in a session of its own, so the terminal's SIGINT does not reach it.
 
+use cohort_cli as cli;
+use cohort_common::exit;
 use cohort_common::format::id;
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::{RunRecord, RunState};
 use cohort_common::store::answer::{self, AnswerError};
 use cohort_common::store::{discover, observe, wait};
-use cohort_common::{cli, exit};
 
 /// The exit code of `cohort-spawn --wait` for a finished run's record (pure): 0 `complete`,
 /// 124 ([`exit::TIMEOUT`]) when the run's `--timeout` ended it, 1 for any other end

@@ -136,7 +136,7 @@ pub fn assess(
                 kind,
                 format!(
                     "{} ago: {}",
-                    cohort_common::duration::human(ago),
+                    cohort_cli::duration::human(ago),
                     cohort_common::format::record::summarize(&err, 160)
                 ),
             ));

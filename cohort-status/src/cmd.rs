@@ -2,13 +2,15 @@
 //! them from cron, diagnose the installation.
 //!
 //! stdout is data only, stderr is everything else, a closed pipe exits 0 (see
-//! [`cohort_common::cli`]).
+//! [`cohort_cli`]).
 
 use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use cohort_cli::{self as cli, duration};
+use cohort_common::exit;
 use cohort_common::format::backend::{scancel_command, BackendKind};
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::RunState;
@@ -16,7 +18,6 @@ use cohort_common::store::answer::{self, AnswerError};
 use cohort_common::store::discover::{self, Origin};
 use cohort_common::store::observe;
 use cohort_common::store::wait::{self, WaitOutcome};
-use cohort_common::{cli, duration, exit};
 
 use crate::listing::{self, ListOptions};
 use crate::render::{self, Row};

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use cohort_common::cli::human_bytes;
+use cohort_cli::human_bytes;
 use cohort_common::error::Result;
 use cohort_common::format::layout::{
     StateRoot, INDEX_DIR, NESTED_RUNS_DIR, RUNS_DIR, SESSIONS_DIR,

@@ -13,7 +13,7 @@ use std::io::IsTerminal;
 
 use serde_json::json;
 
-use cohort_common::duration;
+use cohort_cli::duration;
 use cohort_common::format::backend::{scancel_command, BackendKind};
 use cohort_common::format::layout::RunDir;
 use cohort_common::format::record::{now_ms, Now, RunRecord, RunState, StepStatus};

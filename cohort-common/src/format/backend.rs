@@ -19,9 +19,7 @@ use serde::{Deserialize, Serialize};
 pub const BACKEND_ENV: &str = "COHORT_BACKEND";
 
 /// A backend's name, as `--backend` and `COHORT_BACKEND` take it.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     /// The detached runner on this machine, started by spawn (the default).
