@@ -1,6 +1,7 @@
-//! The `cohort-reap` binary: parse the command line, run it ([`cohort_reap::cmd::run`]), map
-//! the result to an exit code. A usage error is one line ([`cohort_cli::parse_args`]); a closed stdout is success; every error is printed once, on one
-//! line of stderr ([`cohort_cli::fail`]).
+//! The `cohort-reap` binary: parse the command line (a usage error is one line:
+//! [`cohort_cli::parse_args`]), run it ([`cohort_reap::cmd::run`]), and map the result to an exit
+//! code. A closed stdout is success; every error is printed once, on one line of stderr
+//! ([`cohort_cli::fail`]).
 
 use std::process::ExitCode;
 
