@@ -10,7 +10,8 @@ use crate::exit;
 
 /// Print `err` and its causes on stderr as one line, `<bin>: error: …`, and return the exit code:
 /// the [`crate::Error::exit_code`] of the first library error in the chain, else
-/// [`exit::ERROR`]. A broken pipe anywhere in the chain exits 0 quietly: the reader has all it
+/// [`exit::ERROR`]. Control characters in the message are shown escaped
+/// ([`crate::text::untrusted`]). A broken pipe anywhere in the chain exits 0 quietly: the reader has all it
 /// wanted.
 pub fn fail(bin: &str, err: &(dyn StdError + 'static)) -> ExitCode {
     let mut code = None;
@@ -34,7 +35,12 @@ pub fn fail(bin: &str, err: &(dyn StdError + 'static)) -> ExitCode {
         }
         cur = e.source();
     }
-    let _ = writeln!(io::stderr(), "{bin}: error: {}", parts.join(": "));
+    // Messages quote names, paths and errors that may have come from a run: escaped, one line.
+    let _ = writeln!(
+        io::stderr(),
+        "{bin}: error: {}",
+        crate::text::untrusted(&parts.join(": "))
+    );
     ExitCode::from(code.unwrap_or(exit::ERROR))
 }
 

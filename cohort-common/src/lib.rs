@@ -14,8 +14,9 @@
 //!   the reading every program does the same way.
 //!
 //! Beside them: [`error`] (typed errors naming the path involved), [`exit`] (the exit-code
-//! table), [`cli`] (printing errors and data the same way in every binary) and [`duration`]
-//! (the duration syntax every flag uses).
+//! table), [`cli`] (printing errors and data the same way in every binary), [`duration`]
+//! (the duration syntax every flag uses) and [`text`] (making untrusted text from runs inert
+//! before it reaches a terminal).
 
 #![deny(missing_docs)]
 
@@ -27,5 +28,6 @@ pub mod format;
 pub mod identity;
 pub mod os;
 pub mod store;
+pub mod text;
 
 pub use error::{Error, Result};

@@ -1,5 +1,6 @@
 //! The command line of `cohort-reap`: parse the selection, reap (or plan with `--dry-run`),
 //! print the report (stdout: one line per run, or JSON Lines with `--json`; notes on stderr),
+//! names, reasons and paths shown with control characters escaped ([`cohort_common::text`]),
 //! exit 0 when everything selected was removed and 1 when anything was refused
 //! ([`cohort_common::exit`]).
 
@@ -10,6 +11,7 @@ use cohort_common::cli::human_bytes;
 use cohort_common::format::id;
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::RunState;
+use cohort_common::text::{untrusted, untrusted_path};
 use cohort_common::{cli, duration, exit};
 
 use crate::reap::{self, Options, Outcome, Selection};
@@ -90,7 +92,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         );
     }
     for k in &report.trash_kept {
-        eprintln!("cohort-reap: kept in the trash: {k}");
+        eprintln!("cohort-reap: kept in the trash: {}", untrusted(k));
     }
 
     let mut text = String::new();
@@ -124,10 +126,14 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                 }
                 text.push_str(")\n");
                 for s in &e.sessions_kept {
-                    text.push_str(&format!("  kept session {}\n", s.display()));
+                    text.push_str(&format!("  kept session {}\n", untrusted_path(s)));
                 }
             }
-            Outcome::Refused(r) => text.push_str(&format!("refused {shown}: {r}\n")),
+            Outcome::Refused(r) => text.push_str(&format!(
+                "refused {}: {}\n",
+                untrusted(&shown),
+                untrusted(&r.to_string())
+            )),
         }
     }
     let refused = report.refused();

@@ -172,7 +172,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             _ => eprintln!(
                 "cohort-spawn: reviving on run {}'s recorded runtime ({})",
                 id::short_of(&plan.original),
-                revive::describe(&plan.runtime)
+                // Paths from the record: escaped.
+                cohort_common::text::untrusted(&revive::describe(&plan.runtime))
             ),
         }
         if pi_args.is_empty() {

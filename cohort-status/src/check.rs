@@ -26,6 +26,7 @@ use cohort_common::identity::runtime::{self, Runtime};
 use cohort_common::store::discover::{Found, Origin};
 use cohort_common::store::index::{Outcome, View};
 use cohort_common::store::observe::{Judgement, Observed, RUNNER_LOST};
+use cohort_common::text::untrusted;
 
 /// The default window of `--check`: 24 h.
 pub const DEFAULT_SINCE: Duration = Duration::from_secs(24 * 3600);
@@ -76,13 +77,15 @@ pub struct Problem {
 }
 
 impl Problem {
-    /// The line printed for this problem: `<short id> <kind>: <message>`.
+    /// The line printed for this problem: `<short id> <kind>: <message>`. The id (a directory
+    /// name) and the message (a recorded error) are shown with control characters escaped:
+    /// cron mails this line, and a mail reader may be a terminal.
     pub fn line(&self) -> String {
         format!(
             "{} {}: {}",
-            cohort_common::format::id::short_of(&self.run_id),
+            untrusted(cohort_common::format::id::short_of(&self.run_id)),
             self.kind.word(),
-            self.message
+            untrusted(&self.message)
         )
     }
 }
@@ -301,6 +304,25 @@ mod tests {
         assert_eq!(got.0, Kind::RuntimeGone);
         assert!(got.1.contains("/gone/node"));
         assert_eq!(assess(&o, 0, 0, &mut ok), None);
+    }
+
+    #[test]
+    fn the_printed_line_escapes_what_came_from_the_run() {
+        let p = Problem {
+            run_id: "01a22a44-9e62-7266-ab9d-e5b500ee829c".into(),
+            origin: "top",
+            kind: Kind::Failed,
+            message: "1m ago: \x1b]0;PWNED\x07\x1b[2J\nsecond".into(),
+        };
+        let l = p.line();
+        assert_eq!(
+            l,
+            "e5b500ee829c failed: 1m ago: \\x1b]0;PWNED\\x07\\x1b[2J\\nsecond"
+        );
+        // --json keeps the text, JSON-escaped.
+        assert!(serde_json::to_string(&p)
+            .unwrap()
+            .contains("\\u001b]0;PWNED"));
     }
 
     #[test]

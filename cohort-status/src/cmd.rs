@@ -2,7 +2,8 @@
 //! them from cron, diagnose the installation.
 //!
 //! stdout is data only, stderr is everything else, a closed pipe exits 0 (see
-//! [`cohort_common::cli`]).
+//! [`cohort_common::cli`]). `--output` and `--follow` print the model's text as it is to a pipe,
+//! and with escape sequences neutralised when stdout is a terminal ([`cohort_common::text`]).
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::RunState;
 use cohort_common::store::discover::{self, Origin};
 use cohort_common::store::observe;
+use cohort_common::text::{self, Keep};
 use cohort_common::{cli, duration, exit};
 
 use crate::listing::{self, ListOptions};
@@ -132,14 +134,14 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         let obs = observe::observe_found(&found)?;
         return match output::output_text(&found.dir, &obs.record, args.step) {
             Ok(text) => {
-                cli::out(&text)?;
+                cli::out(&for_stdout(&text))?;
                 if !text.is_empty() && !text.ends_with('\n') {
                     cli::out("\n")?;
                 }
                 Ok(exit::SUCCESS)
             }
             Err(output::OutputError::NoText(msg)) => {
-                eprintln!("cohort-status: {msg}");
+                eprintln!("cohort-status: {}", text::untrusted(&msg));
                 Ok(exit::NEGATIVE)
             }
             Err(output::OutputError::Store(e)) => Err(e.into()),
@@ -251,10 +253,15 @@ fn check(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
 
 fn follow(root: &StateRoot, name: &str) -> anyhow::Result<u8> {
     let found = discover::find(root, name)?;
+    let terminal = std::io::stdout().is_terminal();
     let mut write = |b: &[u8]| -> std::io::Result<()> {
         use std::io::Write;
         let mut o = std::io::stdout().lock();
-        o.write_all(b)?;
+        if terminal {
+            o.write_all(text::escape(b, Keep::LineBreaks).as_bytes())?;
+        } else {
+            o.write_all(b)?;
+        }
         o.flush()
     };
     let state = wait::follow(&found, Duration::from_millis(100), &mut write)?;
@@ -263,6 +270,17 @@ fn follow(root: &StateRoot, name: &str) -> anyhow::Result<u8> {
     } else {
         eprintln!("cohort-status: run {} ended {}", found.id, state.as_str());
         Ok(exit::NEGATIVE)
+    }
+}
+
+/// The model's text as `--output` prints it: unchanged to a pipe or file (it is data), with
+/// escape sequences neutralised on a terminal (newlines and tabs kept;
+/// [`cohort_common::text::escape`]).
+fn for_stdout(t: &str) -> std::borrow::Cow<'_, str> {
+    if std::io::stdout().is_terminal() {
+        text::escape_str(t, Keep::LineBreaks)
+    } else {
+        std::borrow::Cow::Borrowed(t)
     }
 }
 

@@ -12,6 +12,9 @@
 //! - the legacy runs directory, if any;
 //! - disk use of the state root (a walk that never follows symlinks), split by part.
 //!
+//! The text form ([`render`]) shows paths, errors and ids with control characters escaped
+//! ([`cohort_common::text`]): they come from records and from the environment.
+//!
 //! Exit status (binary): 0 when nothing is wrong, 1 when the report holds a warning (invalid
 //! runtime now, a recorded runtime gone, a state root others can read or owned by someone
 //! else).
@@ -32,6 +35,7 @@ use cohort_common::os::files::{self, Hidden};
 use cohort_common::os::tree;
 use cohort_common::store::discover::Origin;
 use cohort_common::store::index::{Outcome, View};
+use cohort_common::text::{untrusted, untrusted_path};
 
 /// The runtime part of the report.
 #[derive(Clone, Debug, Serialize)]
@@ -327,11 +331,20 @@ pub fn render(r: &Report) -> String {
                 "  ok, from {}\n",
                 r.runtime.source.as_deref().unwrap_or("?")
             ));
-            s.push_str(&format!("  node        {}\n", rt.node_exec_path.display()));
-            s.push_str(&format!("  pi entry    {}\n", rt.pi_entry_path.display()));
-            s.push_str(&format!("  pi package  {}\n", rt.pi_package_root.display()));
+            s.push_str(&format!(
+                "  node        {}\n",
+                untrusted_path(&rt.node_exec_path)
+            ));
+            s.push_str(&format!(
+                "  pi entry    {}\n",
+                untrusted_path(&rt.pi_entry_path)
+            ));
+            s.push_str(&format!(
+                "  pi package  {}\n",
+                untrusted_path(&rt.pi_package_root)
+            ));
         }
-        (None, Some(e)) => s.push_str(&format!("  NOT VALID: {e}\n")),
+        (None, Some(e)) => s.push_str(&format!("  NOT VALID: {}\n", untrusted(e))),
         (None, None) => s.push_str("  unknown\n"),
     }
     s.push_str("runtimes recorded by live or revivable runs:\n");
@@ -341,22 +354,22 @@ pub fn render(r: &Report) -> String {
     for rr in &r.recorded_runtimes {
         let status = match &rr.error {
             None => "ok".to_string(),
-            Some(e) => format!("GONE: {e}"),
+            Some(e) => format!("GONE: {}", untrusted(e)),
         };
         s.push_str(&format!(
             "  {}  (node {}): {status}\n    live runs: {}; revivable runs: {}\n",
-            rr.runtime.pi_entry_path.display(),
-            rr.runtime.node_exec_path.display(),
+            untrusted_path(&rr.runtime.pi_entry_path),
+            untrusted_path(&rr.runtime.node_exec_path),
             if rr.live_runs.is_empty() {
                 "none".to_string()
             } else {
-                rr.live_runs.join(", ")
+                untrusted(&rr.live_runs.join(", ")).into_owned()
             },
             rr.revivable_runs
         ));
     }
     let root = &r.state_root;
-    s.push_str(&format!("state root {}\n", root.path.display()));
+    s.push_str(&format!("state root {}\n", untrusted_path(&root.path)));
     if root.exists {
         s.push_str(&format!(
             "  mode {}, owner uid {}\n",
@@ -367,19 +380,19 @@ pub fn render(r: &Report) -> String {
         s.push_str("  does not exist yet (created by the first cohort-spawn)\n");
     }
     for w in &root.warnings {
-        s.push_str(&format!("  WARNING: {w}\n"));
+        s.push_str(&format!("  WARNING: {}\n", untrusted(w)));
     }
     s.push_str("top-level runs by state:\n");
     if r.top_level_counts.is_empty() {
         s.push_str("  none\n");
     }
     for (k, v) in &r.top_level_counts {
-        s.push_str(&format!("  {k:<10} {v}\n"));
+        s.push_str(&format!("  {:<10} {v}\n", untrusted(k)));
     }
     match &r.legacy {
         Some((p, n)) => s.push_str(&format!(
             "legacy runs: {n} in {} (cohort-status --all lists them)\n",
-            p.display()
+            untrusted_path(p)
         )),
         None => s.push_str("legacy runs: none found\n"),
     }
