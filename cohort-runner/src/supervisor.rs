@@ -5,7 +5,7 @@
 //! chain: each flat step is one Pi child launched as
 //! `node <entry> --mode json -p --session <file> … <task>` from the recorded runtime (validated
 //! again before every launch; never a `PATH` lookup), in its own process group, stdin from
-//! `/dev/null`, cwd = the run's cwd.
+//! `/dev/null`, cwd = the run's cwd, `TMPDIR` = the run's private `tmp/`.
 //!
 //! One thread (the caller's) owns the record and makes every decision; reader threads parse
 //! each child's stdout and stderr and send messages; a signal thread turns SIGTERM/SIGINT/SIGCHLD
@@ -432,6 +432,7 @@ impl Supervisor {
             truncated: false,
             open_fragment: false,
         }));
+        let tmp = private_tmp(&self.dir).map_err(|e| e.to_string())?;
         let mut cmd = Command::new(&rt.node_exec_path);
         cmd.arg(&rt.pi_entry_path)
             .args(&args)
@@ -441,6 +442,7 @@ impl Supervisor {
             .stderr(Stdio::piped())
             .process_group(0)
             .env(PROFILE_ENV, &self.spec.profile_dir)
+            .env("TMPDIR", &tmp)
             .env(NODE_ENV, &rt.node_exec_path)
             .env(PI_ENTRY_ENV, &rt.pi_entry_path)
             .envs(route::child_env(
@@ -878,6 +880,39 @@ impl Supervisor {
         self.last_write = Instant::now();
         self.dirty = false;
     }
+}
+
+/// The run's private temp directory (`tmp/`, 0700), created if missing: every Pi child gets
+/// it as `TMPDIR`, so what Pi spills to `os.tmpdir()` (its bash tool writes a command's whole
+/// output to `pi-bash-<hex>.log` once it passes 50 KiB or 2,000 lines; Pi 0.73.1,
+/// `dist/core/tools/output-accumulator.js`) is private, counted with the run and reaped with it.
+/// Errors when the path is not a real directory (a symlink planted there is never written
+/// through).
+fn private_tmp(dir: &RunDir) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = dir.tmp();
+    files::create_dir_all_private(&tmp)?;
+    let meta = std::fs::symlink_metadata(&tmp).map_err(|source| Error::Io {
+        action: "inspect",
+        path: tmp.clone(),
+        source,
+    })?;
+    if !meta.is_dir() {
+        return Err(Error::NotRegular {
+            path: tmp,
+            what: "not a directory (a symlink?); the run's temp dir must be a real directory",
+        });
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(files::DIR_MODE)).map_err(
+            |source| Error::Io {
+                action: "chmod",
+                path: tmp.clone(),
+                source,
+            },
+        )?;
+    }
+    Ok(tmp)
 }
 
 /// Send `sig` to the process group of a step's child (its pid: each child leads its own group).

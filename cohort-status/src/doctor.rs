@@ -28,7 +28,7 @@ use serde::Serialize;
 use cohort_common::cli::human_bytes;
 use cohort_common::error::Result;
 use cohort_common::format::layout::{
-    StateRoot, INDEX_DIR, NESTED_RUNS_DIR, RUNS_DIR, SESSIONS_DIR,
+    RunDir, StateRoot, INDEX_DIR, NESTED_RUNS_DIR, RUNS_DIR, SESSIONS_DIR,
 };
 use cohort_common::identity::runtime::{self, RuntimeRequest};
 use cohort_common::os::files::{self, Hidden};
@@ -230,7 +230,8 @@ pub struct Report {
     /// The legacy runs directory, when it exists, and how many entries it holds.
     pub legacy: Option<(PathBuf, usize)>,
     /// Bytes on disk under the state root, by part (`runs`, `nested`, `sessions`, `index`,
-    /// `other`, `total`).
+    /// `other`, `total`), and `tmp`: how much of `runs` and `nested` is the runs' private temp
+    /// dirs.
     pub disk_bytes: BTreeMap<String, u64>,
 }
 
@@ -297,14 +298,34 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         state_root: state_root(root),
         top_level_counts: counts,
         legacy,
-        disk_bytes: disk_use(root.path()),
+        disk_bytes: disk_use(root),
     })
 }
 
-/// Bytes on disk (allocated blocks) under `r`, by top-level part; never follows symlinks.
-pub fn disk_use(r: &Path) -> BTreeMap<String, u64> {
+/// Bytes on disk (allocated blocks) under the state root, by top-level part (`runs`, `nested`,
+/// `sessions`, `index`, `other`, and their `total`), plus `tmp`: the part of `runs` and `nested`
+/// that is the runs' private temp dirs, where Pi keeps the full output of its tool calls. Never
+/// follows symlinks.
+pub fn disk_use(root: &StateRoot) -> BTreeMap<String, u64> {
+    let r = root.path();
     let mut out = BTreeMap::new();
     let mut total = 0;
+    let run_dirs = |parent: &Path| -> Vec<PathBuf> {
+        files::list_dir(parent, Hidden::Skip)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| parent.join(e.name))
+            .collect()
+    };
+    let mut tmp = 0;
+    let mut runs = run_dirs(&root.runs_dir());
+    for tree_dir in run_dirs(&root.nested_root()) {
+        runs.extend(run_dirs(&tree_dir));
+    }
+    for run in runs {
+        tmp += tree::measure(&RunDir::new(run).tmp());
+    }
+    out.insert("tmp".to_string(), tmp);
     for e in files::list_dir(r, Hidden::Include).unwrap_or_default() {
         let part = match e.name.to_str() {
             Some(RUNS_DIR) => "runs",
@@ -397,8 +418,14 @@ pub fn render(r: &Report) -> String {
         None => s.push_str("legacy runs: none found\n"),
     }
     s.push_str("disk use:\n");
-    for (k, v) in &r.disk_bytes {
+    for (k, v) in r.disk_bytes.iter().filter(|(k, _)| *k != "tmp") {
         s.push_str(&format!("  {k:<10} {}\n", human_bytes(*v)));
+    }
+    if let Some(t) = r.disk_bytes.get("tmp") {
+        s.push_str(&format!(
+            "  of which {} in the runs' temp dirs (Pi's full tool output; reaped with each run)\n",
+            human_bytes(*t)
+        ));
     }
     s
 }
@@ -445,5 +472,29 @@ mod tests {
     }
 
     #[test]
-    fn bytes() {}
+    fn disk_use_counts_the_runs_temp_dirs() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(t.path());
+        let top = root.run_dir("01a22a44-9e62-7266-ab9d-e5b500ee829c");
+        let nested = root.nested_run_dir(
+            "01a22a44-9e62-7266-ab9d-e5b500ee829c",
+            "01a22a44-9e62-7266-ab9d-e5b500ee829d",
+        );
+        for d in [&top, &nested] {
+            files::create_dir_all_private(&d.tmp()).unwrap();
+            std::fs::write(d.tmp().join("pi-bash-0.log"), vec![b'x'; 256 << 10]).unwrap();
+        }
+        std::fs::write(top.status(), b"{}").unwrap();
+        let du = disk_use(&root);
+        assert!(du["tmp"] >= 512 << 10, "{du:?}");
+        assert!(
+            du["runs"] >= 256 << 10 && du["nested"] >= 256 << 10,
+            "{du:?}"
+        );
+        assert!(du["total"] >= du["tmp"], "{du:?}");
+        assert!(
+            du["total"] < du["tmp"] + (64 << 10),
+            "tmp is a part, not added: {du:?}"
+        );
+    }
 }

@@ -106,3 +106,78 @@ fn control_characters_never_reach_the_table_the_view_or_check() {
         stdout(&tty)
     );
 }
+
+/// Every `pi-bash-*` file under `dir`, at any depth.
+fn spill_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                stack.push(e.path());
+            } else if e.file_name().to_string_lossy().starts_with("pi-bash-") {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn pi_spills_tool_output_into_the_runs_private_temp_dir_and_reap_removes_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = TestEnv::new();
+    // The TMPDIR cohort-spawn (and so the runner) inherits: where Pi would spill without cohort.
+    let sys_tmp = env.tmp.path().join("system-tmp");
+    std::fs::create_dir(&sys_tmp).unwrap();
+    let out = env
+        .cmd("cohort-spawn")
+        .env("TMPDIR", &sys_tmp)
+        .args([
+            "--model",
+            "fake/tool",
+            "RUN: yes 0123456789abcdefghijklmnopqrstuvwxyz | head -c 5000000; echo",
+            "--",
+        ])
+        .args(cohort_e2e::harness::HERMETIC)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    let rec = env.wait_terminal(&id, 120);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+
+    let run_tmp = env.run_dir(&id).join("tmp");
+    let spilled = spill_files(&run_tmp);
+    assert_eq!(
+        spilled.len(),
+        1,
+        "Pi spilled the big output into the run's temp dir"
+    );
+    assert!(std::fs::metadata(&spilled[0]).unwrap().len() >= 5_000_000);
+    let mode = std::fs::metadata(&run_tmp).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+    assert!(
+        spill_files(&sys_tmp).is_empty(),
+        "nothing in the inherited TMPDIR"
+    );
+    assert_eq!(
+        spill_files(env.tmp.path()),
+        spilled,
+        "no pi-bash file anywhere else in the test's world"
+    );
+
+    // --doctor counts it.
+    let doc = env.run("cohort-status", &["--doctor", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(stdout(&doc).trim()).unwrap();
+    assert!(
+        v["diskBytes"]["tmp"].as_u64().unwrap() >= 5_000_000,
+        "{v:#}"
+    );
+
+    // The reap takes it with the run.
+    let reap = env.run("cohort-reap", &[&id]);
+    assert!(reap.status.success(), "{}", stderr(&reap));
+    assert!(spill_files(env.tmp.path()).is_empty());
+}

@@ -40,6 +40,10 @@ pub const LOCK_FILE: &str = "runner.lock";
 pub const EVENTS_FILE: &str = "events.jsonl";
 /// The runner's own stderr.
 pub const RUNNER_LOG: &str = "runner.log";
+/// The run's private temp directory (0700): `TMPDIR` of every Pi child of the run, so the files
+/// Pi spills there (the full output of a tool call, `pi-bash-<hex>.log`) stay inside the run
+/// directory and go with it.
+pub const TMP_DIR: &str = "tmp";
 /// The prefix of a run directory being assembled by spawn, beside where it will be published
 /// (`.spawn-<id>`): hidden, so no listing shows it.
 pub const STAGING_PREFIX: &str = ".spawn-";
@@ -220,6 +224,11 @@ impl RunDir {
     /// `runner.log`, the runner's stderr.
     pub fn runner_log(&self) -> PathBuf {
         self.path.join(RUNNER_LOG)
+    }
+
+    /// `tmp/`: the run's private temp directory, `TMPDIR` of its Pi children (see [`TMP_DIR`]).
+    pub fn tmp(&self) -> PathBuf {
+        self.path.join(TMP_DIR)
     }
 
     /// `output-<i>.log`: the readable output of flat step `i`.
