@@ -3,7 +3,8 @@
 //! Silent and exit 0 when all is well; otherwise one line per problem and exit 1. A problem is:
 //!
 //! - `failed`: a run that failed within the window (`--since`, default 24 h), by `endedAt`;
-//! - `lost`: the same, when the failure is "runner lost" (reconciled now or earlier), or a
+//! - `lost`: the same, when the failure is "runner lost" (reconciled now or earlier; the
+//!   message names the processes of the run that outlived its runner, if any), or a
 //!   `running` record without any lock file (no runner can exist);
 //! - `unresolved`: a `queued` run that no runner took, older than [`UNRESOLVED_AFTER_MS`];
 //! - `runtime-gone`: a live `running` run whose recorded Node or Pi no longer validates
@@ -143,7 +144,8 @@ pub fn assess(
                 .error
                 .clone()
                 .unwrap_or_else(|| "no error recorded".into());
-            let kind = if err == RUNNER_LOST {
+            // "runner lost", possibly naming the processes that outlived the runner.
+            let kind = if err.starts_with(RUNNER_LOST) {
                 Kind::Lost
             } else {
                 Kind::Failed
@@ -264,6 +266,13 @@ mod tests {
             o.record.error = Some(RUNNER_LOST.into());
         }
         assert_eq!(assess(&o, 60_000, 0, &mut ok).unwrap().0, Kind::Lost);
+        let survivors = "runner lost; 1 process of this run still alive: 42 sleep 9";
+        if let Ok(o) = &mut o {
+            o.record.error = Some(survivors.into());
+        }
+        let got = assess(&o, 60_000, 0, &mut ok).unwrap();
+        assert_eq!(got.0, Kind::Lost);
+        assert!(got.1.contains("42 sleep 9"), "{}", got.1);
     }
 
     #[test]

@@ -137,6 +137,14 @@ pub fn table(rows: &[Row], colour: bool) -> String {
         if let Some(step) = row.parent_step.filter(|_| row.depth > 0) {
             marks.push_str(&format!("step {step} ▸ "));
         }
+        if let Ok(o) = &row.observed {
+            // Processes that outlived a lost runner (named in the single view's error).
+            let n = o.record.survivors.len();
+            if n > 0 {
+                let s = if n == 1 { "" } else { "es" };
+                marks.push_str(&format!("(runner lost; {n} process{s} survived it) "));
+            }
+        }
         if row.live_descendants > 0 {
             marks.push_str(&format!("({} nested still running) ", row.live_descendants));
         }
@@ -295,6 +303,16 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
     line(&mut s, "mode", mode_word(r));
     if let Some(e) = &r.error {
         line(&mut s, "error", e.clone());
+    }
+    if !r.survivors.is_empty() {
+        line(
+            &mut s,
+            "survivors",
+            format!(
+                "{} (outlived the runner; ended by the reader that settled the run: see events)",
+                r.survivors.join(", ")
+            ),
+        );
     }
     if let Some(rv) = &r.revives {
         line(&mut s, "revives", rv.clone());

@@ -35,6 +35,13 @@ pub enum EventKind {
     RunTimedOut,
     /// A reader found the runner gone and settled the record `failed`; `{error}`.
     RunLost,
+    /// The reader settling a lost run found processes of the run still alive (same pid, start
+    /// time and boot id as `processes.json` recorded); `{processes: [{pid, startTime, step,
+    /// cmdline}]}`.
+    RunSurvivors,
+    /// What that reader did to them (TERM, grace, KILL); pids in `{terminated, killed,
+    /// remaining}` (`remaining`: alive even after KILL).
+    RunSurvivorsEnded,
     /// A step's Pi child started; `{step, pid, sessionFile}`.
     StepStarted,
     /// A step completed; `{step, exitCode, signal, error}`.
@@ -60,7 +67,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind, in the order `docs/format.md` lists them.
-    pub const ALL: [EventKind; 18] = [
+    pub const ALL: [EventKind; 20] = [
         EventKind::RunQueued,
         EventKind::RunStarted,
         EventKind::RunCompleted,
@@ -69,6 +76,8 @@ impl EventKind {
         EventKind::RunStopped,
         EventKind::RunTimedOut,
         EventKind::RunLost,
+        EventKind::RunSurvivors,
+        EventKind::RunSurvivorsEnded,
         EventKind::StepStarted,
         EventKind::StepCompleted,
         EventKind::StepFailed,
@@ -92,6 +101,8 @@ impl EventKind {
             EventKind::RunStopped => "run.stopped",
             EventKind::RunTimedOut => "run.timedOut",
             EventKind::RunLost => "run.lost",
+            EventKind::RunSurvivors => "run.survivors",
+            EventKind::RunSurvivorsEnded => "run.survivorsEnded",
             EventKind::StepStarted => "step.started",
             EventKind::StepCompleted => "step.completed",
             EventKind::StepFailed => "step.failed",

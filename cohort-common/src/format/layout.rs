@@ -40,6 +40,9 @@ pub const LOCK_FILE: &str = "runner.lock";
 pub const EVENTS_FILE: &str = "events.jsonl";
 /// The runner's own stderr.
 pub const RUNNER_LOG: &str = "runner.log";
+/// The processes of the run its runner tracks (pid, start time, boot id), replaced atomically
+/// as the set changes (see [`crate::format::processes`]).
+pub const PROCESSES_FILE: &str = "processes.json";
 /// The run's private temp directory (0700): `TMPDIR` of every Pi child of the run, so the files
 /// Pi spills there (the full output of a tool call, `pi-bash-<hex>.log`) stay inside the run
 /// directory and go with it.
@@ -224,6 +227,11 @@ impl RunDir {
     /// `runner.log`, the runner's stderr.
     pub fn runner_log(&self) -> PathBuf {
         self.path.join(RUNNER_LOG)
+    }
+
+    /// `processes.json`: the processes of the run its runner tracks.
+    pub fn processes(&self) -> PathBuf {
+        self.path.join(PROCESSES_FILE)
     }
 
     /// `tmp/`: the run's private temp directory, `TMPDIR` of its Pi children (see [`TMP_DIR`]).

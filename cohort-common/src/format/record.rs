@@ -311,6 +311,11 @@ pub struct RunRecord {
     /// For revivals: the run whose session this run continues.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revives: Option<String>,
+    /// Processes of the run found alive (same pid, start time and boot id as tracked) by the
+    /// reader that settled it "runner lost", as `"<pid> <cmdline>"`; that reader then ended them
+    /// (events `run.survivors`, `run.survivorsEnded`). Absent when there were none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub survivors: Vec<String>,
     /// One entry per flat step (one Pi child).
     #[serde(default)]
     pub steps: Vec<StepRecord>,
@@ -344,6 +349,7 @@ impl RunRecord {
             parent_step_index: None,
             depth: 0,
             revives: None,
+            survivors: Vec::new(),
             steps: Vec::new(),
         }
     }

@@ -4,7 +4,8 @@
 //! The decision is a pure function over data ([`judge`]); the I/O around it is separate. A
 //! stored terminal state is trusted as it is. Only a `running` record is reconciled: if its
 //! runner lock is free, it is rewritten `failed` ("runner lost") under the lock, with an event
-//! appended ([`reconcile`]). A `queued` record is never rewritten. A pid alone never proves
+//! appended ([`reconcile`]); processes of the run that outlived its runner are named in the
+//! record and ended then. A `queued` record is never rewritten. A pid alone never proves
 //! life or death: the lock decides, so an unrelated process that happens to own the recorded
 //! pid changes nothing.
 //!
@@ -14,6 +15,7 @@
 //! reconciled or probed.
 
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::json;
 
@@ -21,7 +23,9 @@ use crate::error::{Error, Result};
 use crate::format::events::{self, EventKind};
 use crate::format::layout::RunDir;
 use crate::format::legacy;
+use crate::format::processes::{self, TrackedProcess};
 use crate::format::record::{self, now_ms, RunRecord, RunState, StepStatus};
+use crate::format::spec::LaunchSpec;
 use crate::identity::procinfo;
 use crate::os::files;
 use crate::os::lock::{self, Liveness, RunLock};
@@ -170,9 +174,35 @@ pub fn observe(dir: &RunDir) -> Result<Observed> {
     })
 }
 
+/// The longest a reconciling reader waits between SIGTERM and SIGKILL for a lost run's
+/// survivors: the run's own `graceMs`, but never more than this (a listing is waiting).
+pub const SURVIVOR_GRACE_MAX: Duration = Duration::from_secs(5);
+
+/// The processes of a run recorded in its `processes.json` that are still alive as the same
+/// processes (same start time, same boot; [`processes::still_alive`]). Empty when the run has
+/// no list.
+///
+/// Errors: the list cannot be read ([`processes::load`]).
+pub fn live_processes(dir: &RunDir) -> Result<Vec<TrackedProcess>> {
+    let t = processes::load(&dir.processes())?;
+    Ok(processes::still_alive(
+        &t,
+        &procinfo::boot_id(),
+        procinfo::stat,
+    ))
+}
+
 /// Rewrite a `running` record whose runner is gone as `failed` ("runner lost"), holding the
 /// lock while doing so, and append a `run.lost` event. Returns the record as it is after the
 /// decision, or `None` when the lock is held (the runner is alive after all).
+///
+/// Processes of the run that outlived its runner (a tool process in a session of its own keeps
+/// running under init) are found in `processes.json` ([`live_processes`]), named in the error
+/// (`runner lost; 2 processes of this run still alive: …`) and in `survivors`, and ended
+/// (TERM, the run's grace up to [`SURVIVOR_GRACE_MAX`], KILL; [`procinfo::end_processes`]) before
+/// the record is written, with `run.survivors` and `run.survivorsEnded` events saying what was
+/// found and done. A crash in between leaves the record `running`, so the next reader does it
+/// again.
 pub fn reconcile(dir: &RunDir) -> Result<Option<RunRecord>> {
     let Some(_lock) = RunLock::try_acquire(&dir.lock())? else {
         return Ok(None);
@@ -181,7 +211,34 @@ pub fn reconcile(dir: &RunDir) -> Result<Option<RunRecord>> {
     if rec.state != RunState::Running {
         return Ok(Some(rec));
     }
-    rec.finish(RunState::Failed, Some(RUNNER_LOST.to_string()));
+    let (survivors, unreadable) = match live_processes(dir) {
+        Ok(s) => (s, None),
+        Err(e) => (Vec::new(), Some(reason(&e))),
+    };
+    let mut error = processes::lost_error(RUNNER_LOST, &survivors);
+    if let Some(why) = unreadable {
+        error.push_str(&format!("; its process list cannot be read ({why})"));
+    }
+    if !survivors.is_empty() {
+        events::append_once(
+            &dir.events(),
+            EventKind::RunSurvivors,
+            json!({"processes": survivors}),
+        )?;
+        let grace = files::read_json::<LaunchSpec>(&dir.spec())
+            .map(|s| Duration::from_millis(s.options.grace_ms))
+            .unwrap_or(SURVIVOR_GRACE_MAX)
+            .min(SURVIVOR_GRACE_MAX);
+        let targets: Vec<(u32, u64)> = survivors.iter().map(|p| (p.pid, p.start_time)).collect();
+        let ended = procinfo::end_processes(&targets, &procinfo::boot_id(), grace);
+        events::append_once(
+            &dir.events(),
+            EventKind::RunSurvivorsEnded,
+            json!({"terminated": ended.terminated, "killed": ended.killed, "remaining": ended.remaining}),
+        )?;
+        rec.survivors = survivors.iter().map(TrackedProcess::describe).collect();
+    }
+    rec.finish(RunState::Failed, Some(error.clone()));
     for s in rec.steps.iter_mut() {
         if !s.status.is_final() {
             s.status = if s.status == StepStatus::Running {
@@ -193,11 +250,7 @@ pub fn reconcile(dir: &RunDir) -> Result<Option<RunRecord>> {
         }
     }
     record::store(&dir.status(), &rec)?;
-    events::append_once(
-        &dir.events(),
-        EventKind::RunLost,
-        json!({"error": RUNNER_LOST}),
-    )?;
+    events::append_once(&dir.events(), EventKind::RunLost, json!({"error": error}))?;
     Ok(Some(rec))
 }
 
@@ -276,6 +329,83 @@ mod tests {
                 .count(),
             1
         );
+    }
+
+    #[test]
+    fn a_lost_run_names_and_ends_its_surviving_processes_only() {
+        use crate::format::processes::{Tracked, TrackedProcess};
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(t.path());
+        let dir = make_run(&root, RunState::Running);
+        let mut survivor = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        let mut bystander = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        let start = |pid| procinfo::stat(pid).unwrap().start_time;
+        let tracked = |pid, start_time| TrackedProcess {
+            pid,
+            start_time,
+            step: 0,
+            cmdline: "sleep 100".into(),
+        };
+        processes::store(
+            &dir.processes(),
+            &Tracked {
+                format_version: 1,
+                boot_id: procinfo::boot_id(),
+                processes: vec![
+                    tracked(survivor.id(), start(survivor.id())),
+                    // Recorded with another start time: the pid now names someone else.
+                    tracked(bystander.id(), start(bystander.id()) + 1),
+                ],
+            },
+        )
+        .unwrap();
+        let obs = observe(&dir).unwrap();
+        assert_eq!(obs.record.state, RunState::Failed);
+        let want = format!(
+            "runner lost; 1 process of this run still alive: {} sleep 100",
+            survivor.id()
+        );
+        assert_eq!(obs.record.error.as_deref(), Some(want.as_str()));
+        assert_eq!(
+            obs.record.survivors,
+            vec![format!("{} sleep 100", survivor.id())]
+        );
+        // Ended (our child: reaped here), and the bystander untouched.
+        let status = survivor.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGTERM)
+        );
+        assert!(procinfo::is_same_process(
+            bystander.id(),
+            start(bystander.id()),
+            &procinfo::boot_id()
+        ));
+        let ev = std::fs::read_to_string(dir.events()).unwrap();
+        let kinds: Vec<String> = ev
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["type"].to_string())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "\"run.survivors\"",
+                "\"run.survivorsEnded\"",
+                "\"run.lost\""
+            ]
+        );
+        assert!(
+            ev.contains(&format!("\"terminated\":[{}]", survivor.id())),
+            "{ev}"
+        );
+        let _ = bystander.kill();
+        let _ = bystander.wait();
     }
 
     #[test]
