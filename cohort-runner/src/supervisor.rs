@@ -13,11 +13,15 @@
 //! reparented to the runner (it is a child subreaper). Record writes are coalesced to at most
 //! ten a second, and a heartbeat advances `lastUpdate` at least every 10 s.
 //!
+//! The processes the runner tracks (each step's Pi child and the descendants it has seen) are
+//! mirrored in `processes.json` whenever the set changes, so that if the runner dies, the
+//! reader that settles the run can name and end the ones that outlived it.
+//!
 //! A step's lifecycle is [`crate::step::StepRun`]; how a step and the run end are the pure
 //! decisions [`crate::step::step_outcome`] and [`crate::step::run_outcome`]. What a step leaves
 //! behind is swept by [`crate::sweep`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
@@ -35,6 +39,7 @@ use serde_json::json;
 use cohort_common::error::{Error, Result};
 use cohort_common::format::events::{EventKind, EventLog};
 use cohort_common::format::layout::{self, RunDir, StateRoot, PROFILE_ENV};
+use cohort_common::format::processes::{self, Tracked, TrackedProcess};
 use cohort_common::format::record::{self, now_ms, RecentTool, RunRecord, RunState, StepStatus};
 use cohort_common::format::route;
 use cohort_common::format::spec::{self, ChainStep, FlatStep, LaunchSpec, Placement};
@@ -239,6 +244,8 @@ pub fn run(dir: &RunDir, ready: impl FnOnce()) -> Result<RunState> {
         tx,
         rx,
         active: HashMap::new(),
+        tracked: BTreeMap::new(),
+        tracked_written: Vec::new(),
         nested_stopping: Vec::new(),
         last_write: Instant::now(),
         last_track: Instant::now(),
@@ -275,6 +282,12 @@ struct Supervisor {
     tx: Sender<Msg>,
     rx: Receiver<Msg>,
     active: HashMap<usize, StepRun>,
+    /// The run's processes the runner knows of and that were alive when last looked at, by
+    /// `(pid, start time)`: each step's Pi child and every descendant seen. Mirrored in
+    /// `processes.json` so that a reader can find them if the runner dies.
+    tracked: BTreeMap<(u32, u64), TrackedProcess>,
+    /// What `processes.json` holds now.
+    tracked_written: Vec<(u32, u64)>,
     nested_stopping: Vec<RunDir>,
     last_write: Instant,
     last_track: Instant,
@@ -341,6 +354,8 @@ impl Supervisor {
         if outcome.timed_out {
             self.rec.timed_out = Some(true);
         }
+        // Only processes that escaped every sweep are left listed.
+        self.persist_tracked(None);
         self.rec.finish(outcome.state, outcome.error.clone());
         let _ = self.events.append(
             outcome.event,
@@ -489,6 +504,13 @@ impl Supervisor {
             self.dir.final_text(i),
         );
         spawn_stderr_reader(stderr, log, run.stderr.clone());
+
+        if let Some(st) = procinfo::stat(pid) {
+            // Not reaped yet, so the pid cannot have been reused: this is our child.
+            self.tracked
+                .insert((pid, st.start_time), tracked_process(pid, st.start_time, i));
+        }
+        self.persist_tracked(None);
 
         let s = &mut self.rec.steps[i];
         s.status = StepStatus::Running;
@@ -776,14 +798,49 @@ impl Supervisor {
         }
         let procs = procinfo::all_processes();
         let nested_runs = self.state_root.nested_runs_dir(&self.tree.root_run_id);
-        for a in self.active.values_mut().filter(|a| a.is_alive()) {
+        for (&i, a) in self.active.iter_mut().filter(|(_, a)| a.is_alive()) {
             for d in procinfo::descendants(&procs, a.pid) {
                 if let Some(st) = procs.get(&d) {
                     if !runs_under(d, &nested_runs) {
                         a.seen.insert(d, st.start_time);
+                        self.tracked
+                            .entry((d, st.start_time))
+                            .or_insert_with(|| tracked_process(d, st.start_time, i));
                     }
                 }
             }
+        }
+        self.persist_tracked(Some(&procs));
+    }
+
+    /// Drop the tracked processes that are gone (by pid and start time in `procs`, or in the
+    /// live process table when `None`) and, if the set changed, replace `processes.json`.
+    fn persist_tracked(&mut self, procs: Option<&HashMap<u32, procinfo::Stat>>) {
+        let table;
+        let procs = match procs {
+            Some(p) => p,
+            None => {
+                table = procinfo::all_processes();
+                &table
+            }
+        };
+        self.tracked.retain(|&(pid, start), _| {
+            procs
+                .get(&pid)
+                .is_some_and(|s| s.start_time == start && s.state != 'Z')
+        });
+        let keys: Vec<(u32, u64)> = self.tracked.keys().copied().collect();
+        if keys == self.tracked_written {
+            return;
+        }
+        let list = Tracked {
+            format_version: processes::FORMAT_VERSION,
+            boot_id: procinfo::boot_id(),
+            processes: self.tracked.values().cloned().collect(),
+        };
+        match processes::store(&self.dir.processes(), &list) {
+            Ok(()) => self.tracked_written = keys,
+            Err(e) => eprintln!("cohort-runner: {e}"),
         }
     }
 
@@ -801,6 +858,8 @@ impl Supervisor {
         let Phase::Finished { exit, escaped } = a.phase else {
             unreachable!("only finished steps are recorded");
         };
+        // The step's processes are swept: what is left of them (escaped) stays listed.
+        self.persist_tracked(None);
         let summary = a.summary.unwrap_or_default();
         let stderr = a.stderr.lock().map(|t| t.summary()).unwrap_or_default();
         let label = self.rec.steps[i].agent.clone();
@@ -879,6 +938,17 @@ impl Supervisor {
         }
         self.last_write = Instant::now();
         self.dirty = false;
+    }
+}
+
+/// A process of step `i` as `processes.json` lists it; its command line cut to 200 characters
+/// (a Pi child's holds the task).
+fn tracked_process(pid: u32, start_time: u64, step: usize) -> TrackedProcess {
+    TrackedProcess {
+        pid,
+        start_time,
+        step,
+        cmdline: procinfo::cmdline(pid).chars().take(200).collect(),
     }
 }
 

@@ -181,3 +181,110 @@ fn pi_spills_tool_output_into_the_runs_private_temp_dir_and_reap_removes_it() {
     assert!(reap.status.success(), "{}", stderr(&reap));
     assert!(spill_files(env.tmp.path()).is_empty());
 }
+
+#[test]
+fn a_process_that_outlives_a_killed_runner_is_named_and_ended_by_the_next_reader() {
+    use cohort_e2e::harness::{alive, read_pid, signal, wait_for};
+    use std::time::Duration;
+    let env = TestEnv::new();
+    let pidfile = env.tmp.path().join("survivor.pid");
+    let task = format!(
+        "RUN: setsid sh -c 'echo $$ > {}; exec sleep 1001' & sleep 1002",
+        pidfile.display()
+    );
+    let id = env.spawn(&["--model", "fake/tool", &task]);
+    let survivor = read_pid(&pidfile);
+    // The runner has written it down before it dies.
+    let run_dir = env.run_dir(&id);
+    wait_for(Duration::from_secs(30), || {
+        std::fs::read_to_string(run_dir.join("processes.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|v| {
+                v["processes"]
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().any(|p| p["pid"] == survivor))
+            })
+    })
+    .expect("processes.json lists the tool's detached process");
+
+    let runner = env.runner_pid(&id);
+    signal(runner, nix::sys::signal::Signal::SIGKILL);
+    wait_for(Duration::from_secs(10), || !alive(runner)).expect("the runner is dead");
+    assert!(alive(survivor), "the setsid process outlives the runner");
+
+    // A reap in between is refused: a recorded process of the run lives.
+    let reap = env.run("cohort-reap", &["--json", &id]);
+    assert_eq!(reap.status.code(), Some(1), "{}", stderr(&reap));
+    let v: serde_json::Value = serde_json::from_str(stdout(&reap).trim()).unwrap();
+    assert_eq!(v["code"], "processes-alive", "{v:#}");
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&survivor.to_string()),
+        "{v:#}"
+    );
+    assert!(run_dir.is_dir() && alive(survivor));
+
+    // The next cohort-status ID settles the run, names the survivor, and ends it.
+    let view = env.run("cohort-status", &[&id]);
+    assert!(view.status.success(), "{}", stderr(&view));
+    let text = stdout(&view);
+    let error = text
+        .lines()
+        .find(|l| l.starts_with("error "))
+        .unwrap_or_else(|| panic!("no error line: {text}"));
+    assert!(
+        error.contains("runner lost;") && error.contains(&format!("{survivor} ")),
+        "{error}"
+    );
+    assert!(error.contains("of this run still alive:"), "{error}");
+    wait_for(Duration::from_secs(2), || !alive(survivor)).expect("the survivor was ended");
+    let rec = env.record(&id);
+    assert_eq!(rec["state"], "failed");
+    assert!(
+        rec["survivors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s.as_str().unwrap().starts_with(&format!("{survivor} "))),
+        "{rec:#}"
+    );
+    let events = env.events(&id);
+    let found = events
+        .iter()
+        .find(|e| e["type"] == "run.survivors")
+        .expect("run.survivors event");
+    assert!(found["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["pid"] == survivor));
+    let ended = events
+        .iter()
+        .find(|e| e["type"] == "run.survivorsEnded")
+        .expect("run.survivorsEnded event");
+    let done: Vec<u64> = ["terminated", "killed"]
+        .iter()
+        .flat_map(|k| {
+            ended[*k]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|p| p.as_u64())
+        })
+        .collect();
+    assert!(done.contains(&(survivor as u64)), "{ended:#}");
+    // --check names it too, and the table marks the run.
+    let check = env.run("cohort-status", &["--check"]);
+    assert!(
+        stdout(&check).contains("lost:") && stdout(&check).contains(&format!("{survivor} ")),
+        "{}",
+        stdout(&check)
+    );
+    assert!(stdout(&env.run("cohort-status", &[])).contains("survived it"));
+    // Now the run can go.
+    let reap = env.run("cohort-reap", &[&id]);
+    assert!(reap.status.success(), "{}", stdout(&reap));
+}
