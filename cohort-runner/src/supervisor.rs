@@ -824,10 +824,14 @@ impl Supervisor {
                 &table
             }
         };
+        // A process seen between a nested spawn's fork and its exec of the nested runner is
+        // that nested run's runner now: it belongs to its own run, never to this one's list.
+        let nested_runs = self.state_root.nested_runs_dir(&self.tree.root_run_id);
         self.tracked.retain(|&(pid, start), _| {
             procs
                 .get(&pid)
                 .is_some_and(|s| s.start_time == start && s.state != 'Z')
+                && !runs_under(pid, &nested_runs)
         });
         let keys: Vec<(u32, u64)> = self.tracked.keys().copied().collect();
         if keys == self.tracked_written {
