@@ -105,6 +105,30 @@ fn control_characters_never_reach_the_table_the_view_or_check() {
         "{:?}",
         stdout(&tty)
     );
+    // --follow likewise: the log's bytes to a pipe, neutralised on a terminal.
+    let piped = env.run("cohort-status", &["--follow", &id]);
+    assert!(piped.status.success(), "{}", stderr(&piped));
+    assert!(
+        stdout(&piped).contains(&format!("ECHO: {NASTY_TASK}")),
+        "{:?}",
+        stdout(&piped)
+    );
+    let tty = env
+        .program("script")
+        .args([
+            "-qec",
+            &format!("{} --follow {id}", bin.display()),
+            "/dev/null",
+        ])
+        .output()
+        .expect("run script(1)");
+    assert!(tty.status.success(), "{}", stderr(&tty));
+    assert!(raw_controls(&tty.stdout).is_empty(), "{:?}", stdout(&tty));
+    assert!(
+        stdout(&tty).contains("ECHO: say \\x1b]0;PWNED"),
+        "{:?}",
+        stdout(&tty)
+    );
 }
 
 /// Every `pi-bash-*` file under `dir`, at any depth.
