@@ -87,25 +87,7 @@ fn control_characters_never_reach_the_table_the_view_or_check() {
     let answer = env.run("cohort-status", &["--output", &id]);
     assert!(answer.status.success(), "{}", stderr(&answer));
     assert_eq!(stdout(&answer), format!("ECHO: {NASTY_TASK}\n"));
-    // On a terminal (a pty from script(1)), the same text is neutralised.
-    let bin = cohort_e2e::harness::bin_dir().join("cohort-status");
-    let tty = env
-        .program("script")
-        .args([
-            "-qec",
-            &format!("{} --output {id}", bin.display()),
-            "/dev/null",
-        ])
-        .output()
-        .expect("run script(1)");
-    assert!(tty.status.success(), "{}", stderr(&tty));
-    assert!(raw_controls(&tty.stdout).is_empty(), "{:?}", stdout(&tty));
-    assert!(
-        stdout(&tty).contains("ECHO: say \\x1b]0;PWNED\\x07\\x1b[2J hi\\x07"),
-        "{:?}",
-        stdout(&tty)
-    );
-    // --follow likewise: the log's bytes to a pipe, neutralised on a terminal.
+    // --follow prints the log's bytes to a pipe.
     let piped = env.run("cohort-status", &["--follow", &id]);
     assert!(piped.status.success(), "{}", stderr(&piped));
     assert!(
@@ -113,22 +95,30 @@ fn control_characters_never_reach_the_table_the_view_or_check() {
         "{:?}",
         stdout(&piped)
     );
-    let tty = env
-        .program("script")
-        .args([
-            "-qec",
-            &format!("{} --follow {id}", bin.display()),
-            "/dev/null",
-        ])
-        .output()
-        .expect("run script(1)");
-    assert!(tty.status.success(), "{}", stderr(&tty));
-    assert!(raw_controls(&tty.stdout).is_empty(), "{:?}", stdout(&tty));
-    assert!(
-        stdout(&tty).contains("ECHO: say \\x1b]0;PWNED"),
-        "{:?}",
-        stdout(&tty)
-    );
+    // On a terminal (a pty from script(1)), both neutralise the same text.
+    for mode in ["--output", "--follow"] {
+        let bin = cohort_e2e::harness::bin_dir().join("cohort-status");
+        let tty = env
+            .program("script")
+            .args([
+                "-qec",
+                &format!("{} {mode} {id}", bin.display()),
+                "/dev/null",
+            ])
+            .output()
+            .expect("run script(1)");
+        assert!(tty.status.success(), "{mode}: {}", stderr(&tty));
+        assert!(
+            raw_controls(&tty.stdout).is_empty(),
+            "{mode}: {:?}",
+            stdout(&tty)
+        );
+        assert!(
+            stdout(&tty).contains("ECHO: say \\x1b]0;PWNED\\x07\\x1b[2J hi\\x07"),
+            "{mode}: {:?}",
+            stdout(&tty)
+        );
+    }
 }
 
 /// Every `pi-bash-*` file under `dir`, at any depth.
