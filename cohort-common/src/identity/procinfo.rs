@@ -267,49 +267,6 @@ mod tests {
     }
 
     #[test]
-    fn ending_processes_terms_then_kills_and_never_touches_a_reused_pid() {
-        use std::process::Command;
-        use std::time::Duration;
-        let polite = Command::new("sleep").arg("100").spawn().unwrap();
-        let stubborn = Command::new("sh")
-            .args(["-c", "trap '' TERM; exec sleep 100"])
-            .spawn()
-            .unwrap();
-        let bystander = Command::new("sleep").arg("100").spawn().unwrap();
-        let id = |c: &std::process::Child| {
-            // Wait until the child has exec'd (its start time does not change at exec).
-            (c.id(), stat(c.id()).unwrap().start_time)
-        };
-        let (p, s, b) = (id(&polite), id(&stubborn), id(&bystander));
-        // Let the stubborn shell reach `trap` before it is signalled.
-        let t0 = std::time::Instant::now();
-        while cmdline(s.0) != "sleep 100" && t0.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let boot = boot_id();
-        // The bystander is recorded with another start time: its pid "was reused".
-        let ended = end_processes(
-            &[p, s, (b.0, b.1 + 1), (999_999_999, 1)],
-            &boot,
-            Duration::from_millis(500),
-        );
-        assert_eq!(ended.terminated, vec![p.0]);
-        assert_eq!(ended.killed, vec![s.0]);
-        assert!(ended.remaining.is_empty());
-        let mut gone = ended.gone.clone();
-        gone.sort();
-        assert_eq!(gone, vec![b.0, 999_999_999]);
-        assert!(
-            is_same_process(b.0, b.1, &boot),
-            "the bystander is untouched"
-        );
-        for mut c in [polite, stubborn, bystander] {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    #[test]
     fn descendants_walk_the_tree() {
         let mk = |pid, ppid| Stat {
             pid,
