@@ -1,30 +1,38 @@
 #!/usr/bin/env bash
-# The main job end to end, on the bundled fake model server: build cohort, install the pinned
-# Pi CLI (once, into .pi-cli/), start a background run in a temp Pi profile, watch it go
+# The main job end to end, on the bundled fake model server: build cohort, install a pinned Pi
+# CLI (once, into .pi-cli/), start a background run in a temp Pi profile, watch it go
 # queued → running → complete, print the model's reply, and reap the finished run.
+# Pi: the current generation (@earendil-works/pi-coding-agent 1.6.0) when the system's Node
+# meets its engines.node (22.19+), else @mariozechner/pi-coding-agent 0.73.1 (Node 20.6+).
+# DEMO_PI=1.6 forces the current one (a Node 22 is then installed from npm into .pi-cli/ when
+# needed); DEMO_PI=0.73 the older one.
 # Touches nothing outside the repo and a temp dir; the fake server listens on 127.0.0.1 only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PI_VERSION=0.73.1
 for tool in cargo node npm; do
   command -v "$tool" >/dev/null || { echo "demo: $tool is required (Node.js 20+ and npm for Pi)" >&2; exit 2; }
 done
 
-echo "== building cohort"
-cargo build --quiet --workspace --bins
+echo "== building cohort (the first build compiles every dependency: a minute or two)"
+cargo build --workspace --bins
 BIN="$PWD/target/debug"
-PI_DIR="$PWD/.pi-cli/$PI_VERSION"
-ENTRY="$PI_DIR/node_modules/@mariozechner/pi-coding-agent/dist/cli.js"
-if [ ! -f "$ENTRY" ]; then
-  echo "== installing @mariozechner/pi-coding-agent@$PI_VERSION into $PI_DIR"
-  npm install --no-audit --no-fund --loglevel=error --prefix "$PI_DIR" "@mariozechner/pi-coding-agent@$PI_VERSION"
-fi
+# pi-install prints "KEY<TAB>NODE<TAB>ENTRY" (tests/src/pi.rs installs the same way for the suite).
+case "${DEMO_PI:-}" in
+  "") if ! PICKED=$("$BIN/pi-install" --system-node 1.6); then
+        echo "== the system's Node does not meet Pi 1.6.0's engines.node: using Pi 0.73.1 (DEMO_PI=1.6 installs a Node 22 from npm)"
+        PICKED=$("$BIN/pi-install" 0.73)
+      fi ;;
+  *) PICKED=$("$BIN/pi-install" "$DEMO_PI") ;;
+esac
+IFS=$'\t' read -r PI_GEN NODE ENTRY <<< "$PICKED"
+echo "== Pi $PI_GEN: $ENTRY on $NODE ($("$NODE" --version))"
 
 WORK=$(mktemp -d)
 trap 'kill "$SERVER_PID" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 export HOME="$WORK/home" PI_CODING_AGENT_DIR="$WORK/profile"
 mkdir -p "$HOME" "$PI_CODING_AGENT_DIR" "$WORK/bin"
-ln -s "$ENTRY" "$WORK/bin/pi"          # `pi` on PATH, as a user would have it
+ln -s "$ENTRY" "$WORK/bin/pi"          # `pi` and its `node` on PATH, as a user would have them
+ln -s "$NODE" "$WORK/bin/node"
 export PATH="$BIN:$WORK/bin:$PATH"
 
 "$BIN/fake-model-server" --log "$WORK/requests.jsonl" --profile "$PI_CODING_AGENT_DIR" > "$WORK/port" &

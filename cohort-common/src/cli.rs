@@ -1,12 +1,190 @@
-//! Helpers shared by the four binaries: printing an error chain once with the right exit code,
-//! treating a closed stdout (`cohort-status | head -1`) as success, and byte sizes in the same
-//! human units everywhere.
+//! Helpers shared by the four binaries: parsing the command line with usage errors on one line,
+//! completion scripts and man pages generated from the command line (`--generate`), printing an error chain once with the right exit code, treating a closed stdout
+//! (`cohort-status | head -1`) as success, and byte sizes in the same human units everywhere.
+//!
+//! Usage errors are rendered here rather than by clap: clap prints three to seven lines (a tip,
+//! the usage, "For more information…"), and its tip for a value that starts with `-` ("use
+//! `-- -5m`") is wrong for cohort, where everything after `--` goes to Pi.
 
 use std::error::Error as StdError;
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
 
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+
 use crate::exit;
+
+/// Parse the command line into `A`, the way every cohort binary does: `--help` and `--version`
+/// print in full on stdout and exit 0; any other error is one line on stderr,
+/// `<bin>: error: …` ([`usage_line`]), and exit 2 ([`exit::ERROR`]). `task_hint`: the
+/// binary takes free-text tasks, so an unexpected argument that looks like a task starting with
+/// `-` gets a hint to read it from stdin. `Err` carries the exit code to return from `main`.
+pub fn parse_args<A: clap::Parser>(bin: &str, task_hint: bool) -> Result<A, ExitCode> {
+    A::try_parse().map_err(|e| match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            ExitCode::from(exit::SUCCESS)
+        }
+        _ => {
+            let _ = writeln!(io::stderr(), "{}", usage_line(bin, &e, task_hint));
+            ExitCode::from(exit::ERROR)
+        }
+    })
+}
+
+/// The one line a usage error prints (pure over the error): `<bin>: error: <what clap found>;
+/// try '<bin> --help'`, with clap's tips and usage dropped and a multi-line message (a list of
+/// missing arguments) joined with spaces. With `task_hint`, an unexpected argument that starts
+/// with a single `-` or holds a space — a task, not a mistyped flag — is followed by how to pass
+/// it: from stdin with `-`.
+pub fn usage_line(bin: &str, err: &clap::Error, task_hint: bool) -> String {
+    let rendered = err.render().to_string();
+    let head = rendered.split("\n\n").next().unwrap_or("");
+    let mut msg = head
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    if let Some(rest) = msg.strip_prefix("error: ") {
+        msg = rest.to_string();
+    }
+    let invalid = match err.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(s)) => Some(s.as_str()),
+        _ => None,
+    };
+    match invalid {
+        Some(arg)
+            if task_hint
+                && err.kind() == ErrorKind::UnknownArgument
+                && ((arg.starts_with('-') && !arg.starts_with("--")) || arg.contains(' ')) =>
+        {
+            format!(
+                "{bin}: error: {msg}; a task that starts with '-' is read from stdin: echo '{arg} …' | {bin} -"
+            )
+        }
+        _ => format!("{bin}: error: {msg}; try '{bin} --help'"),
+    }
+}
+
+/// What `--generate KIND` prints on stdout, the ripgrep way: a completion script for a shell,
+/// or the man page (roff).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Generate {
+    /// A bash completion script.
+    CompleteBash,
+    /// A zsh completion script.
+    CompleteZsh,
+    /// A fish completion script.
+    CompleteFish,
+    /// The man page, section 1, in roff.
+    Man,
+}
+
+/// The `--generate KIND` flag, flattened into each binary's command line
+/// (`#[command(flatten)]`) so the three define it once.
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct GenerateArg {
+    /// Print a completion script (complete-bash, complete-zsh, complete-fish) or the man page
+    /// (man) on stdout, and exit.
+    #[arg(long, value_name = "KIND", exclusive = true)]
+    pub generate: Option<Generate>,
+}
+
+/// Print what `--generate kind` asks for the command line `A` ([`generate`]) on stdout.
+pub fn print_generated<A: clap::CommandFactory>(kind: Generate, page: &ManPage) -> io::Result<()> {
+    out_bytes(&generate(A::command(), kind, page))
+}
+
+/// What a binary's man page adds to what clap knows of its command line. Kept as data so the
+/// same table also feeds `--help` ([`exit_codes_help`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ManPage {
+    /// The exit codes this binary uses and what each means for it (from [`crate::exit`]).
+    pub exit_codes: &'static [(u8, &'static str)],
+    /// Examples: (command line, what it does).
+    pub examples: &'static [(&'static str, &'static str)],
+    /// Further sections: (title, text). Paragraphs are separated by a blank line; a paragraph
+    /// whose lines all start with two spaces is kept as preformatted text.
+    pub sections: &'static [(&'static str, &'static str)],
+}
+
+/// The exit-code table as one paragraph for `--help` (`after_help`): `Exit codes: 0 …; 1 …`.
+pub fn exit_codes_help(codes: &[(u8, &str)]) -> String {
+    let parts: Vec<String> = codes.iter().map(|(c, m)| format!("{c} {m}")).collect();
+    format!("Exit codes: {}.", parts.join("; "))
+}
+
+/// Render what `--generate what` prints for the command `cmd` (its name is the binary's):
+/// a completion script from `clap_complete`, or a man page from `clap_mangen` (name,
+/// synopsis, description, options) followed by `page`'s sections, EXIT STATUS and EXAMPLES.
+pub fn generate(mut cmd: clap::Command, what: Generate, page: &ManPage) -> Vec<u8> {
+    use clap_complete::Shell;
+    let name = cmd.get_name().to_string();
+    let shell = match what {
+        Generate::CompleteBash => Shell::Bash,
+        Generate::CompleteZsh => Shell::Zsh,
+        Generate::CompleteFish => Shell::Fish,
+        Generate::Man => return man_page(cmd, page),
+    };
+    let mut buf = Vec::new();
+    clap_complete::generate(shell, &mut cmd, name, &mut buf);
+    buf
+}
+
+fn man_page(cmd: clap::Command, page: &ManPage) -> Vec<u8> {
+    use roff::{bold, roman, Roff};
+    // The exit codes get their own section; clap's "EXTRA" (after_help) would repeat them.
+    let cmd = cmd.after_help(None::<&str>).after_long_help(None::<&str>);
+    let man = clap_mangen::Man::new(cmd);
+    // Each render_* call writes roff's preamble; keep the first only.
+    let preamble = Roff::new().render();
+    let mut out = String::new();
+    type Render = fn(&clap_mangen::Man, &mut dyn Write) -> io::Result<()>;
+    let parts: [Render; 5] = [
+        clap_mangen::Man::render_title,
+        clap_mangen::Man::render_name_section,
+        clap_mangen::Man::render_synopsis_section,
+        clap_mangen::Man::render_description_section,
+        clap_mangen::Man::render_options_section,
+    ];
+    for (i, render) in parts.iter().enumerate() {
+        let mut buf = Vec::new();
+        render(&man, &mut buf).expect("writing to a Vec cannot fail");
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        match text.strip_prefix(&preamble) {
+            Some(rest) if i > 0 => out.push_str(rest),
+            _ => out.push_str(&text),
+        }
+    }
+    let mut r = Roff::new();
+    for (title, text) in page.sections {
+        r.control("SH", [title.to_uppercase().as_str()]);
+        for para in text.split("\n\n") {
+            if para.lines().all(|l| l.starts_with("  ")) {
+                r.control("PP", []).control("nf", []);
+                for l in para.lines() {
+                    r.text([roman(l)]);
+                }
+                r.control("fi", []);
+            } else {
+                r.control("PP", []).text([roman(para.replace('\n', " "))]);
+            }
+        }
+    }
+    r.control("SH", ["EXIT STATUS"]);
+    for (code, meaning) in page.exit_codes {
+        r.control("TP", []).text([bold(code.to_string())]);
+        r.text([roman(*meaning)]);
+    }
+    r.control("SH", ["EXAMPLES"]);
+    for (command, what) in page.examples {
+        r.control("TP", []).text([bold(*command)]);
+        r.text([roman(*what)]);
+    }
+    out.push_str(&r.to_roff());
+    out.into_bytes()
+}
 
 /// Print `err` and its causes on stderr as one line, `<bin>: error: …`, and return the exit code:
 /// the [`crate::Error::exit_code`] of the first library error in the chain, else
@@ -47,8 +225,36 @@ pub fn fail(bin: &str, err: &(dyn StdError + 'static)) -> ExitCode {
 /// Write `text` to stdout and flush. A closed pipe is `Err(BrokenPipe)`, which [`fail`] turns
 /// into exit 0.
 pub fn out(text: &str) -> io::Result<()> {
+    out_bytes(text.as_bytes())
+}
+
+/// Write the model's own text (a run's answer, its output log) to stdout and flush: byte for
+/// byte to a pipe or a file, where it is data; on a terminal with every escape sequence and
+/// control character shown as a visible escape, newlines and tabs kept
+/// ([`crate::text::escape`] with [`crate::text::Keep::LineBreaks`]), so a reply steered by
+/// prompt injection cannot drive the terminal.
+pub fn out_model(bytes: &[u8]) -> io::Result<()> {
+    if io::stdout().is_terminal() {
+        out(&crate::text::escape(bytes, crate::text::Keep::LineBreaks))
+    } else {
+        out_bytes(bytes)
+    }
+}
+
+/// A run's answer through [`out_model`], with a newline after it unless it is empty or
+/// already ends with one.
+pub fn out_answer(text: &str) -> io::Result<()> {
+    out_model(text.as_bytes())?;
+    if !text.is_empty() && !text.ends_with('\n') {
+        out("\n")?;
+    }
+    Ok(())
+}
+
+/// Write `bytes` to stdout and flush, like [`out`].
+pub fn out_bytes(bytes: &[u8]) -> io::Result<()> {
     let mut o = io::stdout().lock();
-    o.write_all(text.as_bytes())?;
+    o.write_all(bytes)?;
     o.flush()
 }
 
@@ -70,6 +276,113 @@ pub fn human_bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    /// A command line with the shapes the binaries use.
+    #[derive(Parser, Debug)]
+    #[command(name = "t", version)]
+    struct T {
+        tasks: Vec<String>,
+        #[arg(long, value_parser = crate::duration::parse)]
+        since: Option<std::time::Duration>,
+        #[arg(long)]
+        a: bool,
+        #[arg(long, conflicts_with = "a")]
+        b: bool,
+        #[arg(long, required = true)]
+        need: Option<String>,
+    }
+
+    fn line(args: &[&str], hint: bool) -> String {
+        let e = T::try_parse_from(std::iter::once("t").chain(args.iter().copied())).unwrap_err();
+        usage_line("t", &e, hint)
+    }
+
+    #[test]
+    fn usage_errors_are_one_line_without_clap_tips() {
+        let cases: [(&[&str], &str); 5] = [
+            (
+                &["--need", "x", "--bogus"],
+                "unexpected argument '--bogus' found",
+            ),
+            (
+                &["--need", "x", "--since", "7"],
+                "duration \"7\" has no unit",
+            ),
+            (&["--need", "x", "--a", "--b"], "cannot be used with"),
+            (
+                &[],
+                "the following required arguments were not provided: --need <NEED>",
+            ),
+            (
+                &["--need", "x", "--since", "-5m"],
+                "unexpected argument '-5' found",
+            ),
+        ];
+        for (args, want) in cases {
+            let l = line(args, false);
+            assert!(!l.contains('\n'), "{args:?}: {l}");
+            assert!(l.starts_with("t: error: "), "{args:?}: {l}");
+            assert!(l.contains(want), "{args:?}: {l}");
+            assert!(!l.contains("tip:") && !l.contains("'--'"), "{args:?}: {l}");
+            assert!(l.ends_with("try 't --help'"), "{args:?}: {l}");
+        }
+    }
+
+    const PAGE: ManPage = ManPage {
+        exit_codes: &[(0, "success"), (2, "usage or operational error")],
+        examples: &[("t --since 2h", "runs of the last two hours")],
+        sections: &[(
+            "Files",
+            "One paragraph\nof two lines.\n\n  preformatted\n  block",
+        )],
+    };
+
+    #[test]
+    fn the_man_page_is_roff_with_exit_codes_and_examples() {
+        use clap::CommandFactory;
+        let man = String::from_utf8(generate(T::command(), Generate::Man, &PAGE)).unwrap();
+        assert!(man.contains(".TH t 1"), "{man}");
+        assert_eq!(
+            man.matches(".ds Aq").count(),
+            2,
+            "one preamble (.ie/.el): {man}"
+        );
+        for want in [
+            ".SH NAME",
+            ".SH SYNOPSIS",
+            ".SH OPTIONS",
+            ".SH FILES\n.PP\nOne paragraph of two lines.\n.PP\n.nf\n  preformatted\n  block\n.fi",
+            ".SH \"EXIT STATUS\"\n.TP\n\\fB0\\fR\nsuccess\n.TP\n\\fB2\\fR",
+            ".SH EXAMPLES\n.TP\n\\fBt \\-\\-since 2h\\fR\nruns of the last two hours",
+        ] {
+            assert!(man.contains(want), "lacks {want:?}: {man}");
+        }
+        assert_eq!(
+            exit_codes_help(PAGE.exit_codes),
+            "Exit codes: 0 success; 2 usage or operational error."
+        );
+    }
+
+    #[test]
+    fn completion_scripts_name_the_binary() {
+        use clap::CommandFactory;
+        let zsh = String::from_utf8(generate(T::command(), Generate::CompleteZsh, &PAGE)).unwrap();
+        assert!(zsh.starts_with("#compdef t"), "{zsh}");
+        let bash =
+            String::from_utf8(generate(T::command(), Generate::CompleteBash, &PAGE)).unwrap();
+        assert!(bash.contains("complete -F _t"), "{bash}");
+        assert!(bash.contains("--since"), "{bash}");
+    }
+
+    #[test]
+    fn a_task_that_looks_like_a_flag_gets_the_stdin_hint() {
+        let l = line(&["--need", "x", "-v means verbose"], true);
+        assert!(l.contains("read from stdin: echo '-v …' | t -"), "{l}");
+        // A mistyped long flag is not a task: no hint.
+        let l = line(&["--need", "x", "--bogus"], true);
+        assert!(l.ends_with("try 't --help'"), "{l}");
+    }
 
     #[test]
     fn bytes_in_binary_units() {

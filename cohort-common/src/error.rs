@@ -76,7 +76,10 @@ pub enum Error {
         name: String,
     },
     /// A run name matched more than one run.
-    #[error("{name:?} is ambiguous; it matches {}", candidates.join(", "))]
+    #[error(
+        "{name:?} is ambiguous; it matches {}",
+        crate::format::id::describe_candidates(candidates)
+    )]
     AmbiguousRun {
         /// The name as given.
         name: String,

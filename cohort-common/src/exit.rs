@@ -10,6 +10,9 @@
 //! | 2 | usage or operational error |
 //! | 3 | the Pi runtime is missing or invalid (also: a run that cannot be revived because its runtime is gone) |
 //! | 124 | a wait timed out (the same code as coreutils `timeout`) |
+//!
+//! Beside the table, `cohort-spawn --wait` exits 130 (128 + SIGINT, the shell's convention)
+//! when Ctrl-C stops its waiting.
 
 /// Success.
 pub const SUCCESS: u8 = 0;

@@ -16,16 +16,14 @@ use cohort_common::{cli, duration, exit};
 
 use crate::reap::{self, Options, Outcome, Selection};
 
-/// Remove finished cohort runs, each with its nested runs. Routes and session files are kept.
+/// Remove finished cohort runs, each with its nested runs. Routes and session files are kept
+/// unless --sessions is given.
 ///
 /// A run is removed only when its record is terminal and no runner holds its lock or the lock
 /// of any run in its nested subtree. Nothing is removed unless selected: name runs, or use
 /// --state, --older-than or --all-terminal.
 #[derive(Parser)]
-#[command(
-    version,
-    after_help = "Exit codes: 0 everything selected was removed (or would be, with --dry-run); 1 some runs were refused; 2 usage or operational error.\nJSON Lines fields: see docs/reap.md."
-)]
+#[command(version, after_help = cli::exit_codes_help(MAN.exit_codes))]
 pub struct Args {
     /// Runs to remove (full id, short id, or a unique prefix of 8+ characters).
     ids: Vec<String>,
@@ -33,7 +31,7 @@ pub struct Args {
     #[arg(long, value_parser = parse_terminal)]
     state: Vec<RunState>,
     /// Select runs that ended at least this long ago (e.g. 7d, 12h, 90m).
-    #[arg(long, value_parser = duration::parse, value_name = "DURATION")]
+    #[arg(long, value_parser = duration::parse, allow_hyphen_values = true, value_name = "DURATION")]
     older_than: Option<Duration>,
     /// Select every terminal top-level run (narrow it with --state/--older-than).
     #[arg(long, conflicts_with = "ids")]
@@ -42,13 +40,51 @@ pub struct Args {
     /// change nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Also remove the Pi session files cohort created for the removed runs (never a file named
+    /// with --session or --revive, never one a remaining or live run uses) and the routes of
+    /// their run trees; the report lists what went and what stayed.
+    #[arg(long)]
+    sessions: bool,
     /// Print the report as JSON Lines, one object per run.
     #[arg(long)]
     json: bool,
     /// How long to wait for another cohort-reap working on the same state root.
-    #[arg(long, value_parser = duration::parse, value_name = "DURATION", default_value = "30s")]
+    #[arg(long, value_parser = duration::parse, allow_hyphen_values = true, value_name = "DURATION", default_value = "30s")]
     wait: Duration,
+    #[command(flatten)]
+    generate: cli::GenerateArg,
 }
+
+/// The man page's additions: exit codes (also in `--help`) and examples.
+pub const MAN: cli::ManPage = cli::ManPage {
+    exit_codes: &[
+        (
+            exit::SUCCESS,
+            "everything selected was removed (or would be, with --dry-run)",
+        ),
+        (exit::NEGATIVE, "some runs were refused"),
+        (exit::ERROR, "usage or operational error"),
+    ],
+    examples: &[
+        (
+            "cohort-reap --dry-run --all-terminal",
+            "The plan: what would go (with sizes), what stays and why.",
+        ),
+        (
+            "cohort-reap --all-terminal --older-than 7d",
+            "Remove every finished run that ended a week ago or more.",
+        ),
+        (
+            "cohort-reap --state failed --state stopped",
+            "Remove failed and stopped runs.",
+        ),
+        (
+            "cohort-reap 0e5b8ad1c3f2",
+            "Remove one run by its short id.",
+        ),
+    ],
+    sections: &[],
+};
 
 fn parse_terminal(s: &str) -> Result<RunState, String> {
     let st: RunState = s.parse()?;
@@ -63,6 +99,10 @@ fn parse_terminal(s: &str) -> Result<RunState, String> {
 
 /// Run the command line `args`; the binary maps the result to an exit code.
 pub fn run(args: Args) -> anyhow::Result<u8> {
+    if let Some(kind) = args.generate.generate {
+        cli::print_generated::<Args>(kind, &MAN)?;
+        return Ok(exit::SUCCESS);
+    }
     let root = StateRoot::from_env()?;
     let sel = Selection {
         names: args.ids,
@@ -73,6 +113,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let opts = Options {
         dry_run: args.dry_run,
         reaper_wait: args.wait,
+        sessions: args.sessions,
     };
     let report = reap::reap(&root, &sel, &opts, &mut || {
         eprintln!("cohort-reap: waiting for another cohort-reap to finish…")
@@ -93,6 +134,12 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     }
     for k in &report.trash_kept {
         eprintln!("cohort-reap: kept in the trash: {}", untrusted(k));
+    }
+    if !report.staging_removed.is_empty() {
+        eprintln!(
+            "cohort-reap: {} staging directories of abandoned starts {would}removed",
+            report.staging_removed.len()
+        );
     }
 
     let mut text = String::new();
@@ -125,8 +172,26 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                     text.push_str(&format!(", {} nested run{s}", e.nested_runs));
                 }
                 text.push_str(")\n");
+                let verb = if report.dry_run {
+                    "would remove"
+                } else {
+                    "removed"
+                };
+                for s in &e.sessions_removed {
+                    text.push_str(&format!("  {verb} session {}\n", untrusted_path(s)));
+                }
+                if let Some(r) = &e.route_removed {
+                    text.push_str(&format!("  {verb} route {}\n", untrusted_path(r)));
+                }
                 for s in &e.sessions_kept {
-                    text.push_str(&format!("  kept session {}\n", untrusted_path(s)));
+                    match e.why_kept.get(s) {
+                        Some(why) => text.push_str(&format!(
+                            "  kept session {} ({})\n",
+                            untrusted_path(s),
+                            untrusted(why)
+                        )),
+                        None => text.push_str(&format!("  kept session {}\n", untrusted_path(s))),
+                    }
                 }
             }
             Outcome::Refused(r) => text.push_str(&format!(

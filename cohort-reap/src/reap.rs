@@ -17,7 +17,8 @@
 //! Nothing is followed through a symlink: a run dir, subtree, lock file or record that is a
 //! symlink is refused, as is anything under a parent that resolves outside the state root, and
 //! any name holding `/`, `..` or NUL. Routes (`nested-subagent-events/`) and sessions
-//! (`sessions/`) are never touched. A record that cannot be read is never removed.
+//! (`sessions/`) are not touched, unless `--sessions` asks for the ones cohort created for the
+//! removed runs ([`crate::sessions`]). A record that cannot be read is never removed.
 //!
 //! # Crash safety
 //!
@@ -33,7 +34,7 @@
 //! same run either waits and then reports it "removed by another cohort-reap", or reports the
 //! other reap as busy; it never claims a half-moved unit, and recovery never races a live reap.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -45,12 +46,13 @@ use serde::Serialize;
 use cohort_common::error::{Error, IoContext, Result};
 use cohort_common::format::id;
 use cohort_common::format::layout::{self, RunDir, StateRoot};
-use cohort_common::format::record::{self, now_ms, RunRecord, RunState};
+use cohort_common::format::record::{self, Now, RunRecord, RunState};
 use cohort_common::os::files::{self, EntryKind, Hidden};
 use cohort_common::os::lock::{self, Liveness, LockKind};
 use cohort_common::os::tree;
 use cohort_common::store::{discover, observe};
 
+use crate::sessions::{self, RunSessions};
 use crate::trash;
 
 /// The hidden trash directory under the state root.
@@ -100,15 +102,17 @@ impl Selection {
             && !self.all_terminal
     }
 
-    /// Whether a record passes `--state` and `--older-than` (pure). A record without `endedAt`
-    /// never passes `--older-than`: its age is unknown.
-    pub fn matches(&self, rec: &RunRecord, now_ms: u64) -> bool {
+    /// Whether a record passes `--state` and `--older-than` (pure). The age is
+    /// [`RunRecord::ended_ago`]: by the boot clock on the boot the run ended on, so a wall-clock
+    /// step never makes a run that just ended old enough. A record without `endedAt` never
+    /// passes `--older-than`: its age is unknown.
+    pub fn matches(&self, rec: &RunRecord, now: &Now) -> bool {
         if !self.states.is_empty() && !self.states.contains(&rec.state) {
             return false;
         }
-        match (self.older_than, rec.ended_at) {
+        match (self.older_than, rec.ended_ago(now)) {
             (None, _) => true,
-            (Some(age), Some(end)) => now_ms.saturating_sub(end) >= age.as_millis() as u64,
+            (Some(age), Some(ago)) => ago >= age.as_millis() as u64,
             (Some(_), None) => false,
         }
     }
@@ -198,7 +202,7 @@ impl fmt::Display for Refusal {
             ),
             Refusal::NotFound => write!(f, "no run matches it"),
             Refusal::Ambiguous { candidates } => {
-                write!(f, "ambiguous; it matches {}", candidates.join(", "))
+                write!(f, "ambiguous; it matches {}", id::describe_candidates(candidates))
             }
             Refusal::AlreadyRemoved => write!(f, "already removed by another cohort-reap"),
             Refusal::NestedRun { root: Some(r) } => write!(
@@ -316,7 +320,7 @@ pub struct NestedObservation {
 /// Decide on a top-level run itself (pure). `named`: the user named it (refusals are
 /// reported); otherwise it came from the filters, and a run that is unreadable, not terminal
 /// or not matching is simply not selected ([`Decision::Skip`]).
-pub fn decide_run(obs: &RunObservation, sel: &Selection, named: bool, now_ms: u64) -> Decision {
+pub fn decide_run(obs: &RunObservation, sel: &Selection, named: bool, now: &Now) -> Decision {
     use Decision::Refuse;
     if let Some(why) = &obs.unsafe_path {
         return Refuse(Refusal::UnsafePath(why.clone()));
@@ -326,7 +330,7 @@ pub fn decide_run(obs: &RunObservation, sel: &Selection, named: bool, now_ms: u6
         Err(_) if !named => return Decision::Skip,
         Err(e) => return Refuse(Refusal::Unreadable(e.clone())),
     };
-    let picked_by_filters = rec.state.is_terminal() && sel.matches(rec, now_ms);
+    let picked_by_filters = rec.state.is_terminal() && sel.matches(rec, now);
     if !named && !picked_by_filters {
         return Decision::Skip;
     }
@@ -353,7 +357,7 @@ pub fn decide_run(obs: &RunObservation, sel: &Selection, named: bool, now_ms: u6
     if !rec.state.is_terminal() {
         return Refuse(Refusal::NotTerminal(rec.state));
     }
-    if !sel.matches(rec, now_ms) {
+    if !sel.matches(rec, now) {
         return Refuse(Refusal::NotSelected);
     }
     Decision::Remove
@@ -399,9 +403,9 @@ pub fn decide(
     subtree: &std::result::Result<Vec<NestedObservation>, String>,
     sel: &Selection,
     named: bool,
-    now_ms: u64,
+    now: &Now,
 ) -> Decision {
-    match decide_run(obs, sel, named, now_ms) {
+    match decide_run(obs, sel, named, now) {
         Decision::Remove => match decide_subtree(subtree) {
             Some(r) => Decision::Refuse(r),
             None => Decision::Remove,
@@ -465,9 +469,15 @@ pub struct ReportEntry {
     pub bytes: u64,
     /// Number of nested runs removed (or to be removed) with it.
     pub nested_runs: usize,
-    /// Session files of the run and its nested runs, left in place (reaping never deletes
-    /// sessions).
+    /// Session files of the run and its nested runs, left in place (without `--sessions`:
+    /// all that exist).
     pub sessions_kept: Vec<PathBuf>,
+    /// With `--sessions`: why each kept session file was kept.
+    pub why_kept: BTreeMap<PathBuf, String>,
+    /// With `--sessions`: the session files removed (would be, in a dry run).
+    pub sessions_removed: Vec<PathBuf>,
+    /// With `--sessions`: the route dir of the run's tree, removed (would be, in a dry run).
+    pub route_removed: Option<PathBuf>,
 }
 
 /// The JSON Lines form of a [`ReportEntry`] (documented in `docs/reap.md`).
@@ -486,6 +496,10 @@ struct JsonEntry<'a> {
     bytes: u64,
     nested_runs: usize,
     sessions_kept: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    sessions_removed: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    route_removed: Option<String>,
     dry_run: bool,
 }
 
@@ -498,6 +512,9 @@ impl ReportEntry {
             bytes: 0,
             nested_runs: 0,
             sessions_kept: Vec::new(),
+            why_kept: BTreeMap::new(),
+            sessions_removed: Vec::new(),
+            route_removed: None,
         }
     }
 
@@ -527,6 +544,15 @@ impl ReportEntry {
                 .iter()
                 .map(|p| p.to_string_lossy().into_owned())
                 .collect(),
+            sessions_removed: self
+                .sessions_removed
+                .iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect(),
+            route_removed: self
+                .route_removed
+                .as_ref()
+                .map(|p| p.to_string_lossy().into_owned()),
             dry_run,
         };
         serde_json::to_string(&j).expect("plain data serializes")
@@ -550,6 +576,9 @@ pub struct Report {
     /// Deleting from the trash failed: the runs are out of the listing, but their space is not
     /// yet free; a later reap retries.
     pub cleanup_error: Option<String>,
+    /// Staging directories of starts that are provably over (`.spawn-<id>`, see
+    /// [`discover::staging_abandoned`]) that were removed (would be, in a dry run).
+    pub staging_removed: Vec<PathBuf>,
 }
 
 impl Report {
@@ -566,6 +595,9 @@ pub struct Options {
     pub dry_run: bool,
     /// How long to wait for another reap holding the reaper lock.
     pub reaper_wait: Duration,
+    /// Also remove the session files cohort created for the removed runs and their trees'
+    /// routes ([`crate::sessions`]).
+    pub sessions: bool,
 }
 
 impl Default for Options {
@@ -573,6 +605,7 @@ impl Default for Options {
         Options {
             dry_run: false,
             reaper_wait: REAPER_WAIT,
+            sessions: false,
         }
     }
 }
@@ -603,7 +636,8 @@ pub fn reap(
         dry_run: dry,
         ..Report::default()
     };
-    let now = now_ms();
+    let clock = Now::current();
+    let now = clock.wall_ms;
     let runs_dir = root.runs_dir();
 
     // Names are resolved before waiting for another reap, so a run it removes meanwhile is
@@ -709,10 +743,28 @@ pub fn reap(
         }
     }
 
+    // Staging directories of starts that are provably over: every reap removes them, whatever
+    // it was asked to select. A start in progress holds its lock and is never touched.
+    for staging in discover::abandoned_staging(root, now)? {
+        if !dry {
+            // Hold the (free) lock while removing, so no probe can mistake a half-removed
+            // directory for a start in progress.
+            let _held = lock::RunLock::try_acquire(&staging.lock()).ok().flatten();
+            let parent = staging.path().parent().unwrap_or(Path::new("/"));
+            if let Err(e) = tree::remove_entry(parent, &staging.name(), &mut || {}) {
+                report.cleanup_error.get_or_insert_with(|| {
+                    format!("cannot delete {}: {e}", staging.path().display())
+                });
+                continue;
+            }
+        }
+        report.staging_removed.push(staging.path().to_path_buf());
+    }
+
     let ctx = Ctx {
         root,
         sel,
-        now,
+        now: clock,
         dry,
         runs_outside: resolves_outside(root, &runs_dir),
         nested_outside: resolves_outside(root, &nested_root),
@@ -741,6 +793,7 @@ pub fn reap(
 
     // Examine each, and (unless dry) move every removable unit into the trash.
     let mut committed: Vec<(ReportEntry, bool)> = Vec::new();
+    let mut swept_units: Vec<(String, Vec<RunSessions>)> = Vec::new();
     let mut moved_nested = false;
     for (id, name, kind) in candidates {
         let named = name.is_some();
@@ -759,10 +812,14 @@ pub fn reap(
             bytes: 0,
             nested_runs: unit.nested_ids.len(),
             sessions_kept: unit.sessions.clone(),
+            why_kept: BTreeMap::new(),
+            sessions_removed: Vec::new(),
+            route_removed: None,
         };
         if dry {
             entry.bytes = tree::measure(root.run_dir(id).path())
                 + unit.subtree.as_deref().map(tree::measure).unwrap_or(0);
+            swept_units.push((id.to_string(), unit.runs.clone()));
             report.entries.push(entry);
             continue;
         }
@@ -770,6 +827,7 @@ pub fn reap(
             Ok(nested) => {
                 moved_nested |= nested;
                 entry.outcome = Outcome::Removed;
+                swept_units.push((id.to_string(), unit.runs.clone()));
                 committed.push((entry, nested));
             }
             Err(r) => report.entries.push(ReportEntry::refused(id, name, r)),
@@ -777,6 +835,9 @@ pub fn reap(
         drop(unit);
     }
     if committed.is_empty() {
+        if opts.sessions {
+            apply_sweep(root, &mut report, &swept_units, dry);
+        }
         return Ok(report);
     }
 
@@ -812,14 +873,38 @@ pub fn reap(
         entry.bytes = freed;
         report.entries.push(entry);
     }
+    if opts.sessions {
+        apply_sweep(root, &mut report, &swept_units, dry);
+    }
     Ok(report)
+}
+
+/// `--sessions`, once the units are out of the listing (or, in a dry run, planned): sweep their
+/// session files and routes ([`sessions::sweep`]) and note it in their report entries.
+fn apply_sweep(
+    root: &StateRoot,
+    report: &mut Report,
+    units: &[(String, Vec<RunSessions>)],
+    dry: bool,
+) {
+    let mut swept = sessions::sweep(root, units, dry);
+    for e in report.entries.iter_mut().filter(|e| e.is_removal()) {
+        let Some(s) = swept.remove(&e.run_id) else {
+            continue;
+        };
+        e.bytes += s.bytes;
+        e.sessions_kept = s.kept.iter().map(|(p, _)| p.clone()).collect();
+        e.why_kept = s.kept.into_iter().collect();
+        e.sessions_removed = s.removed;
+        e.route_removed = s.route;
+    }
 }
 
 /// Everything [`examine`] needs, computed once per reap.
 struct Ctx<'a> {
     root: &'a StateRoot,
     sel: &'a Selection,
-    now: u64,
+    now: Now,
     dry: bool,
     runs_outside: Option<String>,
     nested_outside: Option<String>,
@@ -835,6 +920,8 @@ struct Unit {
     subtree: Option<PathBuf>,
     nested_ids: Vec<String>,
     sessions: Vec<PathBuf>,
+    /// The session files each run of the unit names (for `--sessions`).
+    runs: Vec<RunSessions>,
 }
 
 enum Examined {
@@ -863,7 +950,7 @@ fn examine(ctx: &Ctx<'_>, id: &str, named: bool, kind: EntryKind) -> Examined {
                 // is worth riding out a probe for.
                 obs.liveness = Liveness::Held;
                 obs.record = read_record(&dir.status());
-                if decide_run(&obs, ctx.sel, named, ctx.now) == Decision::Skip {
+                if decide_run(&obs, ctx.sel, named, &ctx.now) == Decision::Skip {
                     return Examined::Skip;
                 }
                 match take_lock(&dir.lock(), true, PROBE_WAIT) {
@@ -885,13 +972,14 @@ fn examine(ctx: &Ctx<'_>, id: &str, named: bool, kind: EntryKind) -> Examined {
             obs.live_processes = live_processes(&dir);
         }
     }
-    match decide_run(&obs, ctx.sel, named, ctx.now) {
+    match decide_run(&obs, ctx.sel, named, &ctx.now) {
         Decision::Remove => {}
         Decision::Skip => return Examined::Skip,
         Decision::Refuse(r) => return Examined::Refuse(r),
     }
     let rec = obs.record.as_ref().expect("Remove implies a record");
     let mut sessions = session_files(rec);
+    let mut runs = vec![RunSessions::of(rec)];
 
     let subtree = if ctx.pending_restore.contains(id) {
         Some(ctx.trash.join(trash::nested_entry(id)))
@@ -902,7 +990,7 @@ fn examine(ctx: &Ctx<'_>, id: &str, named: bool, kind: EntryKind) -> Examined {
     };
     let nested = match &subtree {
         None => Ok(Vec::new()),
-        Some(p) => observe_subtree(ctx, p, &mut locks, &mut sessions),
+        Some(p) => observe_subtree(ctx, p, &mut locks, &mut sessions, &mut runs),
     };
     if let Some(r) = decide_subtree(&nested) {
         return Examined::Refuse(r);
@@ -918,6 +1006,7 @@ fn examine(ctx: &Ctx<'_>, id: &str, named: bool, kind: EntryKind) -> Examined {
             .map(|n| n.id)
             .collect(),
         sessions,
+        runs,
     })
 }
 
@@ -926,6 +1015,7 @@ fn observe_subtree(
     path: &Path,
     locks: &mut Vec<File>,
     sessions: &mut Vec<PathBuf>,
+    runs: &mut Vec<RunSessions>,
 ) -> std::result::Result<Vec<NestedObservation>, String> {
     if let Some(why) = &ctx.nested_outside {
         return Err(why.clone());
@@ -961,6 +1051,7 @@ fn observe_subtree(
             let rec = read_record(&dir.status());
             if let Ok(r) = &rec {
                 sessions.extend(session_files(r));
+                runs.push(RunSessions::of(r));
             }
             n.state = rec.map(|r| r.state);
             n.live_processes = live_processes(&dir);
@@ -1193,7 +1284,8 @@ mod tests {
         for state in ALL_STATES {
             for live in ALL_LIVENESS {
                 for named in [true, false] {
-                    let d = decide_run(&obs(state, live), &all_terminal(), named, 5_000);
+                    let d =
+                        decide_run(&obs(state, live), &all_terminal(), named, &Now::wall(5_000));
                     let removable = state.is_terminal() && !live.is_alive();
                     assert_eq!(
                         d == Decision::Remove,
@@ -1217,7 +1309,7 @@ mod tests {
                 &obs(RunState::Complete, Liveness::Held),
                 &all_terminal(),
                 false,
-                0
+                &Now::wall(0)
             ),
             Decision::Refuse(Refusal::Running)
         );
@@ -1230,47 +1322,59 @@ mod tests {
         o.unsafe_path = Some("its run directory is a symlink".into());
         for named in [true, false] {
             assert_eq!(
-                decide_run(&o, &sel, named, 0).refusal().map(Refusal::code),
+                decide_run(&o, &sel, named, &Now::wall(0))
+                    .refusal()
+                    .map(Refusal::code),
                 Some("unsafe-path")
             );
         }
         let mut o = obs(RunState::Complete, Liveness::Free);
         o.record = Err("invalid JSON".into());
         assert_eq!(
-            decide_run(&o, &sel, true, 0).refusal().map(Refusal::code),
+            decide_run(&o, &sel, true, &Now::wall(0))
+                .refusal()
+                .map(Refusal::code),
             Some("unreadable")
         );
-        assert_eq!(decide_run(&o, &sel, false, 0), Decision::Skip);
+        assert_eq!(decide_run(&o, &sel, false, &Now::wall(0)), Decision::Skip);
         let mut o = obs(RunState::Complete, Liveness::Free);
         o.record.as_mut().unwrap().root_run_id = Some("root".into());
         o.record.as_mut().unwrap().depth = 1;
         assert_eq!(
-            decide_run(&o, &sel, true, 0).refusal().map(Refusal::code),
+            decide_run(&o, &sel, true, &Now::wall(0))
+                .refusal()
+                .map(Refusal::code),
             Some("nested-run")
         );
         // A recorded process still alive: refused whatever the state says, named or not.
         for state in [RunState::Complete, RunState::Running] {
             let mut o = obs(state, Liveness::Free);
             o.live_processes = Ok(vec!["42 sleep 1000".into()]);
-            let d = decide_run(&o, &sel, true, 0);
+            let d = decide_run(&o, &sel, true, &Now::wall(0));
             assert_eq!(d.refusal().map(Refusal::code), Some("processes-alive"));
             assert!(d.refusal().unwrap().to_string().contains("42 sleep 1000"));
             o.live_processes = Err("processes.json is a symlink".into());
             assert_eq!(
-                decide_run(&o, &sel, true, 0).refusal().map(Refusal::code),
+                decide_run(&o, &sel, true, &Now::wall(0))
+                    .refusal()
+                    .map(Refusal::code),
                 Some("unreadable")
             );
         }
         let mut o = obs(RunState::Complete, Liveness::Free);
         o.live_processes = Ok(vec!["42 sleep 1000".into()]);
         assert_eq!(
-            decide_run(&o, &sel, false, 0).refusal().map(Refusal::code),
+            decide_run(&o, &sel, false, &Now::wall(0))
+                .refusal()
+                .map(Refusal::code),
             Some("processes-alive")
         );
         let mut o = obs(RunState::Complete, Liveness::Free);
         o.id = "notes".into();
         assert_eq!(
-            decide_run(&o, &sel, false, 0).refusal().map(Refusal::code),
+            decide_run(&o, &sel, false, &Now::wall(0))
+                .refusal()
+                .map(Refusal::code),
             Some("unsafe-path")
         );
     }
@@ -1282,20 +1386,37 @@ mod tests {
             older_than: Some(Duration::from_secs(1)),
             ..Default::default()
         };
-        assert!(sel.matches(&rec(RunState::Failed, Some(1_000)), 2_000));
-        assert!(!sel.matches(&rec(RunState::Failed, Some(1_000)), 1_999));
-        assert!(!sel.matches(&rec(RunState::Failed, None), 10_000_000));
-        assert!(!sel.matches(&rec(RunState::Complete, Some(0)), 5_000));
+        assert!(sel.matches(&rec(RunState::Failed, Some(1_000)), &Now::wall(2_000)));
+        // Ended seconds ago on this boot, though the wall clock (stepped while it ran) says an
+        // hour: not old enough.
+        let mut stepped = rec(RunState::Failed, Some(1_000));
+        stepped.clock = Some(record::BootTimes {
+            boot_id: "b".into(),
+            started_at: Some(10),
+            ended_at: Some(500),
+        });
+        let now = Now {
+            wall_ms: 1_000 + 3_600_000,
+            boot_id: "b".into(),
+            boot_ms: Some(1_200),
+        };
+        assert!(!sel.matches(&stepped, &now));
+        assert!(!sel.matches(&rec(RunState::Failed, Some(1_000)), &Now::wall(1_999)));
+        assert!(!sel.matches(&rec(RunState::Failed, None), &Now::wall(10_000_000)));
+        assert!(!sel.matches(&rec(RunState::Complete, Some(0)), &Now::wall(5_000)));
         // Named but not matching: refused, not skipped; by filter: skipped.
         let o = RunObservation {
             record: Ok(rec(RunState::Complete, Some(0))),
             ..obs(RunState::Complete, Liveness::Free)
         };
         assert_eq!(
-            decide_run(&o, &sel, true, 5_000),
+            decide_run(&o, &sel, true, &Now::wall(5_000)),
             Decision::Refuse(Refusal::NotSelected)
         );
-        assert_eq!(decide_run(&o, &sel, false, 5_000), Decision::Skip);
+        assert_eq!(
+            decide_run(&o, &sel, false, &Now::wall(5_000)),
+            Decision::Skip
+        );
         assert!(Selection::default().is_empty());
         assert!(!all_terminal().is_empty());
     }
@@ -1350,7 +1471,7 @@ mod tests {
             &Ok(vec![n(Ok(RunState::Complete), Liveness::Held)]),
             &all_terminal(),
             true,
-            0,
+            &Now::wall(0),
         );
         assert_eq!(d, Decision::Refuse(Refusal::NestedRunning("n".into())));
     }

@@ -4,13 +4,14 @@
 //! subreaper), points its stdout at `/dev/null` once it has told spawn it is up, and runs the
 //! run to its end. Its stderr is the run's `runner.log`.
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
 use cohort_common::cli;
 use cohort_common::format::layout::RunDir;
-use cohort_common::format::spec::READY_LINE;
+use cohort_common::format::spec::{LOCK_FD_ENV, READY_LINE};
 
 use crate::{process, supervisor};
 
@@ -24,16 +25,35 @@ pub struct Args {
 
 /// Run the command line `args`; the binary maps the result to an exit code.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    process::close_inherited_fds();
+    // The held run lock spawn handed down, if it did (a runner started by hand has none and
+    // takes the lock itself). Read before anything else is opened, and kept open below.
+    let inherited = inherited_lock();
+    process::close_inherited_fds(inherited.as_ref().map(|fd| fd.as_raw_fd()));
     process::detach().context("cannot detach")?;
     let dir = RunDir::new(&args.run_dir);
-    supervisor::run(&dir, || {
+    supervisor::run(&dir, inherited, || {
         // Tell spawn we are up, then let go of its pipe so it can return.
-        let _ = cli::out(&format!("{}\n", READY_LINE));
-        if let Ok(null) = std::fs::File::create("/dev/null") {
+        let _ = cli::out(&format!("{READY_LINE}\n"));
+        if let Ok(null) = std::fs::File::open("/dev/null") {
             let _ = nix::unistd::dup2_stdout(null);
         }
     })
     .with_context(|| format!("run {}", args.run_dir.display()))?;
     Ok(())
+}
+
+/// The descriptor named by [`LOCK_FD_ENV`], taken over (the variable is removed so no child
+/// sees it). `None` when the variable is absent or names no open descriptor.
+fn inherited_lock() -> Option<OwnedFd> {
+    let fd: i32 = std::env::var(LOCK_FD_ENV).ok()?.parse().ok()?;
+    // Single-threaded here: nothing else reads the environment concurrently.
+    std::env::remove_var(LOCK_FD_ENV);
+    // SAFETY: F_GETFD only reads the descriptor's flags; an fd that is not open fails (EBADF).
+    if fd <= 2 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return None;
+    }
+    // SAFETY: the descriptor was handed to this process for it to own (spawn dup2'ed it for
+    // the exec and keeps no claim on this process's copy), it is open (checked above), and
+    // nothing else in this process has taken ownership of it.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }

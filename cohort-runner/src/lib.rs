@@ -5,6 +5,7 @@
 //! - [`step`]: a step's lifecycle as a state type, and the pure decisions of how a step and a
 //!   run end;
 //! - [`stream`]: reading a Pi child's `--mode json` event stream in bounded memory;
+//! - [`hook`]: the on-exit hook, run once after the terminal record is durable;
 //! - [`sweep`]: finding and ending the processes a step left behind;
 //! - [`session`]: locking the session files a step writes;
 //! - [`process`]: detaching from the spawner and closing inherited descriptors.
@@ -12,6 +13,7 @@
 #![deny(missing_docs)]
 
 pub mod cmd;
+pub mod hook;
 pub mod process;
 pub mod session;
 pub mod step;

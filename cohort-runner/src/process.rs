@@ -9,12 +9,13 @@ use cohort_common::error::{Error, Result};
 /// have passed any, e.g. a `flock` fd in a shell script): a detached runner and its Pi children
 /// must not keep the caller's files open, let alone its locks. Called first thing by
 /// `cohort-runner`, before it opens anything itself.
-pub fn close_inherited_fds() {
+/// `keep` is the one inherited descriptor to leave open (the run lock spawn handed down).
+pub fn close_inherited_fds(keep: Option<i32>) {
     let fds: Vec<i32> = match std::fs::read_dir("/proc/self/fd") {
         Ok(rd) => rd
             .flatten()
             .filter_map(|e| e.file_name().to_str()?.parse().ok())
-            .filter(|&fd| fd > 2)
+            .filter(|&fd| fd > 2 && Some(fd) != keep)
             .collect(),
         Err(_) => return,
     };

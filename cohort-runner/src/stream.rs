@@ -8,7 +8,11 @@
 //! `tool_execution_end` are parsed in full. Memory stays flat however long the stream is,
 //! bounded by the longest *kept* line.
 //!
-//! Event shapes are Pi 0.73's (`dist/modes/print-mode.js` prints the agent session's events).
+//! Event shapes are those of Pi 0.73.1 (`dist/modes/print-mode.js` prints the agent session's
+//! events) and Pi 1.6.0, checked on both by `tests/tests/pi_contract.rs`. 1.6 differs only where
+//! cohort does not look: a `message_update` carries `usage` before `assistantMessageEvent` and
+//! no `partial`, a `role: system` message opens the stream, and `agent_settled` follows
+//! `agent_end`.
 //! Pi exits 0 even when the model call failed, so success is decided from the stream
 //! ([`decide_step`]): the last assistant message's `stopReason` of `error` or `aborted`, or a
 //! stream that ends without `agent_end`, is a failure.
@@ -627,14 +631,44 @@ pub fn signal_name(sig: i32) -> String {
         .unwrap_or_else(|_| format!("signal {sig}"))
 }
 
-/// What a step's error message keeps of its stderr: the first lines, the first line that
-/// names an error (Node prints the source location before the message), and the last lines.
+/// What a step's error message keeps of its stderr: the decisive line first (see
+/// [`StderrDigest::decisive`]), then the first lines, the first line that names an error (Node
+/// prints the source location before the message), and the last lines.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct StderrDigest {
     head: Vec<String>,
     first_error: Option<String>,
+    last_error: Option<String>,
+    last_meaningful: Option<String>,
     tail: VecDeque<String>,
     seen: usize,
+}
+
+/// Whether a stderr line is noise around an error rather than the error (pure): a stack frame
+/// (`at f (x.js:1:2)`), Node's version banner, a caret marker line, or a lone brace.
+fn is_noise(line: &str) -> bool {
+    let t = line.trim();
+    t.is_empty()
+        || t.starts_with("at ")
+        || t.starts_with("Node.js v")
+        || t.chars()
+            .all(|c| matches!(c, '^' | '~' | ' ' | '{' | '}' | '(' | ')'))
+}
+
+/// Whether a stderr line names an error (pure).
+fn names_error(line: &str) -> bool {
+    let l = line.to_ascii_lowercase();
+    [
+        "error",
+        "fatal",
+        "panic",
+        "exception",
+        "failed",
+        "cannot",
+        "no such",
+    ]
+    .iter()
+    .any(|w| l.contains(w))
 }
 
 impl StderrDigest {
@@ -642,6 +676,12 @@ impl StderrDigest {
     pub fn push(&mut self, line: &str) {
         let line = preview(line, 300);
         self.seen += 1;
+        if !is_noise(&line) {
+            if names_error(&line) {
+                self.last_error = Some(line.clone());
+            }
+            self.last_meaningful = Some(line.clone());
+        }
         if self.head.len() < STDERR_KEEP {
             self.head.push(line);
             return;
@@ -655,9 +695,36 @@ impl StderrDigest {
         }
     }
 
-    /// One line: head, the first error line, `…` where lines were left out, tail; ` | `
-    /// between lines.
+    /// The line that says most about a failure (pure): the last line that is not noise (a stack
+    /// frame, Node's banner) — Pi and Node print the cause last — unless that line names no
+    /// error while an earlier one does, in which case the last line naming an error.
+    pub fn decisive(&self) -> Option<&str> {
+        let last = self.last_meaningful.as_deref()?;
+        match self.last_error.as_deref() {
+            Some(e) if !names_error(last) && self.tail_is_noise() => Some(e),
+            _ => Some(last),
+        }
+    }
+
+    /// Whether everything after the last meaningful line is noise (stack frames, a banner):
+    /// then the last meaningful line is deep in a trace and the error line is the better one.
+    fn tail_is_noise(&self) -> bool {
+        self.tail.back().is_some_and(|l| is_noise(l))
+    }
+
+    /// One line for a step's error: the decisive line, then in parentheses the digest (head, the
+    /// first error line, `…` where lines were left out, tail; ` | ` between lines), so that a
+    /// reader who shows only the start of an error (`--check`, a table) shows the cause.
     pub fn summary(&self) -> String {
+        let digest = self.digest();
+        match self.decisive() {
+            Some(d) if d != digest => format!("{d} (stderr: {digest})"),
+            _ => digest,
+        }
+    }
+
+    /// The digest alone: head, the first error line, `…` where lines were left out, tail.
+    fn digest(&self) -> String {
         let mut parts: Vec<String> = self.head.clone();
         let shown_tail_start = self.seen - self.tail.len();
         if let Some(e) = &self.first_error {
@@ -865,7 +932,10 @@ mod tests {
         for l in ["a", "b"] {
             d.push(l);
         }
-        assert_eq!(d.summary(), "a | b");
+        assert_eq!(d.summary(), "b (stderr: a | b)");
+        let mut d = StderrDigest::default();
+        d.push("boom");
+        assert_eq!(d.summary(), "boom");
         let mut d = StderrDigest::default();
         for l in [
             "/x.js:3",
@@ -883,7 +953,15 @@ mod tests {
         }
         assert_eq!(
             d.summary(),
-            "/x.js:3 | throw e | ^ | … | TypeError: boom | … | at h | at i | Node.js v20"
+            "TypeError: boom (stderr: /x.js:3 | throw e | ^ | … | TypeError: boom | … | at h | at i | Node.js v20)"
         );
+        // The cause printed last survives, however long the output before it.
+        let mut d = StderrDigest::default();
+        for i in 0..20 {
+            d.push(&format!("loading module {i}"));
+        }
+        d.push("warning: a deprecated error handler");
+        d.push("boom: missing module");
+        assert!(d.summary().starts_with("boom: missing module (stderr: "));
     }
 }

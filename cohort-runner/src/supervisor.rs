@@ -49,6 +49,7 @@ use cohort_common::os::files;
 use cohort_common::os::lock::{self, RunLock, RUNNER_LOCK_WAIT};
 use cohort_common::store::{discover, observe};
 
+use crate::hook;
 use crate::process::own_rusage;
 use crate::session::{self, NewSession};
 use crate::step::{self, Ending, Phase, StepRun};
@@ -174,14 +175,23 @@ impl OutputLog {
     }
 }
 
-/// Run the run in `dir` to its end. `ready` is called once `running` is published (the binary
-/// uses it to tell spawn the runner is up). Returns the final state.
+/// Run the run in `dir` to its end. `inherited` is the held run lock spawn handed down (taken
+/// over with [`RunLock::adopt`]); without it the runner takes the lock itself. `ready` is called
+/// once `running` is published (the binary uses it to tell spawn the runner is up). Returns the
+/// final state.
 ///
 /// Errors: [`Error::LockBusy`] (another runner), [`Error::State`] (the record is not `queued`),
 /// I/O and JSON errors on the run dir. Once `running` is published every failure is recorded in
 /// the record instead.
-pub fn run(dir: &RunDir, ready: impl FnOnce()) -> Result<RunState> {
-    let _lock = RunLock::acquire(&dir.lock(), RUNNER_LOCK_WAIT)?;
+pub fn run(
+    dir: &RunDir,
+    inherited: Option<std::os::fd::OwnedFd>,
+    ready: impl FnOnce(),
+) -> Result<RunState> {
+    let _lock = match inherited {
+        Some(fd) => RunLock::adopt(fd, &dir.lock())?,
+        None => RunLock::acquire(&dir.lock(), RUNNER_LOCK_WAIT)?,
+    };
     let mut rec = record::load(&dir.status())?;
     if rec.state != RunState::Queued {
         return Err(Error::State(format!(
@@ -252,8 +262,12 @@ pub fn run(dir: &RunDir, ready: impl FnOnce()) -> Result<RunState> {
         dirty: false,
         stop: None,
         run_deadline: None,
+        stored: true,
     };
     let state = sup.run_chain();
+    if let Some(command) = sup.spec.options.on_exit.clone() {
+        sup.run_on_exit(&command, state);
+    }
     Ok(state)
 }
 
@@ -294,6 +308,8 @@ struct Supervisor {
     dirty: bool,
     stop: Option<Ending>,
     run_deadline: Option<Instant>,
+    /// The last record write succeeded (the terminal record is durable once `run_chain` ends).
+    stored: bool,
 }
 
 impl Supervisor {
@@ -363,6 +379,36 @@ impl Supervisor {
         );
         self.flush(true);
         outcome.state
+    }
+
+    /// Run the on-exit hook once, after `run_chain` stored the terminal record; record how it
+    /// went as events. Skipped (and said in `runner.log`) when that record could not be stored:
+    /// the hook is promised a final state on disk.
+    fn run_on_exit(&mut self, command: &str, state: RunState) {
+        if !self.stored {
+            eprintln!(
+                "cohort-runner: the on-exit hook is not run: the final record could not be stored"
+            );
+            return;
+        }
+        let o = &self.spec.options;
+        let h = hook::Hook {
+            command,
+            run_id: &self.rec.run_id,
+            state,
+            run_dir: &self.dir,
+            profile_dir: &self.spec.profile_dir,
+            cwd: &self.spec.cwd,
+            timeout: Duration::from_millis(
+                o.on_exit_timeout_ms
+                    .unwrap_or(spec::DEFAULT_ON_EXIT_TIMEOUT_MS),
+            ),
+            grace: Duration::from_millis(o.grace_ms),
+        };
+        let events = &mut self.events;
+        hook::run(&h, &mut |kind, fields| {
+            let _ = events.append(kind, fields);
+        });
     }
 
     fn final_text(&self, i: usize) -> String {
@@ -458,6 +504,7 @@ impl Supervisor {
             .process_group(0)
             .env(PROFILE_ENV, &self.spec.profile_dir)
             .env("TMPDIR", &tmp)
+            .env_remove(spec::ON_EXIT_ENV)
             .env(NODE_ENV, &rt.node_exec_path)
             .env(PI_ENTRY_ENV, &rt.pi_entry_path)
             .envs(route::child_env(
@@ -937,9 +984,13 @@ impl Supervisor {
             return;
         }
         self.rec.last_update = Some(now_ms());
-        if let Err(e) = record::store(&self.dir.status(), &self.rec) {
-            eprintln!("cohort-runner: {e}");
-        }
+        self.stored = match record::store(&self.dir.status(), &self.rec) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("cohort-runner: {e}");
+                false
+            }
+        };
         self.last_write = Instant::now();
         self.dirty = false;
     }

@@ -5,7 +5,8 @@
 //! - [`spawn`]: the start itself, in the order the format requires (`queued` first, a `failed`
 //!   record for every start that fails after it);
 //! - [`revive`]: continuing a finished run's session on its recorded runtime;
-//! - [`session`]: the session-file rules (a Pi session, not in use by a live run).
+//! - [`session`]: the session-file rules (a Pi session, not in use by a live run);
+//! - [`wait`]: `--wait`, waiting for the run and printing its answer.
 
 #![deny(missing_docs)]
 
@@ -13,3 +14,4 @@ pub mod cmd;
 pub mod revive;
 pub mod session;
 pub mod spawn;
+pub mod wait;

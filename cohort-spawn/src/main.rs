@@ -1,16 +1,19 @@
 //! The `cohort-spawn` binary: parse the command line, run it ([`cohort_spawn::cmd::run`]), map
-//! the result to an exit code. A closed stdout is success; every error is printed once, on one
+//! the result to an exit code. A usage error is one line ([`cohort_common::cli::parse_args`]); a closed stdout is success; every error is printed once, on one
 //! line of stderr ([`cohort_common::cli::fail`]).
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use cohort_common::{cli, exit};
+use cohort_common::cli;
 use cohort_spawn::cmd::{self, Args};
 
 fn main() -> ExitCode {
-    match cmd::run(Args::parse()) {
-        Ok(()) => ExitCode::from(exit::SUCCESS),
+    let args = match cli::parse_args::<Args>("cohort-spawn", true) {
+        Ok(args) => args,
+        Err(code) => return code,
+    };
+    match cmd::run(args) {
+        Ok(code) => ExitCode::from(code),
         Err(err) => cli::fail("cohort-spawn", err.as_ref()),
     }
 }

@@ -186,7 +186,7 @@ pub fn gather(root: &StateRoot, name: &str, step: Option<usize>) -> Result<Facts
         .filter_map(|s| s.session_file.clone())
         .collect();
     let existing_sessions = files.iter().filter(|p| p.is_file()).cloned().collect();
-    let sessions_in_use = crate::session::sessions_in_use(root, &files)?;
+    let sessions_in_use = crate::session::sessions_in_use(root, &files, None)?;
     Ok(Facts {
         record,
         liveness,

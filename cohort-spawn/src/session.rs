@@ -42,20 +42,56 @@ fn session_header(file: std::fs::File) -> Option<serde_json::Value> {
     (v.get("type")?.as_str()? == "session").then_some(v)
 }
 
-/// A session file to continue must be an existing regular `.jsonl` file that starts with a Pi
-/// session header (`{"type":"session",…}`): Pi would otherwise overwrite whatever file it was
-/// given, or create a new one where the user meant to continue.
-pub fn check_session_file(file: &Path) -> Result<()> {
+/// What a session file named for a step is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionFile {
+    /// It exists and is a Pi session: the step continues it.
+    Existing,
+    /// It does not exist yet: Pi starts a new session there (as Pi's own `--session` does), so
+    /// a script can name a conversation up front and continue it in the next step.
+    New,
+}
+
+/// Check a session file named for a step (`--session`, a chain's `sessionFile`). An existing
+/// one must be a regular `.jsonl` file that starts with a Pi session header
+/// (`{"type":"session",…}`): Pi would otherwise overwrite whatever file it was given. A missing
+/// one must end in `.jsonl` and lie in a directory that exists or can be created (spawn
+/// creates it, 0700); Pi creates the file with its first assistant message.
+///
+/// Errors: [`Error::Usage`] naming the file and what is wrong with it.
+pub fn check_session_file(file: &Path) -> Result<SessionFile> {
     let bad = |why: &str| {
         Err(Error::Usage(format!(
             "session file {} {why}",
             file.display()
         )))
     };
-    match std::fs::metadata(file) {
-        Err(_) => return bad("does not exist (to start a new session, leave out --session)"),
-        Ok(m) if !m.is_file() => return bad("is not a regular file"),
-        Ok(_) => {}
+    let meta = match std::fs::metadata(file) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if file.extension().and_then(|e| e.to_str()) != Some("jsonl") {
+                return bad("does not exist and is not a .jsonl path for a new session");
+            }
+            // The nearest existing ancestor must be a directory we can create the rest in.
+            let mut up = file.parent();
+            while let Some(d) = up {
+                match std::fs::metadata(d) {
+                    Ok(m) if m.is_dir() => return Ok(SessionFile::New),
+                    Ok(_) => {
+                        return bad(&format!(
+                            "cannot be created: {} is not a directory",
+                            d.display()
+                        ))
+                    }
+                    Err(_) => up = d.parent(),
+                }
+            }
+            return bad("cannot be created: no existing directory above it");
+        }
+        Err(e) => return bad(&format!("cannot be examined: {e}")),
+        Ok(m) => m,
+    };
+    if !meta.is_file() {
+        return bad("is not a regular file");
     }
     // Through any symlink: what Pi will write is the target.
     let real = file.canonicalize().at("resolve", file)?;
@@ -68,13 +104,18 @@ pub fn check_session_file(file: &Path) -> Result<()> {
     if session_header(f).is_none() {
         return bad("is not a Pi session file (its first line is not a session header)");
     }
-    Ok(())
+    Ok(SessionFile::Existing)
 }
 
 /// Which of `files` a live run (runner lock held) names as a step's session file, with that
-/// run's short id. Paths are compared in canonical form. Only runs the index holds as active,
+/// run's short id, for the start of run `except` (which is left out, and which does not yield
+/// to a newer run that is still queued). Paths are compared in canonical form. Only runs the index holds as active,
 /// and nested runs, are read: a terminal run has no runner.
-pub fn sessions_in_use(root: &StateRoot, files: &[PathBuf]) -> Result<Vec<(PathBuf, String)>> {
+pub fn sessions_in_use(
+    root: &StateRoot,
+    files: &[PathBuf],
+    except: Option<&str>,
+) -> Result<Vec<(PathBuf, String)>> {
     // The same file under another name (a symlink, a hard link) is the same file: compare
     // device and inode when the file exists, else the canonical path.
     let key = |p: &Path| -> (Option<(u64, u64)>, PathBuf) {
@@ -105,6 +146,16 @@ pub fn sessions_in_use(root: &StateRoot, files: &[PathBuf]) -> Result<Vec<(PathB
         let Ok(rec) = record::load(&dir.status()) else {
             continue;
         };
+        // Two starts racing for one session: a queued run yields to an older (smaller id)
+        // queued run and to any running one, so exactly one of them goes ahead. (A runner
+        // that still meets a held session lock fails its step: `cohort_runner::session`.)
+        if let Some(me) = except {
+            if rec.run_id == me
+                || (rec.state == record::RunState::Queued && rec.run_id.as_str() > me)
+            {
+                continue;
+            }
+        }
         for p in rec.steps.iter().filter_map(|s| s.session_file.as_deref()) {
             let c = key(p);
             if let Some((_, given)) = wanted.iter().find(|(w, _)| same(w, &c)) {
@@ -135,7 +186,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let good = d.path().join("s.jsonl");
         std::fs::write(&good, "{\"type\":\"session\",\"version\":3}\n").unwrap();
-        assert!(check_session_file(&good).is_ok());
+        assert_eq!(check_session_file(&good).unwrap(), SessionFile::Existing);
         let json = d.path().join("chain.json");
         std::fs::write(&json, "{\"type\":\"session\"}\n").unwrap();
         assert!(check_session_file(&json)
@@ -148,10 +199,24 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("not a Pi session"));
-        assert!(check_session_file(&d.path().join("new.jsonl"))
+        assert_eq!(
+            check_session_file(&d.path().join("new.jsonl")).unwrap(),
+            SessionFile::New
+        );
+        assert_eq!(
+            check_session_file(&d.path().join("a/b/new.jsonl")).unwrap(),
+            SessionFile::New,
+            "missing directories are created by spawn"
+        );
+        assert!(check_session_file(&d.path().join("new.json"))
             .unwrap_err()
             .to_string()
-            .contains("does not exist"));
+            .contains(".jsonl"));
+        assert!(check_session_file(&good.join("under-a-file.jsonl"))
+            .unwrap_err()
+            .to_string()
+            .to_lowercase()
+            .contains("not a directory"));
         assert!(check_session_file(d.path())
             .unwrap_err()
             .to_string()

@@ -19,7 +19,8 @@ use cohort_common::format::layout::{self, RunDir, StateRoot, PROFILE_ENV};
 use cohort_common::format::record::{self, RunMode, RunRecord, RunState, StepRecord};
 use cohort_common::format::route;
 use cohort_common::format::spec::{
-    self, ChainStep, LaunchSpec, Placement, RunOptions, READY_LINE, SPEC_VERSION,
+    self, ChainStep, LaunchSpec, Placement, RunOptions, LOCK_FD, LOCK_FD_ENV, READY_LINE,
+    SPEC_VERSION,
 };
 use cohort_common::identity::runtime::{self, Runtime, RuntimeRequest};
 use cohort_common::os::files;
@@ -105,7 +106,16 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     if req.chain.is_empty() {
         return Err(Error::Usage("nothing to run: no task".into()).into());
     }
-    let run_id = RunId::new();
+    // Never sort before the newest run, even when the wall clock has stepped back.
+    let floor: Option<RunId> = files::read_regular(&root.last_run_id())
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|t| t.trim().parse().ok());
+    let run_id = RunId::after(floor.as_ref(), record::now_ms());
+    if files::create_dir_all_private(root.path()).is_ok() {
+        // A hint, not a record: losing it after a crash only loosens the ordering.
+        let _ = files::replace_unsynced(&root.last_run_id(), run_id.to_string().as_bytes());
+    }
     let dir = match &req.placement {
         Some(p) => {
             files::create_dir_all_private(&root.nested_runs_dir(&p.root_run_id))?;
@@ -126,7 +136,9 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         .to_path_buf();
     let staging = dir.staging();
     files::create_dir_exclusive(staging.path())?;
-    files::create_file_exclusive(&staging.lock())?;
+    // The run lock exists only held, and stays held until the runner has taken it over (spawn
+    // hands it the descriptor): a `queued` run whose lock is free is provably abandoned.
+    let lock = RunLock::create_held(&staging.lock())?;
 
     // Publish `queued` before validating anything.
     let (flat, groups) = spec::flatten(&req.chain);
@@ -165,14 +177,15 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     files::sync_dir(&parent)?;
     let _ = events::append_once(&dir.events(), EventKind::RunQueued, json!({}));
 
-    match prepare_and_start(root, &dir, &mut rec, &req) {
+    let lock = lock.moved_to(&dir.lock());
+    match prepare_and_start(root, &dir, &mut rec, &req, &lock) {
         Ok(runtime) => Ok(Spawned {
             run_id,
             dir,
             runtime,
         }),
         Err(error) => {
-            fail_start(&dir, &error);
+            fail_start(&dir, &lock, &error);
             Err(SpawnError {
                 run_id: Some(run_id),
                 error,
@@ -182,11 +195,9 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
 }
 
 /// Rewrite a run whose start failed as `failed` with the reason, unless a runner has taken it
-/// over (then the runner's record stands).
-fn fail_start(dir: &RunDir, error: &Error) {
-    let Ok(Some(_lock)) = RunLock::try_acquire(&dir.lock()) else {
-        return;
-    };
+/// over and ended it (then the runner's record stands). Spawn still holds the run lock here
+/// (`_lock`): nothing else writes the record meanwhile.
+fn fail_start(dir: &RunDir, _lock: &RunLock, error: &Error) {
     let Ok(mut rec) = record::load(&dir.status()) else {
         return;
     };
@@ -204,12 +215,22 @@ fn prepare_and_start(
     dir: &RunDir,
     rec: &mut RunRecord,
     req: &SpawnRequest,
+    lock: &RunLock,
 ) -> Result<Runtime> {
     // Session files first: the cwd default reads a session header, which must be a regular
     // file (a FIFO would block).
     let reused = session::session_files(&req.chain);
+    let mut existing = Vec::new();
     for f in &reused {
-        session::check_session_file(f)?;
+        match session::check_session_file(f)? {
+            session::SessionFile::Existing => existing.push(f.clone()),
+            // A new session: its directory is made now, Pi makes the file.
+            session::SessionFile::New => {
+                if let Some(parent) = f.parent() {
+                    files::create_dir_all_private(parent)?;
+                }
+            }
+        }
     }
     // Working directory: --cwd, else a continued session's header cwd, else ours.
     let cwd = match &req.cwd {
@@ -226,7 +247,7 @@ fn prepare_and_start(
     let cwd = validate_cwd(&cwd)?;
     rec.cwd = Some(cwd.clone());
 
-    for f in &reused {
+    for f in &existing {
         let real = f.canonicalize().at("resolve", f)?;
         if cohort_common::os::lock::probe(&real).is_ok_and(|l| l.is_alive()) {
             return Err(Error::State(format!(
@@ -235,7 +256,10 @@ fn prepare_and_start(
             )));
         }
     }
-    if let Some((file, run)) = session::sessions_in_use(root, &reused)?.into_iter().next() {
+    if let Some((file, run)) = session::sessions_in_use(root, &reused, Some(&rec.run_id))?
+        .into_iter()
+        .next()
+    {
         return Err(Error::State(format!(
             "the session file {} is in use by live run {run}; two runs must not write one session",
             file.display()
@@ -293,7 +317,7 @@ fn prepare_and_start(
         })?;
     }
 
-    start_runner(root, dir, &req.runner)?;
+    start_runner(root, dir, &req.runner, lock)?;
     Ok(rt)
 }
 
@@ -314,21 +338,46 @@ pub fn validate_cwd(cwd: &Path) -> Result<PathBuf> {
     cwd.canonicalize().at("resolve", cwd)
 }
 
-/// Start the detached runner for `dir` and wait until it reports `running` (or dies).
-fn start_runner(root: &StateRoot, dir: &RunDir, runner: &Path) -> Result<()> {
+/// Start the detached runner for `dir`, handing it the held run lock as descriptor
+/// [`LOCK_FD`] (named in [`LOCK_FD_ENV`]), and wait until it reports `running` (or dies).
+fn start_runner(root: &StateRoot, dir: &RunDir, runner: &Path, lock: &RunLock) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
     let log = files::open_append(&dir.runner_log())?;
     let mut cmd = Command::new(runner);
     cmd.arg(dir.path())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log)
-        .env(PROFILE_ENV, root.profile());
+        .env(PROFILE_ENV, root.profile())
+        .env(LOCK_FD_ENV, LOCK_FD.to_string());
+    let held = lock.file().as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and only calls dup2(2) and
+    // fcntl(2), which are async-signal-safe, and allocates nothing. It puts the run lock's
+    // descriptor at LOCK_FD without close-on-exec, so the runner inherits the held lock (the
+    // same open file: the lock is never free between spawn and the runner).
+    unsafe {
+        cmd.pre_exec(move || {
+            if held == LOCK_FD {
+                let flags = libc::fcntl(held, libc::F_GETFD);
+                if flags < 0 || libc::fcntl(held, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(held, LOCK_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     // The runner is not a step process of any parent run: without the route variables it stays
     // out of the parent's descendant sweep (see `cohort_runner::sweep`). Its placement is in
     // the launch spec.
     for k in route::ROUTE_VARS {
         cmd.env_remove(k);
     }
+    // The hook is in the launch spec. Left in the environment, a hook (or a Pi child) that
+    // starts a run would hand it the same hook, and a hook that spawns would never end.
+    cmd.env_remove(spec::ON_EXIT_ENV);
     let mut child = cmd
         .spawn()
         .map_err(|e| Error::Usage(format!("cannot start the runner {}: {e}", runner.display())))?;

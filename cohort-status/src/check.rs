@@ -3,10 +3,10 @@
 //! Silent and exit 0 when all is well; otherwise one line per problem and exit 1. A problem is:
 //!
 //! - `failed`: a run that failed within the window (`--since`, default 24 h), by `endedAt`;
-//! - `lost`: the same, when the failure is "runner lost" (reconciled now or earlier; the
-//!   message names the processes of the run that outlived its runner, if any), or a
-//!   `running` record without any lock file (no runner can exist);
-//! - `unresolved`: a `queued` run that no runner took, older than [`UNRESOLVED_AFTER_MS`];
+//! - `lost`: the same, when the failure is "runner lost" (settled now or earlier; the message
+//!   names the processes of the run that outlived its runner, if any);
+//! - `abandoned`: the same, when the failure is "start abandoned": a `queued` run whose lock no
+//!   process held (its spawn or runner died before the run started);
 //! - `runtime-gone`: a live `running` run whose recorded Node or Pi no longer validates
 //!   ([`cohort_common::identity::runtime::revalidate`]): its next step will fail;
 //! - `corrupt`: a record that cannot be read, or an entry that cannot be a run.
@@ -22,17 +22,15 @@ use serde::Serialize;
 
 use cohort_common::error::Result;
 use cohort_common::format::layout::StateRoot;
-use cohort_common::format::record::{now_ms, RunState};
+use cohort_common::format::record::{Now, RunState};
 use cohort_common::identity::runtime::{self, Runtime};
 use cohort_common::store::discover::{Found, Origin};
 use cohort_common::store::index::{Outcome, View};
-use cohort_common::store::observe::{Judgement, Observed, RUNNER_LOST};
+use cohort_common::store::observe::{Judgement, Observed, RUNNER_LOST, START_ABANDONED};
 use cohort_common::text::untrusted;
 
 /// The default window of `--check`: 24 h.
 pub const DEFAULT_SINCE: Duration = Duration::from_secs(24 * 3600);
-/// A `queued` run without a runner is a problem once it is this old (ms): 10 minutes.
-pub const UNRESOLVED_AFTER_MS: u64 = 10 * 60 * 1000;
 
 /// The kind of a problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -42,8 +40,8 @@ pub enum Kind {
     Failed,
     /// Its runner was lost.
     Lost,
-    /// Queued, never started, older than 10 minutes.
-    Unresolved,
+    /// Its start was abandoned: queued, and no process holds its lock.
+    Abandoned,
     /// Running, but its recorded runtime is gone.
     RuntimeGone,
     /// Unreadable record or stray entry.
@@ -56,7 +54,7 @@ impl Kind {
         match self {
             Kind::Failed => "failed",
             Kind::Lost => "lost",
-            Kind::Unresolved => "unresolved",
+            Kind::Abandoned => "abandoned",
             Kind::RuntimeGone => "runtime-gone",
             Kind::Corrupt => "corrupt",
         }
@@ -91,12 +89,14 @@ impl Problem {
     }
 }
 
-/// Decide whether one observed run is a problem (pure). `cutoff` is the start of the window
+/// Decide whether one observed run is a problem (pure). `since` is the window in ms back from
+/// `now`, measured as [`cohort_common::format::record::RunRecord::ended_ago`] does (the boot clock on the same boot, so a
+/// wall-clock step never hides a fresh failure)
 /// (ms since epoch); `runtime_ok` validates a recorded runtime.
 pub fn assess(
     observed: &std::result::Result<Observed, String>,
-    now: u64,
-    cutoff: u64,
+    now: &Now,
+    since: u64,
     runtime_ok: &mut dyn FnMut(&Runtime) -> std::result::Result<(), String>,
 ) -> Option<(Kind, String)> {
     let o = match observed {
@@ -105,25 +105,6 @@ pub fn assess(
     };
     let r = &o.record;
     match o.judgement {
-        Judgement::Lost => {
-            return Some((
-                Kind::Lost,
-                "the record says running but it has no runner lock file".into(),
-            ))
-        }
-        Judgement::Unresolved => {
-            let age = now.saturating_sub(r.started_at.unwrap_or(0));
-            if age >= UNRESOLVED_AFTER_MS {
-                return Some((
-                    Kind::Unresolved,
-                    format!(
-                        "queued {} ago and no runner ever took it; start a new run",
-                        cohort_common::duration::human(age)
-                    ),
-                ));
-            }
-            return None;
-        }
         Judgement::Alive if r.state == RunState::Running => {
             return match &r.runtime {
                 None => Some((Kind::RuntimeGone, "no runtime is recorded".into())),
@@ -138,15 +119,21 @@ pub fn assess(
         _ => {}
     }
     if r.state == RunState::Failed {
-        let when = r.ended_at.or(r.last_update).or(r.started_at).unwrap_or(0);
-        if when >= cutoff {
+        let ago = r
+            .ended_ago(now)
+            .or_else(|| r.started_ago(now))
+            .unwrap_or(u64::MAX);
+        if ago <= since {
             let err = r
                 .error
                 .clone()
                 .unwrap_or_else(|| "no error recorded".into());
-            // "runner lost", possibly naming the processes that outlived the runner.
+            // A settlement that could not be written yet carries the write error after it.
+            // "runner lost" may go on to name the processes that outlived the runner.
             let kind = if err.starts_with(RUNNER_LOST) {
                 Kind::Lost
+            } else if err.starts_with(START_ABANDONED) {
+                Kind::Abandoned
             } else {
                 Kind::Failed
             };
@@ -154,7 +141,7 @@ pub fn assess(
                 kind,
                 format!(
                     "{} ago: {}",
-                    cohort_common::duration::human(now.saturating_sub(when)),
+                    cohort_common::duration::human(ago),
                     cohort_common::format::record::summarize(&err, 160)
                 ),
             ));
@@ -165,8 +152,8 @@ pub fn assess(
 
 /// Run the check over top-level and nested runs; problems in id order.
 pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
-    let now = now_ms();
-    let cutoff = now.saturating_sub(since.as_millis() as u64);
+    let now = Now::current();
+    let since = since.as_millis() as u64;
     let mut view = View::open(root)?;
     let known = view.terminal().clone();
     // Top-level: read everything except terminal runs that cannot be failures in the window.
@@ -177,7 +164,10 @@ pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
         .filter(|f| match known.get(&f.id) {
             Some(k) => {
                 k.state == RunState::Failed
-                    && k.ended_at.or(k.started_at).unwrap_or(u64::MAX) >= cutoff
+                    && k.ended_ago(&now)
+                        .or_else(|| k.started_ago(&now))
+                        .unwrap_or(0)
+                        <= since
             }
             None => true,
         })
@@ -213,7 +203,7 @@ pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
                 },
             );
         }
-        if let Some((kind, message)) = assess(o, now, cutoff, &mut runtime_ok) {
+        if let Some((kind, message)) = assess(o, &now, since, &mut runtime_ok) {
             out.push(Problem {
                 run_id: f.id.clone(),
                 origin: f.origin.word(),
@@ -258,21 +248,48 @@ mod tests {
             o.record.ended_at = Some(50_000);
             o.record.error = Some("boom".into());
         }
-        let got = assess(&o, 60_000, 40_000, &mut ok).unwrap();
+        let got = assess(&o, &Now::wall(60_000), 20_000, &mut ok).unwrap();
         assert_eq!(got.0, Kind::Failed);
         assert!(got.1.contains("boom"), "{}", got.1);
-        assert_eq!(assess(&o, 60_000, 50_001, &mut ok), None);
+        assert_eq!(assess(&o, &Now::wall(60_000), 9_999, &mut ok), None);
         if let Ok(o) = &mut o {
             o.record.error = Some(RUNNER_LOST.into());
         }
-        assert_eq!(assess(&o, 60_000, 0, &mut ok).unwrap().0, Kind::Lost);
+        assert_eq!(
+            assess(&o, &Now::wall(60_000), 60_000, &mut ok).unwrap().0,
+            Kind::Lost
+        );
         let survivors = "runner lost; 1 process of this run still alive: 42 sleep 9";
         if let Ok(o) = &mut o {
             o.record.error = Some(survivors.into());
         }
-        let got = assess(&o, 60_000, 0, &mut ok).unwrap();
+        let got = assess(&o, &Now::wall(60_000), 60_000, &mut ok).unwrap();
         assert_eq!(got.0, Kind::Lost);
         assert!(got.1.contains("42 sleep 9"), "{}", got.1);
+    }
+
+    #[test]
+    fn a_failure_recorded_while_the_clock_was_behind_is_still_fresh() {
+        // The run failed 5 s ago by the boot clock; the wall clock was an hour behind when it
+        // wrote endedAt, and is right again now.
+        let mut o = obs(RunState::Failed, Judgement::Trusted);
+        if let Ok(o) = &mut o {
+            o.record.ended_at = Some(1_000);
+            o.record.error = Some("boom".into());
+            o.record.clock = Some(cohort_common::format::record::BootTimes {
+                boot_id: "b".into(),
+                started_at: Some(1_000),
+                ended_at: Some(95_000),
+            });
+        }
+        let now = Now {
+            wall_ms: 1_000 + 3_600_000 + 5_000,
+            boot_id: "b".into(),
+            boot_ms: Some(100_000),
+        };
+        let got = assess(&o, &now, 15 * 60_000, &mut ok).unwrap();
+        assert_eq!(got.0, Kind::Failed);
+        assert!(got.1.starts_with("5s ago"), "{}", got.1);
     }
 
     #[test]
@@ -282,20 +299,33 @@ mod tests {
             (RunState::Stopped, Judgement::Trusted),
             (RunState::Queued, Judgement::Starting),
         ] {
-            assert_eq!(assess(&obs(s, j), 10_000_000, 0, &mut ok), None);
+            assert_eq!(
+                assess(&obs(s, j), &Now::wall(10_000_000), 10_000_000, &mut ok),
+                None
+            );
         }
     }
 
     #[test]
-    fn unresolved_after_ten_minutes() {
-        let o = obs(RunState::Queued, Judgement::Unresolved);
-        assert_eq!(
-            assess(&o, 1_000 + UNRESOLVED_AFTER_MS - 1, 0, &mut ok),
-            None
-        );
-        let got = assess(&o, 1_000 + UNRESOLVED_AFTER_MS, 0, &mut ok).unwrap();
-        assert_eq!(got.0, Kind::Unresolved);
-        assert!(got.1.contains("start a new run"));
+    fn settled_starts_and_runners_have_their_own_kinds() {
+        for (error, kind) in [
+            (START_ABANDONED.to_string(), Kind::Abandoned),
+            (RUNNER_LOST.to_string(), Kind::Lost),
+            (
+                format!("{RUNNER_LOST} (not yet written to status.json: No space left on device)"),
+                Kind::Lost,
+            ),
+        ] {
+            let mut o = obs(RunState::Failed, Judgement::Trusted);
+            if let Ok(o) = &mut o {
+                o.record.ended_at = Some(50_000);
+                o.record.error = Some(error.clone());
+            }
+            let got = assess(&o, &Now::wall(60_000), 60_000, &mut ok).unwrap();
+            assert_eq!(got.0, kind, "{error}");
+            let head: String = error.chars().take(11).collect();
+            assert!(got.1.contains(&head), "{}", got.1);
+        }
     }
 
     #[test]
@@ -309,10 +339,10 @@ mod tests {
             });
         }
         let mut gone = |_: &Runtime| Err("Node at /gone/node is not usable".to_string());
-        let got = assess(&o, 0, 0, &mut gone).unwrap();
+        let got = assess(&o, &Now::wall(0), 0, &mut gone).unwrap();
         assert_eq!(got.0, Kind::RuntimeGone);
         assert!(got.1.contains("/gone/node"));
-        assert_eq!(assess(&o, 0, 0, &mut ok), None);
+        assert_eq!(assess(&o, &Now::wall(0), 0, &mut ok), None);
     }
 
     #[test]
@@ -335,10 +365,11 @@ mod tests {
     }
 
     #[test]
-    fn corrupt_and_lockless() {
+    fn corrupt() {
         let e: std::result::Result<Observed, String> = Err("invalid JSON".into());
-        assert_eq!(assess(&e, 0, 0, &mut ok).unwrap().0, Kind::Corrupt);
-        let o = obs(RunState::Running, Judgement::Lost);
-        assert_eq!(assess(&o, 0, 0, &mut ok).unwrap().0, Kind::Lost);
+        assert_eq!(
+            assess(&e, &Now::wall(0), 0, &mut ok).unwrap().0,
+            Kind::Corrupt
+        );
     }
 }

@@ -12,25 +12,20 @@ use anyhow::Context;
 use clap::Parser;
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::RunState;
+use cohort_common::store::answer::{self, AnswerError};
 use cohort_common::store::discover::{self, Origin};
 use cohort_common::store::observe;
-use cohort_common::text::{self, Keep};
+use cohort_common::store::wait::{self, WaitOutcome};
+use cohort_common::text;
 use cohort_common::{cli, duration, exit};
 
 use crate::listing::{self, ListOptions};
 use crate::render::{self, Row};
-use crate::wait::WaitOutcome;
-use crate::{check, doctor, output, wait};
+use crate::{check, doctor, follow};
 
 /// Inspect cohort runs: list them, show one, wait on or follow them, check them from cron.
 #[derive(Parser)]
-#[command(
-    version,
-    after_help = "Exit codes: 0 success (a listing with unreadable records still exits 0; they \
-show as `error` rows); 1 a negative answer: a waited or followed run did not complete, --check \
-found problems, --doctor found a warning, --output has no text yet, --pid has no live runner; \
-2 usage or operational error; 124 --wait --timeout expired."
-)]
+#[command(version, after_help = cli::exit_codes_help(MAN.exit_codes))]
 pub struct Args {
     /// Runs to show or wait on (full id, short id, or a unique prefix of 8+ characters).
     ids: Vec<String>,
@@ -41,7 +36,7 @@ pub struct Args {
     #[arg(long)]
     wait: bool,
     /// With --wait: give up after this long (exit 124).
-    #[arg(long, value_parser = duration::parse_positive, requires = "wait")]
+    #[arg(long, value_parser = duration::parse_positive, allow_hyphen_values = true, requires = "wait")]
     timeout: Option<Duration>,
     /// Stream a run's output logs live, like `tail -f`; exit 0 if it completes, 1 otherwise.
     #[arg(long, conflicts_with_all = ["wait", "output", "pid", "check", "doctor"])]
@@ -61,10 +56,10 @@ pub struct Args {
     state: Vec<RunState>,
     /// List only runs started within this long (e.g. 2h, 3d); with --check, the window for
     /// failures (default 24h).
-    #[arg(long, value_parser = duration::parse)]
+    #[arg(long, value_parser = duration::parse, allow_hyphen_values = true)]
     since: Option<Duration>,
     /// List at most this many runs, newest first (0: all).
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 50, value_parser = parse_limit, allow_hyphen_values = true)]
     limit: usize,
     /// Include nested runs and legacy (pi-subagents) runs in the listing.
     #[arg(long)]
@@ -79,10 +74,57 @@ pub struct Args {
     /// disk use.
     #[arg(long, conflicts_with_all = ["wait", "output", "pid"])]
     doctor: bool,
+    #[command(flatten)]
+    generate: cli::GenerateArg,
 }
+
+/// The man page's additions: exit codes (also in `--help`) and examples.
+pub const MAN: cli::ManPage = cli::ManPage {
+    exit_codes: &[
+        (
+            exit::SUCCESS,
+            "success (a listing with unreadable records still exits 0; they show as error rows)",
+        ),
+        (
+            exit::NEGATIVE,
+            "a negative answer: a waited or followed run did not complete, --check found problems, --doctor found a warning, --output has no text yet, --pid has no live runner",
+        ),
+        (exit::ERROR, "usage or operational error"),
+        (exit::TIMEOUT, "--wait --timeout expired"),
+    ],
+    examples: &[
+        ("cohort-status", "The newest 50 top-level runs, newest first."),
+        (
+            "cohort-status --state failed --since 2h",
+            "Runs that failed in the last two hours.",
+        ),
+        (
+            "cohort-status --wait 3f2a9c1e && cohort-status --output 3f2a9c1e",
+            "Wait for a run, then print its answer.",
+        ),
+        (
+            "kill $(cohort-status --pid 3f2a9c1e)",
+            "Stop a run (its children get TERM, then KILL).",
+        ),
+        (
+            "*/15 * * * * cohort-status --check --since 15m",
+            "From cron: mail me when a run failed or is stuck.",
+        ),
+        (
+            "cohort-status --doctor",
+            "The runtime, state root, counts and disk use.",
+        ),
+    ],
+    sections: &[],
+};
 
 fn parse_state(s: &str) -> Result<RunState, String> {
     s.parse()
+}
+
+fn parse_limit(s: &str) -> Result<usize, String> {
+    s.parse()
+        .map_err(|_| format!("--limit takes a count of runs, 0 or more (0: all), not {s:?}"))
 }
 
 fn usage(msg: &str) -> anyhow::Error {
@@ -91,6 +133,10 @@ fn usage(msg: &str) -> anyhow::Error {
 
 /// Run the command line `args`; the binary maps the result to an exit code.
 pub fn run(args: Args) -> anyhow::Result<u8> {
+    if let Some(kind) = args.generate.generate {
+        cli::print_generated::<Args>(kind, &MAN)?;
+        return Ok(exit::SUCCESS);
+    }
     // Before anything is read: a mode that looks at every run must not silently drop the ids
     // it was given.
     if (args.check || args.doctor) && !args.ids.is_empty() {
@@ -99,6 +145,14 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         ));
     }
     let root = StateRoot::from_env()?;
+    if args.check && !root.path().is_dir() {
+        // A mistyped profile must not pass cron for ever: nothing to check is not healthy.
+        anyhow::bail!(cohort_common::Error::State(format!(
+            "the state root {} does not exist (profile {}); nothing was ever run there",
+            root.path().display(),
+            root.source()
+        )));
+    }
     if args.check {
         return check(&root, &args);
     }
@@ -132,19 +186,16 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         };
         let found = discover::find(&root, name)?;
         let obs = observe::observe_found(&found)?;
-        return match output::output_text(&found.dir, &obs.record, args.step) {
+        return match answer::answer(&found.dir, &obs.record, args.step) {
             Ok(text) => {
-                cli::out(&for_stdout(&text))?;
-                if !text.is_empty() && !text.ends_with('\n') {
-                    cli::out("\n")?;
-                }
+                cli::out_answer(&text)?;
                 Ok(exit::SUCCESS)
             }
-            Err(output::OutputError::NoText(msg)) => {
+            Err(AnswerError::NoText(msg)) => {
                 eprintln!("cohort-status: {}", text::untrusted(&msg));
                 Ok(exit::NEGATIVE)
             }
-            Err(output::OutputError::Store(e)) => Err(e.into()),
+            Err(AnswerError::Store(e)) => Err(e.into()),
         };
     }
     if args.pid {
@@ -253,34 +304,13 @@ fn check(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
 
 fn follow(root: &StateRoot, name: &str) -> anyhow::Result<u8> {
     let found = discover::find(root, name)?;
-    let terminal = std::io::stdout().is_terminal();
-    let mut write = |b: &[u8]| -> std::io::Result<()> {
-        use std::io::Write;
-        let mut o = std::io::stdout().lock();
-        if terminal {
-            o.write_all(text::escape(b, Keep::LineBreaks).as_bytes())?;
-        } else {
-            o.write_all(b)?;
-        }
-        o.flush()
-    };
-    let state = wait::follow(&found, Duration::from_millis(100), &mut write)?;
+    let mut write = cli::out_model;
+    let state = follow::follow(&found, Duration::from_millis(100), &mut write)?;
     if state == RunState::Complete {
         Ok(exit::SUCCESS)
     } else {
         eprintln!("cohort-status: run {} ended {}", found.id, state.as_str());
         Ok(exit::NEGATIVE)
-    }
-}
-
-/// The model's text as `--output` prints it: unchanged to a pipe or file (it is data), with
-/// escape sequences neutralised on a terminal (newlines and tabs kept;
-/// [`cohort_common::text::escape`]).
-fn for_stdout(t: &str) -> std::borrow::Cow<'_, str> {
-    if std::io::stdout().is_terminal() {
-        text::escape_str(t, Keep::LineBreaks)
-    } else {
-        std::borrow::Cow::Borrowed(t)
     }
 }
 

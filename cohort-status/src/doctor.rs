@@ -3,21 +3,25 @@
 //! The report has parts, each gathered by its own function:
 //!
 //! - [`runtime_now`]: the runtime `cohort-spawn` would capture now (default request: flags
-//!   absent, so `COHORT_NODE`/`COHORT_PI_ENTRY`, else `PATH`) and why it is or isn't valid;
+//!   absent, so `COHORT_NODE`/`COHORT_PI_ENTRY`, else `PATH`) and why it is or isn't valid,
+//!   its Node version and Pi package version, and whether that Node meets the package's
+//!   `engines.node` ([`crate::engines`]);
 //! - [`recorded_runtimes`]: each distinct runtime recorded by live or revivable runs, and
 //!   whether it is still present and valid (a revival uses it, never today's `PATH`);
 //! - [`state_root`]: the state root, whether it exists, its owner and permission bits (it
 //!   should be 0700 and ours: tasks and outputs may hold secrets);
 //! - counts per state (through the index, so only active records are read);
 //! - the legacy runs directory, if any;
-//! - disk use of the state root (a walk that never follows symlinks), split by part.
+//! - disk use of the state root (a walk that never follows symlinks), split by part;
+//! - whether logout kills runners (systemd-logind, [`crate::logind`]).
 //!
 //! The text form ([`render`]) shows paths, errors and ids with control characters escaped
 //! ([`cohort_common::text`]): they come from records and from the environment.
 //!
 //! Exit status (binary): 0 when nothing is wrong, 1 when the report holds a warning (invalid
-//! runtime now, a recorded runtime gone, a state root others can read or owned by someone
-//! else).
+//! runtime now, a Node outside its Pi package's `engines.node`, a recorded runtime gone, a
+//! state root others can read or owned by someone else, logind killing the user's processes
+//! at logout).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -30,12 +34,15 @@ use cohort_common::error::Result;
 use cohort_common::format::layout::{
     RunDir, StateRoot, INDEX_DIR, NESTED_RUNS_DIR, RUNS_DIR, SESSIONS_DIR,
 };
+use cohort_common::format::record::now_ms;
 use cohort_common::identity::runtime::{self, RuntimeRequest};
 use cohort_common::os::files::{self, Hidden};
 use cohort_common::os::tree;
-use cohort_common::store::discover::Origin;
+use cohort_common::store::discover::{self, Origin};
 use cohort_common::store::index::{Outcome, View};
 use cohort_common::text::{untrusted, untrusted_path};
+
+use crate::engines;
 
 /// The runtime part of the report.
 #[derive(Clone, Debug, Serialize)]
@@ -47,26 +54,77 @@ pub struct RuntimeReport {
     pub runtime: Option<runtime::Runtime>,
     /// Why there is no valid runtime.
     pub error: Option<String>,
+    /// What its Node prints for `node --version` (e.g. `v22.23.5`); `None` without a valid
+    /// runtime or when Node did not answer (then a warning says why).
+    pub node_version: Option<String>,
+    /// Name, version and `engines.node` of its Pi package; `None` without a valid runtime.
+    pub pi_package: Option<runtime::PackageInfo>,
+    /// Problems with a runtime that is otherwise valid: a Node that does not answer
+    /// `--version`, or one outside the Pi package's `engines.node`.
+    pub warnings: Vec<String>,
 }
 
-/// The runtime `cohort-spawn` would capture now, with the default request.
+/// The runtime `cohort-spawn` would capture now, with the default request, with its Node and
+/// Pi versions (this runs `node --version`: see [`engines::node_version`]).
 pub fn runtime_now() -> RuntimeReport {
     match runtime::capture(&RuntimeRequest::default()) {
-        Ok((rt, src)) => RuntimeReport {
-            source: Some(
-                serde_json::to_value(src)
-                    .ok()
-                    .and_then(|v| v.as_str().map(String::from))
-                    .unwrap_or_default(),
-            ),
-            runtime: Some(rt),
-            error: None,
-        },
+        Ok((rt, src)) => {
+            let node_version = engines::node_version(&rt.node_exec_path).map_err(|e| e.to_string());
+            let pi_package = runtime::package_info(&rt.pi_package_root);
+            let warnings = runtime_warnings(&rt, pi_package.as_ref().ok(), &node_version);
+            RuntimeReport {
+                source: Some(
+                    serde_json::to_value(src)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default(),
+                ),
+                node_version: node_version.ok(),
+                pi_package: pi_package.ok(),
+                runtime: Some(rt),
+                error: None,
+                warnings,
+            }
+        }
         Err(e) => RuntimeReport {
             source: None,
             runtime: None,
             error: Some(e.to_string()),
+            node_version: None,
+            pi_package: None,
+            warnings: Vec::new(),
         },
+    }
+}
+
+/// What is wrong with a valid runtime `rt` whose package says `pkg` and whose Node answered
+/// `node_version` (its `--version` output, or why it did not answer). Pure. An unreadable
+/// `engines.node` is not a warning: the range is the package's claim, and cohort cannot judge
+/// it.
+pub fn runtime_warnings(
+    rt: &runtime::Runtime,
+    pkg: Option<&runtime::PackageInfo>,
+    node_version: &std::result::Result<String, String>,
+) -> Vec<String> {
+    let version = match node_version {
+        Ok(v) => v,
+        Err(e) => return vec![format!("cannot tell the Node version: {e}")],
+    };
+    let Some(pkg) = pkg else {
+        return Vec::new();
+    };
+    match engines::check(pkg.node_engines.as_deref(), version) {
+        engines::Verdict::NotMet => vec![format!(
+            "{} {} needs Node {} (engines.node) but {} is {version}: Pi will fail to start on it; \
+             install a Node that meets the range and put it first on PATH (or pass --node)",
+            pkg.name,
+            pkg.version.as_deref().unwrap_or("(no version)"),
+            pkg.node_engines.as_deref().unwrap_or_default(),
+            rt.node_exec_path.display(),
+        )],
+        engines::Verdict::Met | engines::Verdict::NoRange | engines::Verdict::Unreadable(_) => {
+            Vec::new()
+        }
     }
 }
 
@@ -229,18 +287,27 @@ pub struct Report {
     pub top_level_counts: BTreeMap<String, usize>,
     /// The legacy runs directory, when it exists, and how many entries it holds.
     pub legacy: Option<(PathBuf, usize)>,
+    /// Staging directories (`.spawn-<id>`) of starts that are provably over: the next
+    /// cohort-reap removes them.
+    pub abandoned_starts: Vec<PathBuf>,
+    /// Staging directories of starts in progress (their lock is held).
+    pub starts_in_progress: usize,
     /// Bytes on disk under the state root, by part (`runs`, `nested`, `sessions`, `index`,
     /// `other`, `total`), and `tmp`: how much of `runs` and `nested` is the runs' private temp
     /// dirs.
     pub disk_bytes: BTreeMap<String, u64>,
+    /// Whether logout kills runners (systemd-logind).
+    pub logind: crate::logind::LogindReport,
 }
 
 impl Report {
     /// Whether anything in the report is a problem (exit 1).
     pub fn has_warnings(&self) -> bool {
         self.runtime.error.is_some()
+            || !self.runtime.warnings.is_empty()
             || !self.state_root.warnings.is_empty()
             || self.recorded_runtimes.iter().any(|r| r.error.is_some())
+            || self.logind.warning.is_some()
     }
 }
 
@@ -248,8 +315,17 @@ impl Report {
 pub fn doctor(root: &StateRoot) -> Result<Report> {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut view = View::open(root)?;
-    for k in view.terminal().clone().values() {
-        *counts.entry(k.state.as_str().to_string()).or_default() += 1;
+    // Counted from the directory as it is: the index's terminal log may still hold runs that
+    // were reaped since it was written.
+    let present: std::collections::HashSet<String> = view
+        .all()
+        .into_iter()
+        .filter_map(|e| e.name.into_string().ok())
+        .collect();
+    for (id, k) in view.terminal().iter() {
+        if present.contains(id) {
+            *counts.entry(k.state.as_str().to_string()).or_default() += 1;
+        }
     }
     let live: Vec<cohort_common::store::discover::Found> = view
         .active
@@ -292,13 +368,21 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         let n = files::list_dir(&legacy_dir, Hidden::Include).map_or(0, |v| v.len());
         (legacy_dir.clone(), n)
     });
+    let staging = discover::staging_dirs(root)?;
+    let abandoned: Vec<PathBuf> = discover::abandoned_staging(root, now_ms())?
+        .into_iter()
+        .map(|d| d.path().to_path_buf())
+        .collect();
     Ok(Report {
+        starts_in_progress: staging.len().saturating_sub(abandoned.len()),
+        abandoned_starts: abandoned,
         runtime: runtime_now(),
         recorded_runtimes: recorded_runtimes(root)?,
         state_root: state_root(root),
         top_level_counts: counts,
         legacy,
         disk_bytes: disk_use(root),
+        logind: crate::logind::check(),
     })
 }
 
@@ -353,17 +437,35 @@ pub fn render(r: &Report) -> String {
                 r.runtime.source.as_deref().unwrap_or("?")
             ));
             s.push_str(&format!(
-                "  node        {}\n",
+                "  node         {}\n",
                 untrusted_path(&rt.node_exec_path)
             ));
             s.push_str(&format!(
-                "  pi entry    {}\n",
+                "  node version {}\n",
+                untrusted(r.runtime.node_version.as_deref().unwrap_or("unknown"))
+            ));
+            s.push_str(&format!(
+                "  pi entry     {}\n",
                 untrusted_path(&rt.pi_entry_path)
             ));
             s.push_str(&format!(
-                "  pi package  {}\n",
+                "  pi package   {}\n",
                 untrusted_path(&rt.pi_package_root)
             ));
+            if let Some(p) = &r.runtime.pi_package {
+                s.push_str(&format!(
+                    "  pi version   {} {}{}\n",
+                    untrusted(&p.name),
+                    untrusted(p.version.as_deref().unwrap_or("(no version)")),
+                    p.node_engines
+                        .as_deref()
+                        .map(|e| format!(" (needs Node {})", untrusted(e)))
+                        .unwrap_or_default()
+                ));
+            }
+            for w in &r.runtime.warnings {
+                s.push_str(&format!("  WARNING: {}\n", untrusted(w)));
+            }
         }
         (None, Some(e)) => s.push_str(&format!("  NOT VALID: {}\n", untrusted(e))),
         (None, None) => s.push_str("  unknown\n"),
@@ -417,6 +519,18 @@ pub fn render(r: &Report) -> String {
         )),
         None => s.push_str("legacy runs: none found\n"),
     }
+    if r.starts_in_progress > 0 {
+        s.push_str(&format!("starts in progress: {}\n", r.starts_in_progress));
+    }
+    if !r.abandoned_starts.is_empty() {
+        s.push_str(&format!(
+            "abandoned starts: {} staging directories (the next cohort-reap removes them)\n",
+            r.abandoned_starts.len()
+        ));
+        for p in &r.abandoned_starts {
+            s.push_str(&format!("  {}\n", p.display()));
+        }
+    }
     s.push_str("disk use:\n");
     for (k, v) in r.disk_bytes.iter().filter(|(k, _)| *k != "tmp") {
         s.push_str(&format!("  {k:<10} {}\n", human_bytes(*v)));
@@ -426,6 +540,23 @@ pub fn render(r: &Report) -> String {
             "  of which {} in the runs' temp dirs (Pi's full tool output; reaped with each run)\n",
             human_bytes(*t)
         ));
+    }
+    let l = &r.logind;
+    let word = |v: Option<bool>| match v {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "unknown",
+    };
+    match l.source {
+        "none" => s.push_str("logout: not a systemd host; logind does not end runners\n"),
+        src => s.push_str(&format!(
+            "logout (systemd-logind, from {src}): KillUserProcesses {}, linger {}\n",
+            word(l.kill_user_processes),
+            word(l.linger)
+        )),
+    }
+    if let Some(w) = &l.warning {
+        s.push_str(&format!("  WARNING: {w}\n"));
     }
     s
 }
@@ -495,6 +626,37 @@ mod tests {
         assert!(
             du["total"] < du["tmp"] + (64 << 10),
             "tmp is a part, not added: {du:?}"
+        );
+    }
+
+    #[test]
+    fn a_node_outside_engines_is_a_warning() {
+        let rt = runtime::Runtime {
+            node_exec_path: "/usr/bin/node".into(),
+            pi_entry_path: "/p/dist/bundle/cli.js".into(),
+            pi_package_root: "/p".into(),
+        };
+        let pkg = |engines: Option<&str>| runtime::PackageInfo {
+            name: "@earendil-works/pi-coding-agent".into(),
+            version: Some("1.6.0".into()),
+            node_engines: engines.map(String::from),
+        };
+        let w = runtime_warnings(&rt, Some(&pkg(Some(">=22.19.0"))), &Ok("v20.20.2".into()));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("@earendil-works/pi-coding-agent 1.6.0 needs Node >=22.19.0")
+                && w[0].contains("/usr/bin/node is v20.20.2"),
+            "{w:?}"
+        );
+        let met = runtime_warnings(&rt, Some(&pkg(Some(">=22.19.0"))), &Ok("v22.23.5".into()));
+        assert!(met.is_empty(), "{met:?}");
+        assert!(runtime_warnings(&rt, Some(&pkg(None)), &Ok("v1.0.0".into())).is_empty());
+        assert!(runtime_warnings(&rt, Some(&pkg(Some("?!"))), &Ok("v1.0.0".into())).is_empty());
+        assert!(runtime_warnings(&rt, None, &Ok("v1.0.0".into())).is_empty());
+        let silent = runtime_warnings(&rt, Some(&pkg(Some(">=22"))), &Err("timed out".into()));
+        assert_eq!(
+            silent,
+            vec!["cannot tell the Node version: timed out".to_string()]
         );
     }
 }

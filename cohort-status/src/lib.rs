@@ -4,20 +4,22 @@
 //! - [`cmd`]: the command line and what each mode does;
 //! - [`listing`]: which runs a listing shows, read through the store's index;
 //! - [`render`]: the table, the single-run view and `--json` lines;
-//! - [`wait`]: `--wait` (a blocking lock, no polling) and `--follow`;
-//! - [`output`]: a run's answer for `--output`;
+//! - [`follow`]: `--follow`, a `tail -f` of a run's output logs;
 //! - [`check`]: the cron check;
-//! - [`doctor`]: the installation report.
+//! - [`doctor`]: the installation report;
+//! - [`engines`]: whether a runtime's Node meets its Pi package's `engines.node`.
+//! - [`logind`]: whether logout kills runners on a systemd host.
 //!
-//! Reading runs (discovery, reconciliation, the index) is `cohort_common::store`'s: every
-//! program reads runs the same way.
+//! Reading runs (discovery, reconciliation, the index), waiting on them (`--wait`) and their
+//! answer (`--output`) are `cohort_common::store`'s: every program reads runs the same way.
 
 #![deny(missing_docs)]
 
 pub mod check;
 pub mod cmd;
 pub mod doctor;
+pub mod engines;
+pub mod follow;
 pub mod listing;
-pub mod output;
+pub mod logind;
 pub mod render;
-pub mod wait;

@@ -23,7 +23,8 @@ use crate::render::Row;
 use cohort_common::error::Result;
 use cohort_common::format::id::id_time;
 use cohort_common::format::layout::StateRoot;
-use cohort_common::format::record::{now_ms, RunState};
+use cohort_common::format::record::Now;
+use cohort_common::format::record::RunState;
 use cohort_common::os::files::{Entry, EntryKind};
 use cohort_common::store::discover::{Found, Origin};
 use cohort_common::store::index::{Known, Outcome, View};
@@ -44,20 +45,24 @@ pub struct ListOptions {
     pub tree: bool,
 }
 
-/// Whether an observed run passes the filters (pure). `cutoff` is in ms since epoch; a run
-/// without `startedAt` is timed by its id.
+/// Whether an observed run passes the filters (pure). `since` is the window of `--since` in
+/// ms, measured back from `now` ([`cohort_common::format::record::RunRecord::started_ago`]: the boot clock on the same boot,
+/// so a wall-clock step neither hides a new run nor shows an old one); a run without
+/// `startedAt` is timed by its id.
 pub fn passes(
     row: &std::result::Result<Observed, String>,
     id: &str,
     states: &[RunState],
-    cutoff: Option<u64>,
+    since: Option<u64>,
+    now: &Now,
 ) -> bool {
-    let started = match row {
-        Ok(o) => o.record.started_at.or_else(|| id_time(id)),
-        Err(_) => id_time(id),
+    let by_id = || id_time(id).map(|t| now.wall_ms.saturating_sub(t));
+    let age = match row {
+        Ok(o) => o.record.started_ago(now).or_else(by_id),
+        Err(_) => by_id(),
     };
-    if let Some(c) = cutoff {
-        if started.is_none_or(|s| s < c) {
+    if let Some(window) = since {
+        if age.is_none_or(|a| a > window) {
             return false;
         }
     }
@@ -69,12 +74,12 @@ pub fn passes(
 
 /// Whether a run the index knows as terminal could pass the filters; `false` means it need not
 /// be read at all (pure).
-pub fn may_pass(k: &Known, states: &[RunState], cutoff: Option<u64>) -> bool {
+pub fn may_pass(k: &Known, states: &[RunState], since: Option<u64>, now: &Now) -> bool {
     if !states.is_empty() && !states.contains(&k.state) {
         return false;
     }
-    match (cutoff, k.started_at) {
-        (Some(c), Some(s)) => s >= c,
+    match (since, k.started_ago(now)) {
+        (Some(window), Some(age)) => age <= window,
         _ => true,
     }
 }
@@ -120,9 +125,9 @@ pub struct Listing {
 
 /// List runs per `opts`, reading as little as the options allow.
 pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
-    let now = now_ms();
-    let cutoff = opts.since.map(|d| now.saturating_sub(d.as_millis() as u64));
-    let filtered = !opts.states.is_empty() || cutoff.is_some();
+    let clock = Now::current();
+    let since = opts.since.map(|d| d.as_millis() as u64);
+    let filtered = !opts.states.is_empty() || since.is_some();
     let only_active = !opts.states.is_empty() && opts.states.iter().all(|s| !s.is_terminal());
     let mut view = View::open(root)?;
 
@@ -191,7 +196,7 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
                 c.found.origin != Origin::TopLevel
                     || known
                         .get(&c.found.id)
-                        .is_none_or(|k| may_pass(k, &opts.states, cutoff))
+                        .is_none_or(|k| may_pass(k, &opts.states, since, &clock))
             })
             .take(need.max(64))
             .collect();
@@ -215,7 +220,7 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
                 view.note(file_name(&c.found), outcome_of(&obs));
                 seen.insert(c.found.id.clone());
             }
-            if rows.len() < limit && passes(&obs, &c.found.id, &opts.states, cutoff) {
+            if rows.len() < limit && passes(&obs, &c.found.id, &opts.states, since, &clock) {
                 let started = obs.as_ref().ok().and_then(|o| o.record.started_at);
                 let time = if c.time == 0 {
                     started.unwrap_or(0)
@@ -467,33 +472,53 @@ mod tests {
             state: RunState::Complete,
             started_at: Some(1_000),
             ended_at: Some(2_000),
+            boot: None,
         };
-        assert!(may_pass(&k, &[], None));
-        assert!(!may_pass(&k, &[RunState::Failed], None));
-        assert!(may_pass(&k, &[RunState::Failed, RunState::Complete], None));
-        assert!(!may_pass(&k, &[], Some(1_001)));
-        assert!(may_pass(&k, &[], Some(1_000)));
+        let now = Now::wall(3_000);
+        assert!(may_pass(&k, &[], None, &now));
+        assert!(!may_pass(&k, &[RunState::Failed], None, &now));
+        assert!(may_pass(
+            &k,
+            &[RunState::Failed, RunState::Complete],
+            None,
+            &now
+        ));
+        assert!(!may_pass(&k, &[], Some(1_999), &now));
+        assert!(may_pass(&k, &[], Some(2_000), &now));
+        // Started on this boot 500 ms ago by the boot clock, whatever the wall clock says.
+        let k = Known {
+            boot: Some((*b"abcdef01", Some(9_500), None)),
+            ..k
+        };
+        let now = Now {
+            wall_ms: 90_000_000,
+            boot_id: "abcdef01-0000".into(),
+            boot_ms: Some(10_000),
+        };
+        assert!(may_pass(&k, &[], Some(1_000), &now));
     }
 
     #[test]
     fn filters() {
         let id = "01a22a44-9e62-7266-ab9d-e5b500ee829c";
         let err: std::result::Result<Observed, String> = Err("bad".into());
-        assert!(passes(&err, id, &[], None));
-        assert!(!passes(&err, id, &[RunState::Failed], None));
+        assert!(!passes(&err, id, &[RunState::Failed], None, &Now::wall(0)));
         let mut rec = cohort_common::format::record::RunRecord::queued(
             &id.parse().unwrap(),
             cohort_common::format::record::RunMode::Single,
         );
         rec.state = RunState::Failed;
         rec.started_at = Some(5_000);
+        rec.clock = None;
         let ok = Ok(Observed {
             record: rec,
             judgement: Judgement::Trusted,
             liveness: cohort_common::os::lock::Liveness::Free,
         });
-        assert!(passes(&ok, id, &[RunState::Failed], Some(5_000)));
-        assert!(!passes(&ok, id, &[RunState::Failed], Some(5_001)));
-        assert!(!passes(&ok, id, &[RunState::Complete], None));
+        let now = Now::wall(10_000);
+        assert!(passes(&ok, id, &[RunState::Failed], Some(5_000), &now));
+        assert!(!passes(&ok, id, &[RunState::Failed], Some(4_999), &now));
+        assert!(!passes(&ok, id, &[RunState::Complete], None, &now));
+        assert!(passes(&err, id, &[], None, &now));
     }
 }

@@ -20,10 +20,10 @@ use serde_json::json;
 
 use cohort_common::duration;
 use cohort_common::format::layout::RunDir;
-use cohort_common::format::record::{now_ms, RunRecord, RunState, StepStatus};
+use cohort_common::format::record::{now_ms, Now, RunRecord, RunState, StepStatus};
 use cohort_common::os::lock::Liveness;
 use cohort_common::store::discover::Origin;
-use cohort_common::store::observe::{Judgement, Observed};
+use cohort_common::store::observe::Observed;
 use cohort_common::text::{self, untrusted, untrusted_path};
 
 /// One listed run: what was read, or why it could not be.
@@ -79,20 +79,16 @@ fn paint(word: &str, colour: bool) -> String {
         "complete" => "32",
         "failed" | "lost" | "error" => "31",
         "running" => "36",
-        "queued" | "queued?" => "33",
+        "queued" => "33",
         _ => "2",
     };
     format!("\x1b[{code}m{word}\x1b[0m")
 }
 
-/// The state word shown for an observed run: `queued?` marks an unresolved queued run, `lost`
-/// a `running` record that has no lock file (so it cannot be reconciled).
+/// The state word shown for an observed run: the record's state, as every reader reports it
+/// (a run whose runner or start is provably gone was settled `failed` by the observation).
 pub fn state_word(o: &Observed) -> String {
-    match o.judgement {
-        Judgement::Unresolved => "queued?".to_string(),
-        Judgement::Lost => "lost".to_string(),
-        _ => o.record.state.as_str().to_string(),
-    }
+    o.record.state.as_str().to_string()
 }
 
 fn steps_done(r: &RunRecord) -> String {
@@ -104,12 +100,21 @@ fn steps_done(r: &RunRecord) -> String {
     format!("{done}/{}", r.steps.len())
 }
 
-fn duration_of(r: &RunRecord, now: u64) -> String {
-    match (r.started_at, r.ended_at) {
-        (Some(s), Some(e)) => duration::human(e.saturating_sub(s)),
-        (Some(s), None) if r.state == RunState::Running => duration::human(now.saturating_sub(s)),
+/// The run's duration ([`RunRecord::duration_ms`]: the boot clock on one boot, never
+/// negative), for a run that has run at all.
+fn duration_of(r: &RunRecord, now: &Now) -> String {
+    let ran = r.ended_at.is_some() || r.state == RunState::Running;
+    match r.duration_ms(now) {
+        Some(ms) if ran => duration::human(ms),
         _ => "-".into(),
     }
+}
+
+/// "3m ago": how long ago the run started ([`RunRecord::started_ago`]).
+fn age_of(r: &RunRecord, now: &Now) -> String {
+    r.started_ago(now)
+        .map(duration::age)
+        .unwrap_or_else(|| "-".into())
 }
 
 /// The table: ID, STATE, MODE, AGENT, AGE, DURATION, STEPS, TASK. Error rows show `error` and
@@ -117,7 +122,7 @@ fn duration_of(r: &RunRecord, now: u64) -> String {
 /// and name their parent step; legacy and (flat) nested rows are marked in the TASK column.
 /// `colour` paints the state word (see [`use_colour`]).
 pub fn table(rows: &[Row], colour: bool) -> String {
-    let now = now_ms();
+    let now = Now::current();
     let mut cells: Vec<[String; 8]> = vec![[
         "ID".into(),
         "STATE".into(),
@@ -156,19 +161,14 @@ pub fn table(rows: &[Row], colour: bool) -> String {
         cells.push(match &row.observed {
             Ok(o) => {
                 let r = &o.record;
-                let mut task = format!("{marks}{}", r.task_summary(60));
-                if o.judgement == Judgement::Unresolved {
-                    task = format!("{marks}(no runner; start a new run) {}", r.task_summary(60));
-                }
+                let task = format!("{marks}{}", r.task_summary(60));
                 [
                     short,
                     state_word(o),
                     mode_word(r),
                     r.steps.first().map(|s| s.agent.clone()).unwrap_or_default(),
-                    r.started_at
-                        .map(|s| duration::age(now.saturating_sub(s)))
-                        .unwrap_or("-".into()),
-                    duration_of(r, now),
+                    age_of(r, &now),
+                    duration_of(r, &now),
                     steps_done(r),
                     task,
                 ]
@@ -238,11 +238,10 @@ pub fn json_line(row: &Row) -> String {
             let rec = serde_json::to_string(&o.record).unwrap_or_else(|_| "{}".into());
             let mut s = String::with_capacity(rec.len() + 128);
             s.push_str(&format!(
-                "{{\"shortId\":{},\"origin\":\"{}\",\"live\":{},\"unresolved\":{}",
+                "{{\"shortId\":{},\"origin\":\"{}\",\"live\":{},\"unresolved\":false",
                 json!(cohort_common::format::id::short_of(&row.id)),
                 row.origin.word(),
                 o.liveness == Liveness::Held,
-                o.judgement == Judgement::Unresolved
             ));
             match rec.strip_prefix('{') {
                 Some(rest) if rest != "}" => {
@@ -273,20 +272,6 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
             &mut s,
             "origin",
             "legacy pi-subagents record (read-only: never reconciled, rewritten or revived)".into(),
-        );
-    }
-    if o.judgement == Judgement::Lost {
-        line(
-            &mut s,
-            "note",
-            "the record says running but there is no runner lock file: no runner can exist".into(),
-        );
-    }
-    if o.judgement == Judgement::Unresolved {
-        line(
-            &mut s,
-            "note",
-            "queued, but no runner ever took it: it will not run; start a new run".into(),
         );
     }
     let live_below = children
@@ -329,14 +314,9 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
             ),
         );
     }
-    line(
-        &mut s,
-        "started",
-        r.started_at
-            .map(|t| duration::age(now.saturating_sub(t)))
-            .unwrap_or("-".into()),
-    );
-    line(&mut s, "duration", duration_of(r, now));
+    let clock = Now::current();
+    line(&mut s, "started", age_of(r, &clock));
+    line(&mut s, "duration", duration_of(r, &clock));
     if let Some(cwd) = &r.cwd {
         line(&mut s, "cwd", cwd.display().to_string());
     }
@@ -432,7 +412,12 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
         }
     }
     s.push_str("paths:\n");
-    for (k, p) in crate::output::paths_of(dir) {
+    for (k, p) in [
+        ("dir", dir.path().to_path_buf()),
+        ("status", dir.status()),
+        ("events", dir.events()),
+        ("runner log", dir.runner_log()),
+    ] {
         s.push_str(&format!("  {k:<11} {}\n", untrusted_path(&p)));
     }
     s
@@ -441,6 +426,7 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cohort_common::store::observe::Judgement;
     use std::ffi::OsStr;
 
     #[test]
@@ -507,14 +493,14 @@ mod tests {
             Origin::Nested { root: "r".into() },
             Ok(Observed {
                 record: rec,
-                judgement: Judgement::Unresolved,
+                judgement: Judgement::Starting,
                 liveness: Liveness::Free,
             }),
         );
         let v: serde_json::Value = serde_json::from_str(&json_line(&row)).unwrap();
         assert_eq!(v["shortId"], "e5b500ee829c");
         assert_eq!(v["origin"], "nested");
-        assert_eq!(v["unresolved"], true);
+        assert_eq!(v["unresolved"], false);
         assert_eq!(v["live"], false);
         assert_eq!(v["state"], "queued");
         let err = Row::new("x".into(), Origin::TopLevel, Err("bad".into()));

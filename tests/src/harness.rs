@@ -1,8 +1,7 @@
-//! Test environment: installs the pinned Pi CLI once (under a file lock), builds the workspace
-//! binaries once, and gives each test a temp profile, a fake model server and helpers to run
+//! Test environment: installs the Pi generation under test once (under a file lock; see
+//! [`crate::pi`]), builds the workspace binaries once, and gives each test a temp profile, a fake model server and helpers to run
 //! the binaries and wait on conditions.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -12,10 +11,6 @@ use serde_json::Value;
 
 use crate::fake_server::{self, FakeServer};
 
-/// The Pi version the suite pins.
-pub const PI_VERSION: &str = "0.73.1";
-/// The npm package.
-pub const PI_PACKAGE: &str = "@mariozechner/pi-coding-agent";
 /// Flags that keep a Pi child hermetic (no extensions, skills, templates, themes, context
 /// files from the machine).
 pub const HERMETIC: [&str; 5] = [
@@ -34,49 +29,22 @@ pub fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
-/// Where the pinned Pi CLI is installed (an ignored folder of the workspace).
+/// Where the Pi generation under test is installed (an npm prefix under the workspace's ignored
+/// `.pi-cli/`; see [`crate::pi`]).
 pub fn pi_install_dir() -> PathBuf {
-    workspace().join(".pi-cli").join(PI_VERSION)
+    crate::pi::generation().install_dir()
 }
 
-fn which(name: &str) -> Option<PathBuf> {
-    cohort_common::identity::runtime::find_on_path(
-        name,
-        &std::env::var_os("PATH").unwrap_or_default(),
-    )
-}
-
-/// Install the pinned Pi CLI into [`pi_install_dir`] unless present; returns its `dist/cli.js`.
-/// Panics with what to install when node or npm is missing: the suite never passes silently.
+/// Install the Pi generation under test unless present ([`crate::pi::install`]); returns its
+/// declared CLI (`dist/cli.js` for 0.73, `dist/bundle/cli.js` for 1.6).
 pub fn pi_entry() -> PathBuf {
-    static ENTRY: OnceLock<PathBuf> = OnceLock::new();
-    ENTRY
-        .get_or_init(|| {
-            let dir = pi_install_dir();
-            let entry = dir.join("node_modules").join(PI_PACKAGE).join("dist/cli.js");
-            if entry.is_file() {
-                return entry;
-            }
-            assert!(
-                which("node").is_some() && which("npm").is_some(),
-                "the end-to-end suite needs Node.js 20+ and npm on PATH (Debian: apt-get install nodejs npm) to install {PI_PACKAGE}@{PI_VERSION}"
-            );
-            std::fs::create_dir_all(&dir).expect("create .pi-cli");
-            let lock = File::create(dir.join("install.lock")).expect("lock file");
-            lock.lock().expect("lock");
-            if !entry.is_file() {
-                let status = Command::new("npm")
-                    .args(["install", "--no-audit", "--no-fund", "--loglevel=error", "--prefix"])
-                    .arg(&dir)
-                    .arg(format!("{PI_PACKAGE}@{PI_VERSION}"))
-                    .status()
-                    .expect("run npm");
-                assert!(status.success(), "npm install {PI_PACKAGE}@{PI_VERSION} failed: {status}");
-            }
-            assert!(entry.is_file(), "{} missing after npm install", entry.display());
-            entry
-        })
-        .clone()
+    crate::pi::installed().entry.clone()
+}
+
+/// The Node the Pi generation under test runs on: the system's when it meets the package's
+/// `engines.node`, else the pinned one [`crate::pi::install`] put in `.pi-cli/`.
+pub fn node() -> PathBuf {
+    crate::pi::installed().node.clone()
 }
 
 /// The directory holding the workspace binaries, built once per test process with
@@ -108,13 +76,13 @@ pub fn bin_dir() -> PathBuf {
     .clone()
 }
 
-/// Write a synthetic Pi package at `dir` (the real package's name, `bin.pi` = `dist/cli.js`)
+/// Write a synthetic Pi package at `dir` (a real Pi package name, `bin.pi` = `dist/cli.js`)
 /// whose CLI is `js`; returns the entry path. For cases the real Pi cannot produce.
 pub fn fake_pi_package(dir: &Path, js: &str) -> PathBuf {
     std::fs::create_dir_all(dir.join("dist")).unwrap();
     std::fs::write(
         dir.join("package.json"),
-        serde_json::json!({"name": PI_PACKAGE, "version": "0.0.0-synthetic", "bin": {"pi": "dist/cli.js"}}).to_string(),
+        serde_json::json!({"name": crate::pi::GENERATIONS[0].package, "version": "0.0.0-synthetic", "bin": {"pi": "dist/cli.js"}}).to_string(),
     )
     .unwrap();
     let entry = dir.join("dist/cli.js");
@@ -122,7 +90,8 @@ pub fn fake_pi_package(dir: &Path, js: &str) -> PathBuf {
     entry
 }
 
-/// One test's world: temp HOME and profile, a fake server, a PATH with `pi` and `node`.
+/// One test's world: temp HOME and profile, a fake server, a PATH with `pi` and `node` of the
+/// Pi generation under test.
 pub struct TestEnv {
     /// Keeps the temp dir alive.
     pub tmp: tempfile::TempDir,
@@ -130,18 +99,21 @@ pub struct TestEnv {
     pub home: PathBuf,
     /// `$PI_CODING_AGENT_DIR`.
     pub profile: PathBuf,
-    /// A dir on `PATH` holding a `pi` symlink to the pinned CLI.
+    /// A dir first on `PATH` holding `pi` and `node` symlinks to the pinned CLI and its Node.
     pub path_bin: PathBuf,
     /// The fake model server.
     pub server: FakeServer,
     /// The pinned Pi entry.
     pub pi_entry: PathBuf,
+    /// The Node it runs on.
+    pub node: PathBuf,
 }
 
 impl TestEnv {
     /// A fresh world.
     pub fn new() -> TestEnv {
         let pi_entry = pi_entry();
+        let node = node();
         bin_dir();
         let tmp = tempfile::tempdir().expect("tempdir");
         let home = tmp.path().join("home");
@@ -151,6 +123,7 @@ impl TestEnv {
             std::fs::create_dir_all(d).unwrap();
         }
         std::os::unix::fs::symlink(&pi_entry, path_bin.join("pi")).unwrap();
+        std::os::unix::fs::symlink(&node, path_bin.join("node")).unwrap();
         let server = FakeServer::start(&tmp.path().join("requests.jsonl")).expect("fake server");
         fake_server::write_pi_profile(&profile, &server).unwrap();
         TestEnv {
@@ -160,6 +133,7 @@ impl TestEnv {
             path_bin,
             server,
             pi_entry,
+            node,
         }
     }
 
@@ -168,7 +142,7 @@ impl TestEnv {
         cohort_common::format::layout::StateRoot::for_profile(&self.profile)
     }
 
-    /// `PATH` for the binaries: our `pi`, then the system's.
+    /// `PATH` for the binaries: our `pi` and `node`, then the system's.
     pub fn path_var(&self) -> std::ffi::OsString {
         let mut dirs = vec![self.path_bin.clone()];
         dirs.extend(std::env::split_paths(

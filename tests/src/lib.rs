@@ -1,5 +1,5 @@
-//! The end-to-end harness of cohort: a fake model server, the pinned Pi CLI, and a temp Pi
-//! profile per test, driving the real binaries.
+//! The end-to-end harness of cohort: a fake model server, a pinned Pi CLI (either generation,
+//! see [`pi`]), and a temp Pi profile per test, driving the real binaries.
 //!
 //! Every test gets its own `HOME` and `PI_CODING_AGENT_DIR` in a temp dir, so runs never touch
 //! the user's profile, and a fake model server on 127.0.0.1. Waits poll a condition with a
@@ -7,3 +7,4 @@
 
 pub mod fake_server;
 pub mod harness;
+pub mod pi;

@@ -99,12 +99,24 @@ fn start_errors_leave_a_failed_record() {
         "not inside an npm package",
         true,
     );
-    let not_cli = env.pi_entry.parent().unwrap().join("main.js");
+    // Pi 1.x still ships dist/cli.js, the 0.x CLI path, beside its declared dist/bundle/cli.js:
+    // the likeliest wrong entry. The refusal names the declared one.
+    let g = cohort_e2e::pi::generation();
+    let root = g.package_root_in(&cohort_e2e::harness::pi_install_dir());
+    let not_cli = root.join(if g.is_1x() {
+        "dist/cli.js"
+    } else {
+        "dist/main.js"
+    });
+    assert!(not_cli.is_file(), "{} exists", not_cli.display());
     refused(
         &env,
         &["--pi-entry", not_cli.to_str().unwrap(), "t"],
         3,
-        "not the package's declared CLI",
+        &format!(
+            "not the package's declared CLI; use {}, the package's declared CLI",
+            env.pi_entry.canonicalize().unwrap().display()
+        ),
         true,
     );
 }

@@ -911,3 +911,135 @@ fn a_reap_racing_a_live_runner_removes_the_run_only_after_its_runner_exited() {
     );
     assert!(!env.run_dir(&id).exists());
 }
+
+/// Point step 0 of run `id`'s record (top-level) at `session`, as a start with `--session` or
+/// `--revive` does: the run's own session dir then stays empty.
+fn set_session(env: &TestEnv, id: &str, session: &Path) {
+    std::fs::remove_file(
+        env.state_root()
+            .default_session_dir(id)
+            .join("step-0.jsonl"),
+    )
+    .unwrap();
+    let dir = env.state_root().run_dir(id);
+    let mut r = record::load(&dir.status()).unwrap();
+    r.steps[0].session_file = Some(session.to_path_buf());
+    record::store(&dir.status(), &r).unwrap();
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| a.iter().map(|s| s.as_str().unwrap().to_string()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn sessions_removes_what_cohort_created_and_keeps_what_the_user_named_or_a_run_uses() {
+    let env = TestEnv::new();
+    let root = env.state_root();
+    let own = |id: &str| root.default_session_dir(id).join("step-0.jsonl");
+    // A run and its nested run, with cohort's own session files and a route.
+    let plain = top(&env, RunState::Complete, HOUR);
+    let child = nested(&env, &plain, RunState::Complete);
+    // A run started with --session on a file of the user's.
+    let named = top(&env, RunState::Complete, HOUR);
+    let user_file = env.tmp.path().join("mine.jsonl");
+    std::fs::write(&user_file, b"{\"type\":\"session\"}\n").unwrap();
+    set_session(&env, &named, &user_file);
+    // An original and its revival (which stays): the revival continues the original's file.
+    let original = top(&env, RunState::Complete, HOUR);
+    let revival = top(&env, RunState::Complete, 0);
+    set_session(&env, &revival, &own(&original));
+    // A run whose session file a live process holds locked.
+    let locked = top(&env, RunState::Complete, HOUR);
+    let held = RunLock::acquire(&own(&locked), Duration::from_secs(1)).unwrap();
+
+    let sel = ["--older-than", "30m", "--sessions"];
+    // The plan first: it names what would go and changes nothing.
+    let before = tree_sans_reaper_lock(&env);
+    let (code, lines, err) = reap_json(&env, &[&["--dry-run"][..], &sel[..]].concat());
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(tree_sans_reaper_lock(&env), before);
+    let by_id = |lines: &[Value], id: &str| -> Value {
+        lines
+            .iter()
+            .find(|l| l["runId"] == id)
+            .unwrap_or_else(|| panic!("no line for {id}: {lines:#?}"))
+            .clone()
+    };
+    let l = by_id(&lines, &plain);
+    assert_eq!(l["outcome"], "would-remove");
+    assert_eq!(
+        strings(&l["sessionsRemoved"]),
+        vec![
+            own(&plain).display().to_string(),
+            own(&child).display().to_string()
+        ]
+        .into_iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect::<Vec<_>>()
+    );
+
+    let (code, lines, err) = reap_json(&env, &sel);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(lines.len(), 4, "{lines:#?}");
+    drop(held);
+
+    // Cohort's own files of the removed runs are gone, with their dirs and the tree's route.
+    let l = by_id(&lines, &plain);
+    assert_eq!(strings(&l["sessionsRemoved"]).len(), 2, "{l:#}");
+    assert!(strings(&l["sessionsKept"]).is_empty(), "{l:#}");
+    for id in [&plain, &child] {
+        assert!(!root.default_session_dir(id).exists(), "{id}");
+    }
+    assert_eq!(
+        l["routeRemoved"],
+        root.route_dir(&plain).display().to_string()
+    );
+    assert!(!root.route_dir(&plain).exists());
+    // The user's file stays; the run's own (empty) session dir goes.
+    let l = by_id(&lines, &named);
+    assert_eq!(
+        strings(&l["sessionsKept"]),
+        vec![user_file.display().to_string()]
+    );
+    assert!(user_file.is_file());
+    assert!(!root.default_session_dir(&named).exists());
+    // The revival still uses the original's file: kept.
+    let l = by_id(&lines, &original);
+    assert_eq!(
+        strings(&l["sessionsKept"]),
+        vec![own(&original).display().to_string()]
+    );
+    assert!(own(&original).is_file());
+    // A file a live process holds is kept.
+    let l = by_id(&lines, &locked);
+    assert_eq!(
+        strings(&l["sessionsKept"]),
+        vec![own(&locked).display().to_string()]
+    );
+    assert!(own(&locked).is_file());
+    // The run that stays keeps everything.
+    assert!(listed(&listing(&env), &revival));
+    assert!(root.route_dir(&revival).is_dir());
+
+    // The text form says why a file was kept.
+    let out = reap(&env, &["--sessions", &revival]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!(
+            "removed route {}",
+            root.route_dir(&revival).display()
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "kept session {} (not in run",
+            own(&original).display()
+        )),
+        "{text}"
+    );
+}

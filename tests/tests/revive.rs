@@ -2,9 +2,7 @@
 
 use std::path::PathBuf;
 
-use cohort_e2e::harness::{
-    pi_install_dir, signal, stderr, stdout, workspace, TestEnv, HERMETIC, PI_PACKAGE,
-};
+use cohort_e2e::harness::{pi_install_dir, signal, stderr, stdout, workspace, TestEnv, HERMETIC};
 use serde_json::Value;
 
 /// A second Pi installation: a hard-linked copy of the pinned one in its own folder, so it has
@@ -44,10 +42,7 @@ impl Installation {
     }
 
     fn entry(&self) -> PathBuf {
-        self.root
-            .join("node_modules")
-            .join(PI_PACKAGE)
-            .join("dist/cli.js")
+        cohort_e2e::pi::generation().entry_in(&self.root)
     }
 }
 

@@ -44,6 +44,9 @@ fn put(
     cohort_common::os::files::create_dir_all_private(dir.path()).unwrap();
     std::fs::File::create(dir.lock()).unwrap();
     let mut r = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
+    // No boot-clock times: these records are timed by the wall-clock times the tests set (as
+    // records of an older cohort, or from another boot, are).
+    r.clock = None;
     r.state = state;
     r.steps.push(StepRecord {
         agent: "worker".into(),
@@ -259,11 +262,14 @@ fn reconciliation_trusts_the_lock_not_the_pid() {
     // A dead pid, but the lock is held: running.
     let (alive, alive_dir) = put(&env, RunState::Running, None, |r| r.pid = Some(999_999));
     let held = RunLock::acquire(&alive_dir.lock(), Duration::from_secs(1)).unwrap();
-    // An old queued run with no runner: unresolved, never rewritten.
+    // A queued run whose lock no process holds: its start was abandoned, and it is settled.
     let (queued, queued_dir) = put(&env, RunState::Queued, None, |r| {
         r.started_at = Some(now_ms() - 3600 * 1000)
     });
-    let queued_before = std::fs::read(queued_dir.status()).unwrap();
+    // A queued run whose lock is held (spawn or the runner is starting it): left alone.
+    let (starting, starting_dir) = put(&env, RunState::Queued, None, |_| {});
+    let starting_held = RunLock::acquire(&starting_dir.lock(), Duration::from_secs(1)).unwrap();
+    let starting_before = std::fs::read(starting_dir.status()).unwrap();
 
     let t = ok_stdout(&env, &[]);
     let row = |id: &str| {
@@ -274,10 +280,8 @@ fn reconciliation_trusts_the_lock_not_the_pid() {
     };
     assert!(row(&lost).contains("failed"), "{t}");
     assert!(row(&alive).contains("running"), "{t}");
-    assert!(
-        row(&queued).contains("queued?") && row(&queued).contains("start a new run"),
-        "{t}"
-    );
+    assert!(row(&queued).contains("failed"), "{t}");
+    assert!(row(&starting).contains("queued"), "{t}");
 
     let rec: Value = serde_json::from_slice(&std::fs::read(lost_dir.status()).unwrap()).unwrap();
     assert_eq!(rec["state"], "failed");
@@ -285,7 +289,33 @@ fn reconciliation_trusts_the_lock_not_the_pid() {
     assert_eq!(rec["steps"][0]["status"], "failed");
     let events = std::fs::read_to_string(lost_dir.events()).unwrap();
     assert_eq!(events.matches("run.lost").count(), 1);
-    assert_eq!(std::fs::read(queued_dir.status()).unwrap(), queued_before);
+    let rec: Value = serde_json::from_slice(&std::fs::read(queued_dir.status()).unwrap()).unwrap();
+    assert_eq!(rec["state"], "failed");
+    assert!(
+        rec["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("start abandoned"),
+        "{rec}"
+    );
+    let events = std::fs::read_to_string(queued_dir.events()).unwrap();
+    assert_eq!(events.matches("run.abandoned").count(), 1);
+    assert_eq!(
+        std::fs::read(starting_dir.status()).unwrap(),
+        starting_before
+    );
+    // Every reader agrees: --json says what the table says.
+    let json = ok_stdout(&env, &["--json"]);
+    for line in json.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let id = v["runId"].as_str().unwrap();
+        assert_eq!(
+            v["state"].as_str().unwrap(),
+            row(id).split_whitespace().nth(1).unwrap(),
+            "{line}"
+        );
+    }
+    drop(starting_held);
     let rec: Value = serde_json::from_slice(&std::fs::read(alive_dir.status()).unwrap()).unwrap();
     assert_eq!(rec["state"], "running");
     assert!(
@@ -293,9 +323,9 @@ fn reconciliation_trusts_the_lock_not_the_pid() {
         "the unrelated process is untouched"
     );
 
-    // The single-run view explains the unresolved run.
+    // The single-run view says why the abandoned run failed.
     let t = ok_stdout(&env, &[&queued]);
-    assert!(t.contains("start a new run"), "{t}");
+    assert!(t.contains("start abandoned"), "{t}");
     // Once its lock is released, the live run is lost too.
     drop(held);
     let t = ok_stdout(&env, &["--state", "failed"]);
@@ -421,6 +451,8 @@ fn bad_input_gets_error_rows_and_nothing_changes() {
 #[test]
 fn check_is_silent_when_well_and_names_each_problem() {
     let env = TestEnv::new();
+    // An existing, empty state root is healthy (a missing one is not: reliability.rs).
+    std::fs::create_dir_all(env.state_root().path()).unwrap();
     let out = status(&env, &["--check"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).is_empty() && stderr(&out).is_empty());
@@ -430,8 +462,9 @@ fn check_is_silent_when_well_and_names_each_problem() {
         r.started_at = Some(now_ms() - 3 * 86_400_000);
         r.ended_at = Some(now_ms() - 3 * 86_400_000);
     });
-    // A queued run still starting is fine.
-    put(&env, RunState::Queued, None, |_| {});
+    // A queued run still starting (its lock is held) is fine.
+    let (_, starting) = put(&env, RunState::Queued, None, |_| {});
+    let _starting_held = RunLock::acquire(&starting.lock(), Duration::from_secs(1)).unwrap();
     let out = status(&env, &["--check"]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
     assert!(stdout(&out).is_empty());
@@ -440,9 +473,8 @@ fn check_is_silent_when_well_and_names_each_problem() {
         r.error = Some("model said no".into())
     });
     let (lost, _) = put(&env, RunState::Running, None, |_| {});
-    let (stuck, _) = put(&env, RunState::Queued, None, |r| {
-        r.started_at = Some(now_ms() - 11 * 60 * 1000)
-    });
+    // Queued, and no process holds its lock: its start was abandoned.
+    let (stuck, _) = put(&env, RunState::Queued, None, |_| {});
     let (gone, gone_dir) = put(&env, RunState::Running, None, |r| {
         r.runtime = Some(cohort_common::identity::runtime::Runtime {
             node_exec_path: "/nonexistent/node".into(),
@@ -469,7 +501,10 @@ fn check_is_silent_when_well_and_names_each_problem() {
         line(&lost).unwrap().contains("lost: ") && t.contains("runner lost"),
         "{t}"
     );
-    assert!(line(&stuck).unwrap().contains("unresolved: "), "{t}");
+    assert!(
+        line(&stuck).unwrap().contains("abandoned: ") && t.contains("start abandoned"),
+        "{t}"
+    );
     assert!(
         line(&gone).unwrap().contains("runtime-gone: ") && t.contains("/nonexistent/node"),
         "{t}"
@@ -494,6 +529,8 @@ fn check_is_silent_when_well_and_names_each_problem() {
 #[test]
 fn doctor_reports_runtime_root_counts_and_disk() {
     let env = TestEnv::new();
+    // Whatever the host's logind does, this test is about the other parts.
+    fake_loginctl(&env, "no", "no");
     put(&env, RunState::Complete, None, |_| {});
     put(&env, RunState::Failed, None, |_| {});
     std::fs::set_permissions(
@@ -516,6 +553,21 @@ fn doctor_reports_runtime_root_counts_and_disk() {
         t.contains(&env.pi_entry.canonicalize().unwrap().display().to_string()),
         "{t}"
     );
+    // The versions of the runtime it would capture: the generation under test on its Node.
+    let g = cohort_e2e::pi::generation();
+    assert!(
+        t.contains(&format!(
+            "  pi version   {} {} (needs Node ",
+            g.package, g.version
+        )),
+        "{t}"
+    );
+    let node_version = cohort_status::engines::node_version(&env.node).unwrap();
+    assert!(
+        t.contains(&format!("  node version {node_version}\n")),
+        "{t}"
+    );
+    assert!(!t.contains("WARNING"), "{t}");
     assert!(t.contains("mode 0700"), "{t}");
     assert!(
         t.contains("complete   1") && t.contains("failed     1"),
@@ -551,6 +603,105 @@ fn doctor_reports_runtime_root_counts_and_disk() {
             .unwrap()
             .contains("0755"),
         "{v:#}"
+    );
+}
+
+/// Put a `loginctl` on the test's PATH that answers `show-user` (the manager's properties:
+/// `KillUserProcesses=<kill>`, nobody excluded) and `show-user UID` (`Linger=<linger>`), as
+/// systemd's does.
+fn fake_loginctl(env: &TestEnv, kill: &str, linger: &str) {
+    let script = env.path_bin.join("loginctl");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = show-user ] || exit 1\nif [ $# -eq 1 ]; then\n  printf 'EnableWallMessages=no\\nKillUserProcesses={kill}\\nKillOnlyUsers=\\nKillExcludeUsers=\\n'\nelse\n  printf 'UID=%s\\nState=active\\nLinger={linger}\\n' \"$2\"\nfi\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn doctor_says_when_logout_kills_runners() {
+    let env = TestEnv::new();
+    fake_loginctl(&env, "yes", "no");
+    let out = env.run("cohort-status", &["--doctor", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let l = &v["logind"];
+    assert_eq!(l["source"], "loginctl", "{l:#}");
+    assert_eq!(l["killUserProcesses"], true);
+    assert_eq!(l["linger"], false);
+    assert!(
+        l["warning"]
+            .as_str()
+            .unwrap()
+            .contains("loginctl enable-linger"),
+        "{l:#}"
+    );
+    let out = env.run("cohort-status", &["--doctor"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("KillUserProcesses yes, linger no")
+            && stdout(&out).contains("WARNING: logind kills your processes"),
+        "{}",
+        stdout(&out)
+    );
+    // With lingering on, logout leaves the runners alone: no warning, exit 0.
+    fake_loginctl(&env, "yes", "yes");
+    let out = env.run("cohort-status", &["--doctor", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["logind"]["linger"], true);
+    assert_eq!(v["logind"]["warning"], Value::Null);
+}
+
+#[test]
+fn doctor_warns_when_node_is_outside_the_pi_packages_engines() {
+    let env = TestEnv::new();
+    // A `node` first on PATH that says it is v18.0.0: below what either Pi generation declares
+    // (0.73.1: >=20.6.0, 1.6.0: >=22.19.0).
+    let old = env.tmp.path().join("old-node");
+    std::fs::create_dir(&old).unwrap();
+    let node = old.join("node");
+    std::fs::write(&node, "#!/bin/sh\necho v18.0.0\n").unwrap();
+    std::fs::set_permissions(&node, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut path = std::ffi::OsString::from(&old);
+    path.push(":");
+    path.push(env.path_var());
+    let out = env
+        .cmd("cohort-status")
+        .env("PATH", &path)
+        .args(["--doctor", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let rt = &v["runtime"];
+    let g = cohort_e2e::pi::generation();
+    assert_eq!(rt["nodeVersion"], "v18.0.0", "{rt:#}");
+    assert_eq!(rt["piPackage"]["name"], g.package, "{rt:#}");
+    assert_eq!(rt["piPackage"]["version"], g.version, "{rt:#}");
+    let engines = rt["piPackage"]["nodeEngines"].as_str().unwrap();
+    let w = rt["warnings"][0].as_str().unwrap_or_default();
+    assert!(
+        w.contains(&format!("{} {} needs Node {engines}", g.package, g.version))
+            && w.contains("is v18.0.0"),
+        "{rt:#}"
+    );
+    // The text form says the same, and the Node it names is the one on PATH.
+    let out = env
+        .cmd("cohort-status")
+        .env("PATH", &path)
+        .arg("--doctor")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let t = stdout(&out);
+    assert!(t.contains("  node version v18.0.0\n"), "{t}");
+    assert!(
+        t.contains(&format!("WARNING: {w}")) && t.contains(&node.display().to_string()),
+        "{t}"
     );
 }
 
@@ -657,7 +808,8 @@ fn format_version_1_fixtures_read_and_list() {
     let lines: Vec<String> = t.lines().map(words).collect();
     assert_eq!(lines[1], "9d4e5f6a7b8c failed single step-0", "{t}");
     assert_eq!(lines[2], "2f7d8e6b1a04 complete chain scout", "{t}");
-    assert_eq!(lines[3], "└ c4d5e6f70819 queued? single", "{t}");
+    // The queued nested run has no lock file and no process: its start is settled abandoned.
+    assert_eq!(lines[3], "└ c4d5e6f70819 failed single", "{t}");
     let v = ok_stdout(&env, &[&ids[0]]);
     assert!(
         v.contains("tokens=5732") && v.contains("anthropic/claude-sonnet-4"),

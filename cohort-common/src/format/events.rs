@@ -35,6 +35,9 @@ pub enum EventKind {
     RunTimedOut,
     /// A reader found the runner gone and settled the record `failed`; `{error}`.
     RunLost,
+    /// A reader found a `queued` run whose lock no process holds and settled it `failed`;
+    /// `{error}`.
+    RunAbandoned,
     /// The reader settling a lost run found processes of the run still alive (same pid, start
     /// time and boot id as `processes.json` recorded); `{processes: [{pid, startTime, step,
     /// cmdline}]}`.
@@ -63,11 +66,19 @@ pub enum EventKind {
     NestedStarted,
     /// The log reached its size cap; nothing more is written; `{capBytes}`.
     LogTruncated,
+    /// The on-exit hook started, after the terminal record was stored; `{pid, state}`.
+    HookStarted,
+    /// The on-exit hook exited 0; `{exitCode, durationMs}`.
+    HookCompleted,
+    /// The on-exit hook could not start, exited non-zero, was killed by a signal, or ran past
+    /// its time bound; `{exitCode, signal, timedOut, durationMs, error}`. The run's state is
+    /// not changed.
+    HookFailed,
 }
 
 impl EventKind {
     /// Every kind, in the order `docs/format.md` lists them.
-    pub const ALL: [EventKind; 20] = [
+    pub const ALL: [EventKind; 24] = [
         EventKind::RunQueued,
         EventKind::RunStarted,
         EventKind::RunCompleted,
@@ -76,6 +87,7 @@ impl EventKind {
         EventKind::RunStopped,
         EventKind::RunTimedOut,
         EventKind::RunLost,
+        EventKind::RunAbandoned,
         EventKind::RunSurvivors,
         EventKind::RunSurvivorsEnded,
         EventKind::StepStarted,
@@ -88,6 +100,9 @@ impl EventKind {
         EventKind::NestedStopping,
         EventKind::NestedStarted,
         EventKind::LogTruncated,
+        EventKind::HookStarted,
+        EventKind::HookCompleted,
+        EventKind::HookFailed,
     ];
 
     /// The `type` word as written.
@@ -101,6 +116,7 @@ impl EventKind {
             EventKind::RunStopped => "run.stopped",
             EventKind::RunTimedOut => "run.timedOut",
             EventKind::RunLost => "run.lost",
+            EventKind::RunAbandoned => "run.abandoned",
             EventKind::RunSurvivors => "run.survivors",
             EventKind::RunSurvivorsEnded => "run.survivorsEnded",
             EventKind::StepStarted => "step.started",
@@ -113,6 +129,9 @@ impl EventKind {
             EventKind::NestedStopping => "nested.stopping",
             EventKind::NestedStarted => "nested.started",
             EventKind::LogTruncated => "log.truncated",
+            EventKind::HookStarted => "hook.started",
+            EventKind::HookCompleted => "hook.completed",
+            EventKind::HookFailed => "hook.failed",
         }
     }
 }

@@ -23,6 +23,23 @@ impl RunId {
         RunId(Uuid::now_v7())
     }
 
+    /// A fresh id created at `now_ms` (ms since the epoch), but never earlier than 1 ms after
+    /// `floor` (the newest id created before it): when the wall clock steps back, new ids still
+    /// sort after old ones, so listings stay newest-first.
+    pub fn after(floor: Option<&RunId>, now_ms: u64) -> Self {
+        let floor_ms = floor
+            .and_then(|f| id_time(&f.to_string()))
+            .map(|t| t + 1)
+            .unwrap_or(0);
+        let ms = now_ms.max(floor_ms);
+        let ts = uuid::Timestamp::from_unix(
+            uuid::NoContext,
+            ms / 1000,
+            ((ms % 1000) * 1_000_000) as u32,
+        );
+        RunId(Uuid::new_v7(ts))
+    }
+
     /// The short id shown in listings: the last 12 hex digits.
     pub fn short(&self) -> String {
         short_of(&self.to_string()).to_string()
@@ -70,6 +87,27 @@ pub fn id_time(id: &str) -> Option<u64> {
     }
     let b = u.as_bytes();
     Some(b[..6].iter().fold(0u64, |acc, &x| (acc << 8) | x as u64))
+}
+
+/// How many candidates an ambiguity error names before it says how many more match.
+pub const CANDIDATES_SHOWN: usize = 3;
+
+/// The candidates of an ambiguous name, for one short line (pure): their count, then at most
+/// [`CANDIDATES_SHOWN`] short ids, then how many more match: `10 runs: a1b2c3d4e5f6,
+/// 0f1e2d3c4b5a, 99aa88bb77cc and 7 more`.
+pub fn describe_candidates(candidates: &[String]) -> String {
+    let shown: Vec<&str> = candidates
+        .iter()
+        .take(CANDIDATES_SHOWN)
+        .map(|c| short_of(c))
+        .collect();
+    let more = candidates.len().saturating_sub(CANDIDATES_SHOWN);
+    let tail = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!("{} runs: {}{tail}", candidates.len(), shown.join(", "))
 }
 
 /// Whether `name` is acceptable as a run name at all: 8 to 36 characters of hex digits and `-`.
@@ -136,6 +174,21 @@ mod tests {
     }
 
     #[test]
+    fn ids_after_a_floor_sort_after_it_whatever_the_clock_says() {
+        let floor = RunId::after(None, 5_000_000);
+        assert_eq!(id_time(&floor.to_string()), Some(5_000_000));
+        // The wall clock stepped back an hour.
+        let next = RunId::after(Some(&floor), 5_000_000 - 3_600_000);
+        assert!(next > floor && next.to_string() > floor.to_string());
+        assert_eq!(id_time(&next.to_string()), Some(5_000_001));
+        // A clock ahead of the floor wins.
+        assert_eq!(
+            id_time(&RunId::after(Some(&floor), 9_000_000).to_string()),
+            Some(9_000_000)
+        );
+    }
+
+    #[test]
     fn resolves_full_short_and_prefixes() {
         let ids = [A, B];
         assert_eq!(resolve(A, ids).unwrap(), A);
@@ -143,6 +196,27 @@ mod tests {
         assert_eq!(resolve("E5B500EE", ids).unwrap(), A);
         assert_eq!(resolve("01a22a44-b1", ids).unwrap(), B);
         assert_eq!(resolve("f67becac", ids).unwrap(), B);
+    }
+
+    #[test]
+    fn ambiguity_names_a_few_short_ids_and_counts_the_rest() {
+        let many: Vec<String> = (0..10)
+            .map(|i| format!("01a22a44-9e62-7266-ab9d-e5b500ee82{i:02}"))
+            .collect();
+        let text = describe_candidates(&many);
+        assert_eq!(
+            text,
+            "10 runs: e5b500ee8200, e5b500ee8201, e5b500ee8202 and 7 more"
+        );
+        assert_eq!(
+            describe_candidates(&[A.into(), B.into()]),
+            "2 runs: e5b500ee829c, f67becacc1b9"
+        );
+        let err = Error::AmbiguousRun {
+            name: "01a22a44".into(),
+            candidates: many,
+        };
+        assert!(err.to_string().len() < 120, "{err}");
     }
 
     #[test]

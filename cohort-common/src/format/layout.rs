@@ -29,6 +29,9 @@ pub const INDEX_DIR: &str = ".status-index";
 pub const REAP_TRASH_DIR: &str = ".reap-trash";
 /// The lock reapers take turns on, under the state root.
 pub const REAPER_LOCK: &str = ".reap.lock";
+/// The id of the newest run spawn created, under the state root: a floor for the next id, so
+/// ids (and listings) stay in creation order when the wall clock steps back.
+pub const LAST_RUN_ID: &str = ".last-run-id";
 
 /// The run record.
 pub const STATUS_FILE: &str = "status.json";
@@ -51,11 +54,35 @@ pub const TMP_DIR: &str = "tmp";
 /// (`.spawn-<id>`): hidden, so no listing shows it.
 pub const STAGING_PREFIX: &str = ".spawn-";
 
+/// Where the profile dir came from, to say so when it is wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProfileSource {
+    /// `$PI_CODING_AGENT_DIR`, as set.
+    Env(String),
+    /// The default, `$HOME/.pi/agent` (`PI_CODING_AGENT_DIR` unset or empty).
+    Default,
+    /// Given explicitly by the caller ([`StateRoot::for_profile`]).
+    Explicit,
+}
+
+impl std::fmt::Display for ProfileSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProfileSource::Env(v) => write!(f, "from {PROFILE_ENV}={v}"),
+            ProfileSource::Default => {
+                write!(f, "the default ~/.pi/agent, as {PROFILE_ENV} is not set")
+            }
+            ProfileSource::Explicit => write!(f, "as given"),
+        }
+    }
+}
+
 /// The state root `R` and the profile dir `P` it lives in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StateRoot {
     profile: PathBuf,
     root: PathBuf,
+    source: ProfileSource,
 }
 
 impl StateRoot {
@@ -63,7 +90,11 @@ impl StateRoot {
     pub fn for_profile(profile: impl Into<PathBuf>) -> Self {
         let profile = profile.into();
         let root = profile.join(STATE_DIR);
-        StateRoot { profile, root }
+        StateRoot {
+            profile,
+            root,
+            source: ProfileSource::Explicit,
+        }
     }
 
     /// The state root from the environment: `$PI_CODING_AGENT_DIR` (a leading `~` expanded
@@ -73,7 +104,12 @@ impl StateRoot {
     /// Errors with [`Error::Usage`] when neither variable gives a usable path.
     pub fn from_env() -> Result<Self> {
         let home = std::env::var_os("HOME").filter(|h| !h.is_empty());
-        let profile = profile_dir(std::env::var_os(PROFILE_ENV), home)?;
+        let env = std::env::var_os(PROFILE_ENV).filter(|v| !v.is_empty());
+        let source = match &env {
+            Some(v) => ProfileSource::Env(v.to_string_lossy().into_owned()),
+            None => ProfileSource::Default,
+        };
+        let profile = profile_dir(env, home)?;
         let profile = if profile.is_absolute() {
             profile
         } else {
@@ -81,7 +117,15 @@ impl StateRoot {
                 .map_err(|e| Error::Usage(format!("cannot resolve the current directory: {e}")))?
                 .join(profile)
         };
-        Ok(Self::for_profile(profile))
+        Ok(StateRoot {
+            source,
+            ..Self::for_profile(profile)
+        })
+    }
+
+    /// Where the profile dir came from.
+    pub fn source(&self) -> &ProfileSource {
+        &self.source
     }
 
     /// The profile dir `P` (exported to runners and children as `PI_CODING_AGENT_DIR`).
@@ -127,6 +171,11 @@ impl StateRoot {
     /// `R/.reap.lock`: the lock reapers take turns on.
     pub fn reaper_lock(&self) -> PathBuf {
         self.root.join(REAPER_LOCK)
+    }
+
+    /// `R/.last-run-id`: the newest run id spawn created.
+    pub fn last_run_id(&self) -> PathBuf {
+        self.root.join(LAST_RUN_ID)
     }
 
     /// `R/sessions/async-<runId>`: the default Pi session dir of a run.

@@ -6,7 +6,7 @@
 //! signal), but a tool process that left Pi's tree (`setsid …`) runs on under init, and nothing
 //! in memory survives to name it. So the runner also writes what it tracks here, atomically, as
 //! the set changes: the pid, the start time and the boot id of every process of the run that is
-//! alive. The reader that settles a lost run ([`crate::store::observe::reconcile`]) reads it to
+//! alive. The reader that settles a lost run ([`crate::store::observe::settle`]) reads it to
 //! report and end the survivors, and `cohort-reap` refuses a run while one of them lives.
 //!
 //! A pid is never trusted alone: [`still_alive`] (pure) keeps only the entries whose pid is
@@ -58,7 +58,28 @@ impl TrackedProcess {
     pub fn describe(&self) -> String {
         format!("{} {}", self.pid, self.cmdline)
     }
+
+    /// `"<pid> <program> <args>"` in at most [`SHORT_CMDLINE`] characters of command line (the
+    /// program by its file name, `…` when cut): the form an error message names it in, so that
+    /// several fit on the one line `--check` prints.
+    pub fn short(&self) -> String {
+        let (program, args) = self
+            .cmdline
+            .split_once(' ')
+            .unwrap_or((self.cmdline.as_str(), ""));
+        let program = program.rsplit('/').next().unwrap_or(program);
+        let line = format!("{program} {args}");
+        let line = line.trim_end();
+        if line.chars().count() <= SHORT_CMDLINE {
+            return format!("{} {line}", self.pid);
+        }
+        let cut: String = line.chars().take(SHORT_CMDLINE - 1).collect();
+        format!("{} {cut}…", self.pid)
+    }
 }
+
+/// The most characters of a command line [`TrackedProcess::short`] shows.
+pub const SHORT_CMDLINE: usize = 32;
 
 /// Read `processes.json` of a run. A missing file is an empty list (the run never had a
 /// tracked process, or a runner older than this format ran it).
@@ -110,8 +131,9 @@ pub fn still_alive(
     out
 }
 
-/// The error a lost run is settled with (pure): `lost` alone, or with the survivors named:
-/// `runner lost; 2 processes of this run still alive: 1234 sleep 1000, 1240 sh -c …`.
+/// The error a lost run is settled with (pure): `lost` alone, or with the survivors named
+/// ([`TrackedProcess::short`]): `runner lost; 2 processes of this run still alive: 1234 sleep
+/// 1000, 1240 sh -c …`.
 pub fn lost_error(lost: &str, survivors: &[TrackedProcess]) -> String {
     match survivors.len() {
         0 => lost.to_string(),
@@ -120,7 +142,7 @@ pub fn lost_error(lost: &str, survivors: &[TrackedProcess]) -> String {
             if n == 1 { "" } else { "es" },
             survivors
                 .iter()
-                .map(TrackedProcess::describe)
+                .map(TrackedProcess::short)
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
@@ -184,6 +206,18 @@ mod tests {
             lost_error("runner lost", &[p(10, 1), p(11, 1)]),
             "runner lost; 2 processes of this run still alive: 10 cmd10, 11 cmd11"
         );
+    }
+
+    #[test]
+    fn short_forms_name_the_program_and_cut_long_lines() {
+        let mut t = p(7, 1);
+        t.cmdline = "sleep 1000".into();
+        assert_eq!(t.short(), "7 sleep 1000");
+        t.cmdline = "/opt/node-22/bin/node /opt/pi/dist/cli.js --mode json -p --session x".into();
+        assert_eq!(t.short(), "7 node /opt/pi/dist/cli.js --mode…");
+        assert_eq!(t.short().chars().count(), 2 + SHORT_CMDLINE);
+        t.cmdline = String::new();
+        assert_eq!(t.short(), "7 ");
     }
 
     #[test]

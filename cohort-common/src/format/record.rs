@@ -28,6 +28,67 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Times of a run on the boot clock (`CLOCK_BOOTTIME`, ms since boot), recorded beside the
+/// wall-clock ones. A wall-clock step (NTP stepping the clock back an hour) never moves them, so
+/// on the boot they were taken on, ages and durations come from here
+/// ([`RunRecord::ended_ago`], [`RunRecord::duration_ms`]); across a reboot the wall clock is
+/// all there is.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct BootTimes {
+    /// The boot the times are on (`/proc/sys/kernel/random/boot_id`).
+    pub boot_id: String,
+    /// When spawn created the run, ms since boot.
+    pub started_at: Option<u64>,
+    /// When the run reached a terminal state, ms since boot (absent when it ended on another
+    /// boot).
+    pub ended_at: Option<u64>,
+}
+
+/// The present on both clocks: what ages are measured against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Now {
+    /// Ms since the Unix epoch.
+    pub wall_ms: u64,
+    /// This boot's id.
+    pub boot_id: String,
+    /// Ms since boot (`None` when the boot clock cannot be read).
+    pub boot_ms: Option<u64>,
+}
+
+impl Now {
+    /// The present moment.
+    pub fn current() -> Now {
+        Now {
+            wall_ms: now_ms(),
+            boot_id: crate::identity::procinfo::boot_id(),
+            boot_ms: crate::identity::procinfo::boot_clock_ms(),
+        }
+    }
+
+    /// A moment given on the wall clock only (tests, and readers of records without boot
+    /// times).
+    pub fn wall(wall_ms: u64) -> Now {
+        Now {
+            wall_ms,
+            boot_id: String::new(),
+            boot_ms: None,
+        }
+    }
+}
+
+/// Ms from a past moment to `now` (pure), never negative: by the boot clock when the moment was
+/// recorded on the boot `now` is on (`boot` = (boot id or a prefix of it, ms since boot)), else
+/// by the wall clock. `None` when the moment is not known at all.
+pub fn elapsed(wall: Option<u64>, boot: Option<(&str, u64)>, now: &Now) -> Option<u64> {
+    if let (Some((id, then)), Some(now_boot)) = (boot, now.boot_ms) {
+        if !id.is_empty() && now.boot_id.starts_with(id) {
+            return Some(now_boot.saturating_sub(then));
+        }
+    }
+    wall.map(|w| now.wall_ms.saturating_sub(w))
+}
+
 /// The state of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -316,6 +377,10 @@ pub struct RunRecord {
     /// (events `run.survivors`, `run.survivorsEnded`). Absent when there were none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub survivors: Vec<String>,
+    /// `startedAt` and `endedAt` on the boot clock, for ages and durations that a wall-clock
+    /// step cannot bend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<BootTimes>,
     /// One entry per flat step (one Pi child).
     #[serde(default)]
     pub steps: Vec<StepRecord>,
@@ -350,8 +415,50 @@ impl RunRecord {
             depth: 0,
             revives: None,
             survivors: Vec::new(),
+            clock: crate::identity::procinfo::boot_clock_ms().map(|t| BootTimes {
+                boot_id: crate::identity::procinfo::boot_id(),
+                started_at: Some(t),
+                ended_at: None,
+            }),
             steps: Vec::new(),
         }
+    }
+
+    /// Ms since the run started ([`elapsed`]: the boot clock on the same boot).
+    pub fn started_ago(&self, now: &Now) -> Option<u64> {
+        let boot = self
+            .clock
+            .as_ref()
+            .and_then(|c| Some((c.boot_id.as_str(), c.started_at?)));
+        elapsed(self.started_at, boot, now)
+    }
+
+    /// Ms since the run ended ([`elapsed`]); `None` while it has not.
+    pub fn ended_ago(&self, now: &Now) -> Option<u64> {
+        self.ended_at?;
+        let boot = self
+            .clock
+            .as_ref()
+            .and_then(|c| Some((c.boot_id.as_str(), c.ended_at?)));
+        elapsed(self.ended_at, boot, now)
+    }
+
+    /// How long the run took, or has taken so far, in ms (never negative): by the boot clock
+    /// when both ends are on one boot, else by the wall clock.
+    pub fn duration_ms(&self, now: &Now) -> Option<u64> {
+        if let Some(c) = &self.clock {
+            if let Some(start) = c.started_at {
+                match (c.ended_at, self.ended_at, now.boot_ms) {
+                    (Some(end), _, _) => return Some(end.saturating_sub(start)),
+                    (None, None, Some(nb)) if now.boot_id == c.boot_id => {
+                        return Some(nb.saturating_sub(start))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let start = self.started_at?;
+        Some(self.ended_at.unwrap_or(now.wall_ms).saturating_sub(start))
     }
 
     /// A one-line summary of what the run does: the first step's task, whitespace folded, at
@@ -368,6 +475,11 @@ impl RunRecord {
         self.error = error;
         self.ended_at = Some(now);
         self.last_update = Some(now);
+        if let Some(c) = &mut self.clock {
+            if c.boot_id == crate::identity::procinfo::boot_id() {
+                c.ended_at = crate::identity::procinfo::boot_clock_ms();
+            }
+        }
     }
 }
 
@@ -432,6 +544,58 @@ pub fn store(path: &Path, record: &RunRecord) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ages_and_durations_follow_the_boot_clock_through_a_wall_clock_step() {
+        let id: RunId = "01a22a44-9e62-7266-ab9d-e5b500ee829c".parse().unwrap();
+        let mut r = RunRecord::queued(&id, RunMode::Single);
+        // Started at wall 10_000_000 (boot 5_000); the wall clock was then stepped back an
+        // hour; it ended at wall 6_520_000 (boot 125_000), two minutes after it started.
+        r.started_at = Some(10_000_000);
+        r.ended_at = Some(6_520_000);
+        r.clock = Some(BootTimes {
+            boot_id: "b1".into(),
+            started_at: Some(5_000),
+            ended_at: Some(125_000),
+        });
+        // Seconds later, same boot, clock corrected forward again.
+        let now = Now {
+            wall_ms: 10_130_000,
+            boot_id: "b1".into(),
+            boot_ms: Some(130_000),
+        };
+        assert_eq!(r.duration_ms(&now), Some(120_000));
+        assert_eq!(r.ended_ago(&now), Some(5_000));
+        assert_eq!(r.started_ago(&now), Some(125_000));
+        // Another boot: only the wall clock is left, and it never goes negative.
+        let other = Now {
+            boot_id: "b2".into(),
+            ..now.clone()
+        };
+        assert_eq!(r.ended_ago(&other), Some(10_130_000 - 6_520_000));
+        r.clock = None;
+        assert_eq!(r.duration_ms(&other), Some(0));
+        assert_eq!(r.started_ago(&Now::wall(9_000_000)), Some(0));
+    }
+
+    #[test]
+    fn a_running_run_has_lasted_until_now_on_its_boot() {
+        let id: RunId = "01a22a44-9e62-7266-ab9d-e5b500ee829c".parse().unwrap();
+        let mut r = RunRecord::queued(&id, RunMode::Single);
+        r.started_at = Some(1_000);
+        r.clock = Some(BootTimes {
+            boot_id: "b".into(),
+            started_at: Some(100),
+            ended_at: None,
+        });
+        let now = Now {
+            wall_ms: 500,
+            boot_id: "b".into(),
+            boot_ms: Some(700),
+        };
+        assert_eq!(r.duration_ms(&now), Some(600));
+        assert_eq!(r.ended_ago(&now), None);
+    }
 
     #[test]
     fn round_trip_and_defaults() {

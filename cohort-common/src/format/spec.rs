@@ -14,6 +14,11 @@ use crate::error::{Error, Result};
 /// The line `cohort-runner` prints on its stdout once it holds the run lock and has published
 /// `running`; spawn waits for it before it prints the run id.
 pub const READY_LINE: &str = "cohort-runner: ready";
+/// The environment variable through which spawn tells the runner that it inherits the held run
+/// lock, and as which descriptor.
+pub const LOCK_FD_ENV: &str = "COHORT_LOCK_FD";
+/// The descriptor spawn hands the held run lock to the runner as.
+pub const LOCK_FD: i32 = 3;
 use crate::format::record::{ParallelGroup, RunMode};
 use crate::identity::runtime::Runtime;
 
@@ -86,7 +91,23 @@ pub struct RunOptions {
     pub output_cap_bytes: u64,
     /// Cap of `events.jsonl`, bytes.
     pub events_cap_bytes: u64,
+    /// A shell command the runner runs once, through `sh -c`, after the terminal record is
+    /// durable (`cohort-spawn --on-exit`, else `$COHORT_ON_EXIT`); absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_exit: Option<String>,
+    /// How long the on-exit hook may run before it gets SIGTERM (then SIGKILL after `grace_ms`),
+    /// ms. Absent: [`DEFAULT_ON_EXIT_TIMEOUT_MS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_exit_timeout_ms: Option<u64>,
 }
+
+/// The default bound of the on-exit hook's run time: 60 s, ms.
+pub const DEFAULT_ON_EXIT_TIMEOUT_MS: u64 = 60_000;
+
+/// The environment variable `cohort-spawn` reads the on-exit hook from when `--on-exit` is not
+/// given. The runner removes it from its Pi children's environment, so runs they start do not
+/// inherit the hook.
+pub const ON_EXIT_ENV: &str = "COHORT_ON_EXIT";
 
 impl Default for RunOptions {
     fn default() -> Self {
@@ -98,6 +119,8 @@ impl Default for RunOptions {
             concurrency: None,
             output_cap_bytes: 16 << 20,
             events_cap_bytes: 4 << 20,
+            on_exit: None,
+            on_exit_timeout_ms: None,
         }
     }
 }
@@ -241,6 +264,11 @@ pub fn parse_chain(text: &str) -> Result<Vec<ChainStep>> {
             for (m, t) in p.parallel.iter().enumerate() {
                 check_task(t, &format!("step {n}, member {m}"))?;
             }
+            if let Some(dup) = duplicate_label(&p.parallel) {
+                return Err(bad(format!(
+                    "step {n}: two members are labelled {dup:?}; labels head each member's text in {{previous}} and --output, so they must differ"
+                )));
+            }
             ChainStep::Parallel(p)
         } else {
             let t: TaskSpec =
@@ -251,6 +279,16 @@ pub fn parse_chain(text: &str) -> Result<Vec<ChainStep>> {
         out.push(step);
     }
     Ok(out)
+}
+
+/// The first label two members of a parallel group share, if any (pure). Members without a
+/// label are `step-<i>`, distinct by construction.
+fn duplicate_label(members: &[TaskSpec]) -> Option<&str> {
+    let mut seen = std::collections::HashSet::new();
+    members
+        .iter()
+        .filter_map(|t| t.label.as_deref())
+        .find(|l| !seen.insert(*l))
 }
 
 fn check_task(t: &TaskSpec, at: &str) -> Result<()> {
@@ -331,10 +369,20 @@ mod tests {
             (r#"{"steps":[]}"#, "empty"),
             (r#"{"steps":[{"task":"  "}]}"#, "empty"),
             (r#"{"stepz":[]}"#, "stepz"),
+            (
+                r#"{"steps":[{"parallel":[{"task":"a","label":"r"},{"task":"b"},{"task":"c","label":"r"}]}]}"#,
+                "step 0: two members are labelled \"r\"",
+            ),
         ] {
             let err = parse_chain(bad).unwrap_err().to_string();
             assert!(err.contains(needle), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn distinct_labels_in_a_group_are_accepted() {
+        let ok = r#"{"steps":[{"task":"x","label":"r"},{"parallel":[{"task":"a","label":"r"},{"task":"b","label":"s"},{"task":"c"}]}]}"#;
+        assert!(parse_chain(ok).is_ok());
     }
 
     #[test]

@@ -61,11 +61,24 @@ pub fn stat(pid: u32) -> Option<Stat> {
     parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
-/// The boot id, or an empty string when unavailable.
+/// The boot id (`/proc/sys/kernel/random/boot_id`, read once per process), or an empty string
+/// when unavailable.
 pub fn boot_id() -> String {
-    fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+    static BOOT_ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BOOT_ID
+        .get_or_init(|| {
+            fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default()
+        })
+        .clone()
+}
+
+/// Milliseconds since boot on `CLOCK_BOOTTIME`: monotonic (a wall-clock step never moves it)
+/// and counting suspend. `None` when the clock cannot be read.
+pub fn boot_clock_ms() -> Option<u64> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+    Some(t.tv_sec() as u64 * 1000 + t.tv_nsec() as u64 / 1_000_000)
 }
 
 /// The identity of this process.

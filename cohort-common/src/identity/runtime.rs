@@ -127,7 +127,7 @@ pub fn capture(req: &RuntimeRequest) -> Result<(Runtime, RuntimeSource), Runtime
         (None, None) => (
             find_on_path("pi", &path_var).ok_or_else(|| RuntimeError::NotFound {
                 what: "pi",
-                hint: "no `pi` on PATH; install it (npm install -g @mariozechner/pi-coding-agent) or pass --pi-entry PATH/TO/dist/cli.js".into(),
+                hint: "no `pi` on PATH; install it (npm install -g @earendil-works/pi-coding-agent, or @mariozechner/pi-coding-agent on Node 20) or pass --pi-entry with the package's declared CLI (bin.pi of its package.json)".into(),
             })?,
             RuntimeSource::Path,
         ),
@@ -185,10 +185,9 @@ pub fn validate(node: &Path, entry: &Path) -> Result<Runtime, RuntimeError> {
     }
     let mut dir = entry_c.parent();
     while let Some(d) = dir {
-        let manifest = d.join("package.json");
-        if let Ok(bytes) = std::fs::read(&manifest) {
-            let pkg: serde_json::Value = serde_json::from_slice(&bytes)
-                .map_err(|e| bad_entry(format!("{} is not valid JSON: {e}", manifest.display())))?;
+        let manifest = d.join(MANIFEST);
+        if let Some(pkg) = read_manifest(&manifest) {
+            let pkg = pkg.map_err(bad_entry)?;
             let name = pkg.get("name").and_then(|n| n.as_str()).unwrap_or("");
             if !PI_PACKAGE_NAMES.contains(&name) {
                 return Err(bad_entry(format!(
@@ -206,10 +205,7 @@ pub fn validate(node: &Path, entry: &Path) -> Result<Runtime, RuntimeError> {
                 ))
             })?;
             if declared != entry_c {
-                return Err(bad_entry(format!(
-                    "it is not the package's declared CLI ({})",
-                    declared.display()
-                )));
+                return Err(bad_entry(not_declared_cli(&declared)));
             }
             return Ok(Runtime {
                 node_exec_path: node_c,
@@ -222,6 +218,69 @@ pub fn validate(node: &Path, entry: &Path) -> Result<Runtime, RuntimeError> {
     Err(bad_entry(
         "it is not inside an npm package (no package.json above it); standalone binaries and custom hosts are unsupported".into(),
     ))
+}
+
+/// The npm manifest file of a package root.
+const MANIFEST: &str = "package.json";
+
+/// `path` parsed as JSON: `None` when it cannot be read (no manifest here), `Some(Err)` with a
+/// reason naming the path when it is not JSON.
+fn read_manifest(path: &Path) -> Option<Result<serde_json::Value, String>> {
+    let bytes = std::fs::read(path).ok()?;
+    Some(
+        serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{} is not valid JSON: {e}", path.display())),
+    )
+}
+
+/// What a Pi package says about itself in its `package.json`: for `cohort-status --doctor`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PackageInfo {
+    /// `name`, e.g. `@earendil-works/pi-coding-agent`.
+    pub name: String,
+    /// `version`, e.g. `1.6.0`.
+    pub version: Option<String>,
+    /// `engines.node`: the npm semver range of Node versions the package supports, e.g.
+    /// `>=22.19.0` (Pi 1.6.0) or `>=20.6.0` (Pi 0.73.1).
+    pub node_engines: Option<String>,
+}
+
+impl PackageInfo {
+    /// Read the fields from a parsed `package.json` (pure); absent or mistyped fields are
+    /// `None` (or an empty name).
+    pub fn from_manifest(pkg: &serde_json::Value) -> PackageInfo {
+        let text = |v: Option<&serde_json::Value>| v.and_then(|v| v.as_str()).map(String::from);
+        PackageInfo {
+            name: text(pkg.get("name")).unwrap_or_default(),
+            version: text(pkg.get("version")),
+            node_engines: text(pkg.get("engines").and_then(|e| e.get("node"))),
+        }
+    }
+}
+
+/// The [`PackageInfo`] of the package at `root` (a runtime's `pi_package_root`). Errors when
+/// `root/package.json` cannot be read or is not JSON ([`RuntimeError::BadEntry`] naming it).
+pub fn package_info(root: &Path) -> Result<PackageInfo, RuntimeError> {
+    let manifest = root.join(MANIFEST);
+    let bad = |reason: String| RuntimeError::BadEntry {
+        path: manifest.clone(),
+        reason,
+    };
+    let pkg = read_manifest(&manifest)
+        .ok_or_else(|| bad("it cannot be read".into()))?
+        .map_err(bad)?;
+    Ok(PackageInfo::from_manifest(&pkg))
+}
+
+/// Why an entry that is not its package's declared CLI is refused, naming the path that is.
+/// Pi 1.x (`@earendil-works/pi-coding-agent`) still ships `dist/cli.js`, the 0.x CLI path, but
+/// declares `dist/bundle/cli.js` in `bin.pi`: a 0.x-era `--pi-entry` lands here.
+pub fn not_declared_cli(declared: &Path) -> String {
+    format!(
+        "it is not the package's declared CLI; use {}, the package's declared CLI",
+        declared.display()
+    )
 }
 
 /// The declared CLI of a `package.json`: `bin` when it is a string, else `bin.pi`, else the only
@@ -320,10 +379,16 @@ mod tests {
         let entry = fake_package(&t.path().join("pkg"), PI_PACKAGE_NAMES[1]);
         let node = fake_node(t.path());
         let other = entry.with_file_name("other.js");
-        assert!(matches!(
-            validate(&node, &other),
-            Err(RuntimeError::BadEntry { .. })
-        ));
+        let err = validate(&node, &other).unwrap_err();
+        assert!(matches!(err, RuntimeError::BadEntry { .. }));
+        let declared = entry.canonicalize().unwrap();
+        assert!(
+            err.to_string().ends_with(&format!(
+                "use {}, the package's declared CLI",
+                declared.display()
+            )),
+            "{err}"
+        );
         let foreign = fake_package(&t.path().join("foreign"), "left-pad");
         assert!(matches!(
             validate(&node, &foreign),
@@ -333,6 +398,51 @@ mod tests {
             validate(&node, &t.path().join("missing.js")),
             Err(RuntimeError::BadEntry { .. })
         ));
+    }
+
+    #[test]
+    fn the_pi_0x_path_in_a_1x_package_is_refused_naming_the_bundle_cli() {
+        // Pi 1.x ships dist/cli.js but declares dist/bundle/cli.js.
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("pkg");
+        fs::create_dir_all(root.join("dist/bundle")).unwrap();
+        fs::write(
+            root.join("package.json"),
+            json!({"name": PI_PACKAGE_NAMES[1], "bin": {"pi": "dist/bundle/cli.js"}}).to_string(),
+        )
+        .unwrap();
+        fs::write(root.join("dist/cli.js"), "").unwrap();
+        fs::write(root.join("dist/bundle/cli.js"), "").unwrap();
+        let node = fake_node(t.path());
+        let err = validate(&node, &root.join("dist/cli.js")).unwrap_err();
+        let bundle = root.join("dist/bundle/cli.js").canonicalize().unwrap();
+        assert!(
+            err.to_string().contains(&format!(
+                "use {}, the package's declared CLI",
+                bundle.display()
+            )),
+            "{err}"
+        );
+        let rt = validate(&node, &root.join("dist/bundle/cli.js")).unwrap();
+        assert_eq!(rt.pi_entry_path, bundle);
+    }
+
+    #[test]
+    fn package_info_reads_version_and_engines() {
+        let info = PackageInfo::from_manifest(&json!({
+            "name": PI_PACKAGE_NAMES[1], "version": "1.6.0", "engines": {"node": ">=22.19.0"}
+        }));
+        assert_eq!(info.name, PI_PACKAGE_NAMES[1]);
+        assert_eq!(info.version.as_deref(), Some("1.6.0"));
+        assert_eq!(info.node_engines.as_deref(), Some(">=22.19.0"));
+        let bare = PackageInfo::from_manifest(&json!({"version": 1, "engines": "node"}));
+        assert_eq!(bare, PackageInfo::default());
+
+        let t = tempfile::tempdir().unwrap();
+        fake_package(t.path(), PI_PACKAGE_NAMES[0]);
+        assert_eq!(package_info(t.path()).unwrap().name, PI_PACKAGE_NAMES[0]);
+        let err = package_info(&t.path().join("dist")).unwrap_err();
+        assert!(err.to_string().contains("package.json"), "{err}");
     }
 
     #[test]

@@ -100,6 +100,23 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
         .at("sync directory", dir)
 }
 
+/// The prefix of the temporary files [`write_atomic`] creates beside its target.
+pub const TEMP_PREFIX: &str = ".tmp-";
+
+/// Remove the temporary files a writer that died mid-write left in `dir` (names starting with
+/// [`TEMP_PREFIX`]); returns how many were removed. Only call it while holding the lock that
+/// every writer of `dir` holds, so no write is in progress.
+pub fn remove_temp_files(dir: &Path) -> usize {
+    list_dir(dir, Hidden::Include)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| {
+            e.name.as_bytes().starts_with(TEMP_PREFIX.as_bytes()) && e.kind == EntryKind::File
+        })
+        .filter(|e| fs::remove_file(dir.join(&e.name)).is_ok())
+        .count()
+}
+
 /// Replace `path` with `bytes` atomically and durably (temp file in the same directory, fsync,
 /// rename, fsync the directory). The temp file is 0600 and is removed on failure.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -108,7 +125,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
+        .prefix(TEMP_PREFIX)
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(FILE_MODE))
         .tempfile_in(dir)
         .at("create a temp file in", dir)?;
@@ -120,6 +137,23 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         source: e.error,
     })?;
     sync_dir(dir)
+}
+
+/// Replace `path` with `bytes` atomically but not durably (temp file + rename, no fsync): for
+/// caches and hints, whose loss after a crash costs only time. A reader sees the old or the
+/// new file, never a torn one.
+pub fn replace_unsynced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut tmp = tempfile::Builder::new()
+        .prefix(TEMP_PREFIX)
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(FILE_MODE))
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// Serialize `value` as pretty JSON (with a trailing newline) and [`write_atomic`] it.

@@ -92,7 +92,7 @@ impl Liveness {
 /// is gone (reconciliation, reap).
 #[derive(Debug)]
 pub struct RunLock {
-    _file: File,
+    file: File,
     path: PathBuf,
 }
 
@@ -120,12 +120,94 @@ impl RunLock {
         let file = open_lock(path, true)?;
         if lock_within(&file, LockKind::Exclusive, wait, &mut || {}).at("lock", path)? {
             Ok(Some(RunLock {
-                _file: file,
+                file,
                 path: path.to_path_buf(),
             }))
         } else {
             Ok(None)
         }
+    }
+
+    /// Create the lock file at `path` already held, so that no one ever sees it free while its
+    /// creator lives: the file is made under a hidden temporary name beside `path`, locked, and
+    /// then renamed to `path` without replacing anything (a rename keeps the inode, and with it
+    /// the lock). Spawn creates every run's `runner.lock` this way and holds it until the
+    /// runner has taken it over.
+    ///
+    /// Errors: [`Error::RunExists`] when `path` exists; [`Error::Io`] naming the path otherwise.
+    pub fn create_held(path: &Path) -> Result<RunLock> {
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let tmp = path.with_file_name(format!(".{name}.new"));
+        let file = files::create_file_exclusive(&tmp)?;
+        if !lock_within(&file, LockKind::Exclusive, Duration::ZERO, &mut || {}).at("lock", &tmp)? {
+            return Err(Error::LockBusy { path: tmp });
+        }
+        if let Err(e) = files::rename_noreplace(&tmp, path) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(match e.kind() {
+                std::io::ErrorKind::AlreadyExists => Error::RunExists {
+                    path: path.to_path_buf(),
+                },
+                _ => Error::Io {
+                    action: "rename into place",
+                    path: path.to_path_buf(),
+                    source: e,
+                },
+            });
+        }
+        Ok(RunLock {
+            file,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Adopt a lock descriptor handed down by the process that held it (spawn hands the run
+    /// lock to the runner this way, so the lock is never free in between). The descriptor must
+    /// be the lock file at `path` (same device and inode); it is taken exclusively again (a
+    /// no-op on the shared open file) and made close-on-exec, so no child inherits it.
+    ///
+    /// Errors: [`Error::State`] when `fd` is not that file; [`Error::LockBusy`] when the lock is
+    /// held through another open file; [`Error::Io`] otherwise.
+    pub fn adopt(fd: std::os::fd::OwnedFd, path: &Path) -> Result<RunLock> {
+        use std::os::unix::fs::MetadataExt;
+        let file = File::from(fd);
+        let held = file.metadata().at("stat", path)?;
+        let named = std::fs::symlink_metadata(path).at("stat", path)?;
+        if (held.dev(), held.ino()) != (named.dev(), named.ino()) {
+            return Err(Error::State(format!(
+                "the inherited lock descriptor is not {}",
+                path.display()
+            )));
+        }
+        let flags = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFD)
+            .map_err(std::io::Error::from)
+            .at("inspect", path)?;
+        let flags = nix::fcntl::FdFlag::from_bits_truncate(flags) | nix::fcntl::FdFlag::FD_CLOEXEC;
+        nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_SETFD(flags))
+            .map_err(std::io::Error::from)
+            .at("set close-on-exec on", path)?;
+        if !lock_within(&file, LockKind::Exclusive, Duration::ZERO, &mut || {}).at("lock", path)? {
+            return Err(Error::LockBusy {
+                path: path.to_path_buf(),
+            });
+        }
+        Ok(RunLock {
+            file,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The same lock, known by a new path: the directory holding it was renamed.
+    pub fn moved_to(self, path: &Path) -> RunLock {
+        RunLock {
+            file: self.file,
+            path: path.to_path_buf(),
+        }
+    }
+
+    /// The open lock file, to hand its descriptor to a child process that takes the lock over.
+    pub fn file(&self) -> &File {
+        &self.file
     }
 
     /// The lock file's path.
@@ -222,6 +304,32 @@ mod tests {
         drop(held);
         assert_eq!(probe(&p).unwrap(), Liveness::Free);
         wait_released(&p).unwrap();
+    }
+
+    #[test]
+    fn a_lock_created_held_is_never_seen_free_and_can_be_adopted() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("runner.lock");
+        let held = RunLock::create_held(&p).unwrap();
+        assert_eq!(probe(&p).unwrap(), Liveness::Held);
+        assert!(matches!(
+            RunLock::create_held(&p),
+            Err(Error::RunExists { .. })
+        ));
+        // Only the lock file is left: the temporary name is gone.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        // Handing the descriptor on keeps the lock held throughout.
+        let fd = held.file().try_clone().unwrap();
+        drop(held);
+        assert_eq!(probe(&p).unwrap(), Liveness::Held);
+        let adopted = RunLock::adopt(fd.into(), &p).unwrap();
+        assert_eq!(probe(&p).unwrap(), Liveness::Held);
+        drop(adopted);
+        assert_eq!(probe(&p).unwrap(), Liveness::Free);
+        // A descriptor of another file is refused.
+        let other = dir.path().join("other");
+        File::create(&other).unwrap();
+        assert!(RunLock::adopt(File::open(&other).unwrap().into(), &p).is_err());
     }
 
     #[test]

@@ -13,9 +13,10 @@ use std::path::Path;
 
 use crate::error::Result;
 use crate::format::id;
-use crate::format::layout::{RunDir, StateRoot};
+use crate::format::layout::{RunDir, StateRoot, STAGING_PREFIX};
 use crate::format::legacy;
 use crate::os::files::{self, Entry, EntryKind, Hidden};
+use crate::os::lock::{self, Liveness};
 
 /// Where a run lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -156,6 +157,62 @@ pub fn find(root: &StateRoot, name: &str) -> Result<Found> {
         .expect("resolved from this list"))
 }
 
+/// How long a staging directory without a lock file may be a start in progress, ms. Spawn
+/// creates the directory, then its lock file already held (a rename): only in the instants
+/// between the two is a live start without a lock file. After this long it is debris.
+pub const STAGING_GRACE_MS: u64 = 60_000;
+
+/// Whether a staging directory (`.spawn-<id>`) is left over from a start that is provably over
+/// (pure): its lock is created held and held until the run is published, so a free lock means
+/// its spawn is gone; without a lock file only the age of its id (ms, from the UUIDv7) tells a
+/// start caught between `mkdir` and the lock from one killed there.
+pub fn staging_abandoned(lock: Liveness, id_age_ms: Option<u64>) -> bool {
+    match lock {
+        Liveness::Held => false,
+        Liveness::Free => true,
+        Liveness::NoLockFile => id_age_ms.is_some_and(|a| a >= STAGING_GRACE_MS),
+    }
+}
+
+/// Every staging directory under the state root (`.spawn-<id>` beside the top-level runs and in
+/// each nested tree), whatever its state.
+pub fn staging_dirs(root: &StateRoot) -> Result<Vec<RunDir>> {
+    let mut parents = vec![root.runs_dir()];
+    for tree in files::list_dir(&root.nested_root(), Hidden::Skip)? {
+        if tree.kind == EntryKind::Dir {
+            parents.push(root.nested_root().join(&tree.name));
+        }
+    }
+    let mut out = Vec::new();
+    for parent in parents {
+        for e in files::list_dir(&parent, Hidden::Include)? {
+            let staging = e
+                .name
+                .to_str()
+                .is_some_and(|n| n.starts_with(STAGING_PREFIX));
+            if staging && e.kind == EntryKind::Dir {
+                out.push(RunDir::new(parent.join(&e.name)));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The staging directories whose start is provably over ([`staging_abandoned`]), with the
+/// time now in ms since the epoch for the age rule.
+pub fn abandoned_staging(root: &StateRoot, now_ms: u64) -> Result<Vec<RunDir>> {
+    Ok(staging_dirs(root)?
+        .into_iter()
+        .filter(|d| {
+            let lock = lock::probe(&d.lock()).unwrap_or(Liveness::Held);
+            let id = d.name();
+            let age = id::id_time(id.trim_start_matches(STAGING_PREFIX))
+                .map(|t| now_ms.saturating_sub(t));
+            staging_abandoned(lock, age)
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,5 +234,47 @@ mod tests {
         assert!(entry_problem(OsStr::new("notes.txt"), EntryKind::Dir)
             .unwrap()
             .contains("not a run id"));
+    }
+
+    #[test]
+    fn staging_is_debris_only_when_its_start_is_provably_over() {
+        assert!(!staging_abandoned(Liveness::Held, Some(u64::MAX)));
+        assert!(staging_abandoned(Liveness::Free, Some(0)));
+        assert!(!staging_abandoned(Liveness::NoLockFile, Some(1_000)));
+        assert!(staging_abandoned(
+            Liveness::NoLockFile,
+            Some(STAGING_GRACE_MS)
+        ));
+        assert!(!staging_abandoned(Liveness::NoLockFile, None));
+    }
+
+    #[test]
+    fn abandoned_staging_is_found_and_a_start_in_progress_is_not() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(t.path());
+        let make = |parent: std::path::PathBuf| {
+            let id = id::RunId::new().to_string();
+            let d = RunDir::new(parent.join(&id)).staging();
+            files::create_dir_all_private(d.path()).unwrap();
+            d
+        };
+        let in_progress = make(root.runs_dir());
+        let _held = lock::RunLock::create_held(&in_progress.lock()).unwrap();
+        let killed = make(root.runs_dir());
+        drop(lock::RunLock::create_held(&killed.lock()).unwrap());
+        let nested_killed = make(root.nested_runs_dir("01a22a44-9e62-7266-ab9d-e5b500ee829c"));
+        drop(lock::RunLock::create_held(&nested_killed.lock()).unwrap());
+        let young_lockless = make(root.runs_dir());
+        assert_eq!(staging_dirs(&root).unwrap().len(), 4);
+        let now = crate::format::record::now_ms();
+        let mut got: Vec<RunDir> = abandoned_staging(&root, now).unwrap();
+        got.sort_by_key(|d| d.name());
+        let mut want = vec![killed.clone(), nested_killed.clone()];
+        want.sort_by_key(|d| d.name());
+        assert_eq!(got, want);
+        // An hour later the lockless one is debris too.
+        let later = abandoned_staging(&root, now + 3_600_000).unwrap();
+        assert!(later.contains(&young_lockless));
+        assert!(!later.contains(&in_progress));
     }
 }

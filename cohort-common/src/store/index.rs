@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{IoContext, Result};
 use crate::format::layout::StateRoot;
-use crate::format::record::{self, now_ms, RunRecord, RunState};
+use crate::format::record::{self, now_ms, Now, RunRecord, RunState};
 use crate::os::files::{self, Entry, EntryKind, Hidden};
 use crate::store::discover::run_id_of;
 
@@ -108,6 +108,9 @@ pub fn is_racy(stamp: Stamp, listed_at_ms: u64) -> bool {
     stamp.ms() + RACY_MS as i64 > listed_at_ms as i64
 }
 
+/// The length of the boot-id prefix the index keeps with boot-clock times.
+const BOOT_KEY_LEN: usize = 8;
+
 /// What the index knows of a run that was seen terminal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Known {
@@ -117,6 +120,9 @@ pub struct Known {
     pub started_at: Option<u64>,
     /// `endedAt`, ms since epoch.
     pub ended_at: Option<u64>,
+    /// The record's boot-clock times: the first `BOOT_KEY_LEN` (8) characters of the boot id
+    /// (ASCII), `clock.startedAt` and `clock.endedAt` (ms since boot).
+    pub boot: Option<([u8; BOOT_KEY_LEN], Option<u64>, Option<u64>)>,
 }
 
 impl Known {
@@ -126,7 +132,31 @@ impl Known {
             state: rec.state,
             started_at: rec.started_at,
             ended_at: rec.ended_at,
+            boot: rec.clock.as_ref().and_then(|c| {
+                let key: [u8; BOOT_KEY_LEN] =
+                    c.boot_id.as_bytes().get(..BOOT_KEY_LEN)?.try_into().ok()?;
+                Some((key, c.started_at, c.ended_at))
+            }),
         }
+    }
+
+    fn boot_key(&self) -> Option<&str> {
+        self.boot
+            .as_ref()
+            .and_then(|(k, _, _)| std::str::from_utf8(k).ok())
+    }
+
+    /// Ms since the run started, as [`RunRecord::started_ago`] measures it.
+    pub fn started_ago(&self, now: &Now) -> Option<u64> {
+        let boot = self.boot_key().zip(self.boot.and_then(|b| b.1));
+        record::elapsed(self.started_at, boot, now)
+    }
+
+    /// Ms since the run ended, as [`RunRecord::ended_ago`] measures it.
+    pub fn ended_ago(&self, now: &Now) -> Option<u64> {
+        self.ended_at?;
+        let boot = self.boot_key().zip(self.boot.and_then(|b| b.2));
+        record::elapsed(self.ended_at, boot, now)
     }
 }
 
@@ -448,7 +478,7 @@ impl View {
             for id in ids {
                 push_terminal_line(&mut out, id, &t[id]);
             }
-            write_replace(dir, TERMINAL_FILE, out.as_bytes())?;
+            files::replace_unsynced(&dir.join(TERMINAL_FILE), out.as_bytes())?;
         } else if !self.appended.is_empty() {
             let mut out = String::new();
             if !terminal_file_shape(&tpath).1 {
@@ -480,7 +510,7 @@ impl View {
         for e in &self.broken {
             active.push_str(&format!("e {} {}\n", kind_code(e.kind), escape(&e.name)));
         }
-        write_replace(dir, ACTIVE_FILE, active.as_bytes())?;
+        files::replace_unsynced(&dir.join(ACTIVE_FILE), active.as_bytes())?;
 
         if let Names::Memory(all) = &self.names {
             let mut out = format!(
@@ -497,7 +527,7 @@ impl View {
                 out.push_str(&escape(&e.name));
                 out.push('\n');
             }
-            write_replace(dir, NAMES_FILE, out.as_bytes())?;
+            files::replace_unsynced(&dir.join(NAMES_FILE), out.as_bytes())?;
         }
         Ok(())
     }
@@ -506,11 +536,15 @@ impl View {
 fn push_terminal_line(out: &mut String, id: &str, k: &Known) {
     let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
     out.push_str(&format!(
-        "{id} {} {} {}\n",
+        "{id} {} {} {}",
         k.state.as_str(),
         opt(k.started_at),
         opt(k.ended_at)
     ));
+    if let (Some(key), Some((_, s, e))) = (k.boot_key(), k.boot) {
+        out.push_str(&format!(" {key} {} {}", opt(s), opt(e)));
+    }
+    out.push('\n');
 }
 
 /// (number of lines, whether the header is ours) of the `terminal` file.
@@ -525,19 +559,6 @@ fn terminal_file_shape(path: &Path) -> (usize, bool) {
         }
         Err(_) => (0, false),
     }
-}
-
-/// Replace `dir/name` with `bytes` (temp file + rename; no fsync: this is a cache).
-fn write_replace(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(
-            files::FILE_MODE,
-        ))
-        .tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.persist(dir.join(name)).map_err(|e| e.error)?;
-    Ok(())
 }
 
 fn read_full(f: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -588,6 +609,14 @@ fn parse_terminal_line(line: &str) -> Option<(&str, Known)> {
     };
     let started_at = opt(it.next()?)?;
     let ended_at = opt(it.next()?)?;
+    // Optional boot-clock times (lines written before they existed have none).
+    let boot = match it.next() {
+        None => None,
+        Some(key) => {
+            let key: [u8; BOOT_KEY_LEN] = key.as_bytes().try_into().ok()?;
+            Some((key, opt(it.next()?)?, opt(it.next()?)?))
+        }
+    };
     if it.next().is_some() || !state.is_terminal() || !crate::format::id::is_plausible_name(id) {
         return None;
     }
@@ -597,6 +626,7 @@ fn parse_terminal_line(line: &str) -> Option<(&str, Known)> {
             state,
             started_at,
             ended_at,
+            boot,
         },
     ))
 }
@@ -760,11 +790,29 @@ mod tests {
         assert_eq!(id, "0199aaaa-0000-7000-8000-000000000001");
         assert_eq!(k.state, RunState::Failed);
         assert_eq!((k.started_at, k.ended_at), (Some(5), None));
+        assert_eq!(k.boot, None);
+        // With boot-clock times: written and read back the same.
+        let with_boot = Known {
+            boot: Some((*b"abcdef01", Some(7), Some(9))),
+            ..k
+        };
+        let mut line = String::new();
+        push_terminal_line(&mut line, id, &with_boot);
+        assert_eq!(line, format!("{id} failed 5 - abcdef01 7 9\n"));
+        assert_eq!(parse_terminal_line(line.trim_end()).unwrap().1, with_boot);
+        let now = Now {
+            wall_ms: 1,
+            boot_id: "abcdef01-2345-6789-abcd-ef0123456789".into(),
+            boot_ms: Some(20),
+        };
+        assert_eq!(with_boot.started_ago(&now), Some(13));
         for bad in [
             "0199aaaa-0000-7000-8000-000000000001 running 5 -",
             "0199aaaa-0000-7000-8000-000000000001 comp",
             "../x complete 1 2",
             "0199aaaa-0000-7000-8000-000000000001 complete 1 2 3",
+            "0199aaaa-0000-7000-8000-000000000001 complete 1 2 abcdef01 3",
+            "0199aaaa-0000-7000-8000-000000000001 complete 1 2 abcdef01 3 4 5",
         ] {
             assert!(parse_terminal_line(bad).is_none(), "{bad}");
         }
@@ -833,6 +881,7 @@ mod tests {
             state: RunState::Complete,
             started_at: Some(1),
             ended_at: Some(2),
+            boot: None,
         };
         v.note(OsStr::new(&b), Outcome::Terminal(k));
         v.save();

@@ -3,14 +3,18 @@
 //! - [`discover`]: where runs are, and which run a user's name means;
 //! - [`observe`]: a run's record, its lock and the pure judgement of what to believe, with the
 //!   reconciliation of a run whose runner is gone;
-//! - [`index`]: the listing index of top-level runs (a cache, never the truth).
+//! - [`index`]: the listing index of top-level runs (a cache, never the truth);
+//! - [`wait`]: blocking until runs end (a blocking lock, no polling);
+//! - [`answer`]: a run's answer, read from its steps' final texts.
 //!
 //! Built on [`crate::format`](mod@crate::format) (what the files hold) and [`crate::os`] (how they are read and
 //! locked); the programs build their features on top of it.
 
+pub mod answer;
 pub mod discover;
 pub mod index;
 pub mod observe;
+pub mod wait;
 
 /// Apply `f` to every item, on up to 4 threads when there are many (order kept). Reading
 /// thousands of small records is latency-bound, so a few threads help even on 2 cores.

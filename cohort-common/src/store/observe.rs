@@ -1,13 +1,14 @@
 //! Observing a run: the record as stored, the lock as the kernel reports it, and the pure
-//! judgement of what to believe (`docs/architecture.md`, "Liveness and reconciliation").
+//! judgement of what to believe (`docs/architecture.md`, "Liveness and settlement").
 //!
 //! The decision is a pure function over data ([`judge`]); the I/O around it is separate. A
-//! stored terminal state is trusted as it is. Only a `running` record is reconciled: if its
-//! runner lock is free, it is rewritten `failed` ("runner lost") under the lock, with an event
-//! appended ([`reconcile`]); processes of the run that outlived its runner are named in the
-//! record and ended then. A `queued` record is never rewritten. A pid alone never proves
-//! life or death: the lock decides, so an unrelated process that happens to own the recorded
-//! pid changes nothing.
+//! stored terminal state is trusted as it is. A `running` or `queued` record whose lock is free
+//! is *settled*: the lock proves that no process will ever write it again (spawn holds the run
+//! lock from the moment the run directory exists and hands it to the runner), so the reader
+//! rewrites it `failed` ("runner lost", or "start abandoned") under the lock, with an event
+//! appended ([`settle`]); processes of a lost run that outlived its runner are named in the
+//! record and ended then. A pid alone never proves life or death: the lock decides, so an
+//! unrelated process that happens to own the recorded pid changes nothing.
 //!
 //! Records are read through [`record::load`], which never follows a symlink and reads only
 //! regular files: a `status.json` that is a FIFO or a directory is an error row, never a hang.
@@ -24,18 +25,20 @@ use crate::format::events::{self, EventKind};
 use crate::format::layout::RunDir;
 use crate::format::legacy;
 use crate::format::processes::{self, TrackedProcess};
-use crate::format::record::{self, now_ms, RunRecord, RunState, StepStatus};
+use crate::format::record::{self, RunRecord, RunState, StepStatus};
 use crate::format::spec::LaunchSpec;
 use crate::identity::procinfo;
 use crate::os::files;
 use crate::os::lock::{self, Liveness, RunLock};
 use crate::store::discover::{Found, Origin};
 
-/// The error text of a reconciled run whose runner disappeared.
+/// The error of a `running` run settled because its runner is gone.
 pub const RUNNER_LOST: &str = "runner lost";
-/// How long a `queued` record without a runner counts as still starting (spawn may be
-/// validating), ms.
-pub const QUEUED_GRACE_MS: u64 = 30_000;
+/// The error of a `queued` run settled because no process holds its lock: spawn holds the run
+/// lock from the moment the run's directory exists and hands it to the runner, so a free lock
+/// on a `queued` run proves that neither will ever start it.
+pub const START_ABANDONED: &str =
+    "start abandoned: no process holds the run's lock (its spawn or runner ended before the run started)";
 
 /// What a reader should believe about a run (pure: see [`judge`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,12 +47,14 @@ pub enum Judgement {
     Trusted,
     /// `running` and the runner holds the lock.
     Alive,
-    /// `running` but nobody holds the lock: the runner is gone.
+    /// `running` but nobody holds the lock (or there is no lock file): the runner is gone. The
+    /// reader settles it `failed` ([`settle`]).
     Lost,
-    /// `queued`, recently, or with a runner taking over: still starting.
+    /// `queued` and the lock is held: spawn or the runner is starting it.
     Starting,
-    /// `queued` with no runner after the grace period: it will never run. Start a new run.
-    Unresolved,
+    /// `queued` and nobody holds the lock: no one will ever start it. The reader settles it
+    /// `failed` ([`settle`]).
+    Abandoned,
     /// A state word this binary does not know.
     Unknown,
     /// A legacy record in a non-terminal state: it has no lock, so nothing can prove the run
@@ -57,22 +62,48 @@ pub enum Judgement {
     Legacy,
 }
 
-/// Judge a record from its state, the lock probe and its age in ms (pure).
-pub fn judge(state: RunState, liveness: Liveness, age_ms: u64) -> Judgement {
+/// Judge a record from its state and the lock probe (pure). Age never matters: the lock does.
+pub fn judge(state: RunState, liveness: Liveness) -> Judgement {
     match state {
         s if s.is_terminal() => Judgement::Trusted,
         RunState::Running if liveness.is_alive() => Judgement::Alive,
         RunState::Running => Judgement::Lost,
-        RunState::Queued if liveness.is_alive() || age_ms < QUEUED_GRACE_MS => Judgement::Starting,
-        RunState::Queued => Judgement::Unresolved,
+        RunState::Queued if liveness.is_alive() => Judgement::Starting,
+        RunState::Queued => Judgement::Abandoned,
         _ => Judgement::Unknown,
+    }
+}
+
+/// How a run in `state` whose lock is provably free is settled (pure): the error it gets and
+/// the event that records it; `None` for a state that is never settled.
+pub fn settlement(state: RunState) -> Option<(&'static str, EventKind)> {
+    match state {
+        RunState::Running => Some((RUNNER_LOST, EventKind::RunLost)),
+        RunState::Queued => Some((START_ABANDONED, EventKind::RunAbandoned)),
+        _ => None,
+    }
+}
+
+/// Settle `rec` in memory as `failed` with `error` (pure but for the clock): the run ends now,
+/// a running step fails, a step never started is stopped.
+pub fn settle_record(rec: &mut RunRecord, error: &str) {
+    rec.finish(RunState::Failed, Some(error.to_string()));
+    for s in rec.steps.iter_mut() {
+        if !s.status.is_final() {
+            s.status = if s.status == StepStatus::Running {
+                StepStatus::Failed
+            } else {
+                StepStatus::Stopped
+            };
+            s.error = Some(error.to_string());
+        }
     }
 }
 
 /// A run as a reader sees it: the record (after reconciliation) and the judgement.
 #[derive(Clone, Debug)]
 pub struct Observed {
-    /// The record, reconciled.
+    /// The record, settled if it needed to be.
     pub record: RunRecord,
     /// What to believe.
     pub judgement: Judgement,
@@ -135,8 +166,13 @@ pub fn observe_legacy(dir: &RunDir) -> Result<Observed> {
 }
 
 /// Load a run, probe its lock (records that are not terminal only: a terminal state is trusted
-/// whatever the lock says, so its liveness is reported `Free` unprobed), and reconcile it if
-/// its runner is lost.
+/// whatever the lock says, so its liveness is reported `Free` unprobed), and settle it when its
+/// lock proves that no process will ever write it again ([`settle`]). Every reader goes
+/// through here, so the table, `--json`, `--check`, `--wait` and `--pid` agree on the state.
+///
+/// Errors: the record cannot be read ([`record::load`]) or the lock cannot be probed. A
+/// settlement that cannot be written (a full disk) is no error: the run is shown settled, with
+/// the write error in its `error`, and the next reader tries again.
 pub fn observe(dir: &RunDir) -> Result<Observed> {
     let rec = record::load(&dir.status())?;
     if rec.state.is_terminal() {
@@ -147,34 +183,91 @@ pub fn observe(dir: &RunDir) -> Result<Observed> {
         });
     }
     let liveness = lock::probe(&dir.lock())?;
-    let age = now_ms().saturating_sub(rec.started_at.unwrap_or(0));
-    let judgement = judge(rec.state, liveness, age);
-    if judgement == Judgement::Lost && liveness == Liveness::Free {
-        if let Some(rec) = reconcile(dir)? {
-            let j = judge(rec.state, lock::probe(&dir.lock())?, age);
-            return Ok(Observed {
-                record: rec,
-                judgement: j,
-                liveness,
-            });
-        }
-        // The lock was taken between the probe and the reconcile: a runner is alive.
-        let rec = record::load(&dir.status())?;
-        let liveness = lock::probe(&dir.lock())?;
+    let judgement = judge(rec.state, liveness);
+    if !matches!(judgement, Judgement::Lost | Judgement::Abandoned) {
         return Ok(Observed {
-            judgement: judge(rec.state, liveness, age),
             record: rec,
+            judgement,
             liveness,
         });
     }
-    Ok(Observed {
-        record: rec,
-        judgement,
-        liveness,
-    })
+    match settle(dir)? {
+        Settled::Written(rec) | Settled::Unwritten(rec) => Ok(Observed {
+            judgement: judge(rec.state, liveness),
+            record: rec,
+            liveness,
+        }),
+        Settled::NotNeeded | Settled::Busy => {
+            // Someone took the lock or settled it between the probe and now: read it again.
+            let rec = record::load(&dir.status())?;
+            let liveness = lock::probe(&dir.lock())?;
+            Ok(Observed {
+                judgement: judge(rec.state, liveness),
+                record: rec,
+                liveness,
+            })
+        }
+    }
 }
 
-/// The longest a reconciling reader waits between SIGTERM and SIGKILL for a lost run's
+/// What [`settle`] did.
+#[derive(Clone, Debug)]
+pub enum Settled {
+    /// The record was rewritten `failed`; here it is.
+    Written(RunRecord),
+    /// The record is settled in memory but could not be written (the error says why, in the
+    /// record's `error`); the next reader tries again.
+    Unwritten(RunRecord),
+    /// Under the lock the record needed no settling (another reader did it, or it is terminal).
+    NotNeeded,
+    /// The lock is held: a process is alive after all.
+    Busy,
+}
+
+/// Settle a run whose lock is free: under the run's lock (created first when the record has
+/// none, so every settlement is serialised by the same lock), re-read the record and, if it is
+/// still `running` or `queued`, rewrite it `failed` ([`settlement`] says with which error),
+/// append the event, and remove the temporary files a writer that died mid-write left in the
+/// run directory (the lock proves no writer is left). A `running` run's survivors are named
+/// and ended first ([`settle_survivors`]).
+///
+/// Errors: the lock file cannot be opened or created, or the record cannot be read.
+pub fn settle(dir: &RunDir) -> Result<Settled> {
+    let lock = match RunLock::try_acquire(&dir.lock()) {
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            let created = lock::open_or_create_lock(&dir.lock())?;
+            drop(created);
+            RunLock::try_acquire(&dir.lock())?
+        }
+        other => other?,
+    };
+    let Some(_lock) = lock else {
+        return Ok(Settled::Busy);
+    };
+    let mut rec = record::load(&dir.status())?;
+    let Some((error, kind)) = settlement(rec.state) else {
+        return Ok(Settled::NotNeeded);
+    };
+    // A lost runner may have left processes behind: they are named and ended first.
+    let error = match kind {
+        EventKind::RunLost => settle_survivors(dir, &mut rec),
+        _ => error.to_string(),
+    };
+    let error = error.as_str();
+    settle_record(&mut rec, error);
+    if let Err(e) = record::store(&dir.status(), &rec) {
+        rec.error = Some(format!(
+            "{error} (not yet written to status.json: {})",
+            reason(&e)
+        ));
+        return Ok(Settled::Unwritten(rec));
+    }
+    let _ = events::append_once(&dir.events(), kind, json!({"error": error}));
+    files::remove_temp_files(dir.path());
+    Ok(Settled::Written(rec))
+}
+
+/// The longest a settling reader waits between SIGTERM and SIGKILL for a lost run's
 /// survivors: the run's own `graceMs`, but never more than this (a listing is waiting).
 pub const SURVIVOR_GRACE_MAX: Duration = Duration::from_secs(5);
 
@@ -192,25 +285,15 @@ pub fn live_processes(dir: &RunDir) -> Result<Vec<TrackedProcess>> {
     ))
 }
 
-/// Rewrite a `running` record whose runner is gone as `failed` ("runner lost"), holding the
-/// lock while doing so, and append a `run.lost` event. Returns the record as it is after the
-/// decision, or `None` when the lock is held (the runner is alive after all).
-///
-/// Processes of the run that outlived its runner (a tool process in a session of its own keeps
-/// running under init) are found in `processes.json` ([`live_processes`]), named in the error
-/// (`runner lost; 2 processes of this run still alive: …`) and in `survivors`, and ended
-/// (TERM, the run's grace up to [`SURVIVOR_GRACE_MAX`], KILL; [`procinfo::end_processes`]) before
-/// the record is written, with `run.survivors` and `run.survivorsEnded` events saying what was
-/// found and done. A crash in between leaves the record `running`, so the next reader does it
-/// again.
-pub fn reconcile(dir: &RunDir) -> Result<Option<RunRecord>> {
-    let Some(_lock) = RunLock::try_acquire(&dir.lock())? else {
-        return Ok(None);
-    };
-    let mut rec = record::load(&dir.status())?;
-    if rec.state != RunState::Running {
-        return Ok(Some(rec));
-    }
+/// For a lost run, under its lock: find the processes of the run that outlived its runner (a
+/// tool process in a session of its own keeps running under init) in `processes.json`
+/// ([`live_processes`]), end them (TERM, the run's grace up to [`SURVIVOR_GRACE_MAX`], KILL;
+/// [`procinfo::end_processes`], which never signals a reused pid), record them in
+/// `survivors`, and append `run.survivors` and `run.survivorsEnded` saying what was found and
+/// done. Returns the error to settle the run with: `runner lost; 2 processes of this run still
+/// alive: …` ([`processes::lost_error`]). A crash in between leaves the record `running`, so the
+/// next reader does it again.
+pub fn settle_survivors(dir: &RunDir, rec: &mut RunRecord) -> String {
     let (survivors, unreadable) = match live_processes(dir) {
         Ok(s) => (s, None),
         Err(e) => (Vec::new(), Some(reason(&e))),
@@ -219,39 +302,27 @@ pub fn reconcile(dir: &RunDir) -> Result<Option<RunRecord>> {
     if let Some(why) = unreadable {
         error.push_str(&format!("; its process list cannot be read ({why})"));
     }
-    if !survivors.is_empty() {
-        events::append_once(
-            &dir.events(),
-            EventKind::RunSurvivors,
-            json!({"processes": survivors}),
-        )?;
-        let grace = files::read_json::<LaunchSpec>(&dir.spec())
-            .map(|s| Duration::from_millis(s.options.grace_ms))
-            .unwrap_or(SURVIVOR_GRACE_MAX)
-            .min(SURVIVOR_GRACE_MAX);
-        let targets: Vec<(u32, u64)> = survivors.iter().map(|p| (p.pid, p.start_time)).collect();
-        let ended = procinfo::end_processes(&targets, &procinfo::boot_id(), grace);
-        events::append_once(
-            &dir.events(),
-            EventKind::RunSurvivorsEnded,
-            json!({"terminated": ended.terminated, "killed": ended.killed, "remaining": ended.remaining}),
-        )?;
-        rec.survivors = survivors.iter().map(TrackedProcess::describe).collect();
+    if survivors.is_empty() {
+        return error;
     }
-    rec.finish(RunState::Failed, Some(error.clone()));
-    for s in rec.steps.iter_mut() {
-        if !s.status.is_final() {
-            s.status = if s.status == StepStatus::Running {
-                StepStatus::Failed
-            } else {
-                StepStatus::Stopped
-            };
-            s.error = Some(RUNNER_LOST.to_string());
-        }
-    }
-    record::store(&dir.status(), &rec)?;
-    events::append_once(&dir.events(), EventKind::RunLost, json!({"error": error}))?;
-    Ok(Some(rec))
+    let _ = events::append_once(
+        &dir.events(),
+        EventKind::RunSurvivors,
+        json!({"processes": survivors}),
+    );
+    let grace = files::read_json::<LaunchSpec>(&dir.spec())
+        .map(|s| Duration::from_millis(s.options.grace_ms))
+        .unwrap_or(SURVIVOR_GRACE_MAX)
+        .min(SURVIVOR_GRACE_MAX);
+    let targets: Vec<(u32, u64)> = survivors.iter().map(|p| (p.pid, p.start_time)).collect();
+    let ended = procinfo::end_processes(&targets, &procinfo::boot_id(), grace);
+    let _ = events::append_once(
+        &dir.events(),
+        EventKind::RunSurvivorsEnded,
+        json!({"terminated": ended.terminated, "killed": ended.killed, "remaining": ended.remaining}),
+    );
+    rec.survivors = survivors.iter().map(TrackedProcess::describe).collect();
+    error
 }
 
 /// The runner's pid, only if the runner is alive now *and* the process with that pid is the
@@ -278,21 +349,19 @@ mod tests {
     #[test]
     fn judgement_table() {
         use Liveness::*;
-        assert_eq!(judge(RunState::Complete, Held, 0), Judgement::Trusted);
-        assert_eq!(judge(RunState::Failed, Free, 0), Judgement::Trusted);
-        assert_eq!(judge(RunState::Running, Held, 0), Judgement::Alive);
-        assert_eq!(judge(RunState::Running, Free, 0), Judgement::Lost);
-        assert_eq!(judge(RunState::Running, NoLockFile, 0), Judgement::Lost);
-        assert_eq!(judge(RunState::Queued, Free, 1_000), Judgement::Starting);
-        assert_eq!(
-            judge(RunState::Queued, Held, 10_000_000),
-            Judgement::Starting
-        );
-        assert_eq!(
-            judge(RunState::Queued, Free, 10_000_000),
-            Judgement::Unresolved
-        );
-        assert_eq!(judge(RunState::Unknown, Free, 0), Judgement::Unknown);
+        assert_eq!(judge(RunState::Complete, Held), Judgement::Trusted);
+        assert_eq!(judge(RunState::Failed, Free), Judgement::Trusted);
+        assert_eq!(judge(RunState::Running, Held), Judgement::Alive);
+        assert_eq!(judge(RunState::Running, Free), Judgement::Lost);
+        assert_eq!(judge(RunState::Running, NoLockFile), Judgement::Lost);
+        assert_eq!(judge(RunState::Queued, Held), Judgement::Starting);
+        assert_eq!(judge(RunState::Queued, Free), Judgement::Abandoned);
+        assert_eq!(judge(RunState::Queued, NoLockFile), Judgement::Abandoned);
+        assert_eq!(judge(RunState::Unknown, Free), Judgement::Unknown);
+        assert_eq!(settlement(RunState::Running).unwrap().0, RUNNER_LOST);
+        assert_eq!(settlement(RunState::Queued).unwrap().0, START_ABANDONED);
+        assert!(settlement(RunState::Complete).is_none());
+        assert!(settlement(RunState::Unknown).is_none());
     }
 
     fn make_run(root: &StateRoot, state: RunState) -> RunDir {
@@ -308,7 +377,7 @@ mod tests {
     }
 
     #[test]
-    fn lost_runner_is_reconciled_once_and_held_lock_is_alive() {
+    fn lost_runner_is_settled_once_and_held_lock_is_alive() {
         let t = tempfile::tempdir().unwrap();
         let root = StateRoot::for_profile(t.path());
         let dir = make_run(&root, RunState::Running);
@@ -344,7 +413,7 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(observe(&dir), Err(Error::NotRegular { .. })));
-        assert!(matches!(reconcile(&dir), Err(Error::NotRegular { .. })));
+        assert!(matches!(settle(&dir), Err(Error::NotRegular { .. })));
         assert!(matches!(
             live_runner_pid(&dir),
             Err(Error::NotRegular { .. })
@@ -353,13 +422,37 @@ mod tests {
     }
 
     #[test]
-    fn queued_is_never_rewritten() {
+    fn queued_is_starting_while_its_lock_is_held_and_settled_once_it_is_free() {
         let t = tempfile::tempdir().unwrap();
         let root = StateRoot::for_profile(t.path());
         let dir = make_run(&root, RunState::Queued);
         let before = std::fs::read(dir.status()).unwrap();
+        let held = RunLock::acquire(&dir.lock(), Duration::from_millis(10)).unwrap();
         let obs = observe(&dir).unwrap();
         assert_eq!(obs.judgement, Judgement::Starting);
         assert_eq!(std::fs::read(dir.status()).unwrap(), before);
+        // A writer killed mid-write left a temporary file; the settlement removes it.
+        std::fs::write(dir.path().join(".tmp-abc123"), b"{").unwrap();
+        drop(held);
+        let obs = observe(&dir).unwrap();
+        assert_eq!(obs.record.state, RunState::Failed);
+        assert_eq!(obs.record.error.as_deref(), Some(START_ABANDONED));
+        assert_eq!(obs.judgement, Judgement::Trusted);
+        assert!(!dir.path().join(".tmp-abc123").exists());
+        let ev = std::fs::read_to_string(dir.events()).unwrap();
+        assert_eq!(ev.matches("run.abandoned").count(), 1);
+    }
+
+    #[test]
+    fn a_running_record_without_a_lock_file_is_settled_under_a_new_lock() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(t.path());
+        let dir = make_run(&root, RunState::Running);
+        std::fs::remove_file(dir.lock()).unwrap();
+        let obs = observe(&dir).unwrap();
+        assert_eq!(obs.record.state, RunState::Failed);
+        assert_eq!(obs.record.error.as_deref(), Some(RUNNER_LOST));
+        assert_eq!(record::load(&dir.status()).unwrap().state, RunState::Failed);
+        assert!(dir.lock().is_file());
     }
 }

@@ -1,12 +1,19 @@
-//! A run's answer: what `cohort-status --output` prints, read from the steps' final texts.
+//! A run's answer: what `cohort-status --output` and `cohort-spawn --wait` print, read from the
+//! steps' final texts (`final-<i>.txt`, written by the runner).
+//!
+//! Two programs print it, so it is read here, once: the answer of a run is its last chain
+//! step's final text, or after a final parallel group every member's text under `## <label>`
+//! (the shape `{previous}` hands on in a chain).
 
-use std::path::PathBuf;
-
-use cohort_common::error::Error;
+use crate::error::Error;
+use crate::format::layout::RunDir;
+use crate::format::record::{RunRecord, StepStatus};
+use crate::format::spec;
+use crate::os::files;
 
 /// Why there is no answer to print.
 #[derive(Debug, thiserror::Error)]
-pub enum OutputError {
+pub enum AnswerError {
     /// The run or step has no final text (yet): a negative answer, exit 1.
     #[error("{0}")]
     NoText(String),
@@ -15,11 +22,7 @@ pub enum OutputError {
     Store(#[from] Error),
 }
 
-type Result<T> = std::result::Result<T, OutputError>;
-use cohort_common::format::layout::RunDir;
-use cohort_common::format::record::{RunRecord, StepStatus};
-use cohort_common::format::spec;
-use cohort_common::os::files;
+type Result<T> = std::result::Result<T, AnswerError>;
 
 /// The flat steps whose texts make a run's answer when no step is named (pure): the last
 /// chain step — one task, or every member of a final parallel group.
@@ -38,11 +41,11 @@ pub fn answer_steps(rec: &RunRecord) -> Vec<usize> {
     }
 }
 
-/// What `cohort-status --output` prints: the final text of step `step`, or with `None` the
-/// run's answer — the last step's text, or after a final parallel group its members' texts
+/// What `cohort-status --output` prints: the final text of step `step` (a flat step index), or
+/// with `None` the run's answer — the last step's text, or after a final parallel group its members' texts
 /// each headed by its label (as `{previous}` hands them on). Errors when a step does not exist
 /// or has no final text yet.
-pub fn output_text(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<String> {
+pub fn answer(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<String> {
     let steps = match step {
         Some(i) => vec![i],
         None => answer_steps(rec),
@@ -75,7 +78,7 @@ pub fn final_text(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<
         }
         None if n > 0 => n - 1,
         None => {
-            return Err(OutputError::NoText(format!(
+            return Err(AnswerError::NoText(format!(
                 "run {} has no steps",
                 rec.run_id
             )))
@@ -88,7 +91,7 @@ pub fn final_text(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<
             .as_deref()
             .map(|e| format!(": {e}"))
             .unwrap_or_default();
-        OutputError::NoText(format!(
+        AnswerError::NoText(format!(
             "step {i} of run {} has no final text (run {}, step {}{why})",
             rec.run_id,
             rec.state.as_str(),
@@ -108,44 +111,14 @@ pub fn final_text(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<
     }
 }
 
-/// The length of the longest prefix of `bytes` that does not end inside a UTF-8 character
-/// (pure): a trailing incomplete sequence of up to 3 bytes is held back.
-pub fn complete_utf8_prefix(bytes: &[u8]) -> usize {
-    let n = bytes.len();
-    for back in 1..=3.min(n) {
-        let b = bytes[n - back];
-        if b & 0xC0 == 0x80 {
-            continue; // a continuation byte: look further back for the lead byte
-        }
-        let len = match b {
-            0x00..=0x7F => 1,
-            0xC0..=0xDF => 2,
-            0xE0..=0xEF => 3,
-            _ => 4,
-        };
-        return if len > back { n - back } else { n };
-    }
-    n
-}
-
-/// Paths a reader may want to show for a run.
-pub fn paths_of(dir: &RunDir) -> Vec<(&'static str, PathBuf)> {
-    vec![
-        ("dir", dir.path().to_path_buf()),
-        ("status", dir.status()),
-        ("events", dir.events()),
-        ("runner log", dir.runner_log()),
-    ]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cohort_common::format::record::{ParallelGroup, RunMode};
+    use crate::format::record::{ParallelGroup, RunMode};
 
     #[test]
     fn the_answer_of_a_run_is_its_last_chain_step() {
-        let mut r = RunRecord::queued(&cohort_common::format::id::RunId::new(), RunMode::Chain);
+        let mut r = RunRecord::queued(&crate::format::id::RunId::new(), RunMode::Chain);
         assert!(answer_steps(&r).is_empty());
         r.steps = vec![Default::default(); 4];
         assert_eq!(answer_steps(&r), vec![3]);
@@ -167,16 +140,5 @@ mod tests {
             step_index: 1,
         }];
         assert_eq!(answer_steps(&r), vec![1, 2, 3]);
-    }
-
-    #[test]
-    fn utf8_prefixes_hold_back_half_characters() {
-        assert_eq!(complete_utf8_prefix(b"tick tick "), 10);
-        let e = "é".as_bytes(); // c3 a9
-        assert_eq!(complete_utf8_prefix(&[b'a', e[0]]), 1);
-        assert_eq!(complete_utf8_prefix(&[b'a', e[0], e[1]]), 3);
-        let euro = "€".as_bytes(); // e2 82 ac
-        assert_eq!(complete_utf8_prefix(&[euro[0], euro[1]]), 0);
-        assert_eq!(complete_utf8_prefix(b""), 0);
     }
 }

@@ -1,0 +1,126 @@
+//! Waiting for runs to end: `cohort-status --wait` and `cohort-spawn --wait`.
+//!
+//! A running run is waited on with a blocking shared lock on its runner lock, so the kernel
+//! wakes the waiter when the runner exits: no polling (the approach of nq). Two programs wait,
+//! so they wait the same way, here.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+use crate::format::record::RunState;
+use crate::os::lock;
+use crate::store::discover::Found;
+use crate::store::observe::{observe_found, Judgement};
+
+/// How a wait ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WaitOutcome {
+    /// Every run reached a terminal state; the final records.
+    Done(Vec<(String, RunState)>),
+    /// The timeout passed first.
+    TimedOut,
+}
+
+/// Block until every run is terminal, or `timeout`.
+///
+/// A run that is starting or running is waited on with a blocking shared lock on its run lock
+/// (spawn holds it from the start and hands it to the runner), so the kernel wakes the waiter
+/// when the last holder exits: no polling. A run whose lock is free is settled by the
+/// observation and returns at once.
+///
+/// A legacy record is never waited on: it has no lock and nothing will ever change it, so its
+/// stored state is the answer.
+pub fn wait(runs: Vec<Found>, timeout: Option<Duration>) -> Result<WaitOutcome> {
+    let (tx, rx) = mpsc::channel();
+    let n = runs.len();
+    for found in runs {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(wait_one(&found).map(|s| (found.id.clone(), s)));
+        });
+    }
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut done = Vec::new();
+    while done.len() < n {
+        let got = match deadline {
+            Some(d) => match rx.recv_timeout(d.saturating_duration_since(Instant::now())) {
+                Ok(v) => v,
+                Err(_) => return Ok(WaitOutcome::TimedOut),
+            },
+            None => rx.recv().expect("waiters hold senders"),
+        };
+        done.push(got?);
+    }
+    Ok(WaitOutcome::Done(done))
+}
+
+fn wait_one(found: &Found) -> Result<RunState> {
+    let dir = &found.dir;
+    loop {
+        let obs = observe_found(found)?;
+        match obs.judgement {
+            // Settled by the observation, or nothing will ever change it.
+            Judgement::Trusted
+            | Judgement::Lost
+            | Judgement::Abandoned
+            | Judgement::Unknown
+            | Judgement::Legacy => return Ok(obs.record.state),
+            // Spawn or the runner holds the lock (it is handed from one to the other, never
+            // free in between): the kernel wakes us when the last holder is gone.
+            Judgement::Alive | Judgement::Starting => lock::wait_released(&dir.lock())?,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::layout::{RunDir, StateRoot};
+    use crate::format::record::{self, RunRecord};
+    use crate::os::files::{self, EntryKind};
+    use crate::os::lock::RunLock;
+    use crate::store::discover::Origin;
+
+    fn make_run(root: &StateRoot, state: RunState) -> RunDir {
+        let id = crate::format::id::RunId::new().to_string();
+        let dir = root.run_dir(&id);
+        files::create_dir_all_private(dir.path()).unwrap();
+        std::fs::File::create(dir.lock()).unwrap();
+        let mut r = RunRecord::queued(&id.parse().unwrap(), record::RunMode::Single);
+        r.state = state;
+        record::store(&dir.status(), &r).unwrap();
+        dir
+    }
+
+    #[test]
+    fn wait_times_out_on_a_live_runner_and_returns_when_it_ends() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(t.path());
+        let dir = make_run(&root, RunState::Running);
+        let held = RunLock::acquire(&dir.lock(), Duration::from_millis(10)).unwrap();
+        let found = Found {
+            dir: dir.clone(),
+            id: dir.name(),
+            origin: Origin::TopLevel,
+            kind: EntryKind::Dir,
+        };
+        assert_eq!(
+            wait(vec![found.clone()], Some(Duration::from_millis(100))).unwrap(),
+            WaitOutcome::TimedOut
+        );
+        let d2 = dir.clone();
+        let finisher = std::thread::spawn(move || {
+            let mut r = record::load(&d2.status()).unwrap();
+            r.finish(RunState::Complete, None);
+            record::store(&d2.status(), &r).unwrap();
+            drop(held);
+        });
+        let out = wait(vec![found], Some(Duration::from_secs(10))).unwrap();
+        finisher.join().unwrap();
+        assert_eq!(
+            out,
+            WaitOutcome::Done(vec![(dir.name(), RunState::Complete)])
+        );
+    }
+}

@@ -1,0 +1,240 @@
+//! The on-exit hook (`cohort-spawn --on-exit CMD`, `COHORT_ON_EXIT`): one shell command the
+//! runner runs once, after the run's terminal record is durable.
+//!
+//! It is run through `sh -c` in the run's cwd, in a process group of its own, with
+//! `COHORT_RUN_ID`, `COHORT_STATE`, `COHORT_RUN_DIR` and the profile (`PI_CODING_AGENT_DIR`) in
+//! its environment, stdin from `/dev/null` and its output appended to `runner.log`. It is
+//! bounded in time: past its timeout its group gets SIGTERM, then SIGKILL after the run's grace.
+//! Its start and end are events (`hook.started`, `hook.completed`, `hook.failed`); nothing it
+//! does changes the run's state, which is final before it starts. The runner still holds its
+//! lock while the hook runs, so the run cannot be reaped from under it; readers already see the
+//! terminal record (a `cohort-status --wait` returns at once).
+
+use std::ffi::OsString;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+
+use cohort_common::format::events::EventKind;
+use cohort_common::format::layout::{RunDir, PROFILE_ENV};
+use cohort_common::format::record::RunState;
+use cohort_common::os::files;
+
+use crate::stream::signal_name;
+
+/// What the hook is run with.
+#[derive(Clone, Debug)]
+pub struct Hook<'a> {
+    /// The shell command (`sh -c <command>`).
+    pub command: &'a str,
+    /// The run id (`COHORT_RUN_ID`).
+    pub run_id: &'a str,
+    /// The run's final state (`COHORT_STATE`).
+    pub state: RunState,
+    /// The run directory (`COHORT_RUN_DIR`); its `runner.log` receives the hook's output.
+    pub run_dir: &'a RunDir,
+    /// The Pi profile dir (`PI_CODING_AGENT_DIR`).
+    pub profile_dir: &'a Path,
+    /// The working directory: the run's cwd.
+    pub cwd: &'a Path,
+    /// How long it may run before SIGTERM.
+    pub timeout: Duration,
+    /// Between SIGTERM and SIGKILL.
+    pub grace: Duration,
+}
+
+/// The environment the hook gets on top of the runner's (pure).
+pub fn hook_env(hook: &Hook) -> Vec<(&'static str, OsString)> {
+    vec![
+        ("COHORT_RUN_ID", hook.run_id.into()),
+        ("COHORT_STATE", hook.state.as_str().into()),
+        ("COHORT_RUN_DIR", hook.run_dir.path().as_os_str().to_owned()),
+        (PROFILE_ENV, hook.profile_dir.as_os_str().to_owned()),
+    ]
+}
+
+/// How a hook that ran ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HookExit {
+    /// Its exit code, when it exited.
+    pub code: Option<i32>,
+    /// The signal that ended it, when one did.
+    pub signal: Option<i32>,
+    /// Its timeout passed and it was sent SIGTERM (and SIGKILL if it lingered).
+    pub timed_out: bool,
+}
+
+/// The event that records how the hook ended, with its fields (pure): `hook.completed` for
+/// exit 0 within its time, else `hook.failed` with the reason.
+pub fn outcome(exit: HookExit, timeout: Duration, duration_ms: u64) -> (EventKind, Value) {
+    let error = if exit.timed_out {
+        Some(format!(
+            "the on-exit hook ran longer than {}ms and was stopped",
+            timeout.as_millis()
+        ))
+    } else {
+        match (exit.code, exit.signal) {
+            (Some(0), _) => None,
+            (Some(c), _) => Some(format!("the on-exit hook exited with code {c}")),
+            (None, Some(s)) => Some(format!("the on-exit hook was killed by {}", signal_name(s))),
+            (None, None) => Some("the on-exit hook ended without an exit status".to_string()),
+        }
+    };
+    match error {
+        None => (
+            EventKind::HookCompleted,
+            json!({"exitCode": 0, "durationMs": duration_ms}),
+        ),
+        Some(error) => (
+            EventKind::HookFailed,
+            json!({
+                "exitCode": exit.code,
+                "signal": exit.signal.map(signal_name),
+                "timedOut": exit.timed_out,
+                "durationMs": duration_ms,
+                "error": error,
+            }),
+        ),
+    }
+}
+
+/// Run the hook to its end (or its bound), calling `event` for `hook.started` and for how it
+/// ended. Never fails: a hook that cannot start is recorded as `hook.failed`.
+pub fn run(hook: &Hook, event: &mut dyn FnMut(EventKind, Value)) {
+    let log = || {
+        files::open_append(&hook.run_dir.runner_log())
+            .map(Stdio::from)
+            .unwrap_or_else(|_| Stdio::null())
+    };
+    eprintln!(
+        "cohort-runner: run ended {}; running the on-exit hook: {}",
+        hook.state.as_str(),
+        hook.command
+    );
+    let started = Instant::now();
+    let spawned = Command::new("sh")
+        .arg("-c")
+        .arg(hook.command)
+        .current_dir(hook.cwd)
+        .envs(hook_env(hook))
+        .stdin(Stdio::null())
+        .stdout(log())
+        .stderr(log())
+        .process_group(0)
+        .spawn();
+    let child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            let error = format!("cannot start the on-exit hook (sh -c): {e}");
+            eprintln!("cohort-runner: {error}");
+            event(
+                EventKind::HookFailed,
+                json!({"exitCode": null, "signal": null, "timedOut": false, "durationMs": 0, "error": error}),
+            );
+            return;
+        }
+    };
+    let pid = child.id();
+    event(
+        EventKind::HookStarted,
+        json!({"pid": pid, "state": hook.state.as_str()}),
+    );
+    let exit = wait_bounded(child, hook.timeout, hook.grace);
+    let ms = started.elapsed().as_millis() as u64;
+    let (kind, fields) = outcome(exit, hook.timeout, ms);
+    if let Some(e) = fields.get("error").and_then(Value::as_str) {
+        eprintln!("cohort-runner: {e}");
+    }
+    event(kind, fields);
+}
+
+/// Wait for `child`; past `timeout` send its process group SIGTERM, past `grace` after that
+/// SIGKILL. A thread blocks in `wait` and reports, so nothing polls.
+fn wait_bounded(mut child: std::process::Child, timeout: Duration, grace: Duration) -> HookExit {
+    let pgid = Pid::from_raw(child.id() as i32);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let of = |r: std::io::Result<ExitStatus>, timed_out| {
+        let st = r.ok();
+        HookExit {
+            code: st.and_then(|s| s.code()),
+            signal: st.and_then(|s| s.signal()),
+            timed_out,
+        }
+    };
+    if let Ok(r) = rx.recv_timeout(timeout) {
+        return of(r, false);
+    }
+    let _ = killpg(pgid, Signal::SIGTERM);
+    if let Ok(r) = rx.recv_timeout(grace) {
+        return of(r, true);
+    }
+    let _ = killpg(pgid, Signal::SIGKILL);
+    match rx.recv() {
+        Ok(r) => of(r, true),
+        Err(_) => HookExit {
+            code: None,
+            signal: None,
+            timed_out: true,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn how_a_hook_ended_is_recorded() {
+        let t = Duration::from_secs(60);
+        let exit = |code, signal, timed_out| HookExit {
+            code,
+            signal,
+            timed_out,
+        };
+        let (k, f) = outcome(exit(Some(0), None, false), t, 12);
+        assert_eq!(k, EventKind::HookCompleted);
+        assert_eq!(f, json!({"exitCode": 0, "durationMs": 12}));
+        let (k, f) = outcome(exit(Some(3), None, false), t, 5);
+        assert_eq!(k, EventKind::HookFailed);
+        assert_eq!(f["exitCode"], 3);
+        assert_eq!(f["error"], "the on-exit hook exited with code 3");
+        let (k, f) = outcome(exit(None, Some(9), false), t, 5);
+        assert_eq!(k, EventKind::HookFailed);
+        assert_eq!(f["signal"], "SIGKILL");
+        // Past its bound it failed, whatever its exit.
+        let (k, f) = outcome(exit(Some(0), None, true), t, 60_001);
+        assert_eq!(k, EventKind::HookFailed);
+        assert_eq!(f["timedOut"], true);
+        assert!(f["error"].as_str().unwrap().contains("longer than 60000ms"));
+    }
+
+    #[test]
+    fn the_hook_sees_the_run_in_its_environment() {
+        let dir = RunDir::new(Path::new("/r/run"));
+        let h = Hook {
+            command: "true",
+            run_id: "0190",
+            state: RunState::Failed,
+            run_dir: &dir,
+            profile_dir: Path::new("/p"),
+            cwd: Path::new("/"),
+            timeout: Duration::from_secs(1),
+            grace: Duration::from_secs(1),
+        };
+        let env = hook_env(&h);
+        let get = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+        assert_eq!(get("COHORT_RUN_ID"), Some("0190".into()));
+        assert_eq!(get("COHORT_STATE"), Some("failed".into()));
+        assert_eq!(get("COHORT_RUN_DIR"), Some("/r/run".into()));
+        assert_eq!(get("PI_CODING_AGENT_DIR"), Some("/p".into()));
+    }
+}

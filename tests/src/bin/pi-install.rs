@@ -1,0 +1,35 @@
+//! `pi-install [--system-node] GENERATION…`: install pinned Pi generations (`0.73`, `1.6`)
+//! into the workspace's `.pi-cli/` the way the test suite does (`cohort_e2e::pi`), for
+//! `.ci/run` and the demo. Prints one line per generation, `KEY NODE ENTRY` (tab-separated):
+//! the Node it runs on and its declared CLI. With `--system-node`, only the system's `node` is
+//! acceptable (no Node is installed from npm): exit 1 when it does not meet the package's
+//! `engines.node`. Exit 2 on a usage error.
+
+use cohort_e2e::pi::{self, NodeChoice};
+
+fn main() -> std::process::ExitCode {
+    let mut choice = NodeChoice::SystemOrFallback;
+    let mut keys = Vec::new();
+    for a in std::env::args().skip(1) {
+        match a.as_str() {
+            "--system-node" => choice = NodeChoice::SystemOnly,
+            k if pi::generation_named(k).is_some() => keys.push(k.to_string()),
+            other => {
+                let known: Vec<_> = pi::GENERATIONS.iter().map(|g| g.key).collect();
+                eprintln!("pi-install: unknown argument {other:?} (usage: pi-install [--system-node] GENERATION…; generations: {known:?})");
+                return std::process::ExitCode::from(2);
+            }
+        }
+    }
+    for k in keys {
+        let g = pi::generation_named(&k).expect("checked above");
+        match pi::install(g, choice) {
+            Ok(i) => println!("{}\t{}\t{}", g.key, i.node.display(), i.entry.display()),
+            Err(e) => {
+                eprintln!("pi-install: {e}");
+                return std::process::ExitCode::from(1);
+            }
+        }
+    }
+    std::process::ExitCode::SUCCESS
+}

@@ -1,0 +1,309 @@
+//! End-to-end: the Pi behaviour cohort depends on, checked on the Pi generation under test
+//! (`COHORT_TEST_PI`; `.ci/run` runs this file on 0.73.1 and on 1.6.0).
+//!
+//! Each test runs the pinned Pi CLI directly — `node <entry> --mode json -p …`, as the runner
+//! launches it — against the fake model server, and checks one fact cohort relies on: the event
+//! stream (fed through the runner's own parser and step decision), the exit codes, session files
+//! and their continuation, `--system-prompt FILE`, and stdin as the message in `-p` mode. Where
+//! the generations differ in a way cohort does not depend on, the test says so.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use cohort_e2e::harness::{stderr, stdout, wait_for, TestEnv, HERMETIC};
+use cohort_runner::stream::{decide_step, ChildExit, StepVerdict, StreamParser, UPDATE_HEAD};
+use serde_json::Value;
+
+/// Run `node <entry> --mode json -p <hermetic flags> ARGS` in the env's temp dir with `stdin`
+/// (none: `/dev/null`, as the runner does), waiting at most 60 s.
+fn pi(env: &TestEnv, args: &[&str], stdin: Option<&str>) -> Output {
+    let dir = env.tmp.path();
+    let out_path = dir.join("pi.stdout");
+    let err_path = dir.join("pi.stderr");
+    let mut c = env.program(&env.node);
+    c.arg(&env.pi_entry)
+        .args(["--mode", "json", "-p"])
+        .args(HERMETIC)
+        .args(args)
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap());
+    if stdin.is_some() {
+        c.stdin(Stdio::piped());
+    }
+    let mut child = c.spawn().expect("start Pi");
+    if let Some(text) = stdin {
+        let mut pipe = child.stdin.take().unwrap();
+        pipe.write_all(text.as_bytes()).unwrap();
+    }
+    let mut status = None;
+    wait_for(Duration::from_secs(60), || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    })
+    .unwrap_or_else(|_| {
+        let _ = child.kill();
+        panic!("Pi {args:?} did not exit within 60 s");
+    });
+    Output {
+        status: status.unwrap(),
+        stdout: std::fs::read(&out_path).unwrap(),
+        stderr: std::fs::read(&err_path).unwrap(),
+    }
+}
+
+/// The event lines of a Pi run, parsed.
+fn events(out: &Output) -> Vec<Value> {
+    stdout(out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+/// The runner's verdict on a Pi run: its stream through [`StreamParser`], then [`decide_step`].
+fn verdict(out: &Output) -> (StreamParser, StepVerdict, Vec<String>) {
+    let mut parser = StreamParser::default();
+    let mut deltas = Vec::new();
+    parser
+        .run(&mut &out.stdout[..], |_, n| {
+            if let cohort_runner::stream::Notice::TextDelta { text } = n {
+                deltas.push(text.into_owned());
+            }
+        })
+        .unwrap();
+    let exit = ChildExit::Code(out.status.code().expect("Pi exited, not signalled"));
+    let v = decide_step(exit, &parser.summary, &stderr(out));
+    (parser, v, deltas)
+}
+
+/// The last request the fake server got.
+fn last_request(env: &TestEnv) -> Value {
+    env.server
+        .requests()
+        .pop()
+        .expect("Pi sent a request to the fake server")
+}
+
+/// The text of a logged request message (a string, or text parts).
+fn text(m: &Value) -> String {
+    match &m["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
+        _ => String::new(),
+    }
+}
+
+#[test]
+fn the_event_stream_carries_what_the_runner_reads() {
+    let env = TestEnv::new();
+    let out = pi(
+        &env,
+        &["--no-session", "--model", "fake/tool", "RUN: echo CONTRACT"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // The runner classifies lines by their first bytes: the type is the first key.
+    for line in stdout(&out).lines() {
+        assert!(
+            line.starts_with(r#"{"type":""#),
+            "type not first: {line:.200}"
+        );
+    }
+    let ev = events(&out);
+    assert_eq!(ev[0]["type"], "session", "{:#}", ev[0]);
+    assert!(ev[0]["id"].is_string(), "{:#}", ev[0]);
+    assert_eq!(
+        Path::new(ev[0]["cwd"].as_str().unwrap()),
+        env.tmp.path().canonicalize().unwrap()
+    );
+    // Streaming text: the runner reads the delta from the head of a message_update line.
+    // (1.6 puts `usage` before `assistantMessageEvent` and drops `partial`; still in the head.)
+    let delta_line = stdout(&out)
+        .lines()
+        .find(|l| l.contains(r#""assistantMessageEvent":{"type":"text_delta""#))
+        .expect("a text_delta update")
+        .to_string();
+    let head = &delta_line.as_bytes()[..delta_line.len().min(UPDATE_HEAD)];
+    assert_eq!(
+        cohort_runner::stream::text_delta(head).as_deref(),
+        Some("TOOL DONE: CONTRACT")
+    );
+    let tool = ev
+        .iter()
+        .find(|e| e["type"] == "tool_execution_start")
+        .expect("tool_execution_start");
+    assert_eq!(tool["toolName"], "bash");
+    assert_eq!(tool["args"]["command"], "echo CONTRACT");
+    let end = ev
+        .iter()
+        .find(|e| e["type"] == "tool_execution_end")
+        .expect("tool_execution_end");
+    assert_eq!(end["isError"], false);
+    assert_eq!(end["result"]["content"][0]["text"], "CONTRACT\n");
+
+    let (parser, v, deltas) = verdict(&out);
+    assert_eq!(v, StepVerdict::Complete);
+    let s = &parser.summary;
+    assert!(s.saw_agent_end);
+    assert_eq!(s.last_stop_reason.as_deref(), Some("stop"));
+    assert_eq!((s.turn_count, s.tool_count), (2, 1), "{s:?}");
+    assert_eq!(s.final_text_len, "TOOL DONE: CONTRACT".len());
+    assert_eq!(s.model.as_deref(), Some("fake/tool"));
+    assert_eq!(s.garbage_lines, 0);
+    // Two model calls, each reporting 11 in + 7 out (the fake server's usage chunk).
+    assert_eq!(
+        (s.usage.input, s.usage.output, s.usage.total_tokens),
+        (22, 14, 36),
+        "{:?}",
+        s.usage
+    );
+    assert_eq!(deltas.concat(), "TOOL DONE: CONTRACT");
+}
+
+#[test]
+fn a_model_error_exits_0_and_the_stream_says_error() {
+    // Pi exits 0 even when the model call failed: cohort must read the stream.
+    let env = TestEnv::new();
+    let out = pi(&env, &["--no-session", "--model", "fake/err400", "x"], None);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (parser, v, _) = verdict(&out);
+    assert_eq!(parser.summary.last_stop_reason.as_deref(), Some("error"));
+    // 0.73: "400 bad request from fake model"; 1.6: `400: {"message":"bad request from fake
+    // model",…}`. cohort shows whatever Pi says.
+    assert!(
+        matches!(&v, StepVerdict::Failed(m) if m.contains("bad request from fake model")),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn usage_errors_exit_non_zero_with_one_line_on_stderr() {
+    let env = TestEnv::new();
+    for (args, needle) in [
+        (
+            vec!["--no-session", "--model", "nope/x", "x"],
+            r#"Model "nope/x" not found"#,
+        ),
+        (
+            vec!["--no-session", "--bogus-flag", "--model", "fake/plain", "x"],
+            "Unknown option: --bogus-flag",
+        ),
+    ] {
+        let out = pi(&env, &args, None);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+        let (_, v, _) = verdict(&out);
+        assert!(
+            matches!(&v, StepVerdict::Failed(m) if m.contains("code 1") && m.contains(needle)),
+            "{v:?}"
+        );
+    }
+}
+
+#[test]
+fn a_session_file_starts_with_its_header_and_a_second_run_continues_it() {
+    let env = TestEnv::new();
+    let session = env.tmp.path().join("sessions/s.jsonl");
+    std::fs::create_dir_all(session.parent().unwrap()).unwrap();
+    let s = session.to_str().unwrap();
+    let out = pi(
+        &env,
+        &["--session", s, "--model", "fake/plain", "remember KUMQUAT"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // spawn's check of a file to continue: the first line is a Pi session header.
+    let written = std::fs::read_to_string(&session).expect("Pi wrote the session file");
+    let header: Value = serde_json::from_str(written.lines().next().unwrap()).unwrap();
+    assert_eq!(header["type"], "session", "{header:#}");
+    assert_eq!(header["id"], events(&out)[0]["id"], "the stream names it");
+    assert!(written.contains("ECHO: remember KUMQUAT"), "{written}");
+
+    // Continuing it (what a revival does) sends the earlier conversation to the model.
+    let out = pi(
+        &env,
+        &["--session", s, "--model", "fake/plain", "and the word was?"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let msgs: Vec<String> = last_request(&env)["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(text)
+        .collect();
+    assert!(
+        msgs.iter().any(|m| m == "remember KUMQUAT")
+            && msgs.iter().any(|m| m == "ECHO: remember KUMQUAT")
+            && msgs.last().map(String::as_str) == Some("and the word was?"),
+        "{msgs:#?}"
+    );
+    let after = std::fs::read_to_string(&session).unwrap();
+    assert!(
+        after.starts_with(written.lines().next().unwrap()),
+        "one header"
+    );
+    assert!(after.contains("ECHO: and the word was?"), "{after}");
+}
+
+#[test]
+fn system_prompt_names_a_file_whose_text_is_the_system_prompt() {
+    let env = TestEnv::new();
+    let file = env.tmp.path().join("prompt.md");
+    std::fs::write(&file, "You are CONTRACT-PROMPT.\nLine two.\n").unwrap();
+    let out = pi(
+        &env,
+        &[
+            "--no-session",
+            "--model",
+            "fake/plain",
+            "--system-prompt",
+            file.to_str().unwrap(),
+            "x",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let req = last_request(&env);
+    let system = &req["messages"][0];
+    assert_eq!(system["role"], "system", "{req:#}");
+    // Pi appends its own context after the file's text (0.73: the date and cwd; 1.6: a <cwd>
+    // block); the file's text comes first, whole.
+    assert!(
+        text(system).starts_with("You are CONTRACT-PROMPT.\nLine two."),
+        "{}",
+        text(system)
+    );
+    assert!(
+        !text(system).contains(file.to_str().unwrap()),
+        "not the path"
+    );
+}
+
+#[test]
+fn piped_stdin_is_the_message_in_print_mode() {
+    let env = TestEnv::new();
+    let task = "a task from stdin\nwith two lines";
+    let out = pi(&env, &["--no-session", "--model", "fake/plain"], Some(task));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let req = last_request(&env);
+    let user = req["messages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(user["role"], "user");
+    assert_eq!(text(&user), task);
+    let (_, v, _) = verdict(&out);
+    assert_eq!(v, StepVerdict::Complete);
+    // With a message argument too, Pi puts stdin first and the argument right after it, with
+    // no separator; cohort therefore never passes both.
+    let out = pi(
+        &env,
+        &["--no-session", "--model", "fake/plain", "ARG"],
+        Some("STDIN"),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let req = last_request(&env);
+    assert_eq!(
+        text(req["messages"].as_array().unwrap().last().unwrap()),
+        "STDINARG"
+    );
+}

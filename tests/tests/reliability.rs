@@ -1,0 +1,284 @@
+//! End-to-end: nothing is left for ever after a crash, every reader agrees, and clock steps,
+//! a mistyped profile, new session paths and ambiguous names are handled as a user expects.
+
+use std::time::Duration;
+
+use cohort_common::format::id::RunId;
+use cohort_common::format::layout::RunDir;
+use cohort_common::format::record::{
+    self, now_ms, BootTimes, RunMode, RunRecord, RunState, StepRecord, StepStatus,
+};
+use cohort_common::identity::procinfo;
+use cohort_common::os::files;
+use cohort_common::os::lock::RunLock;
+use cohort_e2e::harness::{stderr, stdout, TestEnv};
+use serde_json::Value;
+
+/// A top-level run written directly, with `edit` applied.
+fn put(env: &TestEnv, state: RunState, edit: impl FnOnce(&mut RunRecord)) -> (String, RunDir) {
+    let id = RunId::new();
+    let dir = env.state_root().run_dir(&id.to_string());
+    files::create_dir_all_private(dir.path()).unwrap();
+    std::fs::File::create(dir.lock()).unwrap();
+    let mut r = RunRecord::queued(&id, RunMode::Single);
+    r.steps.push(StepRecord {
+        agent: "worker".into(),
+        task: "a task".into(),
+        status: StepStatus::Failed,
+        ..Default::default()
+    });
+    r.finish(state, Some("boom: missing module".into()));
+    edit(&mut r);
+    record::store(&dir.status(), &r).unwrap();
+    (id.to_string(), dir)
+}
+
+fn json_lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_wall_clock_step_neither_hides_a_failure_nor_ages_a_fresh_run() {
+    let env = TestEnv::new();
+    let boot = procinfo::boot_id();
+    let Some(boot_now) = procinfo::boot_clock_ms() else {
+        eprintln!("skipped: CLOCK_BOOTTIME is not readable here");
+        return;
+    };
+    // Failed two seconds ago by the boot clock, after running two minutes; its wall-clock
+    // times were written while the clock was an hour behind (then NTP stepped it forward).
+    let hour = 3_600_000;
+    let (stepped, _) = put(&env, RunState::Failed, |r| {
+        r.started_at = Some(now_ms() - hour - 122_000);
+        r.ended_at = Some(now_ms() - hour - 2_000);
+        r.clock = Some(BootTimes {
+            boot_id: boot.clone(),
+            started_at: Some(boot_now - 122_000),
+            ended_at: Some(boot_now - 2_000),
+        });
+    });
+    // The same failure without boot times (another boot) is judged by the wall clock.
+    let (old, _) = put(&env, RunState::Failed, |r| {
+        r.started_at = Some(now_ms() - hour - 122_000);
+        r.ended_at = Some(now_ms() - hour - 2_000);
+        r.clock = None;
+    });
+    let out = env.run("cohort-status", &["--check", "--since", "15m"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let t = stdout(&out);
+    assert!(
+        t.contains(&stepped[24..]),
+        "a fresh failure is reported: {t}"
+    );
+    assert!(!t.contains(&old[24..]), "an hour-old failure is not: {t}");
+    // The table measures its duration on the boot clock: two minutes, not 0ms.
+    let t = stdout(&env.run("cohort-status", &[]));
+    let row = t.lines().find(|l| l.starts_with(&stepped[24..])).unwrap();
+    assert!(row.contains("2m00s"), "{row}");
+    // A reap of runs older than 30 minutes takes the old one and leaves the fresh one.
+    let out = env.run("cohort-reap", &["--older-than", "30m"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(env.run_dir(&stepped).exists());
+    assert!(!env.run_dir(&old).exists());
+}
+
+#[test]
+fn new_ids_sort_after_the_newest_run_when_the_clock_is_behind() {
+    let env = TestEnv::new();
+    // The newest run was created an hour "in the future" (the clock has since stepped back).
+    let ahead = RunId::after(None, now_ms() + 3_600_000);
+    std::fs::create_dir_all(env.state_root().path()).unwrap();
+    std::fs::write(env.state_root().last_run_id(), ahead.to_string()).unwrap();
+    let id = env.spawn(&["--model", "fake/plain", "after the step"]);
+    assert!(id > ahead.to_string(), "{id} sorts before {ahead}");
+    env.wait_terminal(&id, 60);
+    let next = env.spawn(&["--model", "fake/plain", "and again"]);
+    assert!(next > id);
+    env.wait_terminal(&next, 60);
+    let rows = json_lines(&stdout(&env.run("cohort-status", &["--json"])));
+    assert_eq!(rows[0]["runId"], next.as_str(), "newest first");
+    assert_eq!(rows[1]["runId"], id.as_str());
+}
+
+#[test]
+fn check_on_a_state_root_that_does_not_exist_fails_and_says_where() {
+    let env = TestEnv::new();
+    let typo = env.tmp.path().join("agnet");
+    let out = env
+        .cmd("cohort-status")
+        .arg("--check")
+        .env("PI_CODING_AGENT_DIR", &typo)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&typo.join("pi-cohort").display().to_string())
+            && err.contains("PI_CODING_AGENT_DIR"),
+        "{err}"
+    );
+    assert!(!typo.exists(), "--check creates nothing");
+}
+
+#[test]
+fn abandoned_staging_is_listed_by_doctor_and_removed_by_the_next_reap() {
+    let env = TestEnv::new();
+    let root = env.state_root();
+    files::create_dir_all_private(&root.runs_dir()).unwrap();
+    let staging = |id: &RunId| root.run_dir(&id.to_string()).staging();
+    // A start in progress: its lock is held (by this test process).
+    let live = staging(&RunId::new());
+    files::create_dir_all_private(live.path()).unwrap();
+    let _held = RunLock::create_held(&live.lock()).unwrap();
+    // A start killed after its lock existed, with a half-written temp file.
+    let killed = staging(&RunId::new());
+    files::create_dir_all_private(killed.path()).unwrap();
+    drop(RunLock::create_held(&killed.lock()).unwrap());
+    std::fs::write(killed.path().join(".tmp-x1y2z3"), b"{\"runId").unwrap();
+    // A start killed between mkdir and its lock, long ago.
+    let old = staging(&RunId::after(None, now_ms() - 3_600_000));
+    files::create_dir_all_private(old.path()).unwrap();
+
+    let out = env.run("cohort-status", &["--doctor", "--json"]);
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let listed: Vec<&str> = v["abandonedStarts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    assert_eq!(listed.len(), 2, "{v}");
+    assert_eq!(v["startsInProgress"], 1, "{v}");
+    assert!(!stdout(&env.run("cohort-status", &[])).contains(".spawn-"));
+
+    // Any reap, whatever it selects, removes the abandoned ones and nothing else.
+    let out = env.run("cohort-reap", &["--all-terminal"]);
+    assert!(
+        stderr(&out).contains("2 staging directories"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!killed.path().exists() && !old.path().exists());
+    assert!(live.path().exists() && live.lock().exists());
+    let v: Value =
+        serde_json::from_str(&stdout(&env.run("cohort-status", &["--doctor", "--json"]))).unwrap();
+    assert_eq!(v["abandonedStarts"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn doctor_counts_only_runs_that_still_exist() {
+    let env = TestEnv::new();
+    for _ in 0..3 {
+        put(&env, RunState::Complete, |_| {});
+    }
+    // Listing builds the index, which remembers the terminal runs.
+    let _ = env.run("cohort-status", &[]);
+    let out = env.run("cohort-reap", &["--all-terminal"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    put(&env, RunState::Failed, |_| {});
+    let v: Value =
+        serde_json::from_str(&stdout(&env.run("cohort-status", &["--doctor", "--json"]))).unwrap();
+    assert_eq!(v["topLevelCounts"], serde_json::json!({"failed": 1}), "{v}");
+}
+
+#[test]
+fn a_session_path_that_does_not_exist_yet_starts_a_new_session_there() {
+    let env = TestEnv::new();
+    let session = env.tmp.path().join("work/review.jsonl");
+    let s = session.to_str().unwrap();
+    let first = env.spawn(&["--model", "fake/plain", "--session", s, "remember MANGO"]);
+    let rec = env.wait_terminal(&first, 60);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    assert!(
+        session.is_file(),
+        "Pi created the session where it was named"
+    );
+    let second = env.spawn(&["--model", "fake/plain", "--session", s, "which fruit?"]);
+    let rec = env.wait_terminal(&second, 60);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    assert_eq!(rec["steps"][0]["sessionFile"], s);
+    let last = env.server.requests().last().unwrap()["messages"].to_string();
+    assert!(
+        last.contains("MANGO"),
+        "the second step continued it: {last}"
+    );
+    // A new session still needs a .jsonl name.
+    let out = env.spawn_raw(&[
+        "--model",
+        "fake/plain",
+        "--session",
+        env.tmp.path().join("notes.txt").to_str().unwrap(),
+        "x",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains(".jsonl"), "{}", stderr(&out));
+}
+
+#[test]
+fn an_ambiguous_prefix_names_a_few_runs_and_counts_the_rest() {
+    let env = TestEnv::new();
+    for i in 0..10 {
+        let id = format!("01a22a44-9e62-7266-ab9d-e5b500ee82{i:02}");
+        let dir = env.state_root().run_dir(&id);
+        files::create_dir_all_private(dir.path()).unwrap();
+        let mut r = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
+        r.finish(RunState::Complete, None);
+        record::store(&dir.status(), &r).unwrap();
+    }
+    for bin in ["cohort-status", "cohort-reap"] {
+        let out = env.run(bin, &["01a22a44-9e62"]);
+        let text = format!("{}{}", stdout(&out), stderr(&out));
+        let line = text
+            .lines()
+            .find(|l| l.contains("ambiguous"))
+            .unwrap_or_else(|| panic!("{bin}: {text}"));
+        assert!(
+            line.contains("10 runs") && line.contains("and 7 more") && line.len() < 160,
+            "{bin}: {line}"
+        );
+    }
+}
+
+#[test]
+fn a_queued_run_with_a_held_lock_is_waited_on_and_settled_when_its_start_dies() {
+    // `cohort-status --wait` on a starting run blocks on the lock; when the starter dies
+    // without starting it, the waiter wakes and reports the settled state at once.
+    let env = TestEnv::new();
+    let (id, dir) = put(&env, RunState::Queued, |r| {
+        r.state = RunState::Queued;
+        r.ended_at = None;
+        r.error = None;
+    });
+    let held = RunLock::acquire(&dir.lock(), Duration::from_secs(1)).unwrap();
+    let mut waiter = env
+        .cmd("cohort-status")
+        .args(["--wait", &id])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Still waiting while the lock is held.
+    assert!(
+        cohort_e2e::harness::wait_for(Duration::from_millis(500), || {
+            waiter.try_wait().unwrap().is_some()
+        })
+        .is_err()
+    );
+    drop(held);
+    let mut status = None;
+    cohort_e2e::harness::wait_for(Duration::from_secs(10), || {
+        status = waiter.try_wait().unwrap();
+        status.is_some()
+    })
+    .expect("the waiter woke when the lock was released");
+    assert_eq!(status.unwrap().code(), Some(1), "the run did not complete");
+    let rec = env.record(&id);
+    assert_eq!(rec["state"], "failed");
+    assert!(rec["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("start abandoned"));
+}
