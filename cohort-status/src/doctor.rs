@@ -528,7 +528,7 @@ pub fn render(r: &Report) -> String {
             r.abandoned_starts.len()
         ));
         for p in &r.abandoned_starts {
-            s.push_str(&format!("  {}\n", p.display()));
+            s.push_str(&format!("  {}\n", untrusted_path(p)));
         }
     }
     s.push_str("disk use:\n");
