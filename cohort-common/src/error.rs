@@ -101,6 +101,16 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the error is a full file system (`ENOSPC`, or `EDQUOT` for a quota).
+    /// The kind is checked as well as the errno: a wrapped error (tempfile's, which adds the
+    /// path) keeps the kind but has no raw errno.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, Error::Io { source, .. }
+            if source.kind() == std::io::ErrorKind::StorageFull
+                || source.kind() == std::io::ErrorKind::QuotaExceeded
+                || matches!(source.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)))
+    }
+
     /// The exit code for this error (`docs/architecture.md`, "Exit codes").
     pub fn exit_code(&self) -> u8 {
         match self {

@@ -14,9 +14,9 @@
 //!   the reading every program does the same way.
 //!
 //! Beside them: [`error`] (typed errors naming the path involved), [`exit`] (the exit-code
-//! table), [`cli`] (printing errors and data the same way in every binary), [`duration`]
-//! (the duration syntax every flag uses) and [`text`] (making untrusted text from runs inert
-//! before it reaches a terminal).
+//! table), [`fault`] (named crash points for the fault-injection suite), [`cli`] (printing
+//! errors and data the same way in every binary), [`duration`] (the duration syntax every flag
+//! uses) and [`text`] (making untrusted text from runs inert before it reaches a terminal).
 
 #![deny(missing_docs)]
 
@@ -24,6 +24,7 @@ pub mod cli;
 pub mod duration;
 pub mod error;
 pub mod exit;
+pub mod fault;
 pub mod format;
 pub mod identity;
 pub mod os;

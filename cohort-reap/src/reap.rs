@@ -65,8 +65,6 @@ pub const REAPER_LOCK: &str = layout::REAPER_LOCK;
 pub const PROBE_WAIT: Duration = Duration::from_millis(300);
 /// Default wait for another reap to finish before giving up.
 pub const REAPER_WAIT: Duration = Duration::from_secs(30);
-/// Environment variable of the test hook: kill the reaper with `SIGKILL` at this point.
-pub const CRASH_ENV: &str = "COHORT_REAP_CRASH_AT";
 /// Environment variable of the test hook: pause at this point (see [`PAUSE_FILE_ENV`]).
 pub const PAUSE_ENV: &str = "COHORT_REAP_PAUSE_AT";
 /// With [`PAUSE_ENV`]: the file the paused reaper creates, then waits for someone to delete.
@@ -1205,26 +1203,19 @@ fn reaper_lock(root: &StateRoot, wait: Duration, on_wait: &mut dyn FnMut()) -> R
     )))
 }
 
-/// Test hooks, inert unless their environment variables are set: [`CRASH_ENV`] names a point
-/// at which the process kills itself with `SIGKILL` (as a crash would); [`PAUSE_ENV`] names a
-/// point at which it creates [`PAUSE_FILE_ENV`] and waits (at most two minutes) until that file
-/// is deleted.
+/// Test hooks, inert unless their environment variables are set: `reap.<point>` in
+/// [`cohort_common::fault::CRASH_ENV`] is a crash point ([`cohort_common::fault::point`]);
+/// [`PAUSE_ENV`] names a point at which the reap creates [`PAUSE_FILE_ENV`] and waits (at most
+/// two minutes) until that file is deleted.
 fn test_hook(point: &str) {
-    struct Hooks {
-        crash: Option<String>,
-        pause: Option<(String, PathBuf)>,
-    }
-    static HOOKS: OnceLock<Hooks> = OnceLock::new();
-    let hooks = HOOKS.get_or_init(|| Hooks {
-        crash: std::env::var(CRASH_ENV).ok(),
-        pause: std::env::var(PAUSE_ENV)
+    cohort_common::fault::point(&format!("reap.{point}"));
+    static PAUSE: OnceLock<Option<(String, PathBuf)>> = OnceLock::new();
+    let pause = PAUSE.get_or_init(|| {
+        std::env::var(PAUSE_ENV)
             .ok()
-            .zip(std::env::var_os(PAUSE_FILE_ENV).map(PathBuf::from)),
+            .zip(std::env::var_os(PAUSE_FILE_ENV).map(PathBuf::from))
     });
-    if hooks.crash.as_deref() == Some(point) {
-        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-    }
-    if let Some((p, file)) = &hooks.pause {
+    if let Some((p, file)) = pause {
         if p == point {
             let _ = std::fs::write(file, point);
             let deadline = Instant::now() + Duration::from_secs(120);

@@ -112,11 +112,11 @@ pub fn run(hook: &Hook, event: &mut dyn FnMut(EventKind, Value)) {
             .map(Stdio::from)
             .unwrap_or_else(|_| Stdio::null())
     };
-    eprintln!(
-        "cohort-runner: run ended {}; running the on-exit hook: {}",
+    crate::process::log(format_args!(
+        "run ended {}; running the on-exit hook: {}",
         hook.state.as_str(),
         hook.command
-    );
+    ));
     let started = Instant::now();
     let spawned = Command::new("sh")
         .arg("-c")
@@ -132,7 +132,7 @@ pub fn run(hook: &Hook, event: &mut dyn FnMut(EventKind, Value)) {
         Ok(c) => c,
         Err(e) => {
             let error = format!("cannot start the on-exit hook (sh -c): {e}");
-            eprintln!("cohort-runner: {error}");
+            crate::process::log(format_args!("{error}"));
             event(
                 EventKind::HookFailed,
                 json!({"exitCode": null, "signal": null, "timedOut": false, "durationMs": 0, "error": error}),
@@ -149,7 +149,7 @@ pub fn run(hook: &Hook, event: &mut dyn FnMut(EventKind, Value)) {
     let ms = started.elapsed().as_millis() as u64;
     let (kind, fields) = outcome(exit, hook.timeout, ms);
     if let Some(e) = fields.get("error").and_then(Value::as_str) {
-        eprintln!("cohort-runner: {e}");
+        crate::process::log(format_args!("{e}"));
     }
     event(kind, fields);
 }

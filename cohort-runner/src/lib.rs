@@ -8,13 +8,15 @@
 //! - [`hook`]: the on-exit hook, run once after the terminal record is durable;
 //! - [`sweep`]: finding and ending the processes a step left behind;
 //! - [`session`]: locking the session files a step writes;
-//! - [`process`]: detaching from the spawner and closing inherited descriptors.
+//! - [`process`]: detaching from the spawner and closing inherited descriptors;
+//! - [`reserve`]: disk space held back so the last record can be written on a full disk.
 
 #![deny(missing_docs)]
 
 pub mod cmd;
 pub mod hook;
 pub mod process;
+pub mod reserve;
 pub mod session;
 pub mod step;
 pub mod stream;

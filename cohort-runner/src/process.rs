@@ -57,3 +57,10 @@ pub fn own_rusage() -> serde_json::Value {
         Err(_) => serde_json::Value::Null,
     }
 }
+
+/// Write one line to the runner's stderr (its `runner.log`), ignoring failure: on a full disk
+/// the log cannot grow, and `eprintln!` would panic and take the runner down with it.
+pub fn log(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "cohort-runner: {line}");
+}

@@ -3,9 +3,10 @@
 //! `cohort-runner <run-dir>` calls [`run`]. It takes the runner lock for its whole life, refuses
 //! a record that is not `queued`, publishes `running` with its pid identity, then runs the
 //! chain: each flat step is one Pi child launched as
-//! `node <entry> --mode json -p --session <file> … <task>` from the recorded runtime (validated
-//! again before every launch; never a `PATH` lookup), in its own process group, stdin from
-//! `/dev/null`, cwd = the run's cwd, `TMPDIR` = the run's private `tmp/`.
+//! `node <entry> --mode json -p --session <file> …` from the recorded runtime (validated
+//! again before every launch; never a `PATH` lookup), in its own process group, its task on
+//! stdin from `task-<i>.md` (and its agent's prompt in `prompt-<i>.md`), cwd = the run's cwd,
+//! `TMPDIR` = the run's private `tmp/`.
 //!
 //! One thread (the caller's) owns the record and makes every decision; reader threads parse
 //! each child's stdout and stderr and send messages; a signal thread turns SIGTERM/SIGINT/SIGCHLD
@@ -37,6 +38,7 @@ use nix::unistd::Pid;
 use serde_json::json;
 
 use cohort_common::error::{Error, Result};
+use cohort_common::fault;
 use cohort_common::format::events::{EventKind, EventLog};
 use cohort_common::format::layout::{self, RunDir, StateRoot, PROFILE_ENV};
 use cohort_common::format::processes::{self, Tracked, TrackedProcess};
@@ -51,6 +53,7 @@ use cohort_common::store::{discover, observe};
 
 use crate::hook;
 use crate::process::own_rusage;
+use crate::reserve::{Reserve, RESERVE_BYTES};
 use crate::session::{self, NewSession};
 use crate::step::{self, Ending, Phase, StepRun};
 use crate::stream::{preview, ChildExit, Notice, StderrDigest, StreamParser, StreamSummary};
@@ -63,12 +66,20 @@ pub const HEARTBEAT: Duration = Duration::from_secs(10);
 /// How often the descendants of live step children are recorded.
 const TRACK_INTERVAL: Duration = Duration::from_millis(250);
 
-/// The Pi flags the runner always passes (before the step's own).
+/// The arguments of a step's Pi child after the CLI entry (pure): `--mode json -p --session
+/// FILE`, the step's model, thinking and tools (spawn has merged its agent's into them), the
+/// agent's flags for a prompt written to `prompt_file` ([`spec::AgentSpec::pi_flags`]), then
+/// the run-wide and the step's own Pi args, so that the latter win (Pi keeps the last
+/// `--model`, `--tools`, `--thinking`, `--system-prompt`).
+///
+/// No task: the task goes to Pi on stdin from a file (Pi reads piped stdin as the message in
+/// `-p` mode; `tests/tests/pi_contract.rs`), so it never shows in `ps`, never hits the kernel's
+/// argument-size limit, and a task starting with `-` or `@` is never taken for a flag or a file.
 pub fn pi_command_args(
     step: &FlatStep,
     session_file: &Path,
     run_pi_args: &[String],
-    task: &str,
+    prompt_file: Option<&Path>,
 ) -> Vec<String> {
     let mut args = vec![
         "--mode".to_string(),
@@ -87,15 +98,11 @@ pub fn pi_command_args(
     if let Some(tools) = &s.tools {
         args.extend(["--tools".into(), tools.join(",")]);
     }
+    if let (Some(agent), Some(file)) = (&s.resolved_agent, prompt_file) {
+        args.extend(agent.pi_flags(file));
+    }
     args.extend(run_pi_args.iter().cloned());
     args.extend(s.pi_args.iter().cloned());
-    // Pi's argument parser has no `--`: a message starting with `-` or `@` would be taken for a
-    // flag or a file argument, so such a task gets a leading space.
-    if task.starts_with('-') || task.starts_with('@') {
-        args.push(format!(" {task}"));
-    } else {
-        args.push(task.to_string());
-    }
     args
 }
 
@@ -192,6 +199,7 @@ pub fn run(
         Some(fd) => RunLock::adopt(fd, &dir.lock())?,
         None => RunLock::acquire(&dir.lock(), RUNNER_LOCK_WAIT)?,
     };
+    fault::point("runner.locked");
     let mut rec = record::load(&dir.status())?;
     if rec.state != RunState::Queued {
         return Err(Error::State(format!(
@@ -243,6 +251,7 @@ pub fn run(
     record::store(&dir.status(), &rec)?;
     events.append(EventKind::RunStarted, json!({"pid": std::process::id()}))?;
     ready();
+    fault::point("runner.running");
 
     let mut sup = Supervisor {
         dir: dir.clone(),
@@ -263,6 +272,7 @@ pub fn run(
         stop: None,
         run_deadline: None,
         stored: true,
+        reserve: Reserve::create(&dir.reserve(), RESERVE_BYTES),
     };
     let state = sup.run_chain();
     if let Some(command) = sup.spec.options.on_exit.clone() {
@@ -308,6 +318,8 @@ struct Supervisor {
     dirty: bool,
     stop: Option<Ending>,
     run_deadline: Option<Instant>,
+    /// Disk space held back for the last record write (reserve.rs).
+    reserve: Reserve,
     /// The last record write succeeded (the terminal record is durable once `run_chain` ends).
     stored: bool,
 }
@@ -356,6 +368,7 @@ impl Supervisor {
         if self.stop.is_some() {
             self.wait_nested_stopped();
         }
+        fault::point("runner.before-final");
         let outcome = step::run_outcome(self.stop, failure, self.spec.options.timeout_ms);
         // Steps never started end `stopped`, not silently `pending`.
         for s in self
@@ -386,9 +399,9 @@ impl Supervisor {
     /// the hook is promised a final state on disk.
     fn run_on_exit(&mut self, command: &str, state: RunState) {
         if !self.stored {
-            eprintln!(
-                "cohort-runner: the on-exit hook is not run: the final record could not be stored"
-            );
+            crate::process::log(format_args!(
+                "the on-exit hook is not run: the final record could not be stored"
+            ));
             return;
         }
         let o = &self.spec.options;
@@ -482,8 +495,26 @@ impl Supervisor {
             .clone()
             .unwrap_or_else(|| layout::default_session_file(&self.spec.session_dir, i));
         let session_lock = session::lock_session(&session_file)?;
+        // The task and the agent's prompt travel in 0600 files of the run dir, never in argv.
         let task = spec::substitute_previous(&step.spec.task, previous);
-        let args = pi_command_args(step, &session_file, &self.spec.pi_args, &task);
+        let task_path = self.dir.task_file(i);
+        files::write_atomic(&task_path, task.as_bytes()).map_err(|e| e.to_string())?;
+        drop(task);
+        let prompt_path = match &step.spec.resolved_agent {
+            Some(agent) => {
+                let p = self.dir.prompt_file(i);
+                files::write_atomic(&p, agent.prompt.as_bytes()).map_err(|e| e.to_string())?;
+                Some(p)
+            }
+            None => None,
+        };
+        let task_in = files::open_regular(&task_path).map_err(|e| e.to_string())?;
+        let args = pi_command_args(
+            step,
+            &session_file,
+            &self.spec.pi_args,
+            prompt_path.as_deref(),
+        );
         let log_path = self.dir.output_log(i);
         let log_file = files::open_append(&log_path).map_err(|e| e.to_string())?;
         let log = Arc::new(Mutex::new(OutputLog {
@@ -498,7 +529,7 @@ impl Supervisor {
         cmd.arg(&rt.pi_entry_path)
             .args(&args)
             .current_dir(&self.spec.cwd)
-            .stdin(Stdio::null())
+            .stdin(Stdio::from(task_in))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
@@ -567,6 +598,7 @@ impl Supervisor {
             EventKind::StepStarted,
             json!({"step": i, "pid": pid, "sessionFile": session_file}),
         );
+        fault::point("runner.child-started");
         self.dirty = true;
         self.active.insert(i, run);
         Ok(())
@@ -977,6 +1009,7 @@ impl Supervisor {
         );
         self.dirty = true;
         self.flush(true);
+        fault::point("runner.step-ended");
     }
 
     fn flush(&mut self, force: bool) {
@@ -984,10 +1017,18 @@ impl Supervisor {
             return;
         }
         self.rec.last_update = Some(now_ms());
-        self.stored = match record::store(&self.dir.status(), &self.rec) {
+        let mut result = record::store(&self.dir.status(), &self.rec);
+        if result.as_ref().is_err_and(Error::is_no_space) && self.reserve.release() {
+            // The disk is full: the reserve makes room for the record (reserve.rs).
+            crate::process::log(format_args!(
+                "the disk is full; released the reserve to write the record"
+            ));
+            result = record::store(&self.dir.status(), &self.rec);
+        }
+        self.stored = match result {
             Ok(()) => true,
             Err(e) => {
-                eprintln!("cohort-runner: {e}");
+                crate::process::log(format_args!("{e}"));
                 false
             }
         };
@@ -997,7 +1038,7 @@ impl Supervisor {
 }
 
 /// A process of step `i` as `processes.json` lists it; its command line cut to 200 characters
-/// (a Pi child's holds the task).
+/// (only for people to read).
 fn tracked_process(pid: u32, start_time: u64, step: usize) -> TrackedProcess {
     TrackedProcess {
         pid,
@@ -1084,7 +1125,7 @@ fn spawn_stdout_reader(
                         // The final text goes straight to disk from the parsed line: a huge
                         // reply is never held twice.
                         if let Err(e) = files::write_atomic(&final_path, text.as_bytes()) {
-                            eprintln!("cohort-runner: {e}");
+                            crate::process::log(format_args!("{e}"));
                         }
                         wrote_final = true;
                     }
@@ -1175,7 +1216,7 @@ fn spawn_stdout_reader(
         ));
         if !wrote_final {
             if let Err(e) = files::write_atomic(&final_path, b"") {
-                eprintln!("cohort-runner: {e}");
+                crate::process::log(format_args!("{e}"));
             }
         }
         let _ = tx.send(Msg::StreamEnd(i, summary));
@@ -1216,12 +1257,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pi_args_put_the_task_last_and_guard_dashes() {
+    fn pi_args_carry_no_task_and_let_pi_args_come_last() {
         let step = FlatStep {
             index: 0,
             chain_index: 0,
             spec: spec::TaskSpec {
-                task: "x".into(),
+                task: "-rf everything".into(),
                 model: Some("p/m".into()),
                 tools: Some(vec!["read".into(), "bash".into()]),
                 pi_args: vec!["--step-arg".into()],
@@ -1232,7 +1273,7 @@ mod tests {
             &step,
             Path::new("/s/step-0.jsonl"),
             &["--run-arg".into()],
-            "-rf everything",
+            None,
         );
         assert_eq!(
             args,
@@ -1248,8 +1289,48 @@ mod tests {
                 "read,bash",
                 "--run-arg",
                 "--step-arg",
-                " -rf everything"
             ]
+        );
+    }
+
+    #[test]
+    fn an_agent_adds_its_prompt_file_and_context_flags() {
+        let agent = spec::AgentSpec {
+            name: "r".into(),
+            scope: cohort_common::format::record::AgentScope::User,
+            path: None,
+            model: None,
+            thinking: None,
+            tools: None,
+            system_prompt_mode: spec::PromptMode::Append,
+            inherit_project_context: true,
+            inherit_skills: false,
+            prompt: "SECRET PROMPT".into(),
+        };
+        let step = FlatStep {
+            index: 1,
+            chain_index: 1,
+            spec: spec::TaskSpec {
+                task: "t".into(),
+                resolved_agent: Some(Box::new(agent.clone())),
+                ..Default::default()
+            },
+        };
+        let args = pi_command_args(&step, Path::new("/s"), &[], Some(Path::new("/r/p-1.md")));
+        assert_eq!(
+            &args[5..],
+            ["--append-system-prompt", "/r/p-1.md", "--no-skills"]
+        );
+        assert!(!args.iter().any(|a| a.contains("SECRET")));
+        let replace = spec::AgentSpec {
+            system_prompt_mode: spec::PromptMode::Replace,
+            inherit_project_context: false,
+            inherit_skills: true,
+            ..agent
+        };
+        assert_eq!(
+            replace.pi_flags(Path::new("/p")),
+            ["--system-prompt", "/p", "--no-context-files"]
         );
     }
 }

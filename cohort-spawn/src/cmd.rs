@@ -1,12 +1,13 @@
 //! The command line of `cohort-spawn`: arguments, the request they build, and the output.
 //!
 //! Reads the task (from stdin when it is `-`), builds a [`SpawnRequest`] (a single task, a
-//! parallel group, a chain file or a revival), calls [`spawn::spawn`], and prints the run id on
-//! stdout (one JSON object with `--json`). It returns as soon as the runner reports `running`,
+//! parallel group, a chain file or saved chain, or a revival), resolves the agents its steps
+//! name ([`crate::agents`]), calls [`spawn::spawn`], and prints the run id on stdout (one JSON
+//! object with `--json`). `--list-agents` and `--list-chains` print what can be named. It returns as soon as the runner reports `running`,
 //! unless `--wait` asks it to wait for the run and print its answer ([`crate::wait`]).
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Parser;
@@ -18,14 +19,15 @@ use cohort_common::format::spec::{self, ChainStep, ParallelSpec, RunOptions, Tas
 use cohort_common::identity::runtime::{self, RuntimeRequest};
 use cohort_common::{cli, duration, exit};
 
-use crate::revive;
 use crate::spawn::{self, SpawnRequest};
+use crate::{agents, chains, revive};
 
 /// Start a Pi coding-agent run in the background and print its run id.
 ///
 /// Everything after `--` is passed to each Pi child verbatim.
 #[derive(Parser)]
 #[command(group(clap::ArgGroup::new("shape").args(["parallel", "chain"])))]
+#[command(group(clap::ArgGroup::new("list").args(["list_agents", "list_chains"])))]
 #[command(
     version,
     after_help = cli::exit_codes_help(MAN.exit_codes),
@@ -41,6 +43,19 @@ pub struct Args {
     /// current directory).
     #[arg(long)]
     cwd: Option<PathBuf>,
+    /// Run the task as this agent: its prompt, model, thinking, tools and context settings
+    /// (`cohort-spawn --list-agents` lists them). --model, --thinking, --tools and Pi args after
+    /// -- beat the agent's fields.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["chain", "revive"])]
+    agent: Option<String>,
+    /// List the agents --agent and chain steps can name (name, scope, model, path,
+    /// description; ignored keys and problems below each), then exit.
+    #[arg(long, conflicts_with_all = ["chain", "parallel", "revive", "wait"])]
+    list_agents: bool,
+    /// List the saved chains --chain NAME can run (name, scope, steps, path, description),
+    /// then exit.
+    #[arg(long, conflicts_with_all = ["chain", "parallel", "revive", "wait"])]
+    list_chains: bool,
     /// Model, as Pi's --model (provider/id).
     #[arg(long)]
     model: Option<String>,
@@ -71,9 +86,10 @@ pub struct Args {
     /// session file).
     #[arg(long, requires = "revive")]
     step: Option<usize>,
-    /// Run the chain in this JSON file (its format: "Chain files" in --help, CHAIN FILES in the
-    /// man page).
-    #[arg(long, conflicts_with_all = ["parallel", "session"])]
+    /// Run the chain in this file (JSON, its format: "Chain files" in --help, CHAIN FILES in
+    /// the man page; or a .chain.md), or, when no such file exists, the saved chain of that
+    /// name (`--list-chains`). A TASK replaces `{task}` in its steps.
+    #[arg(long, value_name = "FILE|NAME", conflicts_with_all = ["parallel", "session"])]
     chain: Option<PathBuf>,
     /// Run the TASKs as one parallel group.
     #[arg(long)]
@@ -143,16 +159,43 @@ parallel group:
   ] }
 
 Keys of a task: task (the prompt, required; {previous} is replaced by the previous step's
-final text), label (shown in listings; heads the member's text after a group; default
-step-<i>), model (Pi --model), thinking (Pi --thinking), tools (Pi --tools, a list), piArgs
-(extra Pi arguments for this step, after the run-wide ones given after --). Keys of a group:
+final text, {task} by the TASK given on the command line), agent (run the step as this agent;
+the step's own model, thinking and tools beat the agent's), label (shown in listings; heads
+the member's text after a group; default: the agent's name, else step-<i>), model (Pi
+--model), thinking (Pi --thinking), tools (Pi --tools, a list), piArgs (extra Pi arguments for
+this step, after the run-wide ones given after --). Keys of a group:
 parallel (the member tasks, non-empty), concurrency (most members alive at once; default
 --concurrency, else all).
 
-Unknown keys are an error, and so is sessionFile: a chain starts new sessions (continue one
-with --session, or --revive a finished run). Members of one group need distinct labels. After a
+Unknown keys are an error, and so are sessionFile (a chain starts new sessions: continue one
+with --session, or --revive a finished run) and resolvedAgent (written by cohort-spawn). Members of one group need distinct labels. After a
 group, {previous} is each member's text headed by "## <label>", separated by blank lines. A
 failed step ends the run; the steps after it end stopped."###;
+
+/// Agents and saved chains, for the man page (the full text is `docs/agents.md`).
+pub const AGENTS: &str = r####"An agent is a markdown file: YAML frontmatter, then its system prompt.
+
+  ---
+  name: reviewer
+  description: Reviews a change against its task and lists risks
+  model: anthropic/claude-sonnet-4
+  tools: read, grep, find, ls
+  ---
+  You review code changes. ...
+
+Fields: name (required), description, model, thinking, tools (Pi --tools), systemPromptMode
+(replace, the default: the prompt replaces Pi's own; append), inheritProjectContext (default
+false: Pi gets --no-context-files), inheritSkills (default false: --no-skills). Other keys are
+ignored. Found, lowest priority first: builtin (scout, worker, reviewer), user
+($PI_CODING_AGENT_DIR/agents/**/*.md), project (the nearest ancestor of the run's cwd with a
+.pi/ or .agents/ directory: .agents/**/*.md, then .pi/agents/**/*.md). --model, --thinking,
+--tools and Pi args after -- beat the agent's fields.
+
+A saved chain is NAME.chain.md or NAME.chain.json in $PI_CODING_AGENT_DIR/chains/ or the
+project's .pi/chains/; --chain NAME runs it when NAME is not a file. A .chain.md has frontmatter
+name and description, then one "## AGENT" section per step (config lines label, model,
+thinking, tools; a blank line; the task), and "## parallel" with "### AGENT" members for a
+parallel group. {task} is the TASK given after the chain, {previous} the previous step's text."####;
 
 /// The man page's additions: the chain file format, exit codes (also in `--help`) and examples.
 pub const MAN: cli::ManPage = cli::ManPage {
@@ -195,11 +238,19 @@ pub const MAN: cli::ManPage = cli::ManPage {
             "Run a chain of steps (see CHAIN FILES).",
         ),
         (
+            "cohort-spawn --agent reviewer \"Review the last commit\"",
+            "Run a task as an agent (cohort-spawn --list-agents lists them).",
+        ),
+        (
+            "cohort-spawn --chain review \"the auth module\"",
+            "Run the saved chain `review` (review.chain.md), the TASK as its {task}.",
+        ),
+        (
             "cohort-spawn --revive 0e5b8ad1c3f2 \"Now fix them\"",
             "Continue a finished run's Pi session in a new run.",
         ),
     ],
-    sections: &[("Chain files", CHAIN_FILES)],
+    sections: &[("Chain files", CHAIN_FILES), ("Agents", AGENTS)],
 };
 
 fn read_task(t: &str) -> anyhow::Result<String> {
@@ -231,6 +282,175 @@ pub fn on_exit_command(flag: Option<String>, env: Option<String>) -> Option<Stri
     flag.or(env).filter(|c| !c.trim().is_empty())
 }
 
+/// The chain `--chain ARG` names: the file at ARG when there is one (a `.chain.md`, else JSON),
+/// else the saved chain named ARG ([`chains::resolve`]). Errors are one line (exit 2).
+fn load_chain(arg: &Path, profile: &Path, cwd: &Path) -> anyhow::Result<Vec<ChainStep>> {
+    if arg.is_file() {
+        let text = std::fs::read_to_string(arg)
+            .with_context(|| format!("cannot read chain file {}", arg.display()))?;
+        if arg.to_string_lossy().ends_with(".md") {
+            return chains::parse_file(arg, &text)
+                .map(|c| c.steps)
+                .map_err(|e| cohort_common::Error::Usage(e).into());
+        }
+        return Ok(spec::parse_chain(&text)?);
+    }
+    let name = arg.to_string_lossy();
+    if name.contains('/') || name.ends_with(".json") || name.ends_with(".md") {
+        bail!(cohort_common::Error::Usage(format!(
+            "chain file {} does not exist",
+            arg.display()
+        )));
+    }
+    let found = chains::discover(profile, cwd);
+    Ok(chains::resolve(&found, &name)?.steps.clone())
+}
+
+/// Put the TASK given with `--chain` in place of `{task}` (pure). A chain that uses `{task}`
+/// needs a TASK, and a TASK needs a `{task}` to go to: either mismatch is a usage error.
+pub fn fill_task(chain: &mut [ChainStep], given: Option<&str>) -> anyhow::Result<()> {
+    let uses = spec::tasks_mut(chain).any(|t| t.task.contains("{task}"));
+    match (given, uses) {
+        (Some(g), true) => {
+            for t in spec::tasks_mut(chain) {
+                t.task = spec::substitute_task(&t.task, g);
+            }
+            Ok(())
+        }
+        (None, false) => Ok(()),
+        (None, true) => bail!(cohort_common::Error::Usage(
+            "the chain uses {task}; give the TASK after the chain".into()
+        )),
+        (Some(_), false) => bail!(cohort_common::Error::Usage(
+            "the chain has no {task} for the TASK to fill; give no TASK, or put {task} in a step"
+                .into()
+        )),
+    }
+}
+
+/// Resolve every agent the chain's tasks name, and merge each agent's fields under the step's
+/// own ([`agents::apply`]). An unknown or unusable agent is a usage error before any record
+/// exists. Tasks that carry a resolved agent already (a revival) keep it.
+fn resolve_agents(chain: &mut [ChainStep], profile: &Path, cwd: &Path) -> anyhow::Result<()> {
+    if !spec::tasks_mut(chain).any(|t| t.agent.is_some() && t.resolved_agent.is_none()) {
+        return Ok(());
+    }
+    let catalog = agents::discover(profile, cwd);
+    for t in spec::tasks_mut(chain) {
+        if let (Some(name), None) = (t.agent.clone(), &t.resolved_agent) {
+            let def = catalog.resolve(&name)?;
+            agents::apply(t, def);
+        }
+    }
+    Ok(())
+}
+
+/// `--list-agents` / `--list-chains`: a table (problems and ignored keys on indented lines
+/// below their row), or JSON Lines with `--json` ([`agents::AgentRow`], [`chains::ChainRow`]).
+fn list(args: &Args, profile: &Path, cwd: &Path) -> anyhow::Result<u8> {
+    let out = if args.list_agents {
+        let rows = agents::discover(profile, cwd).listing();
+        listing_text(
+            &rows,
+            args.json,
+            ["NAME", "SCOPE", "MODEL", "PATH", "DESCRIPTION"],
+            |r| {
+                let cells = [
+                    r.name.clone(),
+                    r.scope.as_str().into(),
+                    r.model.clone().unwrap_or_else(|| "-".into()),
+                    shown_path(r.path.as_deref()),
+                    r.description.clone().unwrap_or_else(|| "-".into()),
+                ];
+                (cells, notes(r.problem.as_deref(), &r.ignored))
+            },
+        )?
+    } else {
+        let rows = chains::listing(&chains::discover(profile, cwd));
+        listing_text(
+            &rows,
+            args.json,
+            ["NAME", "SCOPE", "STEPS", "PATH", "DESCRIPTION"],
+            |r| {
+                let cells = [
+                    r.name.clone(),
+                    r.scope.as_str().into(),
+                    r.steps.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+                    r.path.display().to_string(),
+                    r.description.clone().unwrap_or_else(|| "-".into()),
+                ];
+                (cells, notes(r.problem.as_deref(), &r.ignored))
+            },
+        )?
+    };
+    cli::out(&out)?;
+    Ok(exit::SUCCESS)
+}
+
+/// Rows as JSON Lines, or as a [`render`]ed table of the cells and notes `row` gives.
+fn listing_text<R: serde::Serialize>(
+    rows: &[R],
+    json: bool,
+    head: [&str; 5],
+    row: impl Fn(&R) -> ([String; 5], Vec<String>),
+) -> anyhow::Result<String> {
+    if json {
+        let mut out = String::new();
+        for r in rows {
+            out.push_str(&serde_json::to_string(r)?);
+            out.push('\n');
+        }
+        return Ok(out);
+    }
+    let (cells, notes): (Vec<_>, Vec<_>) = rows.iter().map(row).unzip();
+    Ok(render(head, &cells, &notes))
+}
+
+/// The lines under a listed row: its problem, then the keys it ignores (pure).
+fn notes(problem: Option<&str>, ignored: &[String]) -> Vec<String> {
+    let mut n = Vec::new();
+    if let Some(p) = problem {
+        n.push(format!("problem: {p}"));
+    }
+    if !ignored.is_empty() {
+        n.push(format!("ignored keys: {}", ignored.join(", ")));
+    }
+    n
+}
+
+fn shown_path(p: Option<&Path>) -> String {
+    p.map(|p| p.display().to_string())
+        .unwrap_or_else(|| "(builtin)".into())
+}
+
+/// An aligned table with a header, each row followed by its notes, indented (pure).
+fn render(head: [&str; 5], rows: &[[String; 5]], notes: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = head.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut l = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            l.push_str(c);
+            if i + 1 < cells.len() {
+                l.push_str(&" ".repeat(widths[i] - c.chars().count() + 2));
+            }
+        }
+        format!("{}\n", l.trim_end())
+    };
+    let mut out = line(head.to_vec());
+    for (r, n) in rows.iter().zip(notes) {
+        out.push_str(&line(r.iter().map(String::as_str).collect()));
+        for note in n {
+            out.push_str(&format!("    {note}\n"));
+        }
+    }
+    out
+}
+
 /// Run the command line `args`; the binary maps the result to an exit code.
 pub fn run(args: Args) -> anyhow::Result<u8> {
     if let Some(kind) = args.generate.generate {
@@ -250,6 +470,19 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         }
         None => None,
     };
+    // Agents and saved chains are looked up from the run's cwd (its project) and the profile.
+    let cwd_for_lookup = match &args.cwd {
+        Some(c) => c.clone(),
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    if args.list_agents || args.list_chains {
+        if !args.tasks.is_empty() {
+            bail!(cohort_common::Error::Usage(
+                "--list-agents and --list-chains take no TASK".into()
+            ));
+        }
+        return list(&args, root.profile(), &cwd_for_lookup);
+    }
     let base = TaskSpec {
         task: String::new(),
         label: args.label.clone(),
@@ -258,6 +491,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         tools: args.tools.clone(),
         pi_args: Vec::new(),
         session_file: None,
+        agent: args.agent.clone(),
+        resolved_agent: None,
     };
     let mut pinned_runtime = None;
     let mut revives = None;
@@ -291,6 +526,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         cwd = plan.cwd.clone();
         pinned_runtime = Some(plan.runtime.clone());
         revives = Some(plan.original.clone());
+        // The agent as it ran, from the original's launch spec, not its file as edited since.
         let t = TaskSpec {
             task,
             label: args.label.clone(),
@@ -299,30 +535,37 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             tools: args.tools.clone().or(plan.tools),
             pi_args: Vec::new(),
             session_file: Some(plan.session_file),
+            agent: plan.agent.as_ref().map(|a| a.name.clone()),
+            resolved_agent: plan.agent.map(Box::new),
         };
         (vec![ChainStep::Task(t)], RunMode::Single)
     } else if let Some(file) = &args.chain {
-        if !args.tasks.is_empty() {
-            bail!(cohort_common::Error::Usage(
-                "--chain takes its tasks from the file; give no TASK".into()
-            ));
-        }
         if args.label.is_some() {
             bail!(cohort_common::Error::Usage(
                 "--chain takes its labels from the file (`label` of each step); give no --label"
                     .into()
             ));
         }
-        let text = std::fs::read_to_string(file)
-            .with_context(|| format!("cannot read chain file {}", file.display()))?;
-        (spec::parse_chain(&text)?, RunMode::Chain)
+        let given = match args.tasks.as_slice() {
+            [] => None,
+            [t] => Some(read_task(t)?),
+            _ => bail!(cohort_common::Error::Usage(
+                "--chain takes at most one TASK (it replaces {task} in the steps)".into()
+            )),
+        };
+        let mut chain = load_chain(file, root.profile(), &cwd_for_lookup)?;
+        fill_task(&mut chain, given.as_deref())?;
+        (chain, RunMode::Chain)
     } else if args.parallel {
         if args.tasks.is_empty() {
             bail!(cohort_common::Error::Usage(
                 "--parallel needs at least one TASK".into()
             ));
         }
-        let labels = member_labels(args.label.as_deref(), args.tasks.len());
+        let labels = member_labels(
+            args.label.as_deref().or(args.agent.as_deref()),
+            args.tasks.len(),
+        );
         let members = args
             .tasks
             .iter()
@@ -370,6 +613,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             )),
         }
     };
+    let mut chain = chain;
+    resolve_agents(&mut chain, root.profile(), &cwd_for_lookup)?;
     let req = SpawnRequest {
         chain,
         mode,
@@ -441,6 +686,8 @@ mod tests {
             tools: Some(vec!["read".into()]),
             pi_args: vec!["--x".into()],
             session_file: Some("/s.jsonl".into()),
+            agent: Some("a".into()),
+            resolved_agent: None,
         };
         let g = ParallelSpec {
             parallel: vec![t.clone()],
@@ -456,6 +703,7 @@ mod tests {
         for k in keys {
             assert!(CHAIN_FILES.contains(&k), "the chain help lacks {k}");
         }
+        assert!(CHAIN_FILES.contains("resolvedAgent"));
     }
 
     #[test]
@@ -476,5 +724,35 @@ mod tests {
         assert_eq!(on_exit_command(s("log"), s("notify")), s("log"));
         assert_eq!(on_exit_command(s(""), s("notify")), None);
         assert_eq!(on_exit_command(None, s("  ")), None);
+    }
+
+    #[test]
+    fn the_task_fills_task_and_mismatches_are_refused() {
+        let mut chain = spec::parse_chain(
+            r#"{"steps":[{"task":"Map {task}"},{"parallel":[{"task":"a {task} {previous}"}]}]}"#,
+        )
+        .unwrap();
+        fill_task(&mut chain, Some("the parser")).unwrap();
+        let (flat, _) = spec::flatten(&chain);
+        assert_eq!(flat[0].spec.task, "Map the parser");
+        assert_eq!(flat[1].spec.task, "a the parser {previous}");
+        let mut chain = spec::parse_chain(r#"{"steps":[{"task":"Map {task}"}]}"#).unwrap();
+        assert!(fill_task(&mut chain, None)
+            .unwrap_err()
+            .to_string()
+            .contains("give the TASK"));
+        let mut chain = spec::parse_chain(r#"{"steps":[{"task":"Map"}]}"#).unwrap();
+        assert!(fill_task(&mut chain, Some("x")).is_err());
+        assert!(fill_task(&mut chain, None).is_ok());
+    }
+
+    #[test]
+    fn listings_render_notes_under_their_row() {
+        let t = render(
+            ["A", "B", "C", "D", "E"],
+            &[["x".into(), "yy".into(), "-".into(), "p".into(), "d".into()]],
+            &[vec!["problem: bad".into()]],
+        );
+        assert_eq!(t, "A  B   C  D  E\nx  yy  -  p  d\n    problem: bad\n");
     }
 }

@@ -1,7 +1,10 @@
 //! cohort-spawn: start a background Pi run and print its id.
 //!
 //! - [`cmd`]: the command line, and the request it builds (a single task, a parallel group, a
-//!   chain file, or a revival);
+//!   chain file or saved chain, or a revival);
+//! - [`agents`]: agent files (builtin, user, project), precedence, `--list-agents`;
+//! - [`chains`]: saved chains (`NAME.chain.md`, `NAME.chain.json`), `--list-chains`;
+//! - [`frontmatter`]: the YAML frontmatter both kinds of file open with;
 //! - [`spawn`]: the start itself, in the order the format requires (`queued` first, a `failed`
 //!   record for every start that fails after it);
 //! - [`revive`]: continuing a finished run's session on its recorded runtime;
@@ -10,7 +13,10 @@
 
 #![deny(missing_docs)]
 
+pub mod agents;
+pub mod chains;
 pub mod cmd;
+pub mod frontmatter;
 pub mod revive;
 pub mod session;
 pub mod spawn;

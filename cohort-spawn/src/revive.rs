@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use cohort_common::error::{Error, Result};
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::{RunRecord, RunState};
-use cohort_common::format::spec::LaunchSpec;
+use cohort_common::format::spec::{AgentSpec, LaunchSpec};
 use cohort_common::identity::runtime::{self, Runtime, RuntimeError};
 use cohort_common::os::lock::{self, Liveness};
 use cohort_common::store::discover::Found;
@@ -59,6 +59,8 @@ pub struct Plan {
     pub tools: Option<Vec<String>>,
     /// The original's Pi args (run-wide, then the step's).
     pub pi_args: Vec<String>,
+    /// The agent the original step ran as, as it ran (from its launch spec).
+    pub agent: Option<AgentSpec>,
 }
 
 /// Decide whether and how a run may be revived (pure). Refusals: a `queued` or running run; no
@@ -162,7 +164,8 @@ pub fn plan(f: &Facts) -> Result<Plan> {
             .clone()
             .or_else(|| task_spec.as_ref().and_then(|t| t.model.clone())),
         thinking: task_spec.as_ref().and_then(|t| t.thinking.clone()),
-        tools: task_spec.and_then(|t| t.tools),
+        tools: task_spec.as_ref().and_then(|t| t.tools.clone()),
+        agent: task_spec.and_then(|t| t.resolved_agent).map(|a| *a),
         pi_args,
     })
 }

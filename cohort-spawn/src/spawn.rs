@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 use serde_json::json;
 
 use cohort_common::error::{Error, IoContext, Result};
+use cohort_common::fault;
 use cohort_common::format::events::{self, EventKind};
 use cohort_common::format::id::RunId;
 use cohort_common::format::layout::{self, RunDir, StateRoot, PROFILE_ENV};
@@ -139,6 +140,7 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     // The run lock exists only held, and stays held until the runner has taken it over (spawn
     // hands it the descriptor): a `queued` run whose lock is free is provably abandoned.
     let lock = RunLock::create_held(&staging.lock())?;
+    fault::point("spawn.staged");
 
     // Publish `queued` before validating anything.
     let (flat, groups) = spec::flatten(&req.chain);
@@ -157,6 +159,7 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         .iter()
         .map(|f| StepRecord {
             agent: spec::label_of(&f.spec, f.index),
+            agent_source: f.spec.resolved_agent.as_ref().map(|a| a.source()),
             task: f.spec.task.clone(),
             model: f.spec.model.clone(),
             session_file: f.spec.session_file.clone(),
@@ -176,14 +179,18 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     })?;
     files::sync_dir(&parent)?;
     let _ = events::append_once(&dir.events(), EventKind::RunQueued, json!({}));
+    fault::point("spawn.published");
 
     let lock = lock.moved_to(&dir.lock());
     match prepare_and_start(root, &dir, &mut rec, &req, &lock) {
-        Ok(runtime) => Ok(Spawned {
-            run_id,
-            dir,
-            runtime,
-        }),
+        Ok(runtime) => {
+            fault::point("spawn.runner-ready");
+            Ok(Spawned {
+                run_id,
+                dir,
+                runtime,
+            })
+        }
         Err(error) => {
             fail_start(&dir, &lock, &error);
             Err(SpawnError {
@@ -317,6 +324,7 @@ fn prepare_and_start(
         })?;
     }
 
+    fault::point("spawn.validated");
     start_runner(root, dir, &req.runner, lock)?;
     Ok(rt)
 }

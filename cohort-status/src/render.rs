@@ -166,7 +166,7 @@ pub fn table(rows: &[Row], colour: bool) -> String {
                     short,
                     state_word(o),
                     mode_word(r),
-                    r.steps.first().map(|s| s.agent.clone()).unwrap_or_default(),
+                    r.steps.first().map(agent_cell).unwrap_or_default(),
                     age_of(r, &now),
                     duration_of(r, &now),
                     steps_done(r),
@@ -224,6 +224,14 @@ pub fn table(rows: &[Row], colour: bool) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The AGENT cell of a step (pure): the name of the agent it runs as, else its label.
+fn agent_cell(s: &cohort_common::format::record::StepRecord) -> String {
+    match &s.agent_source {
+        Some(a) => a.name.clone(),
+        None => s.agent.clone(),
+    }
 }
 
 fn mode_word(r: &RunRecord) -> String {
@@ -368,6 +376,13 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
             st.usage.input,
             st.usage.output,
         ));
+        if let Some(a) = &st.agent_source {
+            let from = match &a.path {
+                Some(p) => format!("{}, {}", a.scope.as_str(), untrusted_path(p)),
+                None => a.scope.as_str().to_string(),
+            };
+            s.push_str(&format!("      agent: {} ({from})\n", untrusted(&a.name)));
+        }
         s.push_str(&format!(
             "      task: {}\n",
             untrusted(&cohort_common::format::record::summarize(&st.task, 100))
@@ -510,5 +525,21 @@ mod tests {
             (Some("x"), Some("bad"))
         );
         assert!(table(&[err], true).contains("\x1b[31merror\x1b[0m"));
+    }
+
+    #[test]
+    fn the_agent_column_shows_the_agent_over_the_label() {
+        use cohort_common::format::record::{AgentScope, AgentSource, StepRecord};
+        let mut st = StepRecord {
+            agent: "bugs".into(),
+            ..Default::default()
+        };
+        assert_eq!(agent_cell(&st), "bugs");
+        st.agent_source = Some(AgentSource {
+            name: "reviewer".into(),
+            scope: AgentScope::Project,
+            path: None,
+        });
+        assert_eq!(agent_cell(&st), "reviewer");
     }
 }

@@ -13,8 +13,9 @@
 //! | `slow` | streams `tick ` every 200 ms for 60 s |
 //! | `big` | replies with 10 MiB of text in 1 MiB chunks (Pi 0.73.1 on Node 20 dies with ENOBUFS writing much larger lines to a pipe) |
 //!
-//! Every request is appended to the request log (JSON Lines: `ts`, `model`, `messages`,
-//! `active` = requests in flight when it arrived) so tests can check what Pi sent.
+//! Every request is appended to the request log (JSON Lines: `ts`, `model`, `messages` (the
+//! system prompt is the first), `tools` (the names of the tools offered), `active` = requests in
+//! flight when it arrived) so tests can check what Pi sent.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -72,6 +73,13 @@ impl FakeServer {
     /// The base URL Pi's `models.json` should name.
     pub fn base_url(&self) -> String {
         format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    /// The last logged request; panics when Pi sent none.
+    pub fn last_request(&self) -> Value {
+        self.requests()
+            .pop()
+            .expect("Pi sent a request to the fake server")
     }
 
     /// Every logged request so far.
@@ -144,7 +152,11 @@ fn handle(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
         let active = shared.active.fetch_add(1, Ordering::SeqCst) + 1;
         let model = req["model"].as_str().unwrap_or("").to_string();
         if let Ok(mut log) = shared.log.lock() {
-            let line = json!({"ts": now_ms(), "model": model, "messages": req["messages"], "active": active});
+            let tools: Vec<Value> = req["tools"]
+                .as_array()
+                .map(|t| t.iter().map(|t| t["function"]["name"].clone()).collect())
+                .unwrap_or_default();
+            let line = json!({"ts": now_ms(), "model": model, "messages": req["messages"], "tools": tools, "active": active});
             let _ = writeln!(log, "{line}");
         }
         let result = respond(&mut out, &model, &req);
@@ -155,7 +167,8 @@ fn handle(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     }
 }
 
-fn message_text(m: &Value) -> String {
+/// The text of a logged or received message: its `content` string, or its text parts joined.
+pub fn message_text(m: &Value) -> String {
     match &m["content"] {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts

@@ -4,7 +4,9 @@
 //! Each test runs the pinned Pi CLI directly — `node <entry> --mode json -p …`, as the runner
 //! launches it — against the fake model server, and checks one fact cohort relies on: the event
 //! stream (fed through the runner's own parser and step decision), the exit codes, session files
-//! and their continuation, `--system-prompt FILE`, and stdin as the message in `-p` mode. Where
+//! and their continuation, `--system-prompt FILE` and `--append-system-prompt FILE` (Pi's own
+//! prompt gone or kept), the last `--model` winning, and stdin (a pipe, or a file as the runner
+//! gives it) as the message in `-p` mode, whatever its first character. Where
 //! the generations differ in a way cohort does not depend on, the test says so.
 
 use std::io::Write;
@@ -12,13 +14,27 @@ use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
+use cohort_e2e::fake_server::message_text as text;
 use cohort_e2e::harness::{stderr, stdout, wait_for, TestEnv, HERMETIC};
 use cohort_runner::stream::{decide_step, ChildExit, StepVerdict, StreamParser, UPDATE_HEAD};
 use serde_json::Value;
 
 /// Run `node <entry> --mode json -p <hermetic flags> ARGS` in the env's temp dir with `stdin`
-/// (none: `/dev/null`, as the runner does), waiting at most 60 s.
+/// piped (none: `/dev/null`), waiting at most 60 s.
 fn pi(env: &TestEnv, args: &[&str], stdin: Option<&str>) -> Output {
+    pi_with(env, args, stdin.map(Stdin::Pipe))
+}
+
+/// What a Pi child reads on stdin.
+enum Stdin<'a> {
+    /// This text, through a pipe.
+    Pipe(&'a str),
+    /// This file, opened as stdin (what the runner does: the task is in `task-<i>.md`).
+    File(&'a Path),
+}
+
+/// [`pi`] with stdin from a pipe or a file.
+fn pi_with(env: &TestEnv, args: &[&str], stdin: Option<Stdin>) -> Output {
     let dir = env.tmp.path();
     let out_path = dir.join("pi.stdout");
     let err_path = dir.join("pi.stderr");
@@ -29,11 +45,17 @@ fn pi(env: &TestEnv, args: &[&str], stdin: Option<&str>) -> Output {
         .args(args)
         .stdout(std::fs::File::create(&out_path).unwrap())
         .stderr(std::fs::File::create(&err_path).unwrap());
-    if stdin.is_some() {
-        c.stdin(Stdio::piped());
+    match &stdin {
+        Some(Stdin::Pipe(_)) => {
+            c.stdin(Stdio::piped());
+        }
+        Some(Stdin::File(p)) => {
+            c.stdin(std::fs::File::open(p).unwrap());
+        }
+        None => {}
     }
     let mut child = c.spawn().expect("start Pi");
-    if let Some(text) = stdin {
+    if let Some(Stdin::Pipe(text)) = stdin {
         let mut pipe = child.stdin.take().unwrap();
         pipe.write_all(text.as_bytes()).unwrap();
     }
@@ -79,19 +101,7 @@ fn verdict(out: &Output) -> (StreamParser, StepVerdict, Vec<String>) {
 
 /// The last request the fake server got.
 fn last_request(env: &TestEnv) -> Value {
-    env.server
-        .requests()
-        .pop()
-        .expect("Pi sent a request to the fake server")
-}
-
-/// The text of a logged request message (a string, or text parts).
-fn text(m: &Value) -> String {
-    match &m["content"] {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
-        _ => String::new(),
-    }
+    env.server.last_request()
 }
 
 #[test]
@@ -306,4 +316,79 @@ fn piped_stdin_is_the_message_in_print_mode() {
         text(req["messages"].as_array().unwrap().last().unwrap()),
         "STDINARG"
     );
+}
+
+/// A phrase of Pi's own base prompt on both generations (0.73: "You are an expert coding
+/// assistant operating inside pi, a coding agent harness."; 1.6: "You are a coding assistant
+/// running inside pi, a coding agent harness.").
+const BASE_PROMPT_MARK: &str = "inside pi, a coding agent harness";
+
+#[test]
+fn system_prompt_replaces_pis_prompt_and_append_keeps_it() {
+    let env = TestEnv::new();
+    let file = env.tmp.path().join("agent.md");
+    std::fs::write(&file, "You are AGENT-PROMPT.").unwrap();
+    let f = file.to_str().unwrap();
+    for (flag, base) in [("--system-prompt", false), ("--append-system-prompt", true)] {
+        let out = pi(
+            &env,
+            &["--no-session", "--model", "fake/plain", flag, f, "x"],
+            None,
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let system = text(&last_request(&env)["messages"][0]);
+        assert!(system.contains("You are AGENT-PROMPT."), "{flag}: {system}");
+        assert_eq!(system.contains(BASE_PROMPT_MARK), base, "{flag}: {system}");
+    }
+}
+
+#[test]
+fn the_last_model_and_tools_flags_win() {
+    // The runner puts an agent's model and tools first and the user's Pi args after them.
+    let env = TestEnv::new();
+    let out = pi(
+        &env,
+        &[
+            "--no-session",
+            "--model",
+            "fake/err400",
+            "--tools",
+            "read",
+            "--model",
+            "fake/plain",
+            "--tools",
+            "grep,ls",
+            "x",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let req = last_request(&env);
+    assert_eq!(req["model"], "plain", "{req:#}");
+    let mut tools: Vec<&str> = req["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    tools.sort();
+    assert_eq!(tools, ["grep", "ls"]);
+}
+
+#[test]
+fn a_task_file_on_stdin_arrives_whole_whatever_it_starts_with() {
+    let env = TestEnv::new();
+    for task in ["-rf everything --help", "@notes.md please", "---\nfront"] {
+        let file = env.tmp.path().join("task.md");
+        std::fs::write(&file, task).unwrap();
+        let out = pi_with(
+            &env,
+            &["--no-session", "--model", "fake/plain"],
+            Some(Stdin::File(&file)),
+        );
+        assert_eq!(out.status.code(), Some(0), "{task:?}: {}", stderr(&out));
+        let req = last_request(&env);
+        let user = req["messages"].as_array().unwrap().last().unwrap().clone();
+        assert_eq!(text(&user), task);
+    }
 }

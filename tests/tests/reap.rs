@@ -4,7 +4,7 @@
 //! cohort-common, and simulate a live runner by holding its lock in the test process (a flock
 //! held by another process is exactly what the reaper sees of a runner). One test races a reap
 //! against a real runner on the real Pi CLI. Crashes are real `SIGKILL`s at the points of the
-//! `COHORT_REAP_CRASH_AT` hook; pauses use `COHORT_REAP_PAUSE_AT`.
+//! `COHORT_CRASH_AT=reap.<point>` crash point; pauses use `COHORT_REAP_PAUSE_AT`.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -749,7 +749,7 @@ fn crash_then_finish(point: &str) {
     let out = env
         .cmd("cohort-reap")
         .arg(&id)
-        .env("COHORT_REAP_CRASH_AT", point)
+        .env(cohort_common::fault::CRASH_ENV, format!("reap.{point}"))
         .output()
         .unwrap();
     assert_eq!(out.status.signal(), Some(9), "{point}: {out:?}");

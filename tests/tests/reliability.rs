@@ -282,3 +282,181 @@ fn a_queued_run_with_a_held_lock_is_waited_on_and_settled_when_its_start_dies() 
         .unwrap()
         .starts_with("start abandoned"));
 }
+
+/// A tmpfs of `size` mounted at `dir` for the life of the value (needs root; `None` when the
+/// machine does not allow it).
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &std::path::Path, size: &str) -> Option<SmallDisk> {
+        std::fs::create_dir_all(dir).ok()?;
+        let ok = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| SmallDisk(dir.to_path_buf()))
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Fill the file system of `dir` until a write fails with ENOSPC.
+fn fill(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut f = std::fs::File::create(&path).unwrap();
+    let chunk = vec![7u8; 64 << 10];
+    loop {
+        match f.write(&chunk) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+            Err(e) => panic!("filling {}: {e}", path.display()),
+        }
+    }
+    // Small writes may still fit in the last page: take them too.
+    while f.write(&[7u8; 512]).is_ok_and(|n| n > 0) {}
+    path
+}
+
+#[test]
+fn a_full_disk_ends_a_started_run_with_a_record_that_says_why() {
+    let env = TestEnv::new();
+    let Some(disk) = SmallDisk::mount(&env.tmp.path().join("small"), "16m") else {
+        eprintln!("skipped: cannot mount a tmpfs here (mounting needs root)");
+        return;
+    };
+    let profile = disk.0.join("profile");
+    std::fs::create_dir_all(&profile).unwrap();
+    for f in ["models.json", "settings.json"] {
+        std::fs::copy(env.profile.join(f), profile.join(f)).unwrap();
+    }
+    let on_small = |bin: &str| {
+        let mut c = env.cmd(bin);
+        c.env("PI_CODING_AGENT_DIR", &profile);
+        c
+    };
+    let started = env.tmp.path().join("tool-started");
+    let go = env.tmp.path().join("go");
+    let task = format!(
+        "RUN: touch {}; while [ ! -e {} ]; do sleep 0.05; done; echo finished",
+        started.display(),
+        go.display()
+    );
+    let out = on_small("cohort-spawn")
+        .args(["--model", "fake/tool", &task, "--"])
+        .args(cohort_e2e::harness::HERMETIC)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    cohort_e2e::harness::wait_for(Duration::from_secs(60), || started.exists())
+        .expect("the tool started");
+    let run_dir = profile.join("pi-cohort/async-subagent-runs").join(&id);
+    let before = std::fs::read(run_dir.join("status.json")).unwrap();
+
+    // The disk fills up while the run is going.
+    let filler = fill(&disk.0);
+    // A spawn now fails with one clear line, and lists nothing without a record.
+    let out = on_small("cohort-spawn")
+        .args(["--model", "fake/plain", "no room"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("No space left on device"), "{err}");
+    // The record written before is intact.
+    let now: Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join("status.json")).unwrap()).unwrap();
+    assert_eq!(now["state"], "running");
+    assert!(!before.is_empty());
+
+    // The run ends on the full disk: its record still says how and why.
+    std::fs::write(&go, b"").unwrap();
+    let out = on_small("cohort-status")
+        .args(["--wait", "--timeout", "60s", &id])
+        .output()
+        .unwrap();
+    assert!(out.status.code().is_some(), "{}", stderr(&out));
+    let rec: Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join("status.json")).unwrap()).unwrap();
+    assert!(
+        rec["state"] == "complete" || rec["state"] == "failed",
+        "{rec:#}"
+    );
+    let log = std::fs::read_to_string(run_dir.join("runner.log")).unwrap_or_default();
+    assert!(
+        log.contains("released the reserve") || rec["state"] == "complete",
+        "the record was written from the reserve: {log} {rec:#}"
+    );
+    // --check names no record unreadable: every record parses.
+    let out = on_small("cohort-status")
+        .args(["--check"])
+        .output()
+        .unwrap();
+    assert!(!stdout(&out).contains("corrupt"), "{}", stdout(&out));
+    for line in json_lines(&stdout(
+        &on_small("cohort-status")
+            .args(["--json", "--limit", "0"])
+            .output()
+            .unwrap(),
+    )) {
+        assert!(line.get("state").is_some(), "{line}");
+    }
+
+    // With room again, the next reap removes what the failed spawn left.
+    std::fs::remove_file(&filler).unwrap();
+    let out = on_small("cohort-reap")
+        .args(["--all-terminal"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let runs = profile.join("pi-cohort/async-subagent-runs");
+    let left: Vec<String> = std::fs::read_dir(&runs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(left.iter().all(|n| !n.starts_with(".spawn-")), "{left:?}");
+}
+
+#[test]
+fn the_decisive_line_of_a_failure_survives_into_check() {
+    let env = TestEnv::new();
+    // A Pi that prints a long stderr and names the cause last, then exits 1.
+    let js = r#"
+for (let i = 0; i < 40; i++) console.error(`loading module ${i} of a rather long list of modules`);
+console.error('warning: an error handler is deprecated');
+console.error('boom: missing module');
+process.exit(1);
+"#;
+    let entry = cohort_e2e::harness::fake_pi_package(&env.tmp.path().join("fake-pi"), js);
+    let id = env.spawn(&["--pi-entry", entry.to_str().unwrap(), "fail loudly"]);
+    let rec = env.wait_terminal(&id, 60);
+    assert_eq!(rec["state"], "failed");
+    let out = env.run("cohort-status", &["--check"]);
+    assert_eq!(out.status.code(), Some(1));
+    let line = stdout(&out)
+        .lines()
+        .find(|l| l.starts_with(&id[24..]))
+        .unwrap()
+        .to_string();
+    assert!(line.contains("boom: missing module"), "{line}");
+    assert!(line.chars().count() < 260, "one short line: {line}");
+}

@@ -50,6 +50,8 @@ pub const PROCESSES_FILE: &str = "processes.json";
 /// Pi spills there (the full output of a tool call, `pi-bash-<hex>.log`) stay inside the run
 /// directory and go with it.
 pub const TMP_DIR: &str = "tmp";
+/// Disk space the runner holds back while it lives (hidden: no reader looks at it).
+pub const RESERVE_FILE: &str = ".reserve";
 /// The prefix of a run directory being assembled by spawn, beside where it will be published
 /// (`.spawn-<id>`): hidden, so no listing shows it.
 pub const STAGING_PREFIX: &str = ".spawn-";
@@ -273,6 +275,11 @@ impl RunDir {
         self.path.join(EVENTS_FILE)
     }
 
+    /// `.reserve`: disk space the runner holds back to write its last record on a full disk.
+    pub fn reserve(&self) -> PathBuf {
+        self.path.join(RESERVE_FILE)
+    }
+
     /// `runner.log`, the runner's stderr.
     pub fn runner_log(&self) -> PathBuf {
         self.path.join(RUNNER_LOG)
@@ -291,6 +298,18 @@ impl RunDir {
     /// `output-<i>.log`: the readable output of flat step `i`.
     pub fn output_log(&self, step: usize) -> PathBuf {
         self.path.join(format!("output-{step}.log"))
+    }
+
+    /// `prompt-<i>.md`: the system prompt of flat step `i`'s agent, which the runner writes
+    /// before the step starts and names to Pi (`--system-prompt` / `--append-system-prompt`).
+    pub fn prompt_file(&self, step: usize) -> PathBuf {
+        self.path.join(format!("prompt-{step}.md"))
+    }
+
+    /// `task-<i>.md`: the task of flat step `i` (after `{previous}` is substituted), which the
+    /// runner writes before the step starts and gives Pi on stdin.
+    pub fn task_file(&self, step: usize) -> PathBuf {
+        self.path.join(format!("task-{step}.md"))
     }
 
     /// `final-<i>.txt`: the final assistant text of flat step `i`.
@@ -337,6 +356,14 @@ mod tests {
         assert_eq!(
             r.nested_run_dir("root", "x").path(),
             Path::new("/p/pi-cohort/nested-subagent-runs/root/x")
+        );
+        assert_eq!(
+            d.task_file(2),
+            Path::new("/p/pi-cohort/async-subagent-runs/abc/task-2.md")
+        );
+        assert_eq!(
+            d.prompt_file(0),
+            Path::new("/p/pi-cohort/async-subagent-runs/abc/prompt-0.md")
         );
         assert_eq!(
             r.default_session_dir("abc"),

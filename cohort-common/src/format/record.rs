@@ -258,12 +258,53 @@ pub struct ParallelGroup {
     pub step_index: usize,
 }
 
+/// Where an agent definition was found (`docs/agents.md`, "Where agents are found"), lowest
+/// priority first: a higher scope wins a name collision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentScope {
+    /// Shipped inside cohort-spawn.
+    Builtin,
+    /// `$PI_CODING_AGENT_DIR/agents/**/*.md`.
+    User,
+    /// The project's `.agents/**/*.md` and `.pi/agents/**/*.md`.
+    Project,
+}
+
+impl AgentScope {
+    /// The scope word as stored and listed (`builtin`, `user`, `project`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentScope::Builtin => "builtin",
+            AgentScope::User => "user",
+            AgentScope::Project => "project",
+        }
+    }
+}
+
+/// Which agent a step ran as and where its definition came from (`steps[].agentSource`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSource {
+    /// The agent's `name`.
+    pub name: String,
+    /// The scope it was found in.
+    pub scope: AgentScope,
+    /// The file it was read from (absent for a builtin, which lives inside the binary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+}
+
 /// One flat step (one Pi child) of a run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct StepRecord {
-    /// The step's label (pi-subagents calls it the agent).
+    /// The step's label (pi-subagents calls it the agent): its `label`, else the name of the
+    /// agent it runs as, else `step-<i>`.
     pub agent: String,
+    /// The agent the step runs as and where it came from; absent for a bare task.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_source: Option<AgentSource>,
     /// The task text as given (before `{previous}` is substituted).
     pub task: String,
     /// The step's status.

@@ -1,8 +1,8 @@
 //! The launch spec (`launch.json`) and the chain file format (`docs/format.md`, "launch.json"; `docs/chain.md`).
 //!
 //! Spawn writes the launch spec once, before starting the runner; it is immutable and holds
-//! everything the runner needs: the chain of steps, options, runtime, cwd, profile and session
-//! dir. The chain file a user passes to `cohort-spawn --chain` is parsed by [`parse_chain`],
+//! everything the runner needs: the chain of steps (each with the agent it runs as, resolved:
+//! fields and prompt), options, runtime, cwd, profile and session dir. The chain file a user passes to `cohort-spawn --chain` is parsed by [`parse_chain`],
 //! which refuses unknown keys so that a typo is never silently ignored.
 
 use std::path::PathBuf;
@@ -19,7 +19,7 @@ pub const READY_LINE: &str = "cohort-runner: ready";
 pub const LOCK_FD_ENV: &str = "COHORT_LOCK_FD";
 /// The descriptor spawn hands the held run lock to the runner as.
 pub const LOCK_FD: i32 = 3;
-use crate::format::record::{ParallelGroup, RunMode};
+use crate::format::record::{AgentScope, AgentSource, ParallelGroup, RunMode};
 use crate::identity::runtime::Runtime;
 
 /// Format version of `launch.json`.
@@ -50,6 +50,94 @@ pub struct TaskSpec {
     /// session dir.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_file: Option<PathBuf>,
+    /// The agent to run as, by name (`--agent NAME`, a chain step's `"agent"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// The agent as spawn resolved it (fields and prompt), so that the runner, later steps and
+    /// revivals use the agent as it was when the run started. Written into the launch spec by
+    /// spawn; refused in a chain file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_agent: Option<Box<AgentSpec>>,
+}
+
+/// How an agent's prompt combines with Pi's own system prompt (the agent file's
+/// `systemPromptMode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PromptMode {
+    /// The prompt replaces Pi's base prompt (`--system-prompt FILE`); the default.
+    #[default]
+    Replace,
+    /// The prompt is appended to Pi's base prompt (`--append-system-prompt FILE`).
+    Append,
+}
+
+/// A resolved agent: what an agent file (or a builtin) says about the Pi child, as it was when
+/// the run started (`docs/agents.md`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSpec {
+    /// The agent's `name`.
+    pub name: String,
+    /// Where it was found.
+    pub scope: AgentScope,
+    /// The file it was read from (absent for a builtin).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// `model` (Pi `--model`), unless the step or the command line names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// `thinking` (Pi `--thinking`), unless the step or the command line names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
+    /// `tools` (Pi `--tools`), unless the step or the command line names them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    /// `systemPromptMode`.
+    #[serde(default)]
+    pub system_prompt_mode: PromptMode,
+    /// `inheritProjectContext`: false gives Pi `--no-context-files` (no `AGENTS.md`).
+    #[serde(default)]
+    pub inherit_project_context: bool,
+    /// `inheritSkills`: false gives Pi `--no-skills`.
+    #[serde(default)]
+    pub inherit_skills: bool,
+    /// The system prompt: the file's body after the frontmatter.
+    pub prompt: String,
+}
+
+impl AgentSpec {
+    /// Which agent this is and where it came from, as the record keeps it.
+    pub fn source(&self) -> AgentSource {
+        AgentSource {
+            name: self.name.clone(),
+            scope: self.scope,
+            path: self.path.clone(),
+        }
+    }
+
+    /// The Pi flags this agent adds for a prompt written to `prompt_file` (pure): the prompt
+    /// flag of its [`PromptMode`] (none for an empty prompt), then `--no-context-files` and `--no-skills` unless it
+    /// inherits them. Model, thinking and tools are not here: spawn merges them into the step
+    /// ([`TaskSpec::model`], …) so that the command line and the step can override them.
+    pub fn pi_flags(&self, prompt_file: &std::path::Path) -> Vec<String> {
+        let flag = match self.system_prompt_mode {
+            PromptMode::Replace => "--system-prompt",
+            PromptMode::Append => "--append-system-prompt",
+        };
+        // An agent without a prompt (only fields) leaves Pi's own prompt alone.
+        let mut args = Vec::new();
+        if !self.prompt.trim().is_empty() {
+            args.extend([flag.to_string(), prompt_file.display().to_string()]);
+        }
+        if !self.inherit_project_context {
+            args.push("--no-context-files".into());
+        }
+        if !self.inherit_skills {
+            args.push("--no-skills".into());
+        }
+        args
+    }
 }
 
 /// A parallel group: tasks that run at once, at most `concurrency` alive together.
@@ -218,10 +306,11 @@ pub fn flatten(chain: &[ChainStep]) -> (Vec<FlatStep>, Vec<ParallelGroup>) {
     (flat, groups)
 }
 
-/// The label of a task: its `label`, else `step-<i>`.
+/// The label of a task: its `label`, else the name of its agent, else `step-<i>`.
 pub fn label_of(spec: &TaskSpec, flat_index: usize) -> String {
     spec.label
         .clone()
+        .or_else(|| spec.agent.clone())
         .unwrap_or_else(|| format!("step-{flat_index}"))
 }
 
@@ -266,7 +355,7 @@ pub fn parse_chain(text: &str) -> Result<Vec<ChainStep>> {
             }
             if let Some(dup) = duplicate_label(&p.parallel) {
                 return Err(bad(format!(
-                    "step {n}: two members are labelled {dup:?}; labels head each member's text in {{previous}} and --output, so they must differ"
+                    "step {n}: two members are labelled {dup:?} (a member without a `label` is labelled by its agent); labels head each member's text in {{previous}} and --output, so they must differ"
                 )));
             }
             ChainStep::Parallel(p)
@@ -281,13 +370,14 @@ pub fn parse_chain(text: &str) -> Result<Vec<ChainStep>> {
     Ok(out)
 }
 
-/// The first label two members of a parallel group share, if any (pure). Members without a
-/// label are `step-<i>`, distinct by construction.
-fn duplicate_label(members: &[TaskSpec]) -> Option<&str> {
+/// The first label two members of a parallel group share, if any (pure). A member's label is
+/// its `label`, else its agent's name; members with neither are `step-<i>`, distinct by
+/// construction.
+pub fn duplicate_label(members: &[TaskSpec]) -> Option<&str> {
     let mut seen = std::collections::HashSet::new();
     members
         .iter()
-        .filter_map(|t| t.label.as_deref())
+        .filter_map(|t| t.label.as_deref().or(t.agent.as_deref()))
         .find(|l| !seen.insert(*l))
 }
 
@@ -300,7 +390,29 @@ fn check_task(t: &TaskSpec, at: &str) -> Result<()> {
             "chain file: {at}: `sessionFile` is not accepted in a chain file; use cohort-spawn --session"
         )));
     }
+    if t.resolved_agent.is_some() {
+        return Err(Error::Usage(format!(
+            "chain file: {at}: `resolvedAgent` is written by cohort-spawn, not accepted in a chain file; name the agent with `agent`"
+        )));
+    }
+    if t.agent.as_deref().is_some_and(|a| a.trim().is_empty()) {
+        return Err(Error::Usage(format!("chain file: {at}: empty `agent`")));
+    }
     Ok(())
+}
+
+/// Substitute `{task}` in a task with the task given on the command line (`cohort-spawn --chain
+/// NAME TASK`).
+pub fn substitute_task(task: &str, given: &str) -> String {
+    task.replace("{task}", given)
+}
+
+/// Every task of a chain, in flat order, mutably (to substitute `{task}`, resolve agents).
+pub fn tasks_mut(chain: &mut [ChainStep]) -> impl Iterator<Item = &mut TaskSpec> {
+    chain.iter_mut().flat_map(|s| match s {
+        ChainStep::Task(t) => std::slice::from_mut(t).iter_mut(),
+        ChainStep::Parallel(p) => p.parallel.iter_mut(),
+    })
 }
 
 /// Substitute `{previous}` in a task with the previous chain step's text.
@@ -383,6 +495,41 @@ mod tests {
     fn distinct_labels_in_a_group_are_accepted() {
         let ok = r#"{"steps":[{"task":"x","label":"r"},{"parallel":[{"task":"a","label":"r"},{"task":"b","label":"s"},{"task":"c"}]}]}"#;
         assert!(parse_chain(ok).is_ok());
+    }
+
+    #[test]
+    fn a_launch_spec_chain_from_before_agents_still_reads() {
+        // A step as spawn wrote it before agents existed: no `agent`, no `resolvedAgent`.
+        let old = r#"[{"task":"x","label":"l","model":"p/m"},{"parallel":[{"task":"y"}]}]"#;
+        let chain: Vec<ChainStep> = serde_json::from_str(old).unwrap();
+        let (flat, _) = flatten(&chain);
+        assert!(flat
+            .iter()
+            .all(|f| f.spec.agent.is_none() && f.spec.resolved_agent.is_none()));
+        // And a new one does not write the fields when there is no agent.
+        assert_eq!(serde_json::to_string(&chain).unwrap(), old);
+    }
+
+    #[test]
+    fn a_chain_file_may_name_agents_but_not_resolve_them() {
+        let chain = parse_chain(r#"{"steps":[{"task":"x","agent":"scout"}]}"#).unwrap();
+        let (flat, _) = flatten(&chain);
+        assert_eq!(flat[0].spec.agent.as_deref(), Some("scout"));
+        assert_eq!(label_of(&flat[0].spec, 0), "scout");
+        for (bad, needle) in [
+            (
+                r#"{"steps":[{"task":"x","resolvedAgent":{"name":"a","scope":"user","prompt":"p"}}]}"#,
+                "resolvedAgent",
+            ),
+            (r#"{"steps":[{"task":"x","agent":" "}]}"#, "empty `agent`"),
+            (
+                r#"{"steps":[{"parallel":[{"task":"a","agent":"r"},{"task":"b","agent":"r"}]}]}"#,
+                "labelled \"r\"",
+            ),
+        ] {
+            let err = parse_chain(bad).unwrap_err().to_string();
+            assert!(err.contains(needle), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -120,6 +120,18 @@ pub fn remove_temp_files(dir: &Path) -> usize {
 /// Replace `path` with `bytes` atomically and durably (temp file in the same directory, fsync,
 /// rename, fsync the directory). The temp file is 0600 and is removed on failure.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    replace(path, bytes, true)
+}
+
+/// Replace `path` with `bytes` atomically but not durably (temp file + rename, no fsync): for
+/// caches and hints, whose loss after a crash costs only time. A reader sees the old or the
+/// new file, never a torn one.
+pub fn replace_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
+    replace(path, bytes, false)
+}
+
+/// The one temp-file-and-rename writer behind [`write_atomic`] and [`replace_unsynced`].
+fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -130,29 +142,17 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .tempfile_in(dir)
         .at("create a temp file in", dir)?;
     tmp.write_all(bytes).at("write", tmp.path())?;
-    tmp.as_file().sync_all().at("sync", tmp.path())?;
+    if durable {
+        tmp.as_file().sync_all().at("sync", tmp.path())?;
+    }
     tmp.persist(path).map_err(|e| Error::Io {
         action: "rename a temp file over",
         path: path.to_path_buf(),
         source: e.error,
     })?;
-    sync_dir(dir)
-}
-
-/// Replace `path` with `bytes` atomically but not durably (temp file + rename, no fsync): for
-/// caches and hints, whose loss after a crash costs only time. A reader sees the old or the
-/// new file, never a torn one.
-pub fn replace_unsynced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(TEMP_PREFIX)
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(FILE_MODE))
-        .tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.persist(path).map_err(|e| e.error)?;
+    if durable {
+        sync_dir(dir)?;
+    }
     Ok(())
 }
 

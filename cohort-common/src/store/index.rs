@@ -109,7 +109,7 @@ pub fn is_racy(stamp: Stamp, listed_at_ms: u64) -> bool {
 }
 
 /// The length of the boot-id prefix the index keeps with boot-clock times.
-const BOOT_KEY_LEN: usize = 8;
+pub const BOOT_KEY_LEN: usize = 8;
 
 /// What the index knows of a run that was seen terminal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,7 +120,7 @@ pub struct Known {
     pub started_at: Option<u64>,
     /// `endedAt`, ms since epoch.
     pub ended_at: Option<u64>,
-    /// The record's boot-clock times: the first `BOOT_KEY_LEN` (8) characters of the boot id
+    /// The record's boot-clock times: the first 8 characters of the boot id
     /// (ASCII), `clock.startedAt` and `clock.endedAt` (ms since boot).
     pub boot: Option<([u8; BOOT_KEY_LEN], Option<u64>, Option<u64>)>,
 }
@@ -478,7 +478,8 @@ impl View {
             for id in ids {
                 push_terminal_line(&mut out, id, &t[id]);
             }
-            files::replace_unsynced(&dir.join(TERMINAL_FILE), out.as_bytes())?;
+            files::replace_unsynced(&dir.join(TERMINAL_FILE), out.as_bytes())
+                .map_err(std::io::Error::other)?;
         } else if !self.appended.is_empty() {
             let mut out = String::new();
             if !terminal_file_shape(&tpath).1 {
@@ -510,7 +511,8 @@ impl View {
         for e in &self.broken {
             active.push_str(&format!("e {} {}\n", kind_code(e.kind), escape(&e.name)));
         }
-        files::replace_unsynced(&dir.join(ACTIVE_FILE), active.as_bytes())?;
+        files::replace_unsynced(&dir.join(ACTIVE_FILE), active.as_bytes())
+            .map_err(std::io::Error::other)?;
 
         if let Names::Memory(all) = &self.names {
             let mut out = format!(
@@ -527,7 +529,8 @@ impl View {
                 out.push_str(&escape(&e.name));
                 out.push('\n');
             }
-            files::replace_unsynced(&dir.join(NAMES_FILE), out.as_bytes())?;
+            files::replace_unsynced(&dir.join(NAMES_FILE), out.as_bytes())
+                .map_err(std::io::Error::other)?;
         }
         Ok(())
     }
