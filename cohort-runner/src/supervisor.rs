@@ -535,6 +535,7 @@ impl Supervisor {
             .process_group(0)
             .env(PROFILE_ENV, &self.spec.profile_dir)
             .env("TMPDIR", &tmp)
+            .envs(compile_cache_env())
             .env_remove(spec::ON_EXIT_ENV)
             .env(NODE_ENV, &rt.node_exec_path)
             .env(PI_ENTRY_ENV, &rt.pi_entry_path)
@@ -1035,6 +1036,21 @@ impl Supervisor {
         self.last_write = Instant::now();
         self.dirty = false;
     }
+}
+
+/// Where Node keeps its compile cache for the children: where it would without the run's
+/// private `TMPDIR` (`<the runner's temp dir>/node-compile-cache`), unless the environment
+/// already says (`NODE_COMPILE_CACHE`). Pi 1.x enables Node's compile cache, which Node 22 puts
+/// under `os.tmpdir()` by default (Node docs, `module.enableCompileCache`): in the run's `tmp/`
+/// it would cost every run about 1 MiB and a cold start, and Node writes it when Pi exits, on
+/// the state root's disk, where it could take the space the runner holds back for its last
+/// record. It holds compiled code of Pi itself, nothing of the run.
+fn compile_cache_env() -> Option<(&'static str, PathBuf)> {
+    const VAR: &str = "NODE_COMPILE_CACHE";
+    if std::env::var_os(VAR).is_some() {
+        return None;
+    }
+    Some((VAR, std::env::temp_dir().join("node-compile-cache")))
 }
 
 /// A process of step `i` as `processes.json` lists it; its command line cut to 200 characters
