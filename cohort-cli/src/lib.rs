@@ -11,12 +11,13 @@
 #![deny(missing_docs)]
 
 use std::error::Error as StdError;
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 
 pub mod duration;
+pub mod text;
 
 use cohort_common::exit;
 
@@ -194,7 +195,8 @@ fn man_page(cmd: clap::Command, page: &ManPage) -> Vec<u8> {
 
 /// Print `err` and its causes on stderr as one line, `<bin>: error: …`, and return the exit code:
 /// the [`cohort_common::Error::exit_code`] of the first library error in the chain, else
-/// [`exit::ERROR`]. A broken pipe anywhere in the chain exits 0 quietly: the reader has all it
+/// [`exit::ERROR`]. Control characters in the message are shown escaped
+/// ([`crate::text::untrusted`]). A broken pipe anywhere in the chain exits 0 quietly: the reader has all it
 /// wanted.
 pub fn fail(bin: &str, err: &(dyn StdError + 'static)) -> ExitCode {
     let mut code = None;
@@ -218,7 +220,12 @@ pub fn fail(bin: &str, err: &(dyn StdError + 'static)) -> ExitCode {
         }
         cur = e.source();
     }
-    let _ = writeln!(io::stderr(), "{bin}: error: {}", parts.join(": "));
+    // Messages quote names, paths and errors that may have come from a run: escaped, one line.
+    let _ = writeln!(
+        io::stderr(),
+        "{bin}: error: {}",
+        crate::text::untrusted(&parts.join(": "))
+    );
     ExitCode::from(code.unwrap_or(exit::ERROR))
 }
 
@@ -228,10 +235,23 @@ pub fn out(text: &str) -> io::Result<()> {
     out_bytes(text.as_bytes())
 }
 
-/// Write `text` to stdout with a newline after it unless it is empty or already ends with
-/// one (a run's answer, which a model may end either way).
-pub fn out_terminated(text: &str) -> io::Result<()> {
-    out(text)?;
+/// Write the model's own text (a run's answer, its output log) to stdout and flush: byte for
+/// byte to a pipe or a file, where it is data; on a terminal with every escape sequence and
+/// control character shown as a visible escape, newlines and tabs kept
+/// ([`crate::text::escape`] with [`crate::text::Keep::LineBreaks`]), so a reply steered by
+/// prompt injection cannot drive the terminal.
+pub fn out_model(bytes: &[u8]) -> io::Result<()> {
+    if io::stdout().is_terminal() {
+        out(&crate::text::escape(bytes, crate::text::Keep::LineBreaks))
+    } else {
+        out_bytes(bytes)
+    }
+}
+
+/// A run's answer through [`out_model`], with a newline after it unless it is empty or
+/// already ends with one.
+pub fn out_answer(text: &str) -> io::Result<()> {
+    out_model(text.as_bytes())?;
     if !text.is_empty() && !text.ends_with('\n') {
         out("\n")?;
     }

@@ -15,7 +15,8 @@
 //!
 //! Beside them: [`error`] (typed errors naming the path involved), [`exit`] (the exit-code
 //! table) and [`fault`] (named crash points for the fault-injection suite). The command-line
-//! conventions the binaries share (one-line errors, `--generate`, durations) are `cohort-cli`'s.
+//! conventions the binaries share (one-line errors, `--generate`, durations, escaping untrusted
+//! text for the terminal) are `cohort-cli`'s.
 
 #![deny(missing_docs)]
 

@@ -1,5 +1,6 @@
 //! The command line of `cohort-reap`: parse the selection, reap (or plan with `--dry-run`),
 //! print the report (stdout: one line per run, or JSON Lines with `--json`; notes on stderr),
+//! names, reasons and paths shown with control characters escaped ([`cohort_cli::text`]),
 //! exit 0 when everything selected was removed and 1 when anything was refused
 //! ([`cohort_common::exit`]).
 
@@ -7,6 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use cohort_cli::human_bytes;
+use cohort_cli::text::{untrusted, untrusted_path};
 use cohort_cli::{self as cli, duration};
 use cohort_common::exit;
 use cohort_common::format::id;
@@ -132,7 +134,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         );
     }
     for k in &report.trash_kept {
-        eprintln!("cohort-reap: kept in the trash: {k}");
+        eprintln!("cohort-reap: kept in the trash: {}", untrusted(k));
     }
     if !report.staging_removed.is_empty() {
         eprintln!(
@@ -177,21 +179,27 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                     "removed"
                 };
                 for s in &e.sessions_removed {
-                    text.push_str(&format!("  {verb} session {}\n", s.display()));
+                    text.push_str(&format!("  {verb} session {}\n", untrusted_path(s)));
                 }
                 if let Some(r) = &e.route_removed {
-                    text.push_str(&format!("  {verb} route {}\n", r.display()));
+                    text.push_str(&format!("  {verb} route {}\n", untrusted_path(r)));
                 }
                 for s in &e.sessions_kept {
                     match e.why_kept.get(s) {
-                        Some(why) => {
-                            text.push_str(&format!("  kept session {} ({why})\n", s.display()))
-                        }
-                        None => text.push_str(&format!("  kept session {}\n", s.display())),
+                        Some(why) => text.push_str(&format!(
+                            "  kept session {} ({})\n",
+                            untrusted_path(s),
+                            untrusted(why)
+                        )),
+                        None => text.push_str(&format!("  kept session {}\n", untrusted_path(s))),
                     }
                 }
             }
-            Outcome::Refused(r) => text.push_str(&format!("refused {shown}: {r}\n")),
+            Outcome::Refused(r) => text.push_str(&format!(
+                "refused {}: {}\n",
+                untrusted(&shown),
+                untrusted(&r.to_string())
+            )),
         }
     }
     let refused = report.refused();

@@ -12,7 +12,8 @@
 //! A unit is a top-level run dir `async-subagent-runs/<id>/` plus its whole nested subtree
 //! `nested-subagent-runs/<id>/`. It is removed only when, *under the runner locks* (taken
 //! without waiting for a runner; only a short bounded wait rides out a reader's probe), the
-//! run's record reads as terminal, and every run of the subtree is terminal with a free lock.
+//! run's record reads as terminal, every run of the subtree is terminal with a free lock, and no
+//! process any of their runners tracked (`processes.json`) is still alive as the same process.
 //! Nothing is followed through a symlink: a run dir, subtree, lock file or record that is a
 //! symlink is refused, as is anything under a parent that resolves outside the state root, and
 //! any name holding `/`, `..` or NUL. Routes (`nested-subagent-events/`) and sessions
@@ -141,6 +142,9 @@ pub enum Refusal {
     Unreadable(String),
     /// Its runner lock is held.
     Running,
+    /// Processes its runner tracked (`processes.json`) are still alive as the same processes
+    /// (pid, start time, boot id): `"<pid> <cmdline>"` each.
+    ProcessesAlive(Vec<String>),
     /// Its record is not terminal.
     NotTerminal(RunState),
     /// Named, but it does not pass `--state`/`--older-than`.
@@ -149,6 +153,8 @@ pub enum Refusal {
     NestedUnsafe(String),
     /// A nested run's lock is held.
     NestedRunning(String),
+    /// Processes a nested run's runner tracked are still alive: the nested run and them.
+    NestedProcessesAlive(String, Vec<String>),
     /// A nested run is not terminal.
     NestedNotTerminal(String, RunState),
     /// A nested run's record cannot be read.
@@ -171,10 +177,12 @@ impl Refusal {
             Refusal::UnsafePath(_) => "unsafe-path",
             Refusal::Unreadable(_) => "unreadable",
             Refusal::Running => "running",
+            Refusal::ProcessesAlive(_) => "processes-alive",
             Refusal::NotTerminal(_) => "not-terminal",
             Refusal::NotSelected => "not-selected",
             Refusal::NestedUnsafe(_) => "nested-unsafe",
             Refusal::NestedRunning(_) => "nested-running",
+            Refusal::NestedProcessesAlive(..) => "nested-processes-alive",
             Refusal::NestedNotTerminal(..) => "nested-not-terminal",
             Refusal::NestedUnreadable(..) => "nested-unreadable",
             Refusal::Changed => "changed",
@@ -209,6 +217,13 @@ impl fmt::Display for Refusal {
                 "its record cannot be read ({why}); inspect it with cohort-status"
             ),
             Refusal::Running => write!(f, "its runner holds the lock (still running)"),
+            Refusal::ProcessesAlive(ps) => write!(
+                f,
+                "{} process{} of it still alive ({}); `cohort-status <id>` ends them when it settles a lost run, or end them yourself",
+                ps.len(),
+                if ps.len() == 1 { " is" } else { "es are" },
+                ps.join(", ")
+            ),
             Refusal::NotTerminal(RunState::Queued) => write!(
                 f,
                 "it is queued (its runner never took over); a queued run is never removed"
@@ -224,6 +239,12 @@ impl fmt::Display for Refusal {
             Refusal::NestedRunning(n) => {
                 write!(f, "nested run {} is still running", id::short_of(n))
             }
+            Refusal::NestedProcessesAlive(n, ps) => write!(
+                f,
+                "processes of nested run {} are still alive ({})",
+                id::short_of(n),
+                ps.join(", ")
+            ),
             Refusal::NestedNotTerminal(n, RunState::Queued) => write!(
                 f,
                 "nested run {} is queued; a queued run is never removed",
@@ -274,6 +295,9 @@ pub struct RunObservation {
     pub record: std::result::Result<RunRecord, String>,
     /// The runner lock.
     pub liveness: Liveness,
+    /// Its tracked processes still alive as the same processes (`"<pid> <cmdline>"`), or why
+    /// `processes.json` cannot be read.
+    pub live_processes: std::result::Result<Vec<String>, String>,
 }
 
 /// What was observed of one run in a nested subtree.
@@ -287,6 +311,8 @@ pub struct NestedObservation {
     pub state: std::result::Result<RunState, String>,
     /// Its runner lock.
     pub liveness: Liveness,
+    /// Its tracked processes still alive (`"<pid> <cmdline>"`), or why they cannot be read.
+    pub live_processes: std::result::Result<Vec<String>, String>,
 }
 
 /// Decide on a top-level run itself (pure). `named`: the user named it (refusals are
@@ -319,6 +345,13 @@ pub fn decide_run(obs: &RunObservation, sel: &Selection, named: bool, now: &Now)
     if obs.liveness.is_alive() {
         return Refuse(Refusal::Running);
     }
+    // Before the state: a run whose runner was lost is not settled yet, and its processes may
+    // still run; that is the more useful thing to say.
+    match &obs.live_processes {
+        Err(why) => return Refuse(Refusal::Unreadable(why.clone())),
+        Ok(ps) if !ps.is_empty() => return Refuse(Refusal::ProcessesAlive(ps.clone())),
+        Ok(_) => {}
+    }
     if !rec.state.is_terminal() {
         return Refuse(Refusal::NotTerminal(rec.state));
     }
@@ -344,6 +377,13 @@ pub fn decide_subtree(
         }
         if n.liveness.is_alive() {
             return Some(Refusal::NestedRunning(n.id.clone()));
+        }
+        match &n.live_processes {
+            Err(why) => return Some(Refusal::NestedUnreadable(n.id.clone(), why.clone())),
+            Ok(ps) if !ps.is_empty() => {
+                return Some(Refusal::NestedProcessesAlive(n.id.clone(), ps.clone()))
+            }
+            Ok(_) => {}
         }
         match &n.state {
             Ok(s) if s.is_terminal() => {}
@@ -896,6 +936,7 @@ fn examine(ctx: &Ctx<'_>, id: &str, named: bool, kind: EntryKind) -> Examined {
         unsafe_path: kind_problem(kind, "run directory").or_else(|| ctx.runs_outside.clone()),
         record: Err("not read".into()),
         liveness: Liveness::Free,
+        live_processes: Ok(Vec::new()),
     };
     let mut locks = Vec::new();
     if obs.unsafe_path.is_none() {
@@ -926,6 +967,7 @@ fn examine(ctx: &Ctx<'_>, id: &str, named: bool, kind: EntryKind) -> Examined {
         // Read (again) under the lock: this is the record the decision trusts.
         if obs.unsafe_path.is_none() {
             obs.record = read_record(&dir.status());
+            obs.live_processes = live_processes(&dir);
         }
     }
     match decide_run(&obs, ctx.sel, named, &ctx.now) {
@@ -992,6 +1034,7 @@ fn observe_subtree(
                 .map(|w| format!("{w} ({})", dir.path().display())),
             state: Err("not read".into()),
             liveness: Liveness::Free,
+            live_processes: Ok(Vec::new()),
         };
         if n.unsafe_path.is_none() {
             match take_lock(&dir.lock(), !ctx.dry, PROBE_WAIT) {
@@ -1009,6 +1052,7 @@ fn observe_subtree(
                 runs.push(RunSessions::of(r));
             }
             n.state = rec.map(|r| r.state);
+            n.live_processes = live_processes(&dir);
         }
         out.push(n);
     }
@@ -1131,6 +1175,14 @@ fn take_lock(
     }
 }
 
+/// The run's tracked processes still alive as the same processes
+/// ([`observe::live_processes`]), described; the error is a refusal reason.
+fn live_processes(dir: &RunDir) -> std::result::Result<Vec<String>, String> {
+    observe::live_processes(dir)
+        .map(|ps| ps.iter().map(|p| p.describe()).collect())
+        .map_err(|e| observe::reason(&e))
+}
+
 /// Read a record ([`record::load`]: never through a symlink, never blocking on a FIFO); the
 /// error is a refusal reason that names the file, not the whole path.
 fn read_record(path: &Path) -> std::result::Result<RunRecord, String> {
@@ -1204,6 +1256,7 @@ mod tests {
             unsafe_path: None,
             record: Ok(rec(state, Some(1_000))),
             liveness: live,
+            live_processes: Ok(Vec::new()),
         }
     }
 
@@ -1284,6 +1337,29 @@ mod tests {
                 .map(Refusal::code),
             Some("nested-run")
         );
+        // A recorded process still alive: refused whatever the state says, named or not.
+        for state in [RunState::Complete, RunState::Running] {
+            let mut o = obs(state, Liveness::Free);
+            o.live_processes = Ok(vec!["42 sleep 1000".into()]);
+            let d = decide_run(&o, &sel, true, &Now::wall(0));
+            assert_eq!(d.refusal().map(Refusal::code), Some("processes-alive"));
+            assert!(d.refusal().unwrap().to_string().contains("42 sleep 1000"));
+            o.live_processes = Err("processes.json is a symlink".into());
+            assert_eq!(
+                decide_run(&o, &sel, true, &Now::wall(0))
+                    .refusal()
+                    .map(Refusal::code),
+                Some("unreadable")
+            );
+        }
+        let mut o = obs(RunState::Complete, Liveness::Free);
+        o.live_processes = Ok(vec!["42 sleep 1000".into()]);
+        assert_eq!(
+            decide_run(&o, &sel, false, &Now::wall(0))
+                .refusal()
+                .map(Refusal::code),
+            Some("processes-alive")
+        );
         let mut o = obs(RunState::Complete, Liveness::Free);
         o.id = "notes".into();
         assert_eq!(
@@ -1343,6 +1419,7 @@ mod tests {
             unsafe_path: None,
             state,
             liveness: live,
+            live_processes: Ok(Vec::new()),
         };
         for state in ALL_STATES {
             for live in ALL_LIVENESS {
@@ -1362,6 +1439,12 @@ mod tests {
         assert_eq!(
             decide_subtree(&Ok(vec![n(Err("bad".into()), Liveness::Free)])).map(|r| r.code()),
             Some("nested-unreadable")
+        );
+        let mut busy = n(Ok(RunState::Complete), Liveness::Free);
+        busy.live_processes = Ok(vec!["7 sleep 9".into()]);
+        assert_eq!(
+            decide_subtree(&Ok(vec![busy])).map(|r| r.code()),
+            Some("nested-processes-alive")
         );
         let mut link = n(Ok(RunState::Complete), Liveness::Free);
         link.unsafe_path = Some("symlink".into());

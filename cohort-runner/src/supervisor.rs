@@ -5,7 +5,8 @@
 //! chain: each flat step is one Pi child launched as
 //! `node <entry> --mode json -p --session <file> …` from the recorded runtime (validated
 //! again before every launch; never a `PATH` lookup), in its own process group, its task on
-//! stdin from `task-<i>.md` (and its agent's prompt in `prompt-<i>.md`), cwd = the run's cwd.
+//! stdin from `task-<i>.md` (and its agent's prompt in `prompt-<i>.md`), cwd = the run's cwd,
+//! `TMPDIR` = the run's private `tmp/`.
 //!
 //! One thread (the caller's) owns the record and makes every decision; reader threads parse
 //! each child's stdout and stderr and send messages; a signal thread turns SIGTERM/SIGINT/SIGCHLD
@@ -13,11 +14,15 @@
 //! reparented to the runner (it is a child subreaper). Record writes are coalesced to at most
 //! ten a second, and a heartbeat advances `lastUpdate` at least every 10 s.
 //!
+//! The processes the runner tracks (each step's Pi child and the descendants it has seen) are
+//! mirrored in `processes.json` whenever the set changes, so that if the runner dies, the
+//! reader that settles the run can name and end the ones that outlived it.
+//!
 //! A step's lifecycle is [`crate::step::StepRun`]; how a step and the run end are the pure
 //! decisions [`crate::step::step_outcome`] and [`crate::step::run_outcome`]. What a step leaves
 //! behind is swept by [`crate::sweep`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
@@ -36,6 +41,7 @@ use cohort_common::error::{Error, Result};
 use cohort_common::fault;
 use cohort_common::format::events::{EventKind, EventLog};
 use cohort_common::format::layout::{self, RunDir, StateRoot, PROFILE_ENV};
+use cohort_common::format::processes::{self, Tracked, TrackedProcess};
 use cohort_common::format::record::{self, now_ms, RecentTool, RunRecord, RunState, StepStatus};
 use cohort_common::format::route;
 use cohort_common::format::spec::{self, ChainStep, FlatStep, LaunchSpec, Placement};
@@ -257,6 +263,8 @@ pub fn run(
         tx,
         rx,
         active: HashMap::new(),
+        tracked: BTreeMap::new(),
+        tracked_written: Vec::new(),
         nested_stopping: Vec::new(),
         last_write: Instant::now(),
         last_track: Instant::now(),
@@ -298,6 +306,12 @@ struct Supervisor {
     tx: Sender<Msg>,
     rx: Receiver<Msg>,
     active: HashMap<usize, StepRun>,
+    /// The run's processes the runner knows of and that were alive when last looked at, by
+    /// `(pid, start time)`: each step's Pi child and every descendant seen. Mirrored in
+    /// `processes.json` so that a reader can find them if the runner dies.
+    tracked: BTreeMap<(u32, u64), TrackedProcess>,
+    /// What `processes.json` holds now.
+    tracked_written: Vec<(u32, u64)>,
     nested_stopping: Vec<RunDir>,
     last_write: Instant,
     last_track: Instant,
@@ -369,6 +383,8 @@ impl Supervisor {
         if outcome.timed_out {
             self.rec.timed_out = Some(true);
         }
+        // Only processes that escaped every sweep are left listed.
+        self.persist_tracked(None);
         self.rec.finish(outcome.state, outcome.error.clone());
         let _ = self.events.append(
             outcome.event,
@@ -508,6 +524,7 @@ impl Supervisor {
             truncated: false,
             open_fragment: false,
         }));
+        let tmp = private_tmp(&self.dir).map_err(|e| e.to_string())?;
         let mut cmd = Command::new(&rt.node_exec_path);
         cmd.arg(&rt.pi_entry_path)
             .args(&args)
@@ -517,6 +534,8 @@ impl Supervisor {
             .stderr(Stdio::piped())
             .process_group(0)
             .env(PROFILE_ENV, &self.spec.profile_dir)
+            .env("TMPDIR", &tmp)
+            .envs(compile_cache_env())
             .env_remove(spec::ON_EXIT_ENV)
             .env(NODE_ENV, &rt.node_exec_path)
             .env(PI_ENTRY_ENV, &rt.pi_entry_path)
@@ -564,6 +583,13 @@ impl Supervisor {
             self.dir.final_text(i),
         );
         spawn_stderr_reader(stderr, log, run.stderr.clone());
+
+        if let Some(st) = procinfo::stat(pid) {
+            // Not reaped yet, so the pid cannot have been reused: this is our child.
+            self.tracked
+                .insert((pid, st.start_time), tracked_process(pid, st.start_time, i));
+        }
+        self.persist_tracked(None);
 
         let s = &mut self.rec.steps[i];
         s.status = StepStatus::Running;
@@ -852,14 +878,53 @@ impl Supervisor {
         }
         let procs = procinfo::all_processes();
         let nested_runs = self.state_root.nested_runs_dir(&self.tree.root_run_id);
-        for a in self.active.values_mut().filter(|a| a.is_alive()) {
+        for (&i, a) in self.active.iter_mut().filter(|(_, a)| a.is_alive()) {
             for d in procinfo::descendants(&procs, a.pid) {
                 if let Some(st) = procs.get(&d) {
                     if !runs_under(d, &nested_runs) {
                         a.seen.insert(d, st.start_time);
+                        self.tracked
+                            .entry((d, st.start_time))
+                            .or_insert_with(|| tracked_process(d, st.start_time, i));
                     }
                 }
             }
+        }
+        self.persist_tracked(Some(&procs));
+    }
+
+    /// Drop the tracked processes that are gone (by pid and start time in `procs`, or in the
+    /// live process table when `None`) and, if the set changed, replace `processes.json`.
+    fn persist_tracked(&mut self, procs: Option<&HashMap<u32, procinfo::Stat>>) {
+        let table;
+        let procs = match procs {
+            Some(p) => p,
+            None => {
+                table = procinfo::all_processes();
+                &table
+            }
+        };
+        // A process seen between a nested spawn's fork and its exec of the nested runner is
+        // that nested run's runner now: it belongs to its own run, never to this one's list.
+        let nested_runs = self.state_root.nested_runs_dir(&self.tree.root_run_id);
+        self.tracked.retain(|&(pid, start), _| {
+            procs
+                .get(&pid)
+                .is_some_and(|s| s.start_time == start && s.state != 'Z')
+                && !runs_under(pid, &nested_runs)
+        });
+        let keys: Vec<(u32, u64)> = self.tracked.keys().copied().collect();
+        if keys == self.tracked_written {
+            return;
+        }
+        let list = Tracked {
+            format_version: processes::FORMAT_VERSION,
+            boot_id: procinfo::boot_id(),
+            processes: self.tracked.values().cloned().collect(),
+        };
+        match processes::store(&self.dir.processes(), &list) {
+            Ok(()) => self.tracked_written = keys,
+            Err(e) => eprintln!("cohort-runner: {e}"),
         }
     }
 
@@ -877,6 +942,8 @@ impl Supervisor {
         let Phase::Finished { exit, escaped } = a.phase else {
             unreachable!("only finished steps are recorded");
         };
+        // The step's processes are swept: what is left of them (escaped) stays listed.
+        self.persist_tracked(None);
         let summary = a.summary.unwrap_or_default();
         let stderr = a.stderr.lock().map(|t| t.summary()).unwrap_or_default();
         let label = self.rec.steps[i].agent.clone();
@@ -969,6 +1036,65 @@ impl Supervisor {
         self.last_write = Instant::now();
         self.dirty = false;
     }
+}
+
+/// Where Node keeps its compile cache for the children: where it would without the run's
+/// private `TMPDIR` (`<the runner's temp dir>/node-compile-cache`), unless the environment
+/// already says (`NODE_COMPILE_CACHE`). Pi 1.x enables Node's compile cache, which Node 22 puts
+/// under `os.tmpdir()` by default (Node docs, `module.enableCompileCache`): in the run's `tmp/`
+/// it would cost every run about 1 MiB and a cold start, and Node writes it when Pi exits, on
+/// the state root's disk, where it could take the space the runner holds back for its last
+/// record. It holds compiled code of Pi itself, nothing of the run.
+fn compile_cache_env() -> Option<(&'static str, PathBuf)> {
+    const VAR: &str = "NODE_COMPILE_CACHE";
+    if std::env::var_os(VAR).is_some() {
+        return None;
+    }
+    Some((VAR, std::env::temp_dir().join("node-compile-cache")))
+}
+
+/// A process of step `i` as `processes.json` lists it; its command line cut to 200 characters
+/// (only for people to read).
+fn tracked_process(pid: u32, start_time: u64, step: usize) -> TrackedProcess {
+    TrackedProcess {
+        pid,
+        start_time,
+        step,
+        cmdline: procinfo::cmdline(pid).chars().take(200).collect(),
+    }
+}
+
+/// The run's private temp directory (`tmp/`, 0700), created if missing: every Pi child gets
+/// it as `TMPDIR`, so what Pi spills to `os.tmpdir()` (its bash tool writes a command's whole
+/// output to `pi-bash-<hex>.log` once it passes 50 KiB or 2,000 lines; Pi 0.73.1,
+/// `dist/core/tools/output-accumulator.js`) is private, counted with the run and reaped with it.
+/// Errors when the path is not a real directory (a symlink planted there is never written
+/// through).
+fn private_tmp(dir: &RunDir) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = dir.tmp();
+    files::create_dir_all_private(&tmp)?;
+    let meta = std::fs::symlink_metadata(&tmp).map_err(|source| Error::Io {
+        action: "inspect",
+        path: tmp.clone(),
+        source,
+    })?;
+    if !meta.is_dir() {
+        return Err(Error::NotRegular {
+            path: tmp,
+            what: "not a directory (a symlink?); the run's temp dir must be a real directory",
+        });
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(files::DIR_MODE)).map_err(
+            |source| Error::Io {
+                action: "chmod",
+                path: tmp.clone(),
+                source,
+            },
+        )?;
+    }
+    Ok(tmp)
 }
 
 /// Send `sig` to the process group of a step's child (its pid: each child leads its own group).

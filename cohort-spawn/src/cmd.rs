@@ -572,7 +572,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             _ => eprintln!(
                 "cohort-spawn: reviving on run {}'s recorded runtime ({})",
                 id::short_of(&plan.original),
-                revive::describe(&plan.runtime)
+                // Paths from the record: escaped.
+                cohort_cli::text::untrusted(&revive::describe(&plan.runtime))
             ),
         }
         if pi_args.is_empty() {

@@ -52,15 +52,19 @@ pub fn wait_and_answer(root: &StateRoot, run_id: &str) -> anyhow::Result<u8> {
             .as_deref()
             .map(|e| format!(": {e}"))
             .unwrap_or_default();
+        // The recorded error came from the run: escaped.
         eprintln!(
-            "cohort-spawn: run {run_id} ended {}{why}",
-            rec.state.as_str()
+            "cohort-spawn: run {run_id} ended {}{}",
+            rec.state.as_str(),
+            cohort_cli::text::untrusted(&why)
         );
         return Ok(code);
     }
     match answer::answer(&found.dir, &rec, None) {
-        Ok(text) => cli::out_terminated(&text)?,
-        Err(AnswerError::NoText(msg)) => eprintln!("cohort-spawn: {msg}"),
+        Ok(text) => cli::out_answer(&text)?,
+        Err(AnswerError::NoText(msg)) => {
+            eprintln!("cohort-spawn: {}", cohort_cli::text::untrusted(&msg))
+        }
         Err(AnswerError::Store(e)) => return Err(e.into()),
     }
     Ok(code)

@@ -3,7 +3,8 @@
 //! Silent and exit 0 when all is well; otherwise one line per problem and exit 1. A problem is:
 //!
 //! - `failed`: a run that failed within the window (`--since`, default 24 h), by `endedAt`;
-//! - `lost`: the same, when the failure is "runner lost" (settled now or earlier);
+//! - `lost`: the same, when the failure is "runner lost" (settled now or earlier; the message
+//!   names the processes of the run that outlived its runner, if any);
 //! - `abandoned`: the same, when the failure is "start abandoned": a `queued` run whose lock no
 //!   process held (its spawn or runner died before the run started);
 //! - `runtime-gone`: a live `running` run whose recorded Node or Pi no longer validates
@@ -19,6 +20,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use cohort_cli::text::untrusted;
 use cohort_common::error::Result;
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::{Now, RunState};
@@ -74,13 +76,15 @@ pub struct Problem {
 }
 
 impl Problem {
-    /// The line printed for this problem: `<short id> <kind>: <message>`.
+    /// The line printed for this problem: `<short id> <kind>: <message>`. The id (a directory
+    /// name) and the message (a recorded error) are shown with control characters escaped:
+    /// cron mails this line, and a mail reader may be a terminal.
     pub fn line(&self) -> String {
         format!(
             "{} {}: {}",
-            cohort_common::format::id::short_of(&self.run_id),
+            untrusted(cohort_common::format::id::short_of(&self.run_id)),
             self.kind.word(),
-            self.message
+            untrusted(&self.message)
         )
     }
 }
@@ -125,6 +129,7 @@ pub fn assess(
                 .clone()
                 .unwrap_or_else(|| "no error recorded".into());
             // A settlement that could not be written yet carries the write error after it.
+            // "runner lost" may go on to name the processes that outlived the runner.
             let kind = if err.starts_with(RUNNER_LOST) {
                 Kind::Lost
             } else if err.starts_with(START_ABANDONED) {
@@ -255,6 +260,13 @@ mod tests {
             assess(&o, &Now::wall(60_000), 60_000, &mut ok).unwrap().0,
             Kind::Lost
         );
+        let survivors = "runner lost; 1 process of this run still alive: 42 sleep 9";
+        if let Ok(o) = &mut o {
+            o.record.error = Some(survivors.into());
+        }
+        let got = assess(&o, &Now::wall(60_000), 60_000, &mut ok).unwrap();
+        assert_eq!(got.0, Kind::Lost);
+        assert!(got.1.contains("42 sleep 9"), "{}", got.1);
     }
 
     #[test]
@@ -336,6 +348,25 @@ mod tests {
         assert_eq!(got.0, Kind::RuntimeGone);
         assert!(got.1.contains("/gone/node"));
         assert_eq!(assess(&o, &Now::wall(0), 0, &mut ok), None);
+    }
+
+    #[test]
+    fn the_printed_line_escapes_what_came_from_the_run() {
+        let p = Problem {
+            run_id: "01a22a44-9e62-7266-ab9d-e5b500ee829c".into(),
+            origin: "top",
+            kind: Kind::Failed,
+            message: "1m ago: \x1b]0;PWNED\x07\x1b[2J\nsecond".into(),
+        };
+        let l = p.line();
+        assert_eq!(
+            l,
+            "e5b500ee829c failed: 1m ago: \\x1b]0;PWNED\\x07\\x1b[2J\\nsecond"
+        );
+        // --json keeps the text, JSON-escaped.
+        assert!(serde_json::to_string(&p)
+            .unwrap()
+            .contains("\\u001b]0;PWNED"));
     }
 
     #[test]

@@ -2,13 +2,15 @@
 //! them from cron, diagnose the installation.
 //!
 //! stdout is data only, stderr is everything else, a closed pipe exits 0 (see
-//! [`cohort_cli`]).
+//! [`cohort_cli`]). `--output` and `--follow` print the model's text as it is to a pipe,
+//! and with escape sequences neutralised when stdout is a terminal ([`cohort_cli::text`]).
 
 use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use cohort_cli::text;
 use cohort_cli::{self as cli, duration};
 use cohort_common::exit;
 use cohort_common::format::backend::{scancel_command, BackendKind};
@@ -189,11 +191,11 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         let obs = observe::observe_found(&found)?;
         return match answer::answer(&found.dir, &obs.record, args.step) {
             Ok(text) => {
-                cli::out_terminated(&text)?;
+                cli::out_answer(&text)?;
                 Ok(exit::SUCCESS)
             }
             Err(AnswerError::NoText(msg)) => {
-                eprintln!("cohort-status: {msg}");
+                eprintln!("cohort-status: {}", text::untrusted(&msg));
                 Ok(exit::NEGATIVE)
             }
             Err(AnswerError::Store(e)) => Err(e.into()),
@@ -326,12 +328,7 @@ fn check(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
 
 fn follow(root: &StateRoot, name: &str) -> anyhow::Result<u8> {
     let found = discover::find(root, name)?;
-    let mut write = |b: &[u8]| -> std::io::Result<()> {
-        use std::io::Write;
-        let mut o = std::io::stdout().lock();
-        o.write_all(b)?;
-        o.flush()
-    };
+    let mut write = cli::out_model;
     let state = follow::follow(&found, Duration::from_millis(100), &mut write)?;
     if state == RunState::Complete {
         Ok(exit::SUCCESS)

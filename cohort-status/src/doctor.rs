@@ -17,6 +17,9 @@
 //! - the execution backends usable here ([`crate::backends`]: native, and Slurm when `sbatch`
 //!   is on `PATH` and the controller answers `sinfo`).
 //!
+//! The text form ([`render`]) shows paths, errors and ids with control characters escaped
+//! ([`cohort_cli::text`]): they come from records and from the environment.
+//!
 //! Exit status (binary): 0 when nothing is wrong, 1 when the report holds a warning (invalid
 //! runtime now, a Node outside its Pi package's `engines.node`, a recorded runtime gone, a
 //! state root others can read or owned by someone else, logind killing the user's processes
@@ -29,9 +32,10 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use cohort_cli::human_bytes;
+use cohort_cli::text::{untrusted, untrusted_path};
 use cohort_common::error::Result;
 use cohort_common::format::layout::{
-    StateRoot, INDEX_DIR, NESTED_RUNS_DIR, RUNS_DIR, SESSIONS_DIR,
+    RunDir, StateRoot, INDEX_DIR, NESTED_RUNS_DIR, RUNS_DIR, SESSIONS_DIR,
 };
 use cohort_common::format::record::now_ms;
 use cohort_common::identity::runtime::{self, RuntimeRequest};
@@ -291,7 +295,8 @@ pub struct Report {
     /// Staging directories of starts in progress (their lock is held).
     pub starts_in_progress: usize,
     /// Bytes on disk under the state root, by part (`runs`, `nested`, `sessions`, `index`,
-    /// `other`, `total`).
+    /// `other`, `total`), and `tmp`: how much of `runs` and `nested` is the runs' private temp
+    /// dirs.
     pub disk_bytes: BTreeMap<String, u64>,
     /// Whether logout kills runners (systemd-logind).
     pub logind: crate::logind::LogindReport,
@@ -381,16 +386,36 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         state_root: state_root(root),
         top_level_counts: counts,
         legacy,
-        disk_bytes: disk_use(root.path()),
+        disk_bytes: disk_use(root),
         logind: crate::logind::check(),
         backends: crate::backends::check(),
     })
 }
 
-/// Bytes on disk (allocated blocks) under `r`, by top-level part; never follows symlinks.
-pub fn disk_use(r: &Path) -> BTreeMap<String, u64> {
+/// Bytes on disk (allocated blocks) under the state root, by top-level part (`runs`, `nested`,
+/// `sessions`, `index`, `other`, and their `total`), plus `tmp`: the part of `runs` and `nested`
+/// that is the runs' private temp dirs, where Pi keeps the full output of its tool calls. Never
+/// follows symlinks.
+pub fn disk_use(root: &StateRoot) -> BTreeMap<String, u64> {
+    let r = root.path();
     let mut out = BTreeMap::new();
     let mut total = 0;
+    let run_dirs = |parent: &Path| -> Vec<PathBuf> {
+        files::list_dir(parent, Hidden::Skip)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| parent.join(e.name))
+            .collect()
+    };
+    let mut tmp = 0;
+    let mut runs = run_dirs(&root.runs_dir());
+    for tree_dir in run_dirs(&root.nested_root()) {
+        runs.extend(run_dirs(&tree_dir));
+    }
+    for run in runs {
+        tmp += tree::measure(&RunDir::new(run).tmp());
+    }
+    out.insert("tmp".to_string(), tmp);
     for e in files::list_dir(r, Hidden::Include).unwrap_or_default() {
         let part = match e.name.to_str() {
             Some(RUNS_DIR) => "runs",
@@ -417,32 +442,38 @@ pub fn render(r: &Report) -> String {
                 "  ok, from {}\n",
                 r.runtime.source.as_deref().unwrap_or("?")
             ));
-            s.push_str(&format!("  node         {}\n", rt.node_exec_path.display()));
+            s.push_str(&format!(
+                "  node         {}\n",
+                untrusted_path(&rt.node_exec_path)
+            ));
             s.push_str(&format!(
                 "  node version {}\n",
-                r.runtime.node_version.as_deref().unwrap_or("unknown")
+                untrusted(r.runtime.node_version.as_deref().unwrap_or("unknown"))
             ));
-            s.push_str(&format!("  pi entry     {}\n", rt.pi_entry_path.display()));
+            s.push_str(&format!(
+                "  pi entry     {}\n",
+                untrusted_path(&rt.pi_entry_path)
+            ));
             s.push_str(&format!(
                 "  pi package   {}\n",
-                rt.pi_package_root.display()
+                untrusted_path(&rt.pi_package_root)
             ));
             if let Some(p) = &r.runtime.pi_package {
                 s.push_str(&format!(
                     "  pi version   {} {}{}\n",
-                    p.name,
-                    p.version.as_deref().unwrap_or("(no version)"),
+                    untrusted(&p.name),
+                    untrusted(p.version.as_deref().unwrap_or("(no version)")),
                     p.node_engines
                         .as_deref()
-                        .map(|e| format!(" (needs Node {e})"))
+                        .map(|e| format!(" (needs Node {})", untrusted(e)))
                         .unwrap_or_default()
                 ));
             }
             for w in &r.runtime.warnings {
-                s.push_str(&format!("  WARNING: {w}\n"));
+                s.push_str(&format!("  WARNING: {}\n", untrusted(w)));
             }
         }
-        (None, Some(e)) => s.push_str(&format!("  NOT VALID: {e}\n")),
+        (None, Some(e)) => s.push_str(&format!("  NOT VALID: {}\n", untrusted(e))),
         (None, None) => s.push_str("  unknown\n"),
     }
     s.push_str("runtimes recorded by live or revivable runs:\n");
@@ -452,22 +483,22 @@ pub fn render(r: &Report) -> String {
     for rr in &r.recorded_runtimes {
         let status = match &rr.error {
             None => "ok".to_string(),
-            Some(e) => format!("GONE: {e}"),
+            Some(e) => format!("GONE: {}", untrusted(e)),
         };
         s.push_str(&format!(
             "  {}  (node {}): {status}\n    live runs: {}; revivable runs: {}\n",
-            rr.runtime.pi_entry_path.display(),
-            rr.runtime.node_exec_path.display(),
+            untrusted_path(&rr.runtime.pi_entry_path),
+            untrusted_path(&rr.runtime.node_exec_path),
             if rr.live_runs.is_empty() {
                 "none".to_string()
             } else {
-                rr.live_runs.join(", ")
+                untrusted(&rr.live_runs.join(", ")).into_owned()
             },
             rr.revivable_runs
         ));
     }
     let root = &r.state_root;
-    s.push_str(&format!("state root {}\n", root.path.display()));
+    s.push_str(&format!("state root {}\n", untrusted_path(&root.path)));
     if root.exists {
         s.push_str(&format!(
             "  mode {}, owner uid {}\n",
@@ -478,19 +509,19 @@ pub fn render(r: &Report) -> String {
         s.push_str("  does not exist yet (created by the first cohort-spawn)\n");
     }
     for w in &root.warnings {
-        s.push_str(&format!("  WARNING: {w}\n"));
+        s.push_str(&format!("  WARNING: {}\n", untrusted(w)));
     }
     s.push_str("top-level runs by state:\n");
     if r.top_level_counts.is_empty() {
         s.push_str("  none\n");
     }
     for (k, v) in &r.top_level_counts {
-        s.push_str(&format!("  {k:<10} {v}\n"));
+        s.push_str(&format!("  {:<10} {v}\n", untrusted(k)));
     }
     match &r.legacy {
         Some((p, n)) => s.push_str(&format!(
             "legacy runs: {n} in {} (cohort-status --all lists them)\n",
-            p.display()
+            untrusted_path(p)
         )),
         None => s.push_str("legacy runs: none found\n"),
     }
@@ -503,12 +534,18 @@ pub fn render(r: &Report) -> String {
             r.abandoned_starts.len()
         ));
         for p in &r.abandoned_starts {
-            s.push_str(&format!("  {}\n", p.display()));
+            s.push_str(&format!("  {}\n", untrusted_path(p)));
         }
     }
     s.push_str("disk use:\n");
-    for (k, v) in &r.disk_bytes {
+    for (k, v) in r.disk_bytes.iter().filter(|(k, _)| *k != "tmp") {
         s.push_str(&format!("  {k:<10} {}\n", human_bytes(*v)));
+    }
+    if let Some(t) = r.disk_bytes.get("tmp") {
+        s.push_str(&format!(
+            "  of which {} in the runs' temp dirs (Pi's full tool output; reaped with each run)\n",
+            human_bytes(*t)
+        ));
     }
     let l = &r.logind;
     let word = |v: Option<bool>| match v {
@@ -570,6 +607,33 @@ mod tests {
         assert_eq!(groups[0].1, vec!["000000000001"]);
         assert_eq!(groups[0].2, 1);
         assert_eq!((groups[1].1.len(), groups[1].2), (0, 1));
+    }
+
+    #[test]
+    fn disk_use_counts_the_runs_temp_dirs() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(t.path());
+        let top = root.run_dir("01a22a44-9e62-7266-ab9d-e5b500ee829c");
+        let nested = root.nested_run_dir(
+            "01a22a44-9e62-7266-ab9d-e5b500ee829c",
+            "01a22a44-9e62-7266-ab9d-e5b500ee829d",
+        );
+        for d in [&top, &nested] {
+            files::create_dir_all_private(&d.tmp()).unwrap();
+            std::fs::write(d.tmp().join("pi-bash-0.log"), vec![b'x'; 256 << 10]).unwrap();
+        }
+        std::fs::write(top.status(), b"{}").unwrap();
+        let du = disk_use(&root);
+        assert!(du["tmp"] >= 512 << 10, "{du:?}");
+        assert!(
+            du["runs"] >= 256 << 10 && du["nested"] >= 256 << 10,
+            "{du:?}"
+        );
+        assert!(du["total"] >= du["tmp"], "{du:?}");
+        assert!(
+            du["total"] < du["tmp"] + (64 << 10),
+            "tmp is a part, not added: {du:?}"
+        );
     }
 
     #[test]

@@ -57,6 +57,8 @@ pub fn follow(
                     out(b"\n").map_err(io_err)?;
                 }
                 let label = steps.get(i).map(|s| s.agent.as_str()).unwrap_or("");
+                // The label is the run's: escaped, whatever stdout is (this line is cohort's).
+                let label = cohort_cli::text::untrusted(label);
                 out(format!("==> step {i} ({label}) <==\n").as_bytes()).map_err(io_err)?;
             }
             current = Some(i);

@@ -6,14 +6,20 @@
 //! lock is held; probed only for records that are not terminal) and `unresolved`; a record that
 //! cannot be read is `{"runId": …, "origin": …, "error": …}`. `docs/format.md` documents it.
 //!
+//! Human-readable output shows every value that came from a run through
+//! [`cohort_cli::text`], so control characters in a task, label, model or error are visible
+//! escapes, never terminal commands; `--json` is left to JSON's own escaping.
+//!
 //! Colour is used only for the state word of the table, only when the caller says stdout is a
 //! terminal and `NO_COLOR` is unset ([`use_colour`]).
 
+use std::borrow::Cow;
 use std::io::IsTerminal;
 
 use serde_json::json;
 
 use cohort_cli::duration;
+use cohort_cli::text::{self, untrusted, untrusted_path};
 use cohort_common::format::backend::{scancel_command, BackendKind};
 use cohort_common::format::layout::RunDir;
 use cohort_common::format::record::{now_ms, Now, RunRecord, RunState, StepStatus};
@@ -138,6 +144,14 @@ pub fn table(rows: &[Row], colour: bool) -> String {
         if let Some(step) = row.parent_step.filter(|_| row.depth > 0) {
             marks.push_str(&format!("step {step} ▸ "));
         }
+        if let Ok(o) = &row.observed {
+            // Processes that outlived a lost runner (named in the single view's error).
+            let n = o.record.survivors.len();
+            if n > 0 {
+                let s = if n == 1 { "" } else { "es" };
+                marks.push_str(&format!("(runner lost; {n} process{s} survived it) "));
+            }
+        }
         if row.live_descendants > 0 {
             marks.push_str(&format!("({} nested still running) ", row.live_descendants));
         }
@@ -175,6 +189,16 @@ pub fn table(rows: &[Row], colour: bool) -> String {
                 ),
             ],
         });
+    }
+    // Every cell but the header holds text from a run (a directory name, a label, a task, an
+    // error): shown with control characters escaped, so it can neither drive the terminal nor
+    // split a row.
+    for row in cells.iter_mut().skip(1) {
+        for cell in row.iter_mut() {
+            if let Cow::Owned(e) = text::untrusted(cell) {
+                *cell = e;
+            }
+        }
     }
     let widths: Vec<usize> = (0..8)
         .map(|c| {
@@ -296,7 +320,9 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
     let r = &o.record;
     let now = now_ms();
     let mut s = String::new();
-    let line = |s: &mut String, k: &str, v: String| s.push_str(&format!("{k:<12} {v}\n"));
+    // Every value shown is escaped: most come from the run.
+    let line =
+        |s: &mut String, k: &str, v: String| s.push_str(&format!("{k:<12} {}\n", untrusted(&v)));
     line(&mut s, "run", r.run_id.clone());
     line(&mut s, "state", state_word(o));
     if *origin == Origin::Legacy {
@@ -323,6 +349,16 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
     }
     if let Some(e) = &r.error {
         line(&mut s, "error", e.clone());
+    }
+    if !r.survivors.is_empty() {
+        line(
+            &mut s,
+            "survivors",
+            format!(
+                "{} (outlived the runner; ended by the reader that settled the run: see events)",
+                r.survivors.join(", ")
+            ),
+        );
     }
     if let Some(rv) = &r.revives {
         line(&mut s, "revives", rv.clone());
@@ -383,10 +419,10 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
         };
         s.push_str(&format!(
             "  [{i}] {:<10} {:<9} {:>8}  model={}  turns={} tools={} tokens={} (in {} / out {})\n",
-            st.agent,
+            untrusted(&st.agent),
             st.status.as_str(),
             dur,
-            st.model.clone().unwrap_or("-".into()),
+            untrusted(st.model.as_deref().unwrap_or("-")),
             st.turn_count,
             st.tool_count,
             st.usage.total_tokens,
@@ -395,29 +431,29 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
         ));
         if let Some(a) = &st.agent_source {
             let from = match &a.path {
-                Some(p) => format!("{}, {}", a.scope.as_str(), p.display()),
+                Some(p) => format!("{}, {}", a.scope.as_str(), untrusted_path(p)),
                 None => a.scope.as_str().to_string(),
             };
-            s.push_str(&format!("      agent: {} ({from})\n", a.name));
+            s.push_str(&format!("      agent: {} ({from})\n", untrusted(&a.name)));
         }
         s.push_str(&format!(
             "      task: {}\n",
-            cohort_common::format::record::summarize(&st.task, 100)
+            untrusted(&cohort_common::format::record::summarize(&st.task, 100))
         ));
         if let Some(f) = &st.session_file {
-            s.push_str(&format!("      session: {}\n", f.display()));
+            s.push_str(&format!("      session: {}\n", untrusted_path(f)));
         }
         if let Some(e) = &st.error {
-            s.push_str(&format!("      error: {e}\n"));
+            s.push_str(&format!("      error: {}\n", untrusted(e)));
         }
         if !st.escaped.is_empty() {
             s.push_str(&format!(
                 "      escaped processes: {}\n",
-                st.escaped.join("; ")
+                untrusted(&st.escaped.join("; "))
             ));
         }
         for l in &st.recent_output {
-            s.push_str(&format!("      | {l}\n"));
+            s.push_str(&format!("      | {}\n", untrusted(l)));
         }
     }
     if !children.is_empty() {
@@ -431,11 +467,15 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
             match &c.observed {
                 Ok(co) => s.push_str(&format!(
                     "{indent}{} {:<9} from {step}  {}\n",
-                    c.id,
+                    untrusted(&c.id),
                     state_word(co),
-                    co.record.task_summary(60)
+                    untrusted(&co.record.task_summary(60))
                 )),
-                Err(e) => s.push_str(&format!("{indent}{} error     {e}\n", c.id)),
+                Err(e) => s.push_str(&format!(
+                    "{indent}{} error     {}\n",
+                    untrusted(&c.id),
+                    untrusted(e)
+                )),
             }
         }
     }
@@ -446,7 +486,7 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
         ("events", dir.events()),
         ("runner log", dir.runner_log()),
     ] {
-        s.push_str(&format!("  {k:<11} {}\n", p.display()));
+        s.push_str(&format!("  {k:<11} {}\n", untrusted_path(&p)));
     }
     s
 }
@@ -493,6 +533,53 @@ mod tests {
         );
         rec.finish(cohort_common::format::record::RunState::Complete, None);
         assert_eq!(backend_line(&rec, None).unwrap(), "slurm job 12");
+    }
+
+    #[test]
+    fn run_text_never_reaches_the_terminal_raw() {
+        let mut rec = RunRecord::queued(
+            &"01a22a44-9e62-7266-ab9d-e5b500ee829c".parse().unwrap(),
+            cohort_common::format::record::RunMode::Single,
+        );
+        rec.state = RunState::Failed;
+        rec.error = Some("boom\x1b]0;PWNED\x07".into());
+        rec.steps = vec![cohort_common::format::record::StepRecord {
+            agent: "two\nlines".into(),
+            task: "\x1b]0;PWNED\x07\x1b[2Jtask\u{9b}31m".into(),
+            model: Some("m\x1b[5m".into()),
+            error: Some("e\x07".into()),
+            recent_output: vec!["out\x1b[2J".into()],
+            ..Default::default()
+        }];
+        let row = Row::new(
+            rec.run_id.clone(),
+            Origin::TopLevel,
+            Ok(Observed {
+                record: rec.clone(),
+                judgement: Judgement::Trusted,
+                liveness: Liveness::Free,
+                job: None,
+            }),
+        );
+        let t = table(&[row], false);
+        assert_eq!(t.lines().count(), 2, "{t}");
+        assert!(!t.contains(['\x1b', '\x07', '\u{9b}']), "{t:?}");
+        assert!(
+            t.contains("two\\nlines") && t.contains("\\x1b]0;PWNED\\x07"),
+            "{t}"
+        );
+        let o = Observed {
+            record: rec,
+            judgement: Judgement::Trusted,
+            liveness: Liveness::Free,
+            job: None,
+        };
+        let v = show(&RunDir::new("/r/x"), &Origin::TopLevel, &o, &[]);
+        assert!(!v.contains(['\x1b', '\x07', '\u{9b}']), "{v:?}");
+        assert!(v.contains("two\\nlines"), "{v}");
+        // JSON keeps the stored text, JSON-escaped.
+        let j = json_line(&Row::new(o.record.run_id.clone(), Origin::TopLevel, Ok(o)));
+        assert!(j.contains("\\u001b]0;PWNED"), "{j}");
     }
 
     #[test]

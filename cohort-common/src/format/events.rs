@@ -40,6 +40,13 @@ pub enum EventKind {
     /// A reader found a `queued` run whose lock no process holds and settled it `failed`;
     /// `{error}`.
     RunAbandoned,
+    /// The reader settling a lost run found processes of the run still alive (same pid, start
+    /// time and boot id as `processes.json` recorded); `{processes: [{pid, startTime, step,
+    /// cmdline}]}`.
+    RunSurvivors,
+    /// What that reader did to them (TERM, grace, KILL); pids in `{terminated, killed,
+    /// remaining}` (`remaining`: alive even after KILL).
+    RunSurvivorsEnded,
     /// A step's Pi child started; `{step, pid, sessionFile}`.
     StepStarted,
     /// A step completed; `{step, exitCode, signal, error}`.
@@ -73,7 +80,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind, in the order `docs/format.md` lists them.
-    pub const ALL: [EventKind; 23] = [
+    pub const ALL: [EventKind; 25] = [
         EventKind::RunQueued,
         EventKind::RunSubmitted,
         EventKind::RunStarted,
@@ -84,6 +91,8 @@ impl EventKind {
         EventKind::RunTimedOut,
         EventKind::RunLost,
         EventKind::RunAbandoned,
+        EventKind::RunSurvivors,
+        EventKind::RunSurvivorsEnded,
         EventKind::StepStarted,
         EventKind::StepCompleted,
         EventKind::StepFailed,
@@ -112,6 +121,8 @@ impl EventKind {
             EventKind::RunTimedOut => "run.timedOut",
             EventKind::RunLost => "run.lost",
             EventKind::RunAbandoned => "run.abandoned",
+            EventKind::RunSurvivors => "run.survivors",
+            EventKind::RunSurvivorsEnded => "run.survivorsEnded",
             EventKind::StepStarted => "step.started",
             EventKind::StepCompleted => "step.completed",
             EventKind::StepFailed => "step.failed",

@@ -43,6 +43,13 @@ pub const LOCK_FILE: &str = "runner.lock";
 pub const EVENTS_FILE: &str = "events.jsonl";
 /// The runner's own stderr.
 pub const RUNNER_LOG: &str = "runner.log";
+/// The processes of the run its runner tracks (pid, start time, boot id), replaced atomically
+/// as the set changes (see [`crate::format::processes`]).
+pub const PROCESSES_FILE: &str = "processes.json";
+/// The run's private temp directory (0700): `TMPDIR` of every Pi child of the run, so the files
+/// Pi spills there (the full output of a tool call, `pi-bash-<hex>.log`) stay inside the run
+/// directory and go with it.
+pub const TMP_DIR: &str = "tmp";
 /// Disk space the runner holds back while it lives (hidden: no reader looks at it).
 pub const RESERVE_FILE: &str = ".reserve";
 /// The batch script spawn submits with `sbatch` for a Slurm run.
@@ -283,6 +290,16 @@ impl RunDir {
     /// `slurm-job.sh`: the batch script of a Slurm run (`docs/backends.md`).
     pub fn slurm_script(&self) -> PathBuf {
         self.path.join(SLURM_SCRIPT)
+    }
+
+    /// `processes.json`: the processes of the run its runner tracks.
+    pub fn processes(&self) -> PathBuf {
+        self.path.join(PROCESSES_FILE)
+    }
+
+    /// `tmp/`: the run's private temp directory, `TMPDIR` of its Pi children (see [`TMP_DIR`]).
+    pub fn tmp(&self) -> PathBuf {
+        self.path.join(TMP_DIR)
     }
 
     /// `output-<i>.log`: the readable output of flat step `i`.

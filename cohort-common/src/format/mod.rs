@@ -6,6 +6,7 @@
 //! - [`id`]: run ids and the resolution of a user's name for a run;
 //! - [`record`]: the run record `status.json` and its one reader;
 //! - [`spec`]: the immutable launch spec `launch.json`, chains, and the spawn–runner handshake;
+//! - [`processes`]: `processes.json`, the processes of a run its runner tracks;
 //! - [`events`]: the append-only `events.jsonl` and its event kinds;
 //! - [`route`]: the route of a run tree and the variables nested runs inherit;
 //! - [`legacy`]: read-only records written by the pi-subagents extension.
@@ -15,6 +16,7 @@ pub mod events;
 pub mod id;
 pub mod layout;
 pub mod legacy;
+pub mod processes;
 pub mod record;
 pub mod route;
 pub mod spec;

@@ -421,6 +421,11 @@ pub struct RunRecord {
     /// absent for native runs ([`crate::format::backend`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<Backend>,
+    /// Processes of the run found alive (same pid, start time and boot id as tracked) by the
+    /// reader that settled it "runner lost", as `"<pid> <cmdline>"`; that reader then ended them
+    /// (events `run.survivors`, `run.survivorsEnded`). Absent when there were none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub survivors: Vec<String>,
     /// `startedAt` and `endedAt` on the boot clock, for ages and durations that a wall-clock
     /// step cannot bend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -460,6 +465,7 @@ impl RunRecord {
             depth: 0,
             revives: None,
             backend: None,
+            survivors: Vec::new(),
             clock: crate::identity::procinfo::boot_clock_ms().map(|t| BootTimes {
                 boot_id: crate::identity::procinfo::boot_id(),
                 started_at: Some(t),

@@ -3,7 +3,8 @@
 //! A pid alone never proves life or death (the lock does); the start time and boot id recorded
 //! beside the runner's pid let `cohort-status --pid` refuse to print a pid that now belongs to
 //! another process. The parent links let the runner find a step's descendants, including the
-//! ones Pi's bash tool started in sessions of their own.
+//! ones Pi's bash tool started in sessions of their own. [`end_processes`] ends recorded
+//! processes (TERM, grace, KILL) without ever signalling a pid that now names another process.
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
@@ -149,6 +150,108 @@ pub fn cmdline(pid: u32) -> String {
                 .join(" ")
         })
         .unwrap_or_default()
+}
+
+/// What [`end_processes`] did, by pid.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ended {
+    /// Ended within the grace period after SIGTERM.
+    pub terminated: Vec<u32>,
+    /// Still alive after the grace period: sent SIGKILL, and gone after it.
+    pub killed: Vec<u32>,
+    /// Still alive after SIGKILL (uninterruptible sleep, or not ours to signal).
+    pub remaining: Vec<u32>,
+    /// Not signalled: already gone, or the pid now names another process.
+    pub gone: Vec<u32>,
+}
+
+/// A process pinned by a pidfd (Linux 5.3+), or by pid on kernels without pidfds.
+struct Pinned {
+    pid: u32,
+    start_time: u64,
+    fd: Option<std::os::fd::OwnedFd>,
+}
+
+impl Pinned {
+    fn signal(&self, sig: rustix::process::Signal, boot: &str) {
+        match &self.fd {
+            // The pidfd names the process it was opened for, never a later one with its pid:
+            // after that process has exited this fails with ESRCH.
+            Some(fd) => {
+                let _ = rustix::process::pidfd_send_signal(fd, sig);
+            }
+            // No pidfds: check the identity right before signalling (a narrow window).
+            None if is_same_process(self.pid, self.start_time, boot) => {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(self.pid as i32),
+                    nix::sys::signal::Signal::try_from(sig.as_raw()).ok(),
+                );
+            }
+            None => {}
+        }
+    }
+
+    fn alive(&self, boot: &str) -> bool {
+        is_same_process(self.pid, self.start_time, boot)
+    }
+}
+
+/// End the processes `targets` (`(pid, start time)` recorded on boot `boot_id`): SIGTERM, up to
+/// `grace` for them to exit, SIGKILL to the rest, up to one more second. Only a process that is
+/// alive *with the recorded start time on the recorded boot* is ever signalled: each is pinned
+/// by a pidfd opened before its identity is checked, so a pid reused at any moment is never
+/// signalled. Waits by polling `/proc` every 20 ms until the deadline.
+pub fn end_processes(targets: &[(u32, u64)], boot_id: &str, grace: std::time::Duration) -> Ended {
+    use rustix::process::{pidfd_open, Pid, PidfdFlags, Signal};
+    use std::time::{Duration, Instant};
+    let mut out = Ended::default();
+    let mut pinned = Vec::new();
+    for &(pid, start_time) in targets {
+        let fd = match Pid::from_raw(pid as i32).map(|p| pidfd_open(p, PidfdFlags::empty())) {
+            Some(Ok(fd)) => Some(fd),
+            Some(Err(e)) if e == rustix::io::Errno::NOSYS => None,
+            _ => {
+                out.gone.push(pid);
+                continue;
+            }
+        };
+        let p = Pinned {
+            pid,
+            start_time,
+            fd,
+        };
+        // Checked after pinning: if this is the recorded process now, the pidfd is its.
+        if p.alive(boot_id) {
+            pinned.push(p);
+        } else {
+            out.gone.push(pid);
+        }
+    }
+    let wait = |ps: &[Pinned], limit: Duration| {
+        let deadline = Instant::now() + limit;
+        while ps.iter().any(|p| p.alive(boot_id)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    for p in &pinned {
+        p.signal(Signal::TERM, boot_id);
+    }
+    wait(&pinned, grace);
+    let (alive, terminated): (Vec<Pinned>, Vec<Pinned>) =
+        pinned.into_iter().partition(|p| p.alive(boot_id));
+    out.terminated = terminated.iter().map(|p| p.pid).collect();
+    for p in &alive {
+        p.signal(Signal::KILL, boot_id);
+    }
+    wait(&alive, Duration::from_secs(1));
+    for p in alive {
+        if p.alive(boot_id) {
+            out.remaining.push(p.pid);
+        } else {
+            out.killed.push(p.pid);
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //! is *settled*: the lock proves that no process will ever write it again (spawn holds the run
 //! lock from the moment the run directory exists and hands it to the runner), so the reader
 //! rewrites it `failed` ("runner lost", or "start abandoned") under the lock, with an event
-//! appended ([`settle`]). A pid alone never proves life or death: the lock decides, so an
+//! appended ([`settle`]); processes of a lost run that outlived its runner are named in the
+//! record and ended then. A pid alone never proves life or death: the lock decides, so an
 //! unrelated process that happens to own the recorded pid changes nothing.
 //!
 //! One case needs more than the lock: a `queued` run of a scheduler backend (Slurm). Spawn
@@ -23,6 +24,7 @@
 //! reconciled or probed.
 
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::json;
 
@@ -31,7 +33,9 @@ use crate::format::backend::Backend;
 use crate::format::events::{self, EventKind};
 use crate::format::layout::RunDir;
 use crate::format::legacy;
+use crate::format::processes::{self, TrackedProcess};
 use crate::format::record::{self, RunRecord, RunState, StepStatus};
+use crate::format::spec::LaunchSpec;
 use crate::identity::procinfo;
 use crate::os::files;
 use crate::os::lock::{self, Liveness, RunLock};
@@ -355,7 +359,8 @@ pub enum Settled {
 /// still `running` or `queued`, rewrite it as [`settlement`] says (with `job`, the scheduler's
 /// report for a scheduler backend: `failed`, or `stopped` for a cancelled job),
 /// append the event, and remove the temporary files a writer that died mid-write left in the
-/// run directory (the lock proves no writer is left).
+/// run directory (the lock proves no writer is left). A `running` run's survivors are named
+/// and ended first ([`settle_survivors`]).
 ///
 /// Errors: the lock file cannot be opened or created, or the record cannot be read.
 pub fn settle(dir: &RunDir, job: Option<&JobReport>) -> Result<Settled> {
@@ -379,6 +384,11 @@ pub fn settle(dir: &RunDir, job: Option<&JobReport>) -> Result<Settled> {
     else {
         return Ok(Settled::NotNeeded);
     };
+    // A lost runner may have left processes behind: they are named and ended first.
+    let error = match kind {
+        EventKind::RunLost => settle_survivors(dir, &mut rec),
+        _ => error.to_string(),
+    };
     settle_record(&mut rec, state, &error);
     if let Err(e) = record::store(&dir.status(), &rec) {
         rec.error = Some(format!(
@@ -390,6 +400,64 @@ pub fn settle(dir: &RunDir, job: Option<&JobReport>) -> Result<Settled> {
     let _ = events::append_once(&dir.events(), kind, json!({"error": error}));
     files::remove_temp_files(dir.path());
     Ok(Settled::Written(rec))
+}
+
+/// The longest a settling reader waits between SIGTERM and SIGKILL for a lost run's
+/// survivors: the run's own `graceMs`, but never more than this (a listing is waiting).
+pub const SURVIVOR_GRACE_MAX: Duration = Duration::from_secs(5);
+
+/// The processes of a run recorded in its `processes.json` that are still alive as the same
+/// processes (same start time, same boot; [`processes::still_alive`]). Empty when the run has
+/// no list.
+///
+/// Errors: the list cannot be read ([`processes::load`]).
+pub fn live_processes(dir: &RunDir) -> Result<Vec<TrackedProcess>> {
+    let t = processes::load(&dir.processes())?;
+    Ok(processes::still_alive(
+        &t,
+        &procinfo::boot_id(),
+        procinfo::stat,
+    ))
+}
+
+/// For a lost run, under its lock: find the processes of the run that outlived its runner (a
+/// tool process in a session of its own keeps running under init) in `processes.json`
+/// ([`live_processes`]), end them (TERM, the run's grace up to [`SURVIVOR_GRACE_MAX`], KILL;
+/// [`procinfo::end_processes`], which never signals a reused pid), record them in
+/// `survivors`, and append `run.survivors` and `run.survivorsEnded` saying what was found and
+/// done. Returns the error to settle the run with: `runner lost; 2 processes of this run still
+/// alive: …` ([`processes::lost_error`]). A crash in between leaves the record `running`, so the
+/// next reader does it again.
+pub fn settle_survivors(dir: &RunDir, rec: &mut RunRecord) -> String {
+    let (survivors, unreadable) = match live_processes(dir) {
+        Ok(s) => (s, None),
+        Err(e) => (Vec::new(), Some(reason(&e))),
+    };
+    let mut error = processes::lost_error(RUNNER_LOST, &survivors);
+    if let Some(why) = unreadable {
+        error.push_str(&format!("; its process list cannot be read ({why})"));
+    }
+    if survivors.is_empty() {
+        return error;
+    }
+    let _ = events::append_once(
+        &dir.events(),
+        EventKind::RunSurvivors,
+        json!({"processes": survivors}),
+    );
+    let grace = files::read_json::<LaunchSpec>(&dir.spec())
+        .map(|s| Duration::from_millis(s.options.grace_ms))
+        .unwrap_or(SURVIVOR_GRACE_MAX)
+        .min(SURVIVOR_GRACE_MAX);
+    let targets: Vec<(u32, u64)> = survivors.iter().map(|p| (p.pid, p.start_time)).collect();
+    let ended = procinfo::end_processes(&targets, &procinfo::boot_id(), grace);
+    let _ = events::append_once(
+        &dir.events(),
+        EventKind::RunSurvivorsEnded,
+        json!({"terminated": ended.terminated, "killed": ended.killed, "remaining": ended.remaining}),
+    );
+    rec.survivors = survivors.iter().map(TrackedProcess::describe).collect();
+    error
 }
 
 /// The runner's pid, only if the runner is alive now *and* the process with that pid is the
