@@ -57,8 +57,23 @@ use crate::sweep::{runs_under, sweep_descendants, StepTrack};
 const WRITE_INTERVAL: Duration = Duration::from_millis(100);
 /// Longest silence in `lastUpdate` while the runner lives.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
-/// How often the descendants of live step children are recorded.
+/// How often the descendants of live step children are recorded while the tree changes.
 const TRACK_INTERVAL: Duration = Duration::from_millis(250);
+/// The longest pause between two looks at the tree while it stays the same.
+const TRACK_INTERVAL_MAX: Duration = Duration::from_secs(2);
+/// How often new session files are looked for (one `open` each).
+const SESSION_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The pause before the next look at the run's process tree (pure): back to
+/// [`TRACK_INTERVAL`] when the last look found a change, else twice the last pause, at most
+/// [`TRACK_INTERVAL_MAX`]. An idle run (Pi waiting on its model) is looked at every 2 s.
+pub fn next_track_interval(last: Duration, changed: bool) -> Duration {
+    if changed {
+        TRACK_INTERVAL
+    } else {
+        (last * 2).clamp(TRACK_INTERVAL, TRACK_INTERVAL_MAX)
+    }
+}
 
 /// The Pi flags the runner always passes (before the step's own).
 pub fn pi_command_args(
@@ -256,6 +271,9 @@ pub fn run(
         nested_stopping: Vec::new(),
         last_write: Instant::now(),
         last_track: Instant::now(),
+        track_interval: TRACK_INTERVAL,
+        tree_print: 0,
+        last_session_look: Instant::now(),
         dirty: false,
         stop: None,
         run_deadline: None,
@@ -297,6 +315,11 @@ struct Supervisor {
     nested_stopping: Vec<RunDir>,
     last_write: Instant,
     last_track: Instant,
+    /// The pause before the next look at the tree ([`next_track_interval`]).
+    track_interval: Duration,
+    /// A fingerprint of the tree at the last look (its pids and start times).
+    tree_print: u64,
+    last_session_look: Instant,
     dirty: bool,
     stop: Option<Ending>,
     run_deadline: Option<Instant>,
@@ -554,6 +577,8 @@ impl Supervisor {
         fault::point("runner.child-started");
         self.dirty = true;
         self.active.insert(i, run);
+        // A new child: its tree grows now, look often again.
+        self.track_interval = TRACK_INTERVAL;
         Ok(())
     }
 
@@ -574,10 +599,13 @@ impl Supervisor {
             self.handle(msg);
         }
         self.check_deadlines();
-        if self.last_track.elapsed() >= TRACK_INTERVAL {
+        if self.last_track.elapsed() >= self.track_interval {
             self.track_descendants();
-            self.lock_new_sessions();
             self.last_track = Instant::now();
+        }
+        if self.last_session_look.elapsed() >= SESSION_INTERVAL {
+            self.lock_new_sessions();
+            self.last_session_look = Instant::now();
         }
         self.advance_finished();
         let since = self.last_write.elapsed();
@@ -824,16 +852,24 @@ impl Supervisor {
 
     /// Remember the descendants of every live step child, with their start times, so they are
     /// found at the end of the step even if they left the child's tree and its environment.
+    ///
+    /// Only the run's own tree is read: the children files down from the runner (a child
+    /// subreaper, so every orphan of the tree is its child), not every process on the host
+    /// (the whole table only where the kernel has no children files). While the tree stays the
+    /// same the looks back off ([`next_track_interval`]).
     fn track_descendants(&mut self) {
         if !self.active.values().any(StepRun::is_alive) {
             return;
         }
-        let procs = procinfo::all_processes();
+        let procs = procinfo::subtree(std::process::id()).unwrap_or_else(procinfo::all_processes);
+        let print = tree_fingerprint(&procs);
+        self.track_interval = next_track_interval(self.track_interval, print != self.tree_print);
+        self.tree_print = print;
         let nested_runs = self.state_root.nested_runs_dir(&self.tree.root_run_id);
         for a in self.active.values_mut().filter(|a| a.is_alive()) {
             for d in procinfo::descendants(&procs, a.pid) {
                 if let Some(st) = procs.get(&d) {
-                    if !runs_under(d, &nested_runs) {
+                    if a.seen.get(&d) != Some(&st.start_time) && !runs_under(d, &nested_runs) {
                         a.seen.insert(d, st.start_time);
                     }
                 }
@@ -947,6 +983,19 @@ impl Supervisor {
         self.last_write = Instant::now();
         self.dirty = false;
     }
+}
+
+/// A fingerprint of a process table: its pids, parents and start times, order-free.
+fn tree_fingerprint(procs: &HashMap<u32, procinfo::Stat>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    procs
+        .values()
+        .map(|s| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (s.pid, s.ppid, s.start_time).hash(&mut h);
+            h.finish()
+        })
+        .fold(procs.len() as u64, u64::wrapping_add)
 }
 
 /// Send `sig` to the process group of a step's child (its pid: each child leads its own group).
@@ -1123,6 +1172,49 @@ fn spawn_stderr_reader(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tree_looks_back_off_while_nothing_changes() {
+        let mut d = TRACK_INTERVAL;
+        let mut seen = vec![];
+        for _ in 0..6 {
+            d = next_track_interval(d, false);
+            seen.push(d.as_millis());
+        }
+        assert_eq!(seen, [500, 1000, 2000, 2000, 2000, 2000]);
+        assert_eq!(next_track_interval(d, true), TRACK_INTERVAL);
+    }
+
+    #[test]
+    fn a_tree_fingerprint_changes_with_a_process_and_not_with_order() {
+        let st = |pid, ppid, start| procinfo::Stat {
+            pid,
+            comm: String::new(),
+            state: 'S',
+            ppid,
+            pgrp: pid,
+            start_time: start,
+        };
+        let a: HashMap<u32, procinfo::Stat> = [st(2, 1, 5), st(3, 2, 6)]
+            .into_iter()
+            .map(|s| (s.pid, s))
+            .collect();
+        let b: HashMap<u32, procinfo::Stat> = [st(3, 2, 6), st(2, 1, 5)]
+            .into_iter()
+            .map(|s| (s.pid, s))
+            .collect();
+        let c: HashMap<u32, procinfo::Stat> = [st(2, 1, 5), st(3, 2, 7)]
+            .into_iter()
+            .map(|s| (s.pid, s))
+            .collect();
+        assert_eq!(tree_fingerprint(&a), tree_fingerprint(&b));
+        assert_ne!(
+            tree_fingerprint(&a),
+            tree_fingerprint(&c),
+            "a reused pid is a change"
+        );
+        assert_ne!(tree_fingerprint(&a), tree_fingerprint(&HashMap::new()));
+    }
 
     #[test]
     fn pi_args_put_the_task_last_and_guard_dashes() {

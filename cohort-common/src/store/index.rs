@@ -478,7 +478,8 @@ impl View {
             for id in ids {
                 push_terminal_line(&mut out, id, &t[id]);
             }
-            files::replace_unsynced(&dir.join(TERMINAL_FILE), out.as_bytes()).map_err(std::io::Error::other)?;
+            files::replace_unsynced(&dir.join(TERMINAL_FILE), out.as_bytes())
+                .map_err(std::io::Error::other)?;
         } else if !self.appended.is_empty() {
             let mut out = String::new();
             if !terminal_file_shape(&tpath).1 {
@@ -510,7 +511,8 @@ impl View {
         for e in &self.broken {
             active.push_str(&format!("e {} {}\n", kind_code(e.kind), escape(&e.name)));
         }
-        files::replace_unsynced(&dir.join(ACTIVE_FILE), active.as_bytes()).map_err(std::io::Error::other)?;
+        files::replace_unsynced(&dir.join(ACTIVE_FILE), active.as_bytes())
+            .map_err(std::io::Error::other)?;
 
         if let Names::Memory(all) = &self.names {
             let mut out = format!(
@@ -527,7 +529,8 @@ impl View {
                 out.push_str(&escape(&e.name));
                 out.push('\n');
             }
-            files::replace_unsynced(&dir.join(NAMES_FILE), out.as_bytes()).map_err(std::io::Error::other)?;
+            files::replace_unsynced(&dir.join(NAMES_FILE), out.as_bytes())
+                .map_err(std::io::Error::other)?;
         }
         Ok(())
     }
