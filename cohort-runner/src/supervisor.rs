@@ -34,7 +34,7 @@ use serde_json::json;
 
 use cohort_common::error::{Error, Result};
 use cohort_common::fault;
-use cohort_common::format::events::{EventKind, EventLog};
+use cohort_common::format::events::{self, EventKind, EventLog};
 use cohort_common::format::layout::{self, RunDir, StateRoot, PROFILE_ENV};
 use cohort_common::format::record::{self, now_ms, RecentTool, RunRecord, RunState, StepStatus};
 use cohort_common::format::route;
@@ -189,8 +189,8 @@ impl OutputLog {
 
 /// Run the run in `dir` to its end. `inherited` is the held run lock spawn handed down (taken
 /// over with [`RunLock::adopt`]); without it the runner takes the lock itself. `ready` is called
-/// once `running` is published (the binary uses it to tell spawn the runner is up). Returns the
-/// final state.
+/// once `running` is published (the binary uses it to tell spawn the runner is up; the route,
+/// the event log and the children come after). Returns the final state.
 ///
 /// Errors: [`Error::LockBusy`] (another runner), [`Error::State`] (the record is not `queued`),
 /// I/O and JSON errors on the run dir. Once `running` is published every failure is recorded in
@@ -213,17 +213,43 @@ pub fn run(
             rec.state.as_str()
         )));
     }
-    // Before `running` is published, a failure is recorded here and returned.
+    // SIGTERM stops the run from the moment its pid is published.
+    let (tx, rx) = mpsc::channel();
+    start_signal_thread(tx.clone())?;
+
+    // `running` with the pid identity, then spawn may return: `cohort-status --pid` right after
+    // spawn finds this runner. The record's content is durable before the rename (a reader or
+    // a crash sees the old record or the new one); its directory entry is synced just after
+    // `ready` (losing only the rename to a crash leaves `queued`, settled as an abandoned
+    // start, as a crash leaves `running`). Everything else is off spawn's critical path.
+    let me = procinfo::own_identity();
+    rec.state = RunState::Running;
+    rec.pid = Some(std::process::id());
+    rec.pid_start_time = me.as_ref().map(|m| m.start_time);
+    rec.boot_id = me.map(|m| m.boot_id);
+    rec.last_update = Some(now_ms());
+    rec.current_step = Some(0);
+    record::store_dir_unsynced(&dir.status(), &rec)?;
+    ready();
+    files::sync_dir(dir.path())?;
+    fault::point("runner.running");
+
+    // From here on a failure is recorded in the record and returned.
     let fail = |mut rec: RunRecord, why: String, e: Error| -> Result<RunState> {
-        rec.finish(RunState::Failed, Some(why));
+        rec.finish(RunState::Failed, Some(why.clone()));
         record::store(&dir.status(), &rec)?;
+        let _ = events::append_once(&dir.events(), EventKind::RunFailed, json!({"error": why}));
         Err(e)
     };
     let spec: LaunchSpec = match files::read_json(&dir.spec()) {
         Ok(s) => s,
         Err(e) => return fail(rec, format!("cannot read the launch spec: {e}"), e),
     };
-    let mut events = EventLog::open(&dir.events(), spec.options.events_cap_bytes)?;
+    let mut events = match EventLog::open(&dir.events(), spec.options.events_cap_bytes) {
+        Ok(l) => l,
+        Err(e) => return fail(rec, format!("cannot open the event log: {e}"), e),
+    };
+    let _ = events.append(EventKind::RunStarted, json!({"pid": std::process::id()}));
     let state_root = StateRoot::for_profile(&spec.profile_dir);
     // The route of the tree: a top-level run creates it before any child can start a nested
     // run; a nested run passes its tree's route on.
@@ -242,21 +268,6 @@ pub fn run(
             Err(e) => return fail(rec, format!("cannot create the run's route: {e}"), e),
         },
     };
-
-    let (tx, rx) = mpsc::channel();
-    start_signal_thread(tx.clone())?;
-
-    let me = procinfo::own_identity();
-    rec.state = RunState::Running;
-    rec.pid = Some(std::process::id());
-    rec.pid_start_time = me.as_ref().map(|m| m.start_time);
-    rec.boot_id = me.map(|m| m.boot_id);
-    rec.last_update = Some(now_ms());
-    rec.current_step = Some(0);
-    record::store(&dir.status(), &rec)?;
-    events.append(EventKind::RunStarted, json!({"pid": std::process::id()}))?;
-    ready();
-    fault::point("runner.running");
 
     let mut sup = Supervisor {
         dir: dir.clone(),

@@ -529,10 +529,24 @@ pub fn check_writable(path: &Path) -> Result<()> {
     }
 }
 
+/// Write the first record of a run at `path`, which must not exist yet, in a staging directory
+/// nobody reads yet; the caller syncs it ([`files::create_unsynced`]).
+pub fn create_unsynced(path: &Path, record: &RunRecord) -> Result<()> {
+    files::create_unsynced(path, &files::json_bytes(path, record)?)
+}
+
 /// Write a record atomically and durably, refusing to overwrite a newer format version.
 pub fn store(path: &Path, record: &RunRecord) -> Result<()> {
     check_writable(path)?;
     files::write_json_atomic(path, record)
+}
+
+/// [`store`] without the fsync of the directory: the new content is durable before the rename,
+/// the rename itself is not until the caller syncs the directory (the runner's `running`,
+/// published before it tells spawn it is up, and synced just after).
+pub fn store_dir_unsynced(path: &Path, record: &RunRecord) -> Result<()> {
+    check_writable(path)?;
+    files::write_atomic_dir_unsynced(path, &files::json_bytes(path, record)?)
 }
 
 #[cfg(test)]
