@@ -219,9 +219,10 @@ pub fn run(
 
     // `running` with the pid identity, then spawn may return: `cohort-status --pid` right after
     // spawn finds this runner. The record's content is durable before the rename (a reader or
-    // a crash sees the old record or the new one); its directory entry is synced just after
-    // `ready` (losing only the rename to a crash leaves `queued`, settled as an abandoned
-    // start, as a crash leaves `running`). Everything else is off spawn's critical path.
+    // a crash sees the old record or the new one); the rename is made durable by the next
+    // record write, which syncs the directory. A crash before that loses at most the rename:
+    // `queued` with a free lock, settled as an abandoned start, as `running` would be settled
+    // as a lost runner. Everything else is off spawn's critical path.
     let me = procinfo::own_identity();
     rec.state = RunState::Running;
     rec.pid = Some(std::process::id());
@@ -231,7 +232,6 @@ pub fn run(
     rec.current_step = Some(0);
     record::store_dir_unsynced(&dir.status(), &rec)?;
     ready();
-    files::sync_dir(dir.path())?;
     fault::point("runner.running");
 
     // From here on a failure is recorded in the record and returned.
@@ -284,6 +284,7 @@ pub fn run(
         last_track: Instant::now(),
         track_interval: TRACK_INTERVAL,
         tree_print: 0,
+        sole_member: false,
         last_session_look: Instant::now(),
         dirty: false,
         stop: None,
@@ -330,6 +331,8 @@ struct Supervisor {
     track_interval: Duration,
     /// A fingerprint of the tree at the last look (its pids and start times).
     tree_print: u64,
+    /// The chain step being run is a single task: its sweep also takes the orphans.
+    sole_member: bool,
     last_session_look: Instant,
     dirty: bool,
     stop: Option<Ending>,
@@ -451,6 +454,9 @@ impl Supervisor {
     /// Run one chain step's members with at most `limit` alive; returns the failure, if any.
     fn run_group(&mut self, members: &[FlatStep], limit: usize, previous: &str) -> Option<String> {
         let mut queue: VecDeque<&FlatStep> = members.iter().collect();
+        // A chain step of one task: when its child has exited nothing else of the run is alive,
+        // so the step's own sweep takes the orphans too and no second sweep follows.
+        self.sole_member = members.len() == 1;
         let mut failure: Option<String> = None;
         loop {
             let fail_fast = self.spec.options.fail_fast;
@@ -494,7 +500,9 @@ impl Supervisor {
                 queue.clear();
             }
         }
-        self.sweep_orphans(members);
+        if !self.sole_member {
+            self.sweep_orphans(members);
+        }
         // A failure in a chain ends the run; without --fail-fast a parallel group still lets
         // its running and queued members finish (they were all started or are started above).
         failure
@@ -790,14 +798,15 @@ impl Supervisor {
         for i in ready {
             let nested_runs = self.state_root.nested_runs_dir(&self.tree.root_run_id);
             let a = &self.active[&i];
-            // Orphans are not attributed here: a sibling may still be running, or start while
-            // this sweep runs. They are swept when the whole chain step has ended.
+            // Orphans are attributed here only to the sole task of a chain step; in a parallel
+            // group a sibling may still be running, or start while this sweep runs, so they
+            // are swept when the whole group has ended (`sweep_orphans`).
             let track = StepTrack {
                 run_id: self.rec.run_id.clone(),
                 step: i,
                 child: None, // reaped: its pid may already belong to someone else
                 seen: a.seen.clone(),
-                orphans: false,
+                orphans: self.sole_member,
                 nested_runs,
             };
             let tx = self.tx.clone();
@@ -966,8 +975,10 @@ impl Supervisor {
             kind,
             json!({"step": i, "exitCode": s.exit_code, "signal": s.signal, "error": error}),
         );
+        // Written by the next coalesced write (within WRITE_INTERVAL while the run goes on), or
+        // by the terminal record when this was the last step: a run's end costs one record
+        // write, not two.
         self.dirty = true;
-        self.flush(true);
         fault::point("runner.step-ended");
     }
 
