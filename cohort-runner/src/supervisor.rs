@@ -189,8 +189,8 @@ impl OutputLog {
 
 /// Run the run in `dir` to its end. `inherited` is the held run lock spawn handed down (taken
 /// over with [`RunLock::adopt`]); without it the runner takes the lock itself. `ready` is called
-/// once `running` is published (the binary uses it to tell spawn the runner is up; the route,
-/// the event log and the children come after). Returns the final state.
+/// as soon as the lock is held (the binary uses it to tell spawn the runner is up; `running`,
+/// the route, the event log and the children come after). Returns the final state.
 ///
 /// Errors: [`Error::LockBusy`] (another runner), [`Error::State`] (the record is not `queued`),
 /// I/O and JSON errors on the run dir. Once `running` is published every failure is recorded in
@@ -204,6 +204,10 @@ pub fn run(
         Some(fd) => RunLock::adopt(fd, &dir.lock())?,
         None => RunLock::acquire(&dir.lock(), RUNNER_LOCK_WAIT)?,
     };
+    // The lock is ours (the kernel answers that): spawn may return now. Everything below is
+    // off its critical path. A failure from here on is recorded by this process, or, if it
+    // dies, its start is settled `failed` by the next reader (`queued` with a free lock).
+    ready();
     fault::point("runner.locked");
     let mut rec = record::load(&dir.status())?;
     if rec.state != RunState::Queued {
@@ -216,13 +220,8 @@ pub fn run(
     // SIGTERM stops the run from the moment its pid is published.
     let (tx, rx) = mpsc::channel();
     start_signal_thread(tx.clone())?;
-
-    // `running` with the pid identity, then spawn may return: `cohort-status --pid` right after
-    // spawn finds this runner. The record's content is durable before the rename (a reader or
-    // a crash sees the old record or the new one); the rename is made durable by the next
-    // record write, which syncs the directory. A crash before that loses at most the rename:
-    // `queued` with a free lock, settled as an abandoned start, as `running` would be settled
-    // as a lost runner. Everything else is off spawn's critical path.
+    // `running` with the pid identity (`cohort-status --pid` waits for it while the run is
+    // starting).
     let me = procinfo::own_identity();
     rec.state = RunState::Running;
     rec.pid = Some(std::process::id());
@@ -230,8 +229,7 @@ pub fn run(
     rec.boot_id = me.map(|m| m.boot_id);
     rec.last_update = Some(now_ms());
     rec.current_step = Some(0);
-    record::store_dir_unsynced(&dir.status(), &rec)?;
-    ready();
+    record::store(&dir.status(), &rec)?;
     fault::point("runner.running");
 
     // From here on a failure is recorded in the record and returned.

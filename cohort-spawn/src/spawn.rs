@@ -409,7 +409,7 @@ pub fn validate_cwd(cwd: &Path) -> Result<PathBuf> {
 
 /// Start the detached runner for `dir`, handing it the held run lock as descriptor
 /// [`LOCK_FD`] (named in [`LOCK_FD_ENV`]); sync `parent` (the rename that published the run)
-/// while it starts; and wait until it reports `running` (or dies). If the sync fails the
+/// while it starts; and wait until it reports that it holds the lock (or dies). If the sync fails the
 /// runner is killed before it is trusted with the run, and the start fails.
 fn start_runner(
     root: &StateRoot,

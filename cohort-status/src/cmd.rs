@@ -15,6 +15,9 @@ use cohort_common::store::answer::{self, AnswerError};
 use cohort_common::store::discover::{self, Origin};
 use cohort_common::store::observe;
 use cohort_common::store::wait::{self, WaitOutcome};
+
+/// How long `--pid` waits for a starting run's runner to publish its pid (normally a few ms).
+const STARTING_WAIT: Duration = Duration::from_secs(10);
 use cohort_common::{cli, duration, exit};
 
 use crate::listing::{self, ListOptions};
@@ -208,7 +211,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             );
             return Ok(exit::NEGATIVE);
         }
-        return match observe::live_runner_pid(&found.dir)? {
+        return match observe::started_runner_pid(&found.dir, STARTING_WAIT)? {
             Some(pid) => {
                 cli::out(&format!("{pid}\n"))?;
                 Ok(exit::SUCCESS)

@@ -541,14 +541,6 @@ pub fn store(path: &Path, record: &RunRecord) -> Result<()> {
     files::write_json_atomic(path, record)
 }
 
-/// [`store`] without the fsync of the directory: the new content is durable before the rename,
-/// the rename itself is not until the caller syncs the directory (the runner's `running`,
-/// published before it tells spawn it is up, and synced just after).
-pub fn store_dir_unsynced(path: &Path, record: &RunRecord) -> Result<()> {
-    check_writable(path)?;
-    files::write_atomic_dir_unsynced(path, &files::json_bytes(path, record)?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
