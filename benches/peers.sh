@@ -62,29 +62,23 @@ def wait_file(path, timeout=60):
         time.sleep(0.002)
     return float(open(path).read()) / 1000
 
-def cohort_start(mark):
+def timed_start(mark, start_cmd, wait_cmd):
+    """Start the child with `start_cmd` (timed: until it printed its id), note when the child
+    started, then wait for it with `wait_cmd(id)` (untimed); returns (seconds, seconds)."""
     env = dict(ENV, BENCH_MARK=mark)
     t_wall = time.time()
-    dt, rid = sh(f'"{BIN}/cohort-spawn" --pi-entry "{ENTRY}" bench', env, capture=True)
+    dt, out = sh(start_cmd, env, capture=True)
     child = wait_file(mark) - t_wall
-    sh(f'"{BIN}/cohort-status" --wait {rid}')
+    sh(wait_cmd(out))
     return dt, child
 
-def nq_start(mark):
-    env = dict(ENV, BENCH_MARK=mark)
-    t_wall = time.time()
-    dt, job = sh(f'nq "{NODE}" "{ENTRY}" bench', env, capture=True)
-    child = wait_file(mark) - t_wall
-    sh(f'nq -w {job}')
-    return dt, child
-
-def pueue_start(mark):
-    env = dict(ENV, BENCH_MARK=mark)
-    t_wall = time.time()
-    dt, out = sh(f'pueue add -p -- "{NODE}" "{ENTRY}" bench', env, capture=True)
-    child = wait_file(mark) - t_wall
-    sh(f'pueue wait {out.split()[-1]}')
-    return dt, child
+STARTS = {
+    "cohort": (f'"{BIN}/cohort-spawn" --pi-entry "{ENTRY}" bench',
+               lambda rid: f'"{BIN}/cohort-status" --wait {rid}'),
+    "nq": (f'nq "{NODE}" "{ENTRY}" bench', lambda job: f'nq -w {job}'),
+    "pueue": (f'pueue add -p -- "{NODE}" "{ENTRY}" bench',
+              lambda out: f'pueue wait {out.split()[-1]}'),
+}
 
 def uuid7(ms):
     r = random.getrandbits(74)
@@ -155,16 +149,15 @@ for size in SIZES:
     sh(f'"{BIN}/cohort-status"')  # the index is built once, as any first listing would
     res = {"cohort": ([], []), "nq": ([], []), "pueue": ([], [])}
     # pueue's history is not generated: it is measured with its own, empty one at size 0 only.
-    starters = [("cohort", cohort_start), ("nq", nq_start)] + \
-               ([("pueue", pueue_start)] if PUEUE and size == 0 else [])
+    starters = ["cohort", "nq"] + (["pueue"] if PUEUE and size == 0 else [])
     for r in range(REPS):
-        for name, start in starters:
-            dt, child = start(os.path.join(marks, f"{size}-{name}-{r}"))
+        for name in starters:
+            dt, child = timed_start(os.path.join(marks, f"{size}-{name}-{r}"), *STARTS[name])
             res[name][0].append(dt)
             res[name][1].append(child)
-    peers = [(n, res[n][0]) for n, _ in starters[1:]]
+    peers = [(n, res[n][0]) for n in starters[1:]]
     row(f"time to print the id ({size} runs)", res["cohort"][0], peers)
-    peers = [(n, res[n][1]) for n, _ in starters[1:]]
+    peers = [(n, res[n][1]) for n in starters[1:]]
     row(f"time until the child starts ({size} runs)", res["cohort"][1], peers)
     # Listings, settled: nothing has changed for 2 s.
     time.sleep(2.1)
