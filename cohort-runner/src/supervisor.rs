@@ -64,9 +64,9 @@ const TRACK_INTERVAL_MAX: Duration = Duration::from_secs(2);
 /// How often new session files are looked for (one `open` each).
 const SESSION_INTERVAL: Duration = Duration::from_millis(250);
 
-/// The pause before the next look at the run's process tree (pure): back to
-/// [`TRACK_INTERVAL`] when the last look found a change, else twice the last pause, at most
-/// [`TRACK_INTERVAL_MAX`]. An idle run (Pi waiting on its model) is looked at every 2 s.
+/// The pause before the next look at the run's process tree (pure): back to 250 ms when the
+/// last look found a change, else twice the last pause, at most 2 s. An idle run (Pi waiting on
+/// its model) is looked at every 2 s.
 pub fn next_track_interval(last: Duration, changed: bool) -> Duration {
     if changed {
         TRACK_INTERVAL

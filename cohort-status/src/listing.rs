@@ -46,7 +46,7 @@ pub struct ListOptions {
 }
 
 /// Whether an observed run passes the filters (pure). `since` is the window of `--since` in
-/// ms, measured back from `now` ([`RunRecord::started_ago`]: the boot clock on the same boot,
+/// ms, measured back from `now` ([`cohort_common::format::record::RunRecord::started_ago`]: the boot clock on the same boot,
 /// so a wall-clock step neither hides a new run nor shows an old one); a run without
 /// `startedAt` is timed by its id.
 pub fn passes(

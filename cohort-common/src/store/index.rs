@@ -109,7 +109,7 @@ pub fn is_racy(stamp: Stamp, listed_at_ms: u64) -> bool {
 }
 
 /// The length of the boot-id prefix the index keeps with boot-clock times.
-const BOOT_KEY_LEN: usize = 8;
+pub const BOOT_KEY_LEN: usize = 8;
 
 /// What the index knows of a run that was seen terminal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,7 +120,7 @@ pub struct Known {
     pub started_at: Option<u64>,
     /// `endedAt`, ms since epoch.
     pub ended_at: Option<u64>,
-    /// The record's boot-clock times: the first [`BOOT_KEY_LEN`] characters of the boot id
+    /// The record's boot-clock times: the first 8 characters of the boot id
     /// (ASCII), `clock.startedAt` and `clock.endedAt` (ms since boot).
     pub boot: Option<([u8; BOOT_KEY_LEN], Option<u64>, Option<u64>)>,
 }
