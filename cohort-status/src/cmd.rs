@@ -49,7 +49,8 @@ pub struct Args {
     /// With --output: the flat step index.
     #[arg(long, requires = "output")]
     step: Option<usize>,
-    /// Print the runner's pid, after checking it is still that runner (for `kill`).
+    /// Print the runner's pid, after checking it is still that runner (for `kill`); waits up to
+    /// 10 s for a run that is still starting.
     #[arg(long)]
     pid: bool,
     /// List only runs in this state (repeatable).
