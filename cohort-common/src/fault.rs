@@ -15,8 +15,8 @@ pub const CRASH_ENV: &str = "COHORT_CRASH_AT";
 /// cohort-spawn's crash points, in the order a start passes them.
 pub const SPAWN_POINTS: [&str; 4] = [
     "spawn.staged",
-    "spawn.published",
     "spawn.validated",
+    "spawn.published",
     "spawn.runner-ready",
 ];
 

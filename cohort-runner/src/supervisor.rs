@@ -39,7 +39,7 @@ use serde_json::json;
 
 use cohort_common::error::{Error, Result};
 use cohort_common::fault;
-use cohort_common::format::events::{EventKind, EventLog};
+use cohort_common::format::events::{self, EventKind, EventLog};
 use cohort_common::format::layout::{self, RunDir, StateRoot, PROFILE_ENV};
 use cohort_common::format::processes::{self, Tracked, TrackedProcess};
 use cohort_common::format::record::{self, now_ms, RecentTool, RunRecord, RunState, StepStatus};
@@ -63,8 +63,23 @@ use crate::sweep::{runs_under, sweep_descendants, StepTrack};
 const WRITE_INTERVAL: Duration = Duration::from_millis(100);
 /// Longest silence in `lastUpdate` while the runner lives.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
-/// How often the descendants of live step children are recorded.
+/// How often the descendants of live step children are recorded while the tree changes.
 const TRACK_INTERVAL: Duration = Duration::from_millis(250);
+/// The longest pause between two looks at the tree while it stays the same.
+const TRACK_INTERVAL_MAX: Duration = Duration::from_secs(2);
+/// How often new session files are looked for (one `open` each).
+const SESSION_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The pause before the next look at the run's process tree (pure): back to 250 ms when the
+/// last look found a change, else twice the last pause, at most 2 s. An idle run (Pi waiting on
+/// its model) is looked at every 2 s.
+pub fn next_track_interval(last: Duration, changed: bool) -> Duration {
+    if changed {
+        TRACK_INTERVAL
+    } else {
+        (last * 2).clamp(TRACK_INTERVAL, TRACK_INTERVAL_MAX)
+    }
+}
 
 /// The arguments of a step's Pi child after the CLI entry (pure): `--mode json -p --session
 /// FILE`, the step's model, thinking and tools (spawn has merged its agent's into them), the
@@ -184,8 +199,8 @@ impl OutputLog {
 
 /// Run the run in `dir` to its end. `inherited` is the held run lock spawn handed down (taken
 /// over with [`RunLock::adopt`]); without it the runner takes the lock itself. `ready` is called
-/// once `running` is published (the binary uses it to tell spawn the runner is up). Returns the
-/// final state.
+/// as soon as the lock is held (the binary uses it to tell spawn the runner is up; `running`,
+/// the route, the event log and the children come after). Returns the final state.
 ///
 /// Errors: [`Error::LockBusy`] (another runner), [`Error::State`] (the record is not `queued`),
 /// I/O and JSON errors on the run dir. Once `running` is published every failure is recorded in
@@ -199,6 +214,10 @@ pub fn run(
         Some(fd) => RunLock::adopt(fd, &dir.lock())?,
         None => RunLock::acquire(&dir.lock(), RUNNER_LOCK_WAIT)?,
     };
+    // The lock is ours (the kernel answers that): spawn may return now. Everything below is
+    // off its critical path. A failure from here on is recorded by this process, or, if it
+    // dies, its start is settled `failed` by the next reader (`queued` with a free lock).
+    ready();
     fault::point("runner.locked");
     let mut rec = record::load(&dir.status())?;
     if rec.state != RunState::Queued {
@@ -208,17 +227,37 @@ pub fn run(
             rec.state.as_str()
         )));
     }
-    // Before `running` is published, a failure is recorded here and returned.
+    // SIGTERM stops the run from the moment its pid is published.
+    let (tx, rx) = mpsc::channel();
+    start_signal_thread(tx.clone())?;
+    // `running` with the pid identity (`cohort-status --pid` waits for it while the run is
+    // starting).
+    let me = procinfo::own_identity();
+    rec.state = RunState::Running;
+    rec.pid = Some(std::process::id());
+    rec.pid_start_time = me.as_ref().map(|m| m.start_time);
+    rec.boot_id = me.map(|m| m.boot_id);
+    rec.last_update = Some(now_ms());
+    rec.current_step = Some(0);
+    record::store(&dir.status(), &rec)?;
+    fault::point("runner.running");
+
+    // From here on a failure is recorded in the record and returned.
     let fail = |mut rec: RunRecord, why: String, e: Error| -> Result<RunState> {
-        rec.finish(RunState::Failed, Some(why));
+        rec.finish(RunState::Failed, Some(why.clone()));
         record::store(&dir.status(), &rec)?;
+        let _ = events::append_once(&dir.events(), EventKind::RunFailed, json!({"error": why}));
         Err(e)
     };
     let spec: LaunchSpec = match files::read_json(&dir.spec()) {
         Ok(s) => s,
         Err(e) => return fail(rec, format!("cannot read the launch spec: {e}"), e),
     };
-    let mut events = EventLog::open(&dir.events(), spec.options.events_cap_bytes)?;
+    let mut events = match EventLog::open(&dir.events(), spec.options.events_cap_bytes) {
+        Ok(l) => l,
+        Err(e) => return fail(rec, format!("cannot open the event log: {e}"), e),
+    };
+    let _ = events.append(EventKind::RunStarted, json!({"pid": std::process::id()}));
     let state_root = StateRoot::for_profile(&spec.profile_dir);
     // The route of the tree: a top-level run creates it before any child can start a nested
     // run; a nested run passes its tree's route on.
@@ -238,21 +277,6 @@ pub fn run(
         },
     };
 
-    let (tx, rx) = mpsc::channel();
-    start_signal_thread(tx.clone())?;
-
-    let me = procinfo::own_identity();
-    rec.state = RunState::Running;
-    rec.pid = Some(std::process::id());
-    rec.pid_start_time = me.as_ref().map(|m| m.start_time);
-    rec.boot_id = me.map(|m| m.boot_id);
-    rec.last_update = Some(now_ms());
-    rec.current_step = Some(0);
-    record::store(&dir.status(), &rec)?;
-    events.append(EventKind::RunStarted, json!({"pid": std::process::id()}))?;
-    ready();
-    fault::point("runner.running");
-
     let mut sup = Supervisor {
         dir: dir.clone(),
         state_root,
@@ -268,6 +292,10 @@ pub fn run(
         nested_stopping: Vec::new(),
         last_write: Instant::now(),
         last_track: Instant::now(),
+        track_interval: TRACK_INTERVAL,
+        tree_print: 0,
+        sole_member: false,
+        last_session_look: Instant::now(),
         dirty: false,
         stop: None,
         run_deadline: None,
@@ -315,6 +343,13 @@ struct Supervisor {
     nested_stopping: Vec<RunDir>,
     last_write: Instant,
     last_track: Instant,
+    /// The pause before the next look at the tree ([`next_track_interval`]).
+    track_interval: Duration,
+    /// A fingerprint of the tree at the last look (its pids and start times).
+    tree_print: u64,
+    /// The chain step being run is a single task: its sweep also takes the orphans.
+    sole_member: bool,
+    last_session_look: Instant,
     dirty: bool,
     stop: Option<Ending>,
     run_deadline: Option<Instant>,
@@ -437,6 +472,9 @@ impl Supervisor {
     /// Run one chain step's members with at most `limit` alive; returns the failure, if any.
     fn run_group(&mut self, members: &[FlatStep], limit: usize, previous: &str) -> Option<String> {
         let mut queue: VecDeque<&FlatStep> = members.iter().collect();
+        // A chain step of one task: when its child has exited nothing else of the run is alive,
+        // so the step's own sweep takes the orphans too and no second sweep follows.
+        self.sole_member = members.len() == 1;
         let mut failure: Option<String> = None;
         loop {
             let fail_fast = self.spec.options.fail_fast;
@@ -480,7 +518,9 @@ impl Supervisor {
                 queue.clear();
             }
         }
-        self.sweep_orphans(members);
+        if !self.sole_member {
+            self.sweep_orphans(members);
+        }
         // A failure in a chain ends the run; without --fail-fast a parallel group still lets
         // its running and queued members finish (they were all started or are started above).
         failure
@@ -602,6 +642,8 @@ impl Supervisor {
         fault::point("runner.child-started");
         self.dirty = true;
         self.active.insert(i, run);
+        // A new child: its tree grows now, look often again.
+        self.track_interval = TRACK_INTERVAL;
         Ok(())
     }
 
@@ -622,10 +664,13 @@ impl Supervisor {
             self.handle(msg);
         }
         self.check_deadlines();
-        if self.last_track.elapsed() >= TRACK_INTERVAL {
+        if self.last_track.elapsed() >= self.track_interval {
             self.track_descendants();
-            self.lock_new_sessions();
             self.last_track = Instant::now();
+        }
+        if self.last_session_look.elapsed() >= SESSION_INTERVAL {
+            self.lock_new_sessions();
+            self.last_session_look = Instant::now();
         }
         self.advance_finished();
         let since = self.last_write.elapsed();
@@ -799,14 +844,15 @@ impl Supervisor {
         for i in ready {
             let nested_runs = self.state_root.nested_runs_dir(&self.tree.root_run_id);
             let a = &self.active[&i];
-            // Orphans are not attributed here: a sibling may still be running, or start while
-            // this sweep runs. They are swept when the whole chain step has ended.
+            // Orphans are attributed here only to the sole task of a chain step; in a parallel
+            // group a sibling may still be running, or start while this sweep runs, so they
+            // are swept when the whole group has ended (`sweep_orphans`).
             let track = StepTrack {
                 run_id: self.rec.run_id.clone(),
                 step: i,
                 child: None, // reaped: its pid may already belong to someone else
                 seen: a.seen.clone(),
-                orphans: false,
+                orphans: self.sole_member,
                 nested_runs,
             };
             let tx = self.tx.clone();
@@ -872,16 +918,24 @@ impl Supervisor {
 
     /// Remember the descendants of every live step child, with their start times, so they are
     /// found at the end of the step even if they left the child's tree and its environment.
+    ///
+    /// Only the run's own tree is read: the children files down from the runner (a child
+    /// subreaper, so every orphan of the tree is its child), not every process on the host
+    /// (the whole table only where the kernel has no children files). While the tree stays the
+    /// same the looks back off ([`next_track_interval`]).
     fn track_descendants(&mut self) {
         if !self.active.values().any(StepRun::is_alive) {
             return;
         }
-        let procs = procinfo::all_processes();
+        let procs = procinfo::subtree(std::process::id()).unwrap_or_else(procinfo::all_processes);
+        let print = tree_fingerprint(&procs);
+        self.track_interval = next_track_interval(self.track_interval, print != self.tree_print);
+        self.tree_print = print;
         let nested_runs = self.state_root.nested_runs_dir(&self.tree.root_run_id);
         for (&i, a) in self.active.iter_mut().filter(|(_, a)| a.is_alive()) {
             for d in procinfo::descendants(&procs, a.pid) {
                 if let Some(st) = procs.get(&d) {
-                    if !runs_under(d, &nested_runs) {
+                    if a.seen.get(&d) != Some(&st.start_time) && !runs_under(d, &nested_runs) {
                         a.seen.insert(d, st.start_time);
                         self.tracked
                             .entry((d, st.start_time))
@@ -1008,8 +1062,10 @@ impl Supervisor {
             kind,
             json!({"step": i, "exitCode": s.exit_code, "signal": s.signal, "error": error}),
         );
+        // Written by the next coalesced write (within WRITE_INTERVAL while the run goes on), or
+        // by the terminal record when this was the last step: a run's end costs one record
+        // write, not two.
         self.dirty = true;
-        self.flush(true);
         fault::point("runner.step-ended");
     }
 
@@ -1095,6 +1151,19 @@ fn private_tmp(dir: &RunDir) -> Result<PathBuf> {
         )?;
     }
     Ok(tmp)
+}
+
+/// A fingerprint of a process table: its pids, parents and start times, order-free.
+fn tree_fingerprint(procs: &HashMap<u32, procinfo::Stat>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    procs
+        .values()
+        .map(|s| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (s.pid, s.ppid, s.start_time).hash(&mut h);
+            h.finish()
+        })
+        .fold(procs.len() as u64, u64::wrapping_add)
 }
 
 /// Send `sig` to the process group of a step's child (its pid: each child leads its own group).
@@ -1271,6 +1340,49 @@ fn spawn_stderr_reader(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tree_looks_back_off_while_nothing_changes() {
+        let mut d = TRACK_INTERVAL;
+        let mut seen = vec![];
+        for _ in 0..6 {
+            d = next_track_interval(d, false);
+            seen.push(d.as_millis());
+        }
+        assert_eq!(seen, [500, 1000, 2000, 2000, 2000, 2000]);
+        assert_eq!(next_track_interval(d, true), TRACK_INTERVAL);
+    }
+
+    #[test]
+    fn a_tree_fingerprint_changes_with_a_process_and_not_with_order() {
+        let st = |pid, ppid, start| procinfo::Stat {
+            pid,
+            comm: String::new(),
+            state: 'S',
+            ppid,
+            pgrp: pid,
+            start_time: start,
+        };
+        let a: HashMap<u32, procinfo::Stat> = [st(2, 1, 5), st(3, 2, 6)]
+            .into_iter()
+            .map(|s| (s.pid, s))
+            .collect();
+        let b: HashMap<u32, procinfo::Stat> = [st(3, 2, 6), st(2, 1, 5)]
+            .into_iter()
+            .map(|s| (s.pid, s))
+            .collect();
+        let c: HashMap<u32, procinfo::Stat> = [st(2, 1, 5), st(3, 2, 7)]
+            .into_iter()
+            .map(|s| (s.pid, s))
+            .collect();
+        assert_eq!(tree_fingerprint(&a), tree_fingerprint(&b));
+        assert_ne!(
+            tree_fingerprint(&a),
+            tree_fingerprint(&c),
+            "a reused pid is a change"
+        );
+        assert_ne!(tree_fingerprint(&a), tree_fingerprint(&HashMap::new()));
+    }
 
     #[test]
     fn pi_args_carry_no_task_and_let_pi_args_come_last() {

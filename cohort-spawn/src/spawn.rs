@@ -1,12 +1,14 @@
 //! Starting a run (`docs/architecture.md`, "A run from spawn to reap").
 //!
 //! Order matters and is the contract: usage errors are refused before anything exists; then the
-//! run dir is created exclusively with its lock file, and `queued` is published *before*
-//! anything is validated; then cwd, runtime and session rules are checked, the launch spec is
-//! written, and the runner is started: detached on this machine (`native`), or submitted to
-//! Slurm as a batch job whose id is recorded before spawn lets go of the run lock
-//! ([`crate::slurm`]). If any step after `queued` fails, the record is
-//! rewritten `failed` with the reason, so a failed start always leaves a record that says why.
+//! run dir is assembled under a hidden name with its lock file already held; cwd, runtime and
+//! session rules are checked; the record (`queued`, or already `failed` with the reason when a
+//! check failed) and the launch spec are written durably beside the lock and the directory is
+//! renamed into view, so a failed start always leaves a record that says why. Then the
+//! detached runner is started with the held lock, and spawn returns once it has adopted it —
+//! or, for a Slurm run, the runner is submitted as a batch job whose id is recorded before spawn
+//! lets go of the run lock ([`crate::slurm`]). If anything after publication fails, the record
+//! is rewritten `failed` with the reason.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -61,10 +63,10 @@ pub struct SpawnRequest {
     pub max_depth: u32,
     /// `--session-root`: the root every reused session file must be inside.
     pub session_root: Option<PathBuf>,
-    /// The path of `cohort-runner`.
-    pub runner: PathBuf,
     /// The execution backend (`--backend`, `COHORT_BACKEND`) and its `--sbatch-arg`s.
     pub backend: LaunchBackend,
+    /// The path of `cohort-runner`.
+    pub runner: PathBuf,
 }
 
 /// A started run.
@@ -134,9 +136,9 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
             root.run_dir(&run_id.to_string())
         }
     };
-    // The run dir is assembled under a hidden name (listings skip dot names) with its lock file
-    // and its `queued` record, then renamed into place without replacing anything: a reader
-    // never sees a run dir without a record, even when spawn is killed half-way.
+    // The run dir is assembled under a hidden name (listings skip dot names) with its lock file,
+    // its record and its launch spec, then renamed into place without replacing anything: a
+    // reader never sees a run dir without a record, even when spawn is killed half-way.
     let parent = dir
         .path()
         .parent()
@@ -149,7 +151,8 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     let lock = RunLock::create_held(&staging.lock())?;
     fault::point("spawn.staged");
 
-    // Publish `queued` before validating anything.
+    // Validate before publishing: the record appears once, already `queued` with its runtime,
+    // or already `failed` with the reason.
     let (flat, groups) = spec::flatten(&req.chain);
     let mut rec = RunRecord::queued(&run_id, req.mode);
     rec.cwd = req.cwd.clone();
@@ -169,37 +172,47 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         .iter()
         .map(|f| StepRecord {
             agent: spec::label_of(&f.spec, f.index),
-            agent_source: f.spec.resolved_agent.as_ref().map(|a| a.source()),
             task: f.spec.task.clone(),
             model: f.spec.model.clone(),
             session_file: f.spec.session_file.clone(),
             ..Default::default()
         })
         .collect();
-    record::store(&staging.status(), &rec)?;
-    files::rename_noreplace(staging.path(), dir.path()).map_err(|e| match e.kind() {
-        std::io::ErrorKind::AlreadyExists => Error::RunExists {
-            path: dir.path().to_path_buf(),
-        },
-        _ => Error::Io {
-            action: "rename into place",
-            path: dir.path().to_path_buf(),
-            source: e,
-        },
-    })?;
-    files::sync_dir(&parent)?;
-    let _ = events::append_once(&dir.events(), EventKind::RunQueued, json!({}));
+    let prepared = prepare(root, &mut rec, &req);
+    fault::point("spawn.validated");
+    let failure = prepared
+        .as_ref()
+        .err()
+        .map(|e| format!("start failed: {e}"));
+    if let Some(msg) = &failure {
+        rec.finish(RunState::Failed, Some(msg.clone()));
+    }
+    publish(&staging, &dir, &rec, prepared.as_ref().ok().map(|(_, s)| s))?;
     fault::point("spawn.published");
+    let (rt, _) = match prepared {
+        Ok(p) => p,
+        Err(error) => {
+            files::sync_dir(&parent)?;
+            return Err(SpawnError {
+                run_id: Some(run_id),
+                error,
+            });
+        }
+    };
 
     let lock = lock.moved_to(&dir.lock());
-    match prepare_and_start(root, &dir, &mut rec, &req, &lock) {
-        Ok(runtime) => {
+    let started = check_published(root, &rec, &req, &rt).and_then(|()| match req.backend.kind {
+        BackendKind::Native => start_runner(root, &dir, &parent, &req.runner, &lock),
+        BackendKind::Slurm => submit_to_slurm(root, &dir, &parent, &mut rec, &req),
+    });
+    match started {
+        Ok(()) => {
             fault::point("spawn.runner-ready");
             Ok(Spawned {
                 run_id,
                 dir,
                 backend: rec.backend.clone(),
-                runtime,
+                runtime: rt,
             })
         }
         Err(error) => {
@@ -210,6 +223,45 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
             })
         }
     }
+}
+
+/// Make the assembled run durable and visible: the record (and, for a start that validated,
+/// the launch spec) written into the staging dir with `run.queued` (and `run.failed`) in its
+/// event log, the files and the staging dir fsynced together (one journal commit), then the
+/// dir renamed into place without replacing anything. The parent is synced by the caller
+/// ([`start_runner`] does it while the runner starts).
+fn publish(
+    staging: &RunDir,
+    dir: &RunDir,
+    rec: &RunRecord,
+    spec: Option<&LaunchSpec>,
+) -> Result<()> {
+    record::create_unsynced(&staging.status(), rec)?;
+    let mut synced = vec![staging.status()];
+    if let Some(spec) = spec {
+        files::create_unsynced(&staging.spec(), &files::json_bytes(&staging.spec(), spec)?)?;
+        synced.push(staging.spec());
+    }
+    let _ = events::append_once(&staging.events(), EventKind::RunQueued, json!({}));
+    if rec.state == RunState::Failed {
+        let _ = events::append_once(
+            &staging.events(),
+            EventKind::RunFailed,
+            json!({"error": rec.error}),
+        );
+    }
+    synced.push(staging.path().to_path_buf());
+    files::sync_together(&synced.iter().map(PathBuf::as_path).collect::<Vec<_>>())?;
+    files::rename_noreplace(staging.path(), dir.path()).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => Error::RunExists {
+            path: dir.path().to_path_buf(),
+        },
+        _ => Error::Io {
+            action: "rename into place",
+            path: dir.path().to_path_buf(),
+            source: e,
+        },
+    })
 }
 
 /// Rewrite a run whose start failed as `failed` with the reason, unless a runner has taken it
@@ -228,13 +280,13 @@ fn fail_start(dir: &RunDir, _lock: &RunLock, error: &Error) {
     let _ = events::append_once(&dir.events(), EventKind::RunFailed, json!({"error": msg}));
 }
 
-fn prepare_and_start(
+/// Validate the start and fill in `rec` (cwd, runtime, session dir and files); returns the
+/// runtime and the launch spec. Nothing here is visible to readers yet.
+fn prepare(
     root: &StateRoot,
-    dir: &RunDir,
     rec: &mut RunRecord,
     req: &SpawnRequest,
-    lock: &RunLock,
-) -> Result<Runtime> {
+) -> Result<(Runtime, LaunchSpec)> {
     // Session files first: the cwd default reads a session header, which must be a regular
     // file (a FIFO would block).
     let reused = session::session_files(&req.chain);
@@ -274,15 +326,6 @@ fn prepare_and_start(
             )));
         }
     }
-    if let Some((file, run)) = session::sessions_in_use(root, &reused, Some(&rec.run_id))?
-        .into_iter()
-        .next()
-    {
-        return Err(Error::State(format!(
-            "the session file {} is in use by live run {run}; two runs must not write one session",
-            file.display()
-        )));
-    }
     match (&req.session_root, &req.placement) {
         (Some(sr), _) => crate::route::check_session_root(sr, &reused)?,
         (None, Some(_)) if !reused.is_empty() => {
@@ -299,8 +342,8 @@ fn prepare_and_start(
     };
     rec.runtime = Some(rt.clone());
 
+    // Made once the run is published (`check_published`): a spawn killed before leaves none.
     let session_dir = root.default_session_dir(&rec.run_id);
-    files::create_dir_all_private(&session_dir)?;
     rec.session_dir = Some(session_dir.clone());
     for (i, s) in rec.steps.iter_mut().enumerate() {
         if s.session_file.is_none() {
@@ -327,41 +370,70 @@ fn prepare_and_start(
             .unwrap_or(req.max_depth),
         backend: (req.backend.kind != BackendKind::Native).then(|| req.backend.clone()),
     };
-    files::write_json_atomic(&dir.spec(), &spec)?;
     rec.last_update = Some(record::now_ms());
-    record::store(&dir.status(), rec)?;
+    Ok((rt, spec))
+}
+
+/// The steps that need the run published: no live run (this one's record now among them)
+/// writes a session file this run continues, so of two starts racing for one session at least
+/// one fails; the default session dir is made; a nested run is stamped into its tree's route.
+fn check_published(
+    root: &StateRoot,
+    rec: &RunRecord,
+    req: &SpawnRequest,
+    rt: &Runtime,
+) -> Result<()> {
+    if let Some(d) = &rec.session_dir {
+        files::create_dir_all_private(d)?;
+    }
+    let reused = session::session_files(&req.chain);
+    if let Some((file, run)) = session::sessions_in_use(root, &reused, Some(&rec.run_id))?
+        .into_iter()
+        .next()
+    {
+        return Err(Error::State(format!(
+            "the session file {} is in use by live run {run}; two runs must not write one session",
+            file.display()
+        )));
+    }
     if let Some(p) = &req.placement {
-        crate::route::stamp_started(p, &rec.run_id, &rt).map_err(|e| {
+        crate::route::stamp_started(p, &rec.run_id, rt).map_err(|e| {
             Error::State(format!("cannot stamp nested.started into the route: {e}"))
         })?;
     }
+    Ok(())
+}
 
-    fault::point("spawn.validated");
-    match req.backend.kind {
-        BackendKind::Native => start_runner(root, dir, &req.runner, lock)?,
-        BackendKind::Slurm => {
-            let job_id = crate::slurm::submit(
-                root,
-                dir,
-                &rec.run_id,
-                &req.runner,
-                &req.backend.sbatch_args,
-            )?;
-            // Recorded while spawn still holds the run lock: a runner that starts at once waits
-            // for it, and a reader that finds the lock free afterwards can ask Slurm.
-            rec.set_backend(Some(Backend::Slurm {
-                job_id: Some(job_id.clone()),
-            }));
-            rec.last_update = Some(record::now_ms());
-            record::store(&dir.status(), rec)?;
-            let _ = events::append_once(
-                &dir.events(),
-                EventKind::RunSubmitted,
-                json!({"jobId": job_id}),
-            );
-        }
-    }
-    Ok(rt)
+/// Submit the run to Slurm (`sbatch --parsable`, [`crate::slurm::submit`]) and record the job
+/// id durably while spawn still holds the run lock: a runner that starts at once waits for
+/// it, and a reader that finds the lock free afterwards can ask Slurm. The rename that
+/// published the run is synced first.
+fn submit_to_slurm(
+    root: &StateRoot,
+    dir: &RunDir,
+    parent: &Path,
+    rec: &mut RunRecord,
+    req: &SpawnRequest,
+) -> Result<()> {
+    files::sync_dir(parent)?;
+    let job_id = crate::slurm::submit(
+        root,
+        dir,
+        &rec.run_id,
+        &req.runner,
+        &req.backend.sbatch_args,
+    )?;
+    rec.set_backend(Some(Backend::Slurm {
+        job_id: Some(job_id.clone()),
+    }));
+    rec.last_update = Some(record::now_ms());
+    record::store(&dir.status(), rec)?;
+    let _ = events::append_once(
+        &dir.events(),
+        EventKind::RunSubmitted,
+        json!({"jobId": job_id}),
+    );
+    Ok(())
 }
 
 /// A cwd must exist and be a directory; returns its canonical form.
@@ -382,8 +454,16 @@ pub fn validate_cwd(cwd: &Path) -> Result<PathBuf> {
 }
 
 /// Start the detached runner for `dir`, handing it the held run lock as descriptor
-/// [`LOCK_FD`] (named in [`LOCK_FD_ENV`]), and wait until it reports `running` (or dies).
-fn start_runner(root: &StateRoot, dir: &RunDir, runner: &Path, lock: &RunLock) -> Result<()> {
+/// [`LOCK_FD`] (named in [`LOCK_FD_ENV`]); sync `parent` (the rename that published the run)
+/// while it starts; and wait until it reports that it holds the lock (or dies). If the sync fails the
+/// runner is killed before it is trusted with the run, and the start fails.
+fn start_runner(
+    root: &StateRoot,
+    dir: &RunDir,
+    parent: &Path,
+    runner: &Path,
+    lock: &RunLock,
+) -> Result<()> {
     use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
     let log = files::open_append(&dir.runner_log())?;
@@ -424,6 +504,11 @@ fn start_runner(root: &StateRoot, dir: &RunDir, runner: &Path, lock: &RunLock) -
     let mut child = cmd
         .spawn()
         .map_err(|e| Error::Usage(format!("cannot start the runner {}: {e}", runner.display())))?;
+    if let Err(e) = files::sync_dir(parent) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
     let stdout = child.stdout.take().expect("piped");
     let mut line = String::new();
     let _ = BufReader::new(stdout).read_line(&mut line);

@@ -21,6 +21,9 @@ use cohort_common::store::discover::{self, Origin};
 use cohort_common::store::observe;
 use cohort_common::store::wait::{self, WaitOutcome};
 
+/// How long `--pid` waits for a starting run's runner to publish its pid (normally a few ms).
+const STARTING_WAIT: Duration = Duration::from_secs(10);
+
 use crate::listing::{self, ListOptions};
 use crate::render::{self, Row};
 use crate::{check, doctor, follow};
@@ -50,8 +53,9 @@ pub struct Args {
     /// With --output: the flat step index.
     #[arg(long, requires = "output")]
     step: Option<usize>,
-    /// Print the runner's pid, after checking it is still that runner (for `kill`). A Slurm
-    /// run has no local pid: exit 1 with the scancel command that stops it on stderr.
+    /// Print the runner's pid, after checking it is still that runner (for `kill`); waits up to
+    /// 10 s for a run that is still starting. A Slurm run has no local pid: exit 1 with the
+    /// scancel command that stops it on stderr.
     #[arg(long)]
     pid: bool,
     /// List only runs in this state (repeatable).
@@ -234,7 +238,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             }
             return Ok(exit::NEGATIVE);
         }
-        return match observe::live_runner_pid(&found.dir)? {
+        return match observe::started_runner_pid(&found.dir, STARTING_WAIT)? {
             Some(pid) => {
                 cli::out(&format!("{pid}\n"))?;
                 Ok(exit::SUCCESS)

@@ -97,11 +97,13 @@ fn a_run_goes_queued_running_complete_and_prints_its_reply() {
     assert_eq!(queued["state"], "queued");
     check_schema(&queued);
 
-    let running = env.record(&id);
-    assert!(
-        matches!(running["state"].as_str(), Some("running" | "complete")),
-        "{running:#}"
-    );
+    // Spawn returns once the runner holds the lock; `running` follows a moment later.
+    let mut running = env.record(&id);
+    wait_for(Duration::from_secs(30), || {
+        running = env.record(&id);
+        matches!(running["state"].as_str(), Some("running" | "complete"))
+    })
+    .unwrap_or_else(|_| panic!("never running: {running:#}"));
     check_schema(&running);
 
     let done = env.wait_terminal(&id, 60);

@@ -594,6 +594,12 @@ pub fn check_writable(path: &Path) -> Result<()> {
     }
 }
 
+/// Write the first record of a run at `path`, which must not exist yet, in a staging directory
+/// nobody reads yet; the caller syncs it ([`files::create_unsynced`]).
+pub fn create_unsynced(path: &Path, record: &RunRecord) -> Result<()> {
+    files::create_unsynced(path, &files::json_bytes(path, record)?)
+}
+
 /// Write a record atomically and durably, refusing to overwrite a newer format version.
 pub fn store(path: &Path, record: &RunRecord) -> Result<()> {
     check_writable(path)?;

@@ -92,7 +92,9 @@ pub fn create(root: &StateRoot, root_run_id: &str, max_depth: u32) -> Result<Rou
         max_depth,
         created_at: now_ms(),
     };
-    files::write_json_atomic(&path, &file)?;
+    // Read only while the tree lives (a crash ends it): the content is synced, so the file is
+    // never torn, but its directory is not, off the path to the run's first child.
+    files::write_atomic_dir_unsynced(&path, &files::json_bytes(&path, &file)?)?;
     Ok(file)
 }
 

@@ -119,6 +119,61 @@ pub fn all_processes() -> HashMap<u32, Stat> {
     out
 }
 
+/// The children of process `pid`, from `/proc/<pid>/task/*/children` (each thread's children:
+/// a child subreaper's adopted orphans may hang under any of its threads). `None` when the
+/// kernel has no such files (built without `CONFIG_PROC_CHILDREN`); an empty list when the
+/// process is gone.
+pub fn children(pid: u32) -> Option<Vec<u32>> {
+    let tasks = match fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(t) => t,
+        Err(_) => return Some(Vec::new()),
+    };
+    let mut out = Vec::new();
+    let mut any_file = false;
+    for task in tasks.flatten() {
+        let Ok(text) = fs::read_to_string(task.path().join("children")) else {
+            continue;
+        };
+        any_file = true;
+        out.extend(
+            text.split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok()),
+        );
+    }
+    if !any_file && !children_files_exist() {
+        return None;
+    }
+    Some(out)
+}
+
+/// Whether this kernel has `/proc/<pid>/task/<tid>/children` (checked once, on this process).
+fn children_files_exist() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        let me = std::process::id();
+        std::path::Path::new(&format!("/proc/{me}/task/{me}/children")).exists()
+    })
+}
+
+/// The processes under `root` (not `root` itself) as a pid → stat map, found by walking the
+/// children files down from `root` ([`children`]): the cost grows with the size of the tree,
+/// not with the number of processes on the host. `None` when the kernel has no children files
+/// (then [`all_processes`] is the fallback). A process that exits during the walk is left out.
+pub fn subtree(root: u32) -> Option<HashMap<u32, Stat>> {
+    let mut out = HashMap::new();
+    let mut stack = children(root)?;
+    // Each stat also confirms the process still exists; its ppid places it in the tree.
+    while let Some(pid) = stack.pop() {
+        if out.contains_key(&pid) || pid == root {
+            continue;
+        }
+        let Some(st) = stat(pid) else { continue };
+        out.insert(pid, st);
+        stack.extend(children(pid).unwrap_or_default());
+    }
+    Some(out)
+}
+
 /// All descendants of `root` in `procs` (pure): children, their children, and so on.
 pub fn descendants(procs: &HashMap<u32, Stat>, root: u32) -> Vec<u32> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
@@ -296,5 +351,35 @@ mod tests {
         let mut d = descendants(&procs, 2);
         d.sort();
         assert_eq!(d, vec![3, 4, 6]);
+    }
+
+    #[test]
+    fn subtree_finds_a_child_and_its_child() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & wait"])
+            .spawn()
+            .unwrap();
+        let me = std::process::id();
+        let pid = child.id();
+        // The grandchild appears once sh has forked it: wait for it with a deadline.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let tree = loop {
+            let tree = subtree(me).expect("children files");
+            if descendants(&tree, pid).len() == 1 || std::time::Instant::now() > deadline {
+                break tree;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(tree[&pid].ppid, me);
+        let grand = descendants(&tree, pid);
+        assert_eq!(grand.len(), 1, "{tree:?}");
+        assert_eq!(tree[&grand[0]].comm, "sleep");
+        assert!(!tree.contains_key(&me));
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(grand[0] as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }

@@ -120,18 +120,27 @@ pub fn remove_temp_files(dir: &Path) -> usize {
 /// Replace `path` with `bytes` atomically and durably (temp file in the same directory, fsync,
 /// rename, fsync the directory). The temp file is 0600 and is removed on failure.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    replace(path, bytes, true)
+    replace(path, bytes, true, true)
+}
+
+/// [`write_atomic`] but for the fsync of the directory, which the caller does later
+/// ([`sync_dir`]): the content is durable before the rename, so a crash leaves the old file or
+/// the new one, never a torn one.
+pub fn write_atomic_dir_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
+    replace(path, bytes, true, false)
 }
 
 /// Replace `path` with `bytes` atomically but not durably (temp file + rename, no fsync): for
 /// caches and hints, whose loss after a crash costs only time. A reader sees the old or the
 /// new file, never a torn one.
 pub fn replace_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
-    replace(path, bytes, false)
+    replace(path, bytes, false, false)
 }
 
-/// The one temp-file-and-rename writer behind [`write_atomic`] and [`replace_unsynced`].
-fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
+/// The one temp-file-and-rename writer behind [`write_atomic`], [`write_atomic_dir_unsynced`]
+/// and [`replace_unsynced`]: `durable` fsyncs the content before the rename, `sync_parent` the
+/// directory after it.
+fn replace(path: &Path, bytes: &[u8], durable: bool, sync_parent: bool) -> Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -150,7 +159,7 @@ fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
         path: path.to_path_buf(),
         source: e.error,
     })?;
-    if durable {
+    if sync_parent {
         sync_dir(dir)?;
     }
     Ok(())
@@ -158,12 +167,43 @@ fn replace(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
 
 /// Serialize `value` as pretty JSON (with a trailing newline) and [`write_atomic`] it.
 pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    write_atomic(path, &json_bytes(path, value)?)
+}
+
+/// `value` as the bytes of a JSON file (pretty, a final newline), as every JSON file of the
+/// format is written. `path` only names the file in an [`Error::Json`].
+pub fn json_bytes<T: Serialize>(path: &Path, value: &T) -> Result<Vec<u8>> {
     let mut bytes = serde_json::to_vec_pretty(value).map_err(|source| Error::Json {
         path: path.to_path_buf(),
         source,
     })?;
     bytes.push(b'\n');
-    write_atomic(path, &bytes)
+    Ok(bytes)
+}
+
+/// Create `path`, which must not exist (0600), holding `bytes`, without syncing it: for files in
+/// a directory nobody reads yet (spawn's staging directory), which are synced together with
+/// [`sync_together`] before the directory is renamed into view.
+pub fn create_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = create_file_exclusive(path)?;
+    f.write_all(bytes).at("write", path)
+}
+
+/// fsync every file or directory in `paths` at once, one thread each: a journaling file system
+/// (ext4, XFS) commits concurrent fsyncs in one journal commit, so syncing three files costs
+/// about what syncing one does. The first error is returned, naming its path.
+pub fn sync_together(paths: &[&Path]) -> Result<()> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = paths
+            .iter()
+            .map(|p| scope.spawn(move || File::open(p).and_then(|f| f.sync_all()).at("sync", p)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("an fsync thread does not panic"))
+            .collect::<Result<Vec<()>>>()
+    })?;
+    Ok(())
 }
 
 /// Read and parse a JSON file through [`read_regular`].

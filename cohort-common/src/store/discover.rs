@@ -146,7 +146,14 @@ pub fn found_in(parent: &Path, e: &Entry, origin: Origin) -> Found {
 }
 
 /// Find one run by name (full id, short id or unique prefix), top-level, nested or legacy.
+///
+/// A full id that names a top-level entry is looked up directly: the same answer the listing
+/// gives (an exact top-level match wins there too), without listing a directory of 100,000
+/// runs (`cohort-status --wait ID` right after `cohort-spawn`).
 pub fn find(root: &StateRoot, name: &str) -> Result<Found> {
+    if let Some(found) = top_level_by_id(root, name) {
+        return Ok(found);
+    }
     let mut all = top_level(root)?;
     all.extend(nested(root)?);
     all.extend(legacy_runs()?);
@@ -155,6 +162,22 @@ pub fn find(root: &StateRoot, name: &str) -> Result<Found> {
         .into_iter()
         .find(|f| f.id == picked)
         .expect("resolved from this list"))
+}
+
+/// The top-level entry named exactly by the full run id `name` (lower case), if there is one.
+fn top_level_by_id(root: &StateRoot, name: &str) -> Option<Found> {
+    let id = name.parse::<id::RunId>().ok()?.to_string();
+    if id != name {
+        return None;
+    }
+    let dir = root.run_dir(&id);
+    let meta = std::fs::symlink_metadata(dir.path()).ok()?;
+    Some(Found {
+        dir,
+        id,
+        origin: Origin::TopLevel,
+        kind: EntryKind::of(meta.file_type()),
+    })
 }
 
 /// How long a staging directory without a lock file may be a start in progress, ms. Spawn
@@ -217,6 +240,36 @@ pub fn abandoned_staging(root: &StateRoot, now_ms: u64) -> Result<Vec<RunDir>> {
 mod tests {
     use super::*;
     use std::os::unix::ffi::OsStrExt;
+
+    #[test]
+    fn a_full_id_is_found_directly_as_the_listing_would_find_it() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(t.path());
+        files::create_dir_all_private(&root.runs_dir()).unwrap();
+        let a = "01a22a44-9e62-7266-ab9d-e5b500ee829c";
+        let b = "01a22a44-b1f7-7440-8179-f67becacc1b9";
+        files::create_dir_all_private(root.run_dir(a).path()).unwrap();
+        std::fs::write(root.run_dir(b).path(), b"").unwrap();
+        for (name, kind) in [(a, EntryKind::Dir), (b, EntryKind::File)] {
+            let direct = top_level_by_id(&root, name).expect("found directly");
+            let listed = top_level(&root)
+                .unwrap()
+                .into_iter()
+                .find(|f| f.id == name)
+                .unwrap();
+            assert_eq!(
+                (direct.dir, direct.id, direct.kind),
+                (listed.dir, listed.id, listed.kind)
+            );
+            assert_eq!(direct.kind, kind);
+            assert_eq!(find(&root, name).unwrap().kind, kind);
+        }
+        // Not a full lower-case id, or not there: the listing decides.
+        assert!(top_level_by_id(&root, &a.to_uppercase()).is_none());
+        assert!(top_level_by_id(&root, &a[..8]).is_none());
+        assert!(top_level_by_id(&root, "01a22a44-9e62-7266-ab9d-e5b500ee8200").is_none());
+        assert_eq!(find(&root, &a[24..]).unwrap().id, a);
+    }
 
     #[test]
     fn entry_problems() {

@@ -460,6 +460,27 @@ pub fn settle_survivors(dir: &RunDir, rec: &mut RunRecord) -> String {
     error
 }
 
+/// [`live_runner_pid`], waiting up to `timeout` while the run is starting (`queued`, its lock
+/// held): its runner has taken over the lock and publishes `running` with its pid a moment
+/// later (`cohort-spawn` returns as soon as the runner holds the lock). The wait sleeps on the
+/// run directory ([`crate::os::watch`]), it does not poll. `None` when the run is not alive, or
+/// is still starting at the deadline.
+pub fn started_runner_pid(dir: &RunDir, timeout: std::time::Duration) -> Result<Option<u32>> {
+    let deadline = std::time::Instant::now() + timeout;
+    // Watch first, then check: a `running` published between the check and the wait is seen.
+    let watch = crate::os::watch::DirWatch::new(dir.path())?;
+    loop {
+        if let Some(pid) = live_runner_pid(dir)? {
+            return Ok(Some(pid));
+        }
+        let starting = record::load(&dir.status())?.state == RunState::Queued
+            && lock::probe(&dir.lock())?.is_alive();
+        if !starting || !watch.wait_change(deadline)? {
+            return Ok(None);
+        }
+    }
+}
+
 /// The runner's pid, only if the runner is alive now *and* the process with that pid is the
 /// recorded runner (same start time and boot id): safe to `kill`. `None` otherwise.
 pub fn live_runner_pid(dir: &RunDir) -> Result<Option<u32>> {
