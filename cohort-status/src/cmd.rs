@@ -238,7 +238,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             }
             return Ok(exit::NEGATIVE);
         }
-        return match observe::started_runner_pid(&found.dir, STARTING_WAIT)? {
+        return match crate::watch::started_runner_pid(&found.dir, STARTING_WAIT)? {
             Some(pid) => {
                 cli::out(&format!("{pid}\n"))?;
                 Ok(exit::SUCCESS)

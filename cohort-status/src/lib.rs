@@ -5,6 +5,7 @@
 //! - [`listing`]: which runs a listing shows, read through the store's index;
 //! - [`render`]: the table, the single-run view and `--json` lines;
 //! - [`follow`]: `--follow`, a `tail -f` of a run's output logs;
+//! - [`watch`]: sleeping until a run directory changes (inotify), for `--pid` on a starting run;
 //! - [`check`]: the cron check;
 //! - [`doctor`]: the installation report;
 //! - [`backends`]: the doctor's backend section (native, Slurm);
@@ -25,3 +26,4 @@ pub mod follow;
 pub mod listing;
 pub mod logind;
 pub mod render;
+pub mod watch;

@@ -14,7 +14,11 @@ use std::time::Instant;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
-use crate::error::{Error, Result};
+use cohort_common::error::{Error, Result};
+use cohort_common::format::layout::RunDir;
+use cohort_common::format::record::{self, RunState};
+use cohort_common::os::lock;
+use cohort_common::store::observe::live_runner_pid;
 
 /// A watch on one directory: files renamed into it, written and closed in it, or removed from
 /// it (the ways the format's files change).
@@ -80,6 +84,27 @@ impl DirWatch {
     }
 }
 
+/// [`cohort_common::store::observe::live_runner_pid`], waiting up to `timeout` while the run is starting (`queued`, its lock
+/// held): its runner has taken over the lock and publishes `running` with its pid a moment
+/// later (`cohort-spawn` returns as soon as the runner holds the lock). The wait sleeps on the
+/// run directory ([`DirWatch`]), it does not poll. `None` when the run is not alive, or
+/// is still starting at the deadline.
+pub fn started_runner_pid(dir: &RunDir, timeout: std::time::Duration) -> Result<Option<u32>> {
+    let deadline = std::time::Instant::now() + timeout;
+    // Watch first, then check: a `running` published between the check and the wait is seen.
+    let watch = DirWatch::new(dir.path())?;
+    loop {
+        if let Some(pid) = live_runner_pid(dir)? {
+            return Ok(Some(pid));
+        }
+        let starting = record::load(&dir.status())?.state == RunState::Queued
+            && lock::probe(&dir.lock())?.is_alive();
+        if !starting || !watch.wait_change(deadline)? {
+            return Ok(None);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,7 +119,7 @@ mod tests {
             .unwrap());
         let p = d.path().to_path_buf();
         let writer = std::thread::spawn(move || {
-            crate::os::files::write_atomic(&p.join("status.json"), b"{}").unwrap();
+            cohort_common::os::files::write_atomic(&p.join("status.json"), b"{}").unwrap();
         });
         assert!(w
             .wait_change(Instant::now() + Duration::from_secs(10))

@@ -5,7 +5,6 @@
 //!   symlink nor block on a FIFO, rename without replace, the directory lister;
 //! - [`lock`]: the runner lock (liveness by flock) and the one lock-with-deadline helper;
 //! - [`tree`]: measuring and deleting a directory tree without following a symlink;
-//! - [`watch`]: sleeping until a directory changes (inotify), for the waits that are not locks.
 //!
 //! Nothing here knows what a run is; the layers above ([`crate::format`](mod@crate::format), [`crate::store`])
 //! and the programs build on these.
@@ -13,4 +12,3 @@
 pub mod files;
 pub mod lock;
 pub mod tree;
-pub mod watch;

@@ -753,7 +753,6 @@ pub fn unescape(text: &str) -> Option<OsString> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::record::{RunMode, RunRecord};
 
     #[test]
     fn escape_round_trips_odd_names() {
@@ -832,92 +831,5 @@ mod tests {
         assert!(parse_active(b"cohort-status-active 1 10 20\nz\n").is_none());
         assert!(parse_active(b"cohort-status-active 1 10 20\na 01").is_none()); // torn
         assert!(parse_active(b"cohort-status-active 2 10 20\n").is_none());
-    }
-
-    fn put(root: &StateRoot, state: RunState) -> String {
-        let id = crate::format::id::RunId::new().to_string();
-        let dir = root.run_dir(&id);
-        files::create_dir_all_private(dir.path()).unwrap();
-        let mut r = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
-        r.state = state;
-        crate::format::record::store(&dir.status(), &r).unwrap();
-        id
-    }
-
-    /// Make the runs dir's last change look old enough for its name list to be trusted.
-    fn age_runs_dir(root: &StateRoot) {
-        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
-        File::open(root.runs_dir())
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
-    }
-
-    #[test]
-    fn rebuild_then_cached_then_stale() {
-        let t = tempfile::tempdir().unwrap();
-        let root = StateRoot::for_profile(t.path());
-        let a = put(&root, RunState::Complete);
-        let b = put(&root, RunState::Running);
-        let c = put(&root, RunState::Failed);
-        std::fs::write(root.runs_dir().join("stray-file"), "x").unwrap();
-        age_runs_dir(&root);
-
-        let mut v = View::open(&root).unwrap();
-        assert!(v.rebuilt);
-        assert_eq!(v.total, 4);
-        assert_eq!(v.active, vec![b.clone()]);
-        assert_eq!(v.broken.len(), 1);
-        assert_eq!(v.terminal().len(), 2);
-        v.save();
-
-        let mut v = View::open(&root).unwrap();
-        assert!(!v.rebuilt, "second open uses the cache");
-        assert_eq!(v.total, 4);
-        assert_eq!(v.active, vec![b.clone()]);
-        let newest: Vec<String> = v.newest(2).iter().map(Entry::display_name).collect();
-        assert_eq!(newest, vec!["stray-file".to_string(), c.clone()]);
-        assert_eq!(v.all().len(), 4);
-        assert_eq!(v.terminal()[&a].state, RunState::Complete);
-        // The running run ends: the reader notes it and the next open knows.
-        let k = Known {
-            state: RunState::Complete,
-            started_at: Some(1),
-            ended_at: Some(2),
-            boot: None,
-        };
-        v.note(OsStr::new(&b), Outcome::Terminal(k));
-        v.save();
-        let mut v = View::open(&root).unwrap();
-        assert!(!v.rebuilt);
-        assert!(v.active.is_empty());
-        assert_eq!(v.terminal()[&b], k);
-
-        // A new run changes the directory: rebuilt, and only the new record is unknown.
-        let d = put(&root, RunState::Queued);
-        age_runs_dir(&root);
-        let v = View::open(&root).unwrap();
-        assert!(v.rebuilt);
-        assert_eq!(v.active, vec![d]);
-    }
-
-    #[test]
-    fn racy_or_corrupt_index_is_rebuilt() {
-        let t = tempfile::tempdir().unwrap();
-        let root = StateRoot::for_profile(t.path());
-        put(&root, RunState::Complete);
-        // Fresh directory: racy, so the next open rebuilds again.
-        let mut v = View::open(&root).unwrap();
-        v.save();
-        assert!(View::open(&root).unwrap().rebuilt);
-        age_runs_dir(&root);
-        let mut v = View::open(&root).unwrap();
-        v.save();
-        assert!(!View::open(&root).unwrap().rebuilt);
-        let idx = root.index_dir();
-        std::fs::write(idx.join(ACTIVE_FILE), "garbage").unwrap();
-        assert!(View::open(&root).unwrap().rebuilt);
-        std::fs::write(idx.join(NAMES_FILE), "").unwrap();
-        assert!(View::open(&root).unwrap().rebuilt);
     }
 }

@@ -460,27 +460,6 @@ pub fn settle_survivors(dir: &RunDir, rec: &mut RunRecord) -> String {
     error
 }
 
-/// [`live_runner_pid`], waiting up to `timeout` while the run is starting (`queued`, its lock
-/// held): its runner has taken over the lock and publishes `running` with its pid a moment
-/// later (`cohort-spawn` returns as soon as the runner holds the lock). The wait sleeps on the
-/// run directory ([`crate::os::watch`]), it does not poll. `None` when the run is not alive, or
-/// is still starting at the deadline.
-pub fn started_runner_pid(dir: &RunDir, timeout: std::time::Duration) -> Result<Option<u32>> {
-    let deadline = std::time::Instant::now() + timeout;
-    // Watch first, then check: a `running` published between the check and the wait is seen.
-    let watch = crate::os::watch::DirWatch::new(dir.path())?;
-    loop {
-        if let Some(pid) = live_runner_pid(dir)? {
-            return Ok(Some(pid));
-        }
-        let starting = record::load(&dir.status())?.state == RunState::Queued
-            && lock::probe(&dir.lock())?.is_alive();
-        if !starting || !watch.wait_change(deadline)? {
-            return Ok(None);
-        }
-    }
-}
-
 /// The runner's pid, only if the runner is alive now *and* the process with that pid is the
 /// recorded runner (same start time and boot id): safe to `kill`. `None` otherwise.
 pub fn live_runner_pid(dir: &RunDir) -> Result<Option<u32>> {
@@ -499,8 +478,6 @@ pub fn live_runner_pid(dir: &RunDir) -> Result<Option<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::layout::StateRoot;
-    use std::time::Duration;
 
     #[test]
     fn judgement_table() {
@@ -649,119 +626,5 @@ mod tests {
             judge(RunState::Queued, Liveness::Free, Some(&report)),
             Judgement::Unconfirmed
         );
-    }
-
-    #[test]
-    fn a_cancelled_job_settles_its_queued_run_stopped_once() {
-        let t = tempfile::tempdir().unwrap();
-        let root = StateRoot::for_profile(t.path());
-        let dir = make_run(&root, RunState::Queued);
-        let report = known("CANCELLED", None);
-        let Settled::Written(rec) = settle(&dir, Some(&report)).unwrap() else {
-            panic!("not written")
-        };
-        assert_eq!(rec.state, RunState::Stopped);
-        assert_eq!(
-            record::load(&dir.status()).unwrap().state,
-            RunState::Stopped
-        );
-        assert!(matches!(
-            settle(&dir, Some(&report)).unwrap(),
-            Settled::NotNeeded
-        ));
-        let ev = std::fs::read_to_string(dir.events()).unwrap();
-        assert_eq!(ev.matches("run.abandoned").count(), 1);
-    }
-
-    fn make_run(root: &StateRoot, state: RunState) -> RunDir {
-        let id = crate::format::id::RunId::new().to_string();
-        let dir = root.run_dir(&id);
-        crate::os::files::create_dir_all_private(dir.path()).unwrap();
-        std::fs::File::create(dir.lock()).unwrap();
-        let mut r = RunRecord::queued(&id.parse().unwrap(), crate::format::record::RunMode::Single);
-        r.state = state;
-        r.pid = Some(1); // init: alive, but a pid proves nothing.
-        record::store(&dir.status(), &r).unwrap();
-        dir
-    }
-
-    #[test]
-    fn lost_runner_is_settled_once_and_held_lock_is_alive() {
-        let t = tempfile::tempdir().unwrap();
-        let root = StateRoot::for_profile(t.path());
-        let dir = make_run(&root, RunState::Running);
-        let held = RunLock::acquire(&dir.lock(), Duration::from_millis(10)).unwrap();
-        assert_eq!(observe(&dir).unwrap().judgement, Judgement::Alive);
-        drop(held);
-        let obs = observe(&dir).unwrap();
-        assert_eq!(obs.record.state, RunState::Failed);
-        assert_eq!(obs.record.error.as_deref(), Some(RUNNER_LOST));
-        let ev = std::fs::read_to_string(dir.events()).unwrap();
-        assert_eq!(ev.matches("run.lost").count(), 1);
-        // Trusted from now on; no second event.
-        observe(&dir).unwrap();
-        assert_eq!(
-            std::fs::read_to_string(dir.events())
-                .unwrap()
-                .matches("run.lost")
-                .count(),
-            1
-        );
-    }
-
-    #[test]
-    fn a_fifo_record_is_an_error_never_a_hang() {
-        // Each call below would block for ever on a blocking open or read of the FIFO.
-        let t = tempfile::tempdir().unwrap();
-        let root = StateRoot::for_profile(t.path());
-        let dir = make_run(&root, RunState::Running);
-        std::fs::remove_file(dir.status()).unwrap();
-        nix::unistd::mkfifo(
-            &dir.status(),
-            nix::sys::stat::Mode::from_bits_truncate(0o600),
-        )
-        .unwrap();
-        assert!(matches!(observe(&dir), Err(Error::NotRegular { .. })));
-        assert!(matches!(settle(&dir, None), Err(Error::NotRegular { .. })));
-        assert!(matches!(
-            live_runner_pid(&dir),
-            Err(Error::NotRegular { .. })
-        ));
-        assert!(reason(&observe(&dir).unwrap_err()).starts_with("status.json is not a regular"));
-    }
-
-    #[test]
-    fn queued_is_starting_while_its_lock_is_held_and_settled_once_it_is_free() {
-        let t = tempfile::tempdir().unwrap();
-        let root = StateRoot::for_profile(t.path());
-        let dir = make_run(&root, RunState::Queued);
-        let before = std::fs::read(dir.status()).unwrap();
-        let held = RunLock::acquire(&dir.lock(), Duration::from_millis(10)).unwrap();
-        let obs = observe(&dir).unwrap();
-        assert_eq!(obs.judgement, Judgement::Starting);
-        assert_eq!(std::fs::read(dir.status()).unwrap(), before);
-        // A writer killed mid-write left a temporary file; the settlement removes it.
-        std::fs::write(dir.path().join(".tmp-abc123"), b"{").unwrap();
-        drop(held);
-        let obs = observe(&dir).unwrap();
-        assert_eq!(obs.record.state, RunState::Failed);
-        assert_eq!(obs.record.error.as_deref(), Some(START_ABANDONED));
-        assert_eq!(obs.judgement, Judgement::Trusted);
-        assert!(!dir.path().join(".tmp-abc123").exists());
-        let ev = std::fs::read_to_string(dir.events()).unwrap();
-        assert_eq!(ev.matches("run.abandoned").count(), 1);
-    }
-
-    #[test]
-    fn a_running_record_without_a_lock_file_is_settled_under_a_new_lock() {
-        let t = tempfile::tempdir().unwrap();
-        let root = StateRoot::for_profile(t.path());
-        let dir = make_run(&root, RunState::Running);
-        std::fs::remove_file(dir.lock()).unwrap();
-        let obs = observe(&dir).unwrap();
-        assert_eq!(obs.record.state, RunState::Failed);
-        assert_eq!(obs.record.error.as_deref(), Some(RUNNER_LOST));
-        assert_eq!(record::load(&dir.status()).unwrap().state, RunState::Failed);
-        assert!(dir.lock().is_file());
     }
 }

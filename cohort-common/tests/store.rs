@@ -1,0 +1,231 @@
+//! The store against real files: settlement under the run lock (once, by whichever reader comes
+//! first), FIFOs that must not hang a reader, and the listing index through rebuilds, stale and
+//! racy stamps and corruption. The pure decisions are unit-tested beside their code; these
+//! scenarios use only the public API.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::time::Duration;
+
+use cohort_common::error::Error;
+use cohort_common::format::id::RunId;
+use cohort_common::format::layout::{RunDir, StateRoot};
+use cohort_common::format::record::{self, RunMode, RunRecord, RunState};
+use cohort_common::os::files::{self, Entry};
+use cohort_common::os::lock::RunLock;
+use cohort_common::store::index::{Known, Outcome, View};
+use cohort_common::store::observe::JobReport;
+use cohort_common::store::observe::{
+    live_runner_pid, observe, reason, settle, Judgement, Settled, RUNNER_LOST, START_ABANDONED,
+};
+use cohort_common::store::slurm::JobStatus;
+
+fn known(state: &str, reason: Option<&str>) -> JobReport {
+    JobReport {
+        job_id: "7".into(),
+        status: JobStatus::Known {
+            state: state.into(),
+            reason: reason.map(String::from),
+        },
+    }
+}
+
+#[test]
+fn a_cancelled_job_settles_its_queued_run_stopped_once() {
+    let t = tempfile::tempdir().unwrap();
+    let root = StateRoot::for_profile(t.path());
+    let dir = make_run(&root, RunState::Queued);
+    let report = known("CANCELLED", None);
+    let Settled::Written(rec) = settle(&dir, Some(&report)).unwrap() else {
+        panic!("not written")
+    };
+    assert_eq!(rec.state, RunState::Stopped);
+    assert_eq!(
+        record::load(&dir.status()).unwrap().state,
+        RunState::Stopped
+    );
+    assert!(matches!(
+        settle(&dir, Some(&report)).unwrap(),
+        Settled::NotNeeded
+    ));
+    let ev = std::fs::read_to_string(dir.events()).unwrap();
+    assert_eq!(ev.matches("run.abandoned").count(), 1);
+}
+
+#[test]
+fn lost_runner_is_settled_once_and_held_lock_is_alive() {
+    let t = tempfile::tempdir().unwrap();
+    let root = StateRoot::for_profile(t.path());
+    let dir = make_run(&root, RunState::Running);
+    let held = RunLock::acquire(&dir.lock(), Duration::from_millis(10)).unwrap();
+    assert_eq!(observe(&dir).unwrap().judgement, Judgement::Alive);
+    drop(held);
+    let obs = observe(&dir).unwrap();
+    assert_eq!(obs.record.state, RunState::Failed);
+    assert_eq!(obs.record.error.as_deref(), Some(RUNNER_LOST));
+    let ev = std::fs::read_to_string(dir.events()).unwrap();
+    assert_eq!(ev.matches("run.lost").count(), 1);
+    // Trusted from now on; no second event.
+    observe(&dir).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dir.events())
+            .unwrap()
+            .matches("run.lost")
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn a_fifo_record_is_an_error_never_a_hang() {
+    // Each call below would block for ever on a blocking open or read of the FIFO.
+    let t = tempfile::tempdir().unwrap();
+    let root = StateRoot::for_profile(t.path());
+    let dir = make_run(&root, RunState::Running);
+    std::fs::remove_file(dir.status()).unwrap();
+    nix::unistd::mkfifo(
+        &dir.status(),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    assert!(matches!(observe(&dir), Err(Error::NotRegular { .. })));
+    assert!(matches!(settle(&dir, None), Err(Error::NotRegular { .. })));
+    assert!(matches!(
+        live_runner_pid(&dir),
+        Err(Error::NotRegular { .. })
+    ));
+    assert!(reason(&observe(&dir).unwrap_err()).starts_with("status.json is not a regular"));
+}
+
+#[test]
+fn queued_is_starting_while_its_lock_is_held_and_settled_once_it_is_free() {
+    let t = tempfile::tempdir().unwrap();
+    let root = StateRoot::for_profile(t.path());
+    let dir = make_run(&root, RunState::Queued);
+    let before = std::fs::read(dir.status()).unwrap();
+    let held = RunLock::acquire(&dir.lock(), Duration::from_millis(10)).unwrap();
+    let obs = observe(&dir).unwrap();
+    assert_eq!(obs.judgement, Judgement::Starting);
+    assert_eq!(std::fs::read(dir.status()).unwrap(), before);
+    // A writer killed mid-write left a temporary file; the settlement removes it.
+    std::fs::write(dir.path().join(".tmp-abc123"), b"{").unwrap();
+    drop(held);
+    let obs = observe(&dir).unwrap();
+    assert_eq!(obs.record.state, RunState::Failed);
+    assert_eq!(obs.record.error.as_deref(), Some(START_ABANDONED));
+    assert_eq!(obs.judgement, Judgement::Trusted);
+    assert!(!dir.path().join(".tmp-abc123").exists());
+    let ev = std::fs::read_to_string(dir.events()).unwrap();
+    assert_eq!(ev.matches("run.abandoned").count(), 1);
+}
+
+#[test]
+fn a_running_record_without_a_lock_file_is_settled_under_a_new_lock() {
+    let t = tempfile::tempdir().unwrap();
+    let root = StateRoot::for_profile(t.path());
+    let dir = make_run(&root, RunState::Running);
+    std::fs::remove_file(dir.lock()).unwrap();
+    let obs = observe(&dir).unwrap();
+    assert_eq!(obs.record.state, RunState::Failed);
+    assert_eq!(obs.record.error.as_deref(), Some(RUNNER_LOST));
+    assert_eq!(record::load(&dir.status()).unwrap().state, RunState::Failed);
+    assert!(dir.lock().is_file());
+}
+
+fn make_run(root: &StateRoot, state: RunState) -> RunDir {
+    let id = RunId::new().to_string();
+    let dir = root.run_dir(&id);
+    files::create_dir_all_private(dir.path()).unwrap();
+    std::fs::File::create(dir.lock()).unwrap();
+    let mut r = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
+    r.state = state;
+    r.pid = Some(1); // init: alive, but a pid proves nothing.
+    record::store(&dir.status(), &r).unwrap();
+    dir
+}
+
+#[test]
+fn rebuild_then_cached_then_stale() {
+    let t = tempfile::tempdir().unwrap();
+    let root = StateRoot::for_profile(t.path());
+    let a = put(&root, RunState::Complete);
+    let b = put(&root, RunState::Running);
+    let c = put(&root, RunState::Failed);
+    std::fs::write(root.runs_dir().join("stray-file"), "x").unwrap();
+    age_runs_dir(&root);
+
+    let mut v = View::open(&root).unwrap();
+    assert!(v.rebuilt);
+    assert_eq!(v.total, 4);
+    assert_eq!(v.active, vec![b.clone()]);
+    assert_eq!(v.broken.len(), 1);
+    assert_eq!(v.terminal().len(), 2);
+    v.save();
+
+    let mut v = View::open(&root).unwrap();
+    assert!(!v.rebuilt, "second open uses the cache");
+    assert_eq!(v.total, 4);
+    assert_eq!(v.active, vec![b.clone()]);
+    let newest: Vec<String> = v.newest(2).iter().map(Entry::display_name).collect();
+    assert_eq!(newest, vec!["stray-file".to_string(), c.clone()]);
+    assert_eq!(v.all().len(), 4);
+    assert_eq!(v.terminal()[&a].state, RunState::Complete);
+    // The running run ends: the reader notes it and the next open knows.
+    let k = Known {
+        state: RunState::Complete,
+        started_at: Some(1),
+        ended_at: Some(2),
+        boot: None,
+    };
+    v.note(OsStr::new(&b), Outcome::Terminal(k));
+    v.save();
+    let mut v = View::open(&root).unwrap();
+    assert!(!v.rebuilt);
+    assert!(v.active.is_empty());
+    assert_eq!(v.terminal()[&b], k);
+
+    // A new run changes the directory: rebuilt, and only the new record is unknown.
+    let d = put(&root, RunState::Queued);
+    age_runs_dir(&root);
+    let v = View::open(&root).unwrap();
+    assert!(v.rebuilt);
+    assert_eq!(v.active, vec![d]);
+}
+
+#[test]
+fn racy_or_corrupt_index_is_rebuilt() {
+    let t = tempfile::tempdir().unwrap();
+    let root = StateRoot::for_profile(t.path());
+    put(&root, RunState::Complete);
+    // Fresh directory: racy, so the next open rebuilds again.
+    let mut v = View::open(&root).unwrap();
+    v.save();
+    assert!(View::open(&root).unwrap().rebuilt);
+    age_runs_dir(&root);
+    let mut v = View::open(&root).unwrap();
+    v.save();
+    assert!(!View::open(&root).unwrap().rebuilt);
+    let idx = root.index_dir();
+    std::fs::write(idx.join("active"), "garbage").unwrap();
+    assert!(View::open(&root).unwrap().rebuilt);
+    std::fs::write(idx.join("names"), "").unwrap();
+    assert!(View::open(&root).unwrap().rebuilt);
+}
+
+fn put(root: &StateRoot, state: RunState) -> String {
+    let id = RunId::new().to_string();
+    let dir = root.run_dir(&id);
+    files::create_dir_all_private(dir.path()).unwrap();
+    let mut r = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
+    r.state = state;
+    record::store(&dir.status(), &r).unwrap();
+    id
+}
+
+fn age_runs_dir(root: &StateRoot) {
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    File::open(root.runs_dir())
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+}
