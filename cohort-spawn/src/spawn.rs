@@ -172,6 +172,7 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         .iter()
         .map(|f| StepRecord {
             agent: spec::label_of(&f.spec, f.index),
+            agent_source: f.spec.resolved_agent.as_ref().map(|a| a.source()),
             task: f.spec.task.clone(),
             model: f.spec.model.clone(),
             session_file: f.spec.session_file.clone(),
