@@ -138,6 +138,24 @@ struct Progress {
     tools: Vec<RecentTool>,
 }
 
+impl Progress {
+    /// What the stream has said so far, and the recent lines and tools, as one message.
+    fn of(
+        summary: &StreamSummary,
+        output: &VecDeque<String>,
+        tools: &VecDeque<RecentTool>,
+    ) -> Progress {
+        Progress {
+            turn_count: summary.turn_count,
+            tool_count: summary.tool_count,
+            usage: summary.usage.clone(),
+            model: summary.model.clone(),
+            output: output.iter().cloned().collect(),
+            tools: tools.iter().cloned().collect(),
+        }
+    }
+}
+
 /// The bounded, live output log of one step.
 struct OutputLog {
     file: File,
@@ -1276,28 +1294,14 @@ fn spawn_stdout_reader(
                 last_sent = Instant::now();
                 let _ = tx.send(Msg::Progress(
                     i,
-                    Progress {
-                        turn_count: summary.turn_count,
-                        tool_count: summary.tool_count,
-                        usage: summary.usage.clone(),
-                        model: summary.model.clone(),
-                        output: recent_output.iter().cloned().collect(),
-                        tools: recent_tools.iter().cloned().collect(),
-                    },
+                    Progress::of(summary, &recent_output, &recent_tools),
                 ));
             }
         });
         let summary = parser.summary;
         let _ = tx.send(Msg::Progress(
             i,
-            Progress {
-                turn_count: summary.turn_count,
-                tool_count: summary.tool_count,
-                usage: summary.usage.clone(),
-                model: summary.model.clone(),
-                output: recent_output.into_iter().collect(),
-                tools: recent_tools.into_iter().collect(),
-            },
+            Progress::of(&summary, &recent_output, &recent_tools),
         ));
         if !wrote_final {
             if let Err(e) = files::write_atomic(&final_path, b"") {
