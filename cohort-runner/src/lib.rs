@@ -12,6 +12,9 @@
 //! - [`reserve`]: disk space held back so the last record can be written on a full disk.
 
 #![deny(missing_docs)]
+// The runner's stderr is runner.log, on the state root's disk: `eprintln!` panics when that
+// disk is full and would take the runner down; log with `process::log`, which never panics.
+#![deny(clippy::print_stderr, clippy::print_stdout)]
 
 pub mod cmd;
 pub mod hook;

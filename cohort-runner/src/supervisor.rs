@@ -996,7 +996,7 @@ impl Supervisor {
         };
         match processes::store(&self.dir.processes(), &list) {
             Ok(()) => self.tracked_written = keys,
-            Err(e) => eprintln!("cohort-runner: {e}"),
+            Err(e) => crate::process::log(format_args!("{e}")),
         }
     }
 
