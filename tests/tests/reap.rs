@@ -873,7 +873,9 @@ fn two_reaps_of_the_same_run_one_removes_and_the_other_says_so() {
 #[test]
 fn a_reap_racing_a_live_runner_removes_the_run_only_after_its_runner_exited() {
     let env = TestEnv::new();
-    let id = env.spawn(&["--model", "fake/plain", "quick"]);
+    // A run that lasts a couple of seconds (a tool call), so the reaps do race its runner on
+    // either Pi generation, however fast the model is.
+    let id = env.spawn(&["--model", "fake/tool", "RUN: sleep 2"]);
     let mut pid = None;
     let mut attempts = 0;
     let mut refusals = std::collections::BTreeSet::new();
