@@ -3,6 +3,8 @@
 //! racy stamps and corruption. The pure decisions are unit-tested beside their code; these
 //! scenarios use only the public API.
 
+mod support;
+
 use std::ffi::OsStr;
 use std::fs::File;
 use std::time::Duration;
@@ -133,15 +135,8 @@ fn a_running_record_without_a_lock_file_is_settled_under_a_new_lock() {
 }
 
 fn make_run(root: &StateRoot, state: RunState) -> RunDir {
-    let id = RunId::new().to_string();
-    let dir = root.run_dir(&id);
-    files::create_dir_all_private(dir.path()).unwrap();
-    std::fs::File::create(dir.lock()).unwrap();
-    let mut r = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
-    r.state = state;
-    r.pid = Some(1); // init: alive, but a pid proves nothing.
-    record::store(&dir.status(), &r).unwrap();
-    dir
+    // init's pid: alive, but a pid proves nothing.
+    support::make_run(root, state, |r| r.pid = Some(1))
 }
 
 #[test]

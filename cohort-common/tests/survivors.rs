@@ -5,23 +5,18 @@
 //! another test is between fork and exec would still see its lock held (the lock belongs to the
 //! open file, which the child shares until its exec closes it).
 
+mod support;
+
 use cohort_common::format::layout::{RunDir, StateRoot};
 use cohort_common::format::processes;
-use cohort_common::format::record::{self, RunRecord, RunState};
+use cohort_common::format::record::RunState;
 use cohort_common::identity::procinfo::{
     self, boot_id, cmdline, end_processes, is_same_process, stat,
 };
 use cohort_common::store::observe::observe;
 
 fn make_run(root: &StateRoot, state: RunState) -> RunDir {
-    let id = cohort_common::format::id::RunId::new().to_string();
-    let dir = root.run_dir(&id);
-    cohort_common::os::files::create_dir_all_private(dir.path()).unwrap();
-    std::fs::File::create(dir.lock()).unwrap();
-    let mut r = RunRecord::queued(&id.parse().unwrap(), record::RunMode::Single);
-    r.state = state;
-    record::store(&dir.status(), &r).unwrap();
-    dir
+    support::make_run(root, state, |_| {})
 }
 
 #[test]
