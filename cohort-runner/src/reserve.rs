@@ -3,8 +3,10 @@
 //! When the disk fills up while a run is going (Pi's session, a tool's output), the runner must
 //! still be able to write the record that says how the run ended; otherwise the run dies
 //! unexplained and the next reader can only say "runner lost". So the runner allocates a small
-//! reserve file in the run directory when it starts ([`Reserve::create`]), and when a record
-//! write fails with `ENOSPC` it deletes the reserve ([`Reserve::release`]) and writes again.
+//! reserve file in the run directory when it starts ([`Reserve::create`]), and when the
+//! terminal record's write fails with `ENOSPC` it deletes the reserve ([`Reserve::release`]) and
+//! writes again. Progress writes never release it: the space would go to whoever writes next,
+//! not to this run's last record.
 //! The reserve is removed when the runner ends; a runner killed outright leaves it for
 //! cohort-reap, which removes it with the run.
 

@@ -1093,8 +1093,15 @@ impl Supervisor {
         }
         self.rec.last_update = Some(now_ms());
         let mut result = record::store(&self.dir.status(), &self.rec);
-        if result.as_ref().is_err_and(Error::is_no_space) && self.reserve.release() {
-            // The disk is full: the reserve makes room for the record (reserve.rs).
+        // The reserve is for the terminal record only (reserve.rs): released for a progress
+        // write, it would hand the space to whoever writes next (a spawn, another run's
+        // progress) and leave nothing for this run's last words. A progress write that fails
+        // is logged and made again by the next flush.
+        if result.as_ref().is_err_and(Error::is_no_space)
+            && self.rec.state.is_terminal()
+            && self.reserve.release()
+        {
+            // The disk is full: the reserve makes room for the terminal record.
             crate::process::log(format_args!(
                 "the disk is full; released the reserve to write the record"
             ));

@@ -372,6 +372,16 @@ fn a_full_disk_ends_a_started_run_with_a_record_that_says_why() {
 
     // The disk fills up while the run is going.
     let filler = fill(&disk.0);
+    // From now on the runner's progress writes fail (one at the latest within a heartbeat);
+    // none of them may give away the reserve kept for the terminal record, or the space goes
+    // to whoever writes next (the spawn below succeeded so in CI).
+    let reserve = run_dir.join(".reserve");
+    assert!(reserve.exists(), "the runner holds a reserve");
+    let released = cohort_e2e::harness::wait_for(
+        cohort_runner::supervisor::HEARTBEAT + Duration::from_secs(2),
+        || !reserve.exists(),
+    );
+    assert!(released.is_err(), "a progress write released the reserve");
     // A spawn now fails with one clear line, and lists nothing without a record.
     let out = on_small("cohort-spawn")
         .args(["--model", "fake/plain", "no room"])
