@@ -15,7 +15,7 @@ use cohort_common::format::layout::{RunDir, StateRoot};
 use cohort_common::format::record::{self, RunMode, RunRecord, RunState};
 use cohort_common::os::files::{self, Entry};
 use cohort_common::os::lock::RunLock;
-use cohort_common::store::index::{Known, Outcome, View};
+use cohort_common::store::index::{self, spawned_since, Known, Outcome, Stamp, View};
 use cohort_common::store::observe::JobReport;
 use cohort_common::store::observe::{
     live_runner_pid, observe, reason, settle, Judgement, Settled, RUNNER_LOST, START_ABANDONED,
@@ -223,4 +223,125 @@ fn age_runs_dir(root: &StateRoot) {
         .unwrap()
         .set_modified(old)
         .unwrap();
+}
+
+/// What spawn does: the runs directory's mtime before, the run renamed into place, the line.
+fn spawn_journaled(root: &StateRoot) -> String {
+    let before = Stamp::of_path(&root.runs_dir()).unwrap();
+    let id = put(root, RunState::Queued);
+    index::note_spawned(root, &id, before);
+    id
+}
+
+#[test]
+fn sequential_spawns_are_listed_from_the_journal_and_anything_else_lists_the_directory() {
+    let t = tempfile::tempdir().unwrap();
+    let root = StateRoot::for_profile(t.path());
+    let old = put(&root, RunState::Complete);
+    age_runs_dir(&root);
+    View::open(&root).unwrap().save(); // a trusted base, as a settled listing leaves it
+
+    let a = spawn_journaled(&root);
+    let b = spawn_journaled(&root);
+    let mut v = View::open(&root).unwrap();
+    assert!(
+        !v.rebuilt,
+        "the journal explains every change since the base"
+    );
+    assert_eq!(v.total, 3);
+    let names: Vec<String> = v.newest(0).iter().map(Entry::display_name).collect();
+    assert_eq!(names, vec![b.clone(), a.clone(), old.clone()]);
+    let names: Vec<String> = v.newest(2).iter().map(Entry::display_name).collect();
+    assert_eq!(names, vec![b.clone(), a.clone()]);
+    assert_eq!(v.active, vec![a.clone(), b.clone()]);
+    v.note(OsStr::new(&old), Outcome::Broken);
+    v.save(); // what a listing learns is kept without giving up the base
+    assert!(!View::open(&root).unwrap().rebuilt);
+
+    // An entry nobody journaled, in a later clock tick: the directory is listed.
+    let c = put(&root, RunState::Queued);
+    File::open(root.runs_dir())
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() + Duration::from_secs(1))
+        .unwrap();
+    let v = View::open(&root).unwrap();
+    assert!(v.rebuilt);
+    assert_eq!(v.newest(1)[0].display_name(), c);
+    assert_eq!(v.total, 4);
+}
+
+#[test]
+fn overlapping_spawns_break_the_chain() {
+    let t = tempfile::tempdir().unwrap();
+    let root = StateRoot::for_profile(t.path());
+    put(&root, RunState::Complete);
+    age_runs_dir(&root);
+    View::open(&root).unwrap().save();
+    // Both read the directory's mtime before either renamed its run into place.
+    let before = Stamp::of_path(&root.runs_dir()).unwrap();
+    let a = put(&root, RunState::Queued);
+    let b = put(&root, RunState::Queued);
+    index::note_spawned(&root, &a, before);
+    index::note_spawned(&root, &b, before);
+    let v = View::open(&root).unwrap();
+    assert!(v.rebuilt);
+    assert_eq!(v.active, vec![a, b]);
+}
+
+#[test]
+fn a_journal_is_trusted_only_as_one_whole_chain() {
+    let st = |sec| Stamp { sec, nsec: 5 };
+    let mut ids = [RunId::new().to_string(), RunId::new().to_string()];
+    ids.sort();
+    let [a, b] = ids;
+    let line = |x: i64, y: i64, id: &str| format!("{x} 5 {y} 5 {id}\n");
+    let ok = format!("{}{}", line(1, 2, &a), line(2, 2, &b));
+    assert_eq!(
+        spawned_since(&ok, st(1), st(2)),
+        Some(vec![a.clone(), b.clone()])
+    );
+    assert_eq!(spawned_since("", st(1), st(1)), Some(vec![]));
+    // Not ending where the directory is now: something else changed it.
+    assert_eq!(spawned_since(&ok, st(1), st(3)), None);
+    assert_eq!(spawned_since("", st(1), st(2)), None);
+    // A line from before the base, a gap, ids out of order, a torn or foreign line.
+    assert_eq!(spawned_since(&ok, st(0), st(2)), None);
+    let gap = format!("{}{}", line(1, 2, &a), line(3, 4, &b));
+    assert_eq!(spawned_since(&gap, st(1), st(4)), None);
+    let unordered = format!("{}{}", line(1, 2, &b), line(2, 3, &a));
+    assert_eq!(spawned_since(&unordered, st(1), st(3)), None);
+    assert_eq!(spawned_since(ok.trim_end(), st(1), st(2)), None);
+    assert_eq!(spawned_since(&line(1, 2, "../x"), st(1), st(2)), None);
+    assert_eq!(spawned_since("1 5 2 5\n", st(1), st(2)), None);
+}
+
+#[test]
+fn escape_round_trips_odd_names() {
+    for raw in [
+        &b"01a22a44-9e62-7266-ab9d-e5b500ee829c"[..],
+        b"with space",
+        b"new\nline",
+        b"100%",
+        b"\xff\xfe",
+    ] {
+        let name = <OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(raw);
+        let e = index::escape(name);
+        assert!(!e.contains(' ') && !e.contains('\n'), "{e}");
+        assert_eq!(index::unescape(&e).unwrap(), name);
+    }
+    assert!(index::unescape("%G1").is_none());
+    assert!(index::unescape("%4").is_none());
+}
+
+#[test]
+fn racy_rule() {
+    let s = Stamp {
+        sec: 1_000,
+        nsec: 500_000_000,
+    };
+    assert!(index::is_racy(s, 1_000_600));
+    assert!(index::is_racy(s, 1_002_499));
+    assert!(!index::is_racy(s, 1_002_501));
+    // A stamp in the future is never trusted.
+    assert!(index::is_racy(s, 999_000));
 }

@@ -31,6 +31,7 @@ use cohort_common::format::spec::{
 use cohort_common::identity::runtime::{self, Runtime, RuntimeRequest};
 use cohort_common::os::files;
 use cohort_common::os::lock::RunLock;
+use cohort_common::store::index;
 
 use crate::session;
 
@@ -145,6 +146,13 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         .expect("run dirs have a parent")
         .to_path_buf();
     let staging = dir.staging();
+    // For the listing index's journal of spawns: the runs directory's mtime before this spawn
+    // changes it (top-level runs only; the index covers those).
+    let before = req
+        .placement
+        .is_none()
+        .then(|| index::Stamp::of_path(&parent))
+        .flatten();
     files::create_dir_exclusive(staging.path())?;
     // The run lock exists only held, and stays held until the runner has taken it over (spawn
     // hands it the descriptor): a `queued` run whose lock is free is provably abandoned.
@@ -189,6 +197,9 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         rec.finish(RunState::Failed, Some(msg.clone()));
     }
     publish(&staging, &dir, &rec, prepared.as_ref().ok().map(|(_, s)| s))?;
+    if let Some(before) = before {
+        index::note_spawned(root, &run_id.to_string(), before);
+    }
     fault::point("spawn.published");
     let (rt, _) = match prepared {
         Ok(p) => p,

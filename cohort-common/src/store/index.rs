@@ -21,6 +21,16 @@
 //!   <endedAt>`. A terminal state is final (`docs/format.md`, "States"), so this only ever grows until a rebuild
 //!   drops the ids that were reaped. `--state`, `--since` and `--check` use it to skip records
 //!   that cannot match.
+//! - `spawned`: a journal of the runs spawn renamed into place, one line each: `<before s>
+//!   <before ns> <after s> <after ns> <id>`, the runs directory's mtime just before spawn made
+//!   its staging dir and just after the rename ([`note_spawned`]). Without it every listing in
+//!   the [`RACY_MS`] after a spawn lists the whole directory. While the directory is racy, a
+//!   trusted `names` stamped `base` plus a journal that chains from `base` to the directory's
+//!   mtime ([`spawned_since`]) is the directory. Anything else (overlapping spawns, a reap, a
+//!   spawn killed before its line, an entry made by hand) breaks the chain and the directory is
+//!   listed; a change made by hand within one spawn's window (about a millisecond) or in the
+//!   clock tick after it is found by the full listing once the directory is no longer racy. A
+//!   trusted rebuild empties the journal.
 //!
 //! Invariant: every name in `names` is in exactly one of `terminal`, `a`, `e`. A rebuild
 //! ([`View::open`] when the files are missing, stale, racy or unparsable) lists the directory,
@@ -50,6 +60,9 @@ use crate::store::discover::run_id_of;
 const NAMES_FILE: &str = "names";
 const ACTIVE_FILE: &str = "active";
 const TERMINAL_FILE: &str = "terminal";
+const SPAWNED_FILE: &str = "spawned";
+/// A longer `spawned` journal is not read: the directory is listed instead.
+const MAX_SPAWNED_BYTES: u64 = 1 << 20;
 const NAMES_MAGIC: &str = "cohort-status-names";
 const ACTIVE_MAGIC: &str = "cohort-status-active";
 const TERMINAL_MAGIC: &str = "cohort-status-terminal";
@@ -94,6 +107,19 @@ impl Stamp {
             sec: meta.mtime(),
             nsec: meta.mtime_nsec(),
         }
+    }
+
+    /// A stamp from its two numbers as the index files write them.
+    fn parse(sec: &str, nsec: &str) -> Option<Stamp> {
+        Some(Stamp {
+            sec: sec.parse().ok()?,
+            nsec: nsec.parse().ok()?,
+        })
+    }
+
+    /// The mtime of `path` (not following a symlink); `None` when it cannot be read.
+    pub fn of_path(path: &Path) -> Option<Stamp> {
+        fs::symlink_metadata(path).ok().map(|m| Stamp::of(&m))
     }
 
     fn ms(self) -> i64 {
@@ -195,6 +221,8 @@ pub struct View {
     racy: bool,
     dirty: bool,
     appended: Vec<(String, Known)>,
+    /// Runs the `spawned` journal adds after the names file's entries, oldest first.
+    spawned: Vec<Entry>,
 }
 
 impl View {
@@ -228,6 +256,7 @@ impl View {
             racy: false,
             dirty: false,
             appended: Vec::new(),
+            spawned: Vec::new(),
         }
     }
 
@@ -242,34 +271,63 @@ impl View {
         if h.len() != 7 || h[0] != NAMES_MAGIC || h[1] != INDEX_VERSION.to_string() {
             return None;
         }
-        let got = Stamp {
-            sec: h[2].parse().ok()?,
-            nsec: h[3].parse().ok()?,
-        };
+        let got = Stamp::parse(h[2], h[3])?;
         let racy = h[5] != "0";
         let total: usize = h[6].parse().ok()?;
-        if got != stamp || racy {
+        if racy {
             return None;
         }
-        let (astamp, active, broken) = parse_active(&fs::read(dir.join(ACTIVE_FILE)).ok()?)?;
-        if astamp != stamp {
+        let spawned = if got == stamp {
+            Vec::new()
+        } else if is_racy(stamp, now_ms()) {
+            let path = dir.join(SPAWNED_FILE);
+            if fs::metadata(&path).ok()?.len() > MAX_SPAWNED_BYTES {
+                return None;
+            }
+            spawned_since(&fs::read_to_string(path).ok()?, got, stamp)?
+        } else {
+            // Settled: one full listing gives a trusted base again (and empties the journal).
             return None;
+        };
+        let (astamp, mut active, broken) = parse_active(&fs::read(dir.join(ACTIVE_FILE)).ok()?)?;
+        if astamp != got {
+            return None;
+        }
+        let data_start = nl as u64 + 1;
+        if let Some(first) = spawned.first() {
+            // Spawned runs sort after every earlier one (spawn's id floor); if not, list.
+            let last = tail_entries(&names_path, data_start, 1, total)?;
+            if last
+                .first()
+                .is_some_and(|e| e.name.as_os_str() >= OsStr::new(first))
+            {
+                return None;
+            }
+            active.extend(spawned.iter().cloned());
+            active.sort();
         }
         Some(View {
-            total,
+            total: total + spawned.len(),
             active,
             broken,
             rebuilt: false,
             names: Names::File {
                 path: names_path,
-                data_start: nl as u64 + 1,
+                data_start,
             },
             terminal: None,
             dir: Some(dir.to_path_buf()),
-            stamp: Some(stamp),
+            stamp: Some(got),
             racy: false,
             dirty: false,
             appended: Vec::new(),
+            spawned: spawned
+                .into_iter()
+                .map(|id| Entry {
+                    name: id.into(),
+                    kind: EntryKind::Dir,
+                })
+                .collect(),
         })
     }
 
@@ -322,6 +380,7 @@ impl View {
             racy: is_racy(stamp, listed_at),
             dirty: true,
             appended,
+            spawned: Vec::new(),
         };
         Ok(view)
     }
@@ -329,12 +388,17 @@ impl View {
     /// The newest `n` entries, newest first (all of them when `n` is 0).
     pub fn newest(&self, n: usize) -> Vec<Entry> {
         let want = if n == 0 { self.total } else { n };
-        match &self.names {
+        let mut out: Vec<Entry> = self.spawned.iter().rev().take(want).cloned().collect();
+        let want = want - out.len();
+        let in_names = self.total - self.spawned.len();
+        out.extend(match &self.names {
             Names::Memory(all) => all.iter().rev().take(want).cloned().collect(),
-            Names::File { path, data_start } => {
-                tail_entries(path, *data_start, want, self.total).unwrap_or_default()
+            Names::File { path, data_start } if want > 0 => {
+                tail_entries(path, *data_start, want, in_names).unwrap_or_default()
             }
-        }
+            Names::File { .. } => Vec::new(),
+        });
+        out
     }
 
     /// Every entry, oldest first.
@@ -498,6 +562,10 @@ impl View {
             f.write_all(out.as_bytes())?;
         }
         self.appended.clear();
+        if !self.spawned.is_empty() {
+            // `names` and `active` stay those of the base the journal continues.
+            return Ok(());
+        }
 
         let mut active = format!(
             "{ACTIVE_MAGIC} {INDEX_VERSION} {} {}\n",
@@ -531,9 +599,65 @@ impl View {
             }
             files::replace_unsynced(&dir.join(NAMES_FILE), out.as_bytes())
                 .map_err(std::io::Error::other)?;
+            if !self.racy {
+                // A trusted base: journal lines from before it would only break the chain.
+                files::replace_unsynced(&dir.join(SPAWNED_FILE), b"")
+                    .map_err(std::io::Error::other)?;
+            }
         }
         Ok(())
     }
+}
+
+/// Journal a top-level run that spawn has just renamed into place, for the listings that come
+/// while the runs directory is racy (the `spawned` file, module docs). `before` is the runs
+/// directory's mtime read just before spawn made its staging dir; the mtime after the rename is
+/// read here, so call this right after it. Only when the index exists (a first listing builds
+/// it whole anyway); failures are ignored: a missing line only costs the next listing a full
+/// read of the directory.
+pub fn note_spawned(root: &StateRoot, id: &str, before: Stamp) {
+    let Some(after) = Stamp::of_path(&root.runs_dir()) else {
+        return;
+    };
+    let line = format!(
+        "{} {} {} {} {id}\n",
+        before.sec, before.nsec, after.sec, after.nsec
+    );
+    // One write(2) of a short line with O_APPEND: concurrent spawns' lines do not interleave.
+    let _ = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(files::FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(root.index_dir().join(SPAWNED_FILE))
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+}
+
+/// The runs a `spawned` journal adds to a trusted name list of the runs directory stamped
+/// `base`, now stamped `now`, oldest first (pure). `Some` only when the journal's lines, all of
+/// them in order, form one chain from `base` to `now` (each `before` the previous `after`) of
+/// plausible, increasing run ids: then every change of the directory since `base` is a
+/// journaled spawn. `None` otherwise (a torn or foreign line, lines from before `base`,
+/// concurrent spawns, a change nobody journaled): the directory must be listed.
+pub fn spawned_since(journal: &str, base: Stamp, now: Stamp) -> Option<Vec<String>> {
+    let mut at = base;
+    let mut ids: Vec<String> = Vec::new();
+    for line in journal.split_terminator('\n') {
+        let f: Vec<&str> = line.split(' ').collect();
+        let [bs, bn, a_s, an, id] = f[..] else {
+            return None;
+        };
+        if Stamp::parse(bs, bn)? != at
+            || !crate::format::id::is_plausible_name(id)
+            || ids.last().is_some_and(|l| l.as_str() >= id)
+        {
+            return None;
+        }
+        at = Stamp::parse(a_s, an)?;
+        ids.push(id.to_string());
+    }
+    // A last line without its newline may be an append still in progress.
+    (at == now && (journal.is_empty() || journal.ends_with('\n'))).then_some(ids)
 }
 
 fn push_terminal_line(out: &mut String, id: &str, k: &Known) {
@@ -647,10 +771,7 @@ fn parse_active(bytes: &[u8]) -> Option<ActiveFile> {
     if h.len() != 4 || h[0] != ACTIVE_MAGIC || h[1] != INDEX_VERSION.to_string() {
         return None;
     }
-    let stamp = Stamp {
-        sec: h[2].parse().ok()?,
-        nsec: h[3].parse().ok()?,
-    };
+    let stamp = Stamp::parse(h[2], h[3])?;
     let mut active = Vec::new();
     let mut broken = Vec::new();
     for line in lines {
@@ -753,37 +874,6 @@ pub fn unescape(text: &str) -> Option<OsString> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn escape_round_trips_odd_names() {
-        for raw in [
-            &b"01a22a44-9e62-7266-ab9d-e5b500ee829c"[..],
-            b"with space",
-            b"new\nline",
-            b"100%",
-            b"\xff\xfe",
-        ] {
-            let name = OsStr::from_bytes(raw);
-            let e = escape(name);
-            assert!(!e.contains(' ') && !e.contains('\n'), "{e}");
-            assert_eq!(unescape(&e).unwrap(), name);
-        }
-        assert!(unescape("%G1").is_none());
-        assert!(unescape("%4").is_none());
-    }
-
-    #[test]
-    fn racy_rule() {
-        let s = Stamp {
-            sec: 1_000,
-            nsec: 500_000_000,
-        };
-        assert!(is_racy(s, 1_000_600));
-        assert!(is_racy(s, 1_002_499));
-        assert!(!is_racy(s, 1_002_501));
-        // A stamp in the future is never trusted.
-        assert!(is_racy(s, 999_000));
-    }
 
     #[test]
     fn terminal_lines() {
