@@ -8,8 +8,10 @@
 #     process start time);
 #   - the default listing (cohort-status; `ls` of NQDIR, which is nq's listing; `pueue status`),
 #     settled (nothing changed for 2 s) and right after a spawn;
-# and, once: spawn + wait of a run whose Pi exits at once beside running that Pi directly, and
-# the CPU an idle runner uses beside 3,000 unrelated sleeping processes (baseline: the same
+# and, once: spawn + wait of a run whose Pi exits at once beside running that Pi directly (the
+# recorded fake, then the real pinned Pi 0.73.1 answered by the bundled fake model server on
+# 127.0.0.1, installed into .pi-cli/ by pi-install; PI_ROW=0 skips it), and the CPU an idle
+# runner uses beside 3,000 unrelated sleeping processes (baseline: the same
 # runner with nothing else on the host). Targets in the README ("Benchmarks").
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +24,8 @@ if ! command -v nq >/dev/null; then
   fi
 fi
 cargo build --quiet --release -p cohort-spawn -p cohort-runner -p cohort-status
+# pi-install and fake-model-server, for the row with the real, pinned Pi.
+cargo build --quiet --release -p cohort-e2e --bins
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 BIN="$PWD/target/release" W="$W" SIZES="${SIZES:-0 10000 100000}" REPS="${REPS:-21}" \
   IDLE_PROCS="${IDLE_PROCS:-3000}" IDLE_S="${IDLE_S:-10}" exec python3 - <<'PY'
@@ -185,6 +189,29 @@ for r in range(REPS):
                       f'"{BIN}/cohort-status" --wait "$id"')[0])
     nqw.append(sh(f'nq -w "$(nq -q "{NODE}" "{ENTRY}" bench; ls -t "{NQDIR}" | head -1)"')[0])
 row("spawn + --wait, Pi exits at once", wrapped, [("Pi directly", direct), ("nq+nq -w", nqw)])
+
+# The same with the real Pi: its start (module loading, about a second) is what a run costs.
+picked = subprocess.run([f"{BIN}/pi-install", "0.73"], capture_output=True, text=True)
+if os.environ.get("PI_ROW", "1") == "0" or picked.returncode != 0:
+    print(f"{'spawn --wait, the real Pi':<44} skipped {picked.stderr.strip()}", flush=True)
+else:
+    _, pnode, pentry = picked.stdout.strip().split("\t")
+    pprof = os.path.join(W, "pi-profile")
+    server = subprocess.Popen([f"{BIN}/fake-model-server", "--log", os.path.join(W, "requests.jsonl"),
+                               "--profile", pprof], stdout=subprocess.PIPE)
+    server.stdout.readline()  # the port: listening, and the profile is written
+    penv = dict(ENV, PI_CODING_AGENT_DIR=pprof)
+    flags = "--no-extensions --no-skills --no-prompt-templates --no-themes --no-context-files"
+    pi_direct = f'"{pnode}" "{pentry}" --mode json -p --model fake/plain {flags} hi'
+    pi_spawned = (f'"{BIN}/cohort-spawn" --wait --node "{pnode}" --pi-entry "{pentry}" '
+                  f'--model fake/plain hi -- {flags}')
+    sh(pi_direct, penv), sh(pi_spawned, penv)  # Node's compile cache, warm for both
+    pd, pw = [], []
+    for r in range(REPS):
+        pd.append(sh(pi_direct, penv)[0])
+        pw.append(sh(pi_spawned, penv)[0])
+    row("spawn --wait, the real Pi 0.73.1 at once", pw, [("Pi directly", pd)])
+    server.kill()
 
 # An idle runner's CPU, with nothing else and beside IDLE_PROCS unrelated sleeping processes.
 def runner_cpu(seconds):

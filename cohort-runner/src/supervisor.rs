@@ -968,6 +968,10 @@ impl Supervisor {
     /// Drop the tracked processes that are gone (by pid and start time in `procs`, or in the
     /// live process table when `None`) and, if the set changed, replace `processes.json`.
     fn persist_tracked(&mut self, procs: Option<&HashMap<u32, procinfo::Stat>>) {
+        if self.tracked.is_empty() && self.tracked_written.is_empty() {
+            // Nothing tracked, nothing listed: no process table to read (a step's end).
+            return;
+        }
         let table;
         let procs = match procs {
             Some(p) => p,
