@@ -878,6 +878,46 @@ fn the_index_is_only_a_cache() {
     assert!(!t.contains(&a[24..]), "{t}");
 }
 
+#[test]
+fn a_listing_right_after_spawns_uses_their_journal_not_a_directory_read() {
+    let env = TestEnv::new();
+    let (old, _) = put(&env, RunState::Complete, None, |_| {});
+    let runs = env.state_root().runs_dir();
+    // A settled directory: the first listing writes a name list it can trust.
+    let past = std::time::SystemTime::now() - Duration::from_secs(60);
+    std::fs::File::open(&runs)
+        .unwrap()
+        .set_modified(past)
+        .unwrap();
+    ok_stdout(&env, &[]);
+    let idx = env.state_root().path().join(".status-index");
+    let names = std::fs::read(idx.join("names")).unwrap();
+
+    let a = env.spawn(&["--model", "fake/plain", "first"]);
+    let b = env.spawn(&["--model", "fake/plain", "second"]);
+    let journal = std::fs::read_to_string(idx.join("spawned")).unwrap();
+    assert_eq!(journal.lines().count(), 2, "{journal}");
+    let t = ok_stdout(&env, &[]);
+    let rows: Vec<&str> = t.lines().skip(1).collect();
+    assert_eq!(rows.len(), 3, "{t}");
+    for (row, id) in rows.iter().zip([&b, &a, &old]) {
+        assert!(row.contains(&id[24..]), "{id} not in order: {t}");
+    }
+    // Nothing was listed again: the name list is the one the journal continues.
+    assert_eq!(std::fs::read(idx.join("names")).unwrap(), names);
+
+    // A run directory that no spawn journaled: the directory is read, and it is listed.
+    let (hand, _) = put(&env, RunState::Failed, None, |_| {});
+    let later = std::time::SystemTime::now() + Duration::from_secs(1);
+    std::fs::File::open(&runs)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    let t = ok_stdout(&env, &[]);
+    assert!(t.contains(&hand[24..]), "{t}");
+    assert_ne!(std::fs::read(idx.join("names")).unwrap(), names);
+}
+
 fn strip_ages(t: &str) -> String {
     t.lines()
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
