@@ -165,11 +165,14 @@ for size in SIZES:
     row(f"time until the child starts ({size} runs)", res["cohort"][1], peers)
     # Listings, settled: nothing has changed for 2 s.
     time.sleep(2.1)
-    lc, ln = [], []
+    lc, ln, lp = [], [], []
     for r in range(REPS):
         lc.append(sh(f'"{BIN}/cohort-status"')[0])
         ln.append(sh(f'ls "{NQDIR}"')[0])
-    row(f"default listing, settled ({size} runs)", lc, [("nq(ls)", ln)])
+        if "pueue" in starters:
+            lp.append(sh("pueue status")[0])
+    row(f"default listing, settled ({size} runs)", lc,
+        [("nq(ls)", ln)] + ([("pueue status", lp)] if lp else []))
     settled = lc
     # Right after a spawn (the run has ended; its directory changed within 2 s).
     la = []
@@ -204,7 +207,7 @@ else:
     flags = "--no-extensions --no-skills --no-prompt-templates --no-themes --no-context-files"
     pi_direct = f'"{pnode}" "{pentry}" --mode json -p --model fake/plain {flags} hi'
     pi_spawned = (f'"{BIN}/cohort-spawn" --wait --node "{pnode}" --pi-entry "{pentry}" '
-                  f'--model fake/plain hi -- {flags}')
+                  f'--model fake/plain hi -- {flags} 2>/dev/null')
     sh(pi_direct, penv), sh(pi_spawned, penv)  # Node's compile cache, warm for both
     pd, pw = [], []
     for r in range(REPS):
@@ -224,7 +227,7 @@ def runner_cpu(seconds):
     time.sleep(seconds)
     c1, t1 = cpu(), time.monotonic()
     subprocess.run(["kill", pid])
-    sh(f'"{BIN}/cohort-status" --wait {rid} || true')
+    sh(f'"{BIN}/cohort-status" --wait {rid} 2>/dev/null || true')
     return (c1 - c0) / 1e9 / (t1 - t0) * 100
 
 idle_s = float(os.environ["IDLE_S"])

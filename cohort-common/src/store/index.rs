@@ -546,7 +546,7 @@ impl View {
                 .map_err(std::io::Error::other)?;
         } else if !self.appended.is_empty() {
             let mut out = String::new();
-            if !terminal_file_shape(&tpath).1 {
+            if !terminal_header_ok(&tpath) {
                 // Missing or foreign: start it (a foreign file is replaced, not appended to).
                 out.push_str(&format!("{TERMINAL_MAGIC} {INDEX_VERSION}\n"));
                 let _ = fs::remove_file(&tpath);
@@ -686,6 +686,16 @@ fn terminal_file_shape(path: &Path) -> (usize, bool) {
         }
         Err(_) => (0, false),
     }
+}
+
+/// Whether the `terminal` file starts with our header (reads only the header: the file holds a
+/// line per terminal run, megabytes at 100,000 runs).
+fn terminal_header_ok(path: &Path) -> bool {
+    let header = format!("{TERMINAL_MAGIC} {INDEX_VERSION}\n");
+    let mut buf = vec![0u8; header.len()];
+    File::open(path)
+        .and_then(|mut f| read_full(&mut f, &mut buf))
+        .is_ok_and(|n| buf[..n] == *header.as_bytes())
 }
 
 fn read_full(f: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
