@@ -4,8 +4,10 @@
 //! run dir is assembled under a hidden name with its lock file already held; cwd, runtime and
 //! session rules are checked; the record (`queued`, or already `failed` with the reason when a
 //! check failed) and the launch spec are written durably beside the lock and the directory is
-//! renamed into view, so a failed start always leaves a record that says why. Then the
-//! detached runner is started with the held lock, and spawn returns once it has adopted it —
+//! renamed into view, so a failed start always leaves a record that says why (a top-level run
+//! is then journaled for the listing index, [`cohort_common::store::index::note_spawned`]).
+//! Then the detached runner is started with the held lock, and spawn returns once it has
+//! adopted it —
 //! or, for a Slurm run, the runner is submitted as a batch job whose id is recorded before spawn
 //! lets go of the run lock ([`crate::slurm`]). If anything after publication fails, the record
 //! is rewritten `failed` with the reason.
