@@ -872,6 +872,7 @@ impl Supervisor {
                 seen: a.seen.clone(),
                 orphans: self.sole_member,
                 nested_runs,
+                since: self.rec.pid_start_time.unwrap_or(0),
             };
             let tx = self.tx.clone();
             std::thread::spawn(move || {
@@ -893,6 +894,7 @@ impl Supervisor {
             seen: HashMap::new(),
             orphans: true,
             nested_runs: self.state_root.nested_runs_dir(&self.tree.root_run_id),
+            since: self.rec.pid_start_time.unwrap_or(0),
         };
         let escaped = sweep_descendants(
             &track,
@@ -965,8 +967,8 @@ impl Supervisor {
         self.persist_tracked(Some(&procs));
     }
 
-    /// Drop the tracked processes that are gone (by pid and start time in `procs`, or in the
-    /// live process table when `None`) and, if the set changed, replace `processes.json`.
+    /// Drop the tracked processes that are gone (by pid and start time in `procs`, or as they
+    /// are now when `None`) and, if the set changed, replace `processes.json`.
     fn persist_tracked(&mut self, procs: Option<&HashMap<u32, procinfo::Stat>>) {
         if self.tracked.is_empty() && self.tracked_written.is_empty() {
             // Nothing tracked, nothing listed: no process table to read (a step's end).
@@ -976,7 +978,12 @@ impl Supervisor {
         let procs = match procs {
             Some(p) => p,
             None => {
-                table = procinfo::all_processes();
+                // Only the tracked processes, one stat each: not the host's whole table.
+                table = self
+                    .tracked
+                    .keys()
+                    .filter_map(|&(pid, _)| procinfo::stat(pid).map(|s| (pid, s)))
+                    .collect();
                 &table
             }
         };

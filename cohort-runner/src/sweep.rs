@@ -40,14 +40,20 @@ pub struct StepTrack {
     /// The run tree's nested runs dir: a process whose first argument lies under it is a
     /// nested cohort runner (its run dir), left to its own run with everything under it.
     pub nested_runs: PathBuf,
+    /// The runner's own start time (clock ticks since boot). A process that carries the step's
+    /// variables inherited them from one of this runner's children, so it started at or after
+    /// this: the environments of older processes are not read (on a host with thousands of
+    /// processes that is most of the cost of a step's end).
+    pub since: u64,
 }
 
 /// The processes of a step in a process table (pure over `procs` and `env_of`): descendants of
 /// the live child; processes seen earlier (same start time); processes whose environment
-/// carries the step's `COHORT_PARENT_RUN_ID`/`COHORT_PARENT_STEP`; and, when
-/// [`StepTrack::orphans`], every child of `me` other than the live step children `busy`. Nested
-/// cohort runners and everything under them are left to their own runs; `me` and zombies are
-/// never included.
+/// carries the step's `COHORT_PARENT_RUN_ID`/`COHORT_PARENT_STEP` (read only for processes
+/// started since [`StepTrack::since`]); and, when [`StepTrack::orphans`], every child of `me`
+/// other than the live step children `busy`. Nested cohort runners and everything under them
+/// are left to their own runs (asked only of the processes found and their ancestors); `me`
+/// and zombies are never included.
 pub fn select_step_processes(
     t: &StepTrack,
     me: u32,
@@ -76,6 +82,9 @@ pub fn select_step_processes(
             found.extend(procinfo::descendants(procs, pid));
             continue;
         }
+        if st.start_time < t.since {
+            continue;
+        }
         if let Some(env) = env_of(pid) {
             let (mut has_run, mut has_step) = (false, false);
             for var in env.split(|&b| b == 0) {
@@ -87,14 +96,21 @@ pub fn select_step_processes(
             }
         }
     }
-    // Every nested runner of the tree, wherever it is in the table: it may have been seen as a
-    // descendant while its spawner was still alive, or its Pi child may be in `seen`; both
-    // belong to the nested run. Recognised by its argument (its run dir), not by its name: the
-    // runner binary may be renamed (`COHORT_RUNNER`), and a name is easy to borrow.
-    let nested: Vec<u32> = procs
-        .values()
-        .filter(|s| s.pid != me && s.state != 'Z' && is_nested_runner(s.pid))
-        .map(|s| s.pid)
+    // Every nested runner of the tree among what was found and its ancestors (a nested runner
+    // elsewhere has nothing found under it): it may have been seen as a descendant while its
+    // spawner was still alive, or its Pi child may be in `seen`; both belong to the nested run.
+    // Recognised by its argument (its run dir), not by its name: the runner binary may be
+    // renamed (`COHORT_RUNNER`), and a name is easy to borrow.
+    let mut candidates: HashSet<u32> = HashSet::new();
+    for &p in &found {
+        let mut at = Some(p);
+        while let Some(pid) = at.filter(|&q| q != me && candidates.insert(q)) {
+            at = procs.get(&pid).map(|s| s.ppid);
+        }
+    }
+    let nested: Vec<u32> = candidates
+        .into_iter()
+        .filter(|&p| procs.get(&p).is_some_and(|s| s.state != 'Z') && is_nested_runner(p))
         .collect();
     for n in nested {
         found.remove(&n);
@@ -189,11 +205,16 @@ mod tests {
             p(601, 1, "sleep", 99),         // a reused pid: seen earlier with another start time
             p(700, me, "node", 7),          // a sibling step's live child
             p(800, me, "cohort-runner", 8), // only named like a runner: not a nested run
+            p(900, 1, "sleep", 1),          // env-marked, but older than the runner: not read
         ]
         .into_iter()
         .map(|s| (s.pid, s))
         .collect();
         let env = |pid: u32| -> Option<Vec<u8>> {
+            assert_ne!(
+                pid, 900,
+                "the environment of a process older than the runner was read"
+            );
             (pid == 500).then(|| b"A=1\0COHORT_PARENT_RUN_ID=r\0COHORT_PARENT_STEP=3\0".to_vec())
         };
         let t = StepTrack {
@@ -203,12 +224,21 @@ mod tests {
             seen: [(600, 6), (601, 5), (401, 4)].into_iter().collect(),
             orphans: false,
             nested_runs: PathBuf::from("/nested"),
+            since: 2,
         };
-        let nested = |pid: u32| pid == 400;
+        let asked = std::cell::RefCell::new(Vec::new());
+        let nested = |pid: u32| {
+            asked.borrow_mut().push(pid);
+            pid == 400
+        };
         assert_eq!(
             select_step_processes(&t, me, &[200, 700], &procs, env, nested),
             vec![201, 500, 600]
         );
+        // Only what was found and its ancestors are asked whether they are nested runners.
+        let mut asked_now = asked.take();
+        asked_now.sort_unstable();
+        assert_eq!(asked_now, vec![200, 201, 400, 401, 500, 600]);
         let t = StepTrack {
             child: None,
             orphans: true,
