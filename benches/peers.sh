@@ -10,9 +10,10 @@
 #     settled (nothing changed for 2 s) and right after a spawn;
 # and, once: spawn + wait of a run whose Pi exits at once beside running that Pi directly (the
 # recorded fake, then the real pinned Pi 0.73.1 answered by the bundled fake model server on
-# 127.0.0.1, installed into .pi-cli/ by pi-install; PI_ROW=0 skips it), and the CPU an idle
-# runner uses beside 3,000 unrelated sleeping processes (baseline: the same
-# runner with nothing else on the host). Targets in the README ("Benchmarks").
+# 127.0.0.1, installed into .pi-cli/ by pi-install; PI_ROW=0 skips it), the CPU an idle runner
+# uses beside 3,000 unrelated sleeping processes (baseline: the same runner with nothing else on
+# the host), and spawn --wait of the recorded fake beside those processes. Targets in the README
+# ("Benchmarks").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nq >/dev/null; then
@@ -236,6 +237,13 @@ n = int(os.environ["IDLE_PROCS"])
 sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(n)]
 try:
     crowded = runner_cpu(idle_s)
+    # A step's end looks for what the step left among the host's processes: its cost grows
+    # with them.
+    direct, wrapped = [], []
+    for r in range(REPS):
+        direct.append(sh(f'"{NODE}" "{ENTRY}" bench')[0])
+        wrapped.append(sh(f'"{BIN}/cohort-spawn" --wait --pi-entry "{ENTRY}" bench 2>/dev/null')[0])
+    row(f"spawn --wait beside {n} processes", wrapped, [("Pi directly", direct)])
 finally:
     for p in sleepers:
         p.kill()
