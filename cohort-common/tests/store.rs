@@ -345,3 +345,87 @@ fn racy_rule() {
     // A stamp in the future is never trusted.
     assert!(index::is_racy(s, 999_000));
 }
+
+#[test]
+fn a_fifo_or_device_as_the_journal_never_blocks_a_spawn_or_a_listing() {
+    let t = tempfile::tempdir().unwrap();
+    let root = StateRoot::for_profile(t.path());
+    put(&root, RunState::Complete);
+    age_runs_dir(&root);
+    View::open(&root).unwrap().save();
+    let journal = root.index_dir().join("spawned");
+    std::fs::remove_file(&journal).unwrap();
+    nix::unistd::mkfifo(&journal, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    // Each call below would block for ever on a blocking open of the FIFO.
+    let id = spawn_journaled(&root);
+    let v = View::open(&root).unwrap();
+    assert!(v.rebuilt, "an unreadable journal: the directory is read");
+    assert_eq!(v.newest(1)[0].display_name(), id);
+    // A link to an endless device is not followed.
+    std::fs::remove_file(&journal).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &journal).unwrap();
+    let id = spawn_journaled(&root);
+    let v = View::open(&root).unwrap();
+    assert_eq!(v.newest(1)[0].display_name(), id);
+}
+
+#[test]
+fn a_listing_reads_the_name_list_it_opened_even_when_another_replaces_it() {
+    let t = tempfile::tempdir().unwrap();
+    let root = StateRoot::for_profile(t.path());
+    let ids: Vec<String> = (0..5).map(|_| put(&root, RunState::Complete)).collect();
+    age_runs_dir(&root);
+    View::open(&root).unwrap().save();
+    let v = View::open(&root).unwrap();
+    assert!(!v.rebuilt);
+    // Meanwhile a run is removed and another listing rebuilds the name list.
+    std::fs::remove_dir_all(root.run_dir(&ids[4]).path()).unwrap();
+    age_runs_dir(&root);
+    let mut other = View::open(&root).unwrap();
+    assert!(other.rebuilt);
+    other.save();
+    // The first listing still sees the directory as it was when it opened it, whole.
+    let names: Vec<String> = v.all().iter().map(Entry::display_name).collect();
+    assert_eq!(names, ids);
+}
+
+#[test]
+fn a_runs_directory_that_is_a_symlink_is_listed_where_it_points() {
+    let t = tempfile::tempdir().unwrap();
+    let root = StateRoot::for_profile(t.path().join("profile"));
+    let real = t.path().join("elsewhere");
+    std::fs::create_dir_all(&real).unwrap();
+    std::fs::create_dir_all(root.runs_dir().parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&real, root.runs_dir()).unwrap();
+    // The link's own mtime is old and never changes again.
+    let link =
+        std::ffi::CString::new(root.runs_dir().into_os_string().into_encoded_bytes()).unwrap();
+    let old = libc::timespec {
+        tv_sec: 1_000_000_000,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid C string and two timespecs, as utimensat(2) takes them.
+    let rc = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            link.as_ptr(),
+            [old, old].as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    assert_eq!(rc, 0);
+    put(&root, RunState::Complete);
+    age_runs_dir(&root);
+    View::open(&root).unwrap().save();
+    let a = spawn_journaled(&root);
+    assert_eq!(View::open(&root).unwrap().newest(1)[0].display_name(), a);
+    // Settled again: the new run is still seen (the link's own mtime never changes).
+    age_runs_dir(&root);
+    let mut v = View::open(&root).unwrap();
+    assert_eq!(v.total, 2);
+    v.save();
+    let b = put(&root, RunState::Complete);
+    age_runs_dir(&root);
+    let v = View::open(&root).unwrap();
+    assert_eq!(v.newest(1)[0].display_name(), b);
+}

@@ -28,9 +28,10 @@
 //!   trusted `names` stamped `base` plus a journal that chains from `base` to the directory's
 //!   mtime ([`spawned_since`]) is the directory. Anything else (overlapping spawns, a reap, a
 //!   spawn killed before its line, an entry made by hand) breaks the chain and the directory is
-//!   listed; a change made by hand within one spawn's window (about a millisecond) or in the
-//!   clock tick after it is found by the full listing once the directory is no longer racy. A
-//!   trusted rebuild empties the journal.
+//!   listed; a change made by hand within one spawn's window (between its two reads of the
+//!   mtime: about a millisecond, longer if that spawn is stopped there) or in the clock tick
+//!   after it is found by the full listing once the directory is no longer racy. A trusted
+//!   rebuild empties the journal.
 //!
 //! Invariant: every name in `names` is in exactly one of `terminal`, `a`, `e`. A rebuild
 //! ([`View::open`] when the files are missing, stale, racy or unparsable) lists the directory,
@@ -117,9 +118,10 @@ impl Stamp {
         })
     }
 
-    /// The mtime of `path` (not following a symlink); `None` when it cannot be read.
+    /// The mtime of `path` (following a symlink, as a listing of it does); `None` when it
+    /// cannot be read.
     pub fn of_path(path: &Path) -> Option<Stamp> {
-        fs::symlink_metadata(path).ok().map(|m| Stamp::of(&m))
+        fs::metadata(path).ok().map(|m| Stamp::of(&m))
     }
 
     fn ms(self) -> i64 {
@@ -200,8 +202,9 @@ pub enum Outcome {
 enum Names {
     /// The whole sorted list, in memory (after a rebuild).
     Memory(Vec<Entry>),
-    /// In the `names` file, after a header of this many bytes.
-    File { path: PathBuf, data_start: u64 },
+    /// In the `names` file, open (a listing that replaces it meanwhile does not change what this
+    /// one reads), after a header of this many bytes.
+    File { file: File, data_start: u64 },
 }
 
 /// The index as one listing sees it: current for the runs directory as it was when opened.
@@ -230,7 +233,8 @@ impl View {
     /// Errors only when the runs directory itself cannot be listed.
     pub fn open(root: &StateRoot) -> Result<View> {
         let runs = root.runs_dir();
-        let meta = match fs::symlink_metadata(&runs) {
+        // Through a symlink: a runs directory that is a link to elsewhere is listed there.
+        let meta = match fs::metadata(&runs) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(View::empty()),
             Err(e) => return Err(e).at("stat", &runs),
@@ -261,8 +265,7 @@ impl View {
     }
 
     fn cached(dir: &Path, stamp: Stamp) -> Option<View> {
-        let names_path = dir.join(NAMES_FILE);
-        let mut f = File::open(&names_path).ok()?;
+        let mut f = files::open_regular(&dir.join(NAMES_FILE)).ok()?;
         let mut head = [0u8; 256];
         let n = read_full(&mut f, &mut head).ok()?;
         let nl = head[..n].iter().position(|&b| b == b'\n')?;
@@ -280,11 +283,17 @@ impl View {
         let spawned = if got == stamp {
             Vec::new()
         } else if is_racy(stamp, now_ms()) {
-            let path = dir.join(SPAWNED_FILE);
-            if fs::metadata(&path).ok()?.len() > MAX_SPAWNED_BYTES {
+            // A regular file only (never a FIFO or a device, never through a symlink).
+            let journal = files::open_regular(&dir.join(SPAWNED_FILE)).ok()?;
+            let mut text = String::new();
+            journal
+                .take(MAX_SPAWNED_BYTES + 1)
+                .read_to_string(&mut text)
+                .ok()?;
+            if text.len() as u64 > MAX_SPAWNED_BYTES {
                 return None;
             }
-            spawned_since(&fs::read_to_string(path).ok()?, got, stamp)?
+            spawned_since(&text, got, stamp)?
         } else {
             // Settled: one full listing gives a trusted base again (and empties the journal).
             return None;
@@ -296,7 +305,7 @@ impl View {
         let data_start = nl as u64 + 1;
         if let Some(first) = spawned.first() {
             // Spawned runs sort after every earlier one (spawn's id floor); if not, list.
-            let last = tail_entries(&names_path, data_start, 1, total)?;
+            let last = tail_entries(&f, data_start, 1, total)?;
             if last
                 .first()
                 .is_some_and(|e| e.name.as_os_str() >= OsStr::new(first))
@@ -312,7 +321,7 @@ impl View {
             broken,
             rebuilt: false,
             names: Names::File {
-                path: names_path,
+                file: f,
                 data_start,
             },
             terminal: None,
@@ -393,8 +402,8 @@ impl View {
         let in_names = self.total - self.spawned.len();
         out.extend(match &self.names {
             Names::Memory(all) => all.iter().rev().take(want).cloned().collect(),
-            Names::File { path, data_start } if want > 0 => {
-                tail_entries(path, *data_start, want, in_names).unwrap_or_default()
+            Names::File { file, data_start } if want > 0 => {
+                tail_entries(file, *data_start, want, in_names).unwrap_or_default()
             }
             Names::File { .. } => Vec::new(),
         });
@@ -624,13 +633,15 @@ pub fn note_spawned(root: &StateRoot, id: &str, before: Stamp) {
         before.sec, before.nsec, after.sec, after.nsec
     );
     // One write(2) of a short line with O_APPEND: concurrent spawns' lines do not interleave.
-    let _ = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(files::FILE_MODE)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(root.index_dir().join(SPAWNED_FILE))
-        .and_then(|mut f| f.write_all(line.as_bytes()));
+    // A regular file only: a FIFO or a device there must never block or swallow a spawn.
+    let path = root.index_dir().join(SPAWNED_FILE);
+    let mut opts = OpenOptions::new();
+    opts.append(true).create(true).mode(files::FILE_MODE);
+    if let Ok(mut f) = files::open_no_follow(&mut opts, &path, "open") {
+        if files::ensure_regular(&f, &path).is_ok() {
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
 }
 
 /// The runs a `spawned` journal adds to a trusted name list of the runs directory stamped
@@ -806,8 +817,8 @@ fn parse_active(bytes: &[u8]) -> Option<ActiveFile> {
 }
 
 /// Read the last `want` entries of the `names` file, newest first.
-fn tail_entries(path: &Path, data_start: u64, want: usize, total: usize) -> Option<Vec<Entry>> {
-    let mut f = File::open(path).ok()?;
+fn tail_entries(f: &File, data_start: u64, want: usize, total: usize) -> Option<Vec<Entry>> {
+    let mut f = f;
     let len = f.metadata().ok()?.len();
     let want = want.min(total);
     let mut chunk: u64 = (want as u64 + 1) * 48 + 256;
