@@ -225,6 +225,14 @@ fn age_runs_dir(root: &StateRoot) {
         .unwrap();
 }
 
+/// One terminal run and a trusted index of it, as a settled listing leaves them; its id.
+fn settled_with_one_run(root: &StateRoot) -> String {
+    let id = put(root, RunState::Complete);
+    age_runs_dir(root);
+    View::open(root).unwrap().save();
+    id
+}
+
 /// What spawn does: the runs directory's mtime before, the run renamed into place, the line.
 fn spawn_journaled(root: &StateRoot) -> String {
     let before = Stamp::of_path(&root.runs_dir()).unwrap();
@@ -237,9 +245,7 @@ fn spawn_journaled(root: &StateRoot) -> String {
 fn sequential_spawns_are_listed_from_the_journal_and_anything_else_lists_the_directory() {
     let t = tempfile::tempdir().unwrap();
     let root = StateRoot::for_profile(t.path());
-    let old = put(&root, RunState::Complete);
-    age_runs_dir(&root);
-    View::open(&root).unwrap().save(); // a trusted base, as a settled listing leaves it
+    let old = settled_with_one_run(&root);
 
     let a = spawn_journaled(&root);
     let b = spawn_journaled(&root);
@@ -274,9 +280,7 @@ fn sequential_spawns_are_listed_from_the_journal_and_anything_else_lists_the_dir
 fn overlapping_spawns_break_the_chain() {
     let t = tempfile::tempdir().unwrap();
     let root = StateRoot::for_profile(t.path());
-    put(&root, RunState::Complete);
-    age_runs_dir(&root);
-    View::open(&root).unwrap().save();
+    settled_with_one_run(&root);
     // Both read the directory's mtime before either renamed its run into place.
     let before = Stamp::of_path(&root.runs_dir()).unwrap();
     let a = put(&root, RunState::Queued);
@@ -350,9 +354,7 @@ fn racy_rule() {
 fn a_fifo_or_device_as_the_journal_never_blocks_a_spawn_or_a_listing() {
     let t = tempfile::tempdir().unwrap();
     let root = StateRoot::for_profile(t.path());
-    put(&root, RunState::Complete);
-    age_runs_dir(&root);
-    View::open(&root).unwrap().save();
+    settled_with_one_run(&root);
     let journal = root.index_dir().join("spawned");
     std::fs::remove_file(&journal).unwrap();
     nix::unistd::mkfifo(&journal, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
@@ -414,9 +416,7 @@ fn a_runs_directory_that_is_a_symlink_is_listed_where_it_points() {
         )
     };
     assert_eq!(rc, 0);
-    put(&root, RunState::Complete);
-    age_runs_dir(&root);
-    View::open(&root).unwrap().save();
+    settled_with_one_run(&root);
     let a = spawn_journaled(&root);
     assert_eq!(View::open(&root).unwrap().newest(1)[0].display_name(), a);
     // Settled again: the new run is still seen (the link's own mtime never changes).
