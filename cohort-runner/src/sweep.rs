@@ -250,4 +250,37 @@ mod tests {
             "orphans (not the nested runner, not a busy sibling) belong to the last live step"
         );
     }
+
+    #[test]
+    fn a_nested_runner_above_this_one_does_not_hide_this_runs_processes() {
+        use cohort_common::identity::procinfo::Stat;
+        let p = |pid, ppid, start| Stat {
+            pid,
+            comm: "x".into(),
+            state: 'S',
+            ppid,
+            pgrp: pid,
+            start_time: start,
+        };
+        // This runner (100) runs a depth-2 run: its parent runner (50) is a nested runner of
+        // the same tree, above it.
+        let procs: HashMap<u32, Stat> =
+            [p(50, 1, 1), p(100, 50, 2), p(200, 100, 3), p(201, 200, 4)]
+                .into_iter()
+                .map(|s| (s.pid, s))
+                .collect();
+        let t = StepTrack {
+            run_id: "r".into(),
+            step: 0,
+            child: Some(200),
+            seen: HashMap::new(),
+            orphans: false,
+            nested_runs: PathBuf::from("/nested"),
+            since: 2,
+        };
+        assert_eq!(
+            select_step_processes(&t, 100, &[200], &procs, |_| None, |pid| pid == 50),
+            vec![201]
+        );
+    }
 }
