@@ -416,3 +416,70 @@ fn reaping_the_root_waits_for_its_nested_runs() {
         "routes are never reaped"
     );
 }
+
+#[test]
+fn a_depth_two_run_sweeps_what_its_step_left() {
+    // Its runner's parent is the depth-1 runner, a nested runner of the same tree: that must
+    // not make the depth-2 run's own leftovers look like another run's.
+    let env = TestEnv::new();
+    let dir = env.tmp.path();
+    let pid_file = dir.join("leftover.pid");
+    let leave = dir.join("leave.sh");
+    std::fs::write(
+        &leave,
+        format!(
+            "sleep 300 > /dev/null 2>&1 &\necho $! > {}\n",
+            pid_file.display()
+        ),
+    )
+    .unwrap();
+    let level2 = dir.join("level2.sh");
+    // The depth-1 step waits for its nested run, so the depth-1 runner lives (as the depth-2
+    // runner's parent) while the depth-2 step ends.
+    std::fs::write(
+        &level2,
+        format!(
+            "id=$({}) && {} --wait \"$id\"\n",
+            nested_spawn_command("fake/tool", &format!("RUN: sh {}", leave.display())),
+            bin_dir().join("cohort-status").display()
+        ),
+    )
+    .unwrap();
+    let root = env.spawn(&[
+        "--model",
+        "fake/tool",
+        &format!(
+            "RUN: {}",
+            nested_spawn_command("fake/tool", &format!("RUN: sh {}", level2.display()))
+        ),
+    ]);
+    wait_for(Duration::from_secs(90), || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|t| t.ends_with('\n'))
+    })
+    .expect("the depth-2 step started its background process");
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let mut deepest = None;
+    wait_for(Duration::from_secs(60), || {
+        deepest = nested_dirs(&env, &root).into_iter().find(|d| {
+            d.join("status.json").is_file() && read_json(&d.join("status.json"))["depth"] == 2
+        });
+        deepest.is_some()
+    })
+    .expect("a depth-2 run");
+    let rec = env.wait_terminal_at(&deepest.unwrap(), 60);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    // The step's end swept it before the terminal record was written.
+    let gone = !cohort_e2e::harness::alive(pid);
+    if !gone {
+        signal(pid, nix::sys::signal::Signal::SIGKILL);
+    }
+    assert!(
+        gone,
+        "the depth-2 step's background process {pid} outlived its run"
+    );
+    env.wait_terminal(&root, 60);
+}
