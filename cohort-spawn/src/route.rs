@@ -306,24 +306,16 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains(TOKEN_ENV));
-        let mut bad = full();
-        bad[2] = (PARENT_STEP_ENV, "two");
-        assert!(parse_env(env(&bad))
-            .unwrap_err()
-            .to_string()
-            .contains("not a number"));
-        let mut bad = full();
-        bad[0] = (ROOT_RUN_ENV, "../../etc");
-        assert!(parse_env(env(&bad))
-            .unwrap_err()
-            .to_string()
-            .contains("not a run id"));
-        let mut bad = full();
-        bad[5] = (ROUTE_DIR_ENV, "relative/dir");
-        assert!(parse_env(env(&bad))
-            .unwrap_err()
-            .to_string()
-            .contains("not absolute"));
+        for (i, var, value, says) in [
+            (2, PARENT_STEP_ENV, "two", "not a number"),
+            (0, ROOT_RUN_ENV, "../../etc", "not a run id"),
+            (5, ROUTE_DIR_ENV, "relative/dir", "not absolute"),
+        ] {
+            let mut bad = full();
+            bad[i] = (var, value);
+            let err = parse_env(env(&bad)).unwrap_err().to_string();
+            assert!(err.contains(says), "{var}={value}: {err}");
+        }
     }
 
     #[test]

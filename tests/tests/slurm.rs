@@ -274,15 +274,17 @@ fn sbatch_refusing_the_job_is_a_start_failure_with_its_message() {
     let Some((cluster, env)) = world() else {
         return;
     };
-    let out = cmd(&env, cluster, "cohort-spawn")
-        .args([
+    let out = run(
+        &env,
+        cluster,
+        "cohort-spawn",
+        &[
             "--backend",
             "slurm",
             "--sbatch-arg=--partition=no-such-partition",
             "task",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     assert_start_failure(&env, &out, "Invalid partition name specified");
 }
 

@@ -547,7 +547,7 @@ impl View {
                 .filter(|k| live.contains(OsStr::new(k.as_str())))
                 .collect();
             ids.sort();
-            let mut out = format!("{TERMINAL_MAGIC} {INDEX_VERSION}\n");
+            let mut out = terminal_header();
             for id in ids {
                 push_terminal_line(&mut out, id, &t[id]);
             }
@@ -557,7 +557,7 @@ impl View {
             let mut out = String::new();
             if !terminal_header_ok(&tpath) {
                 // Missing or foreign: start it (a foreign file is replaced, not appended to).
-                out.push_str(&format!("{TERMINAL_MAGIC} {INDEX_VERSION}\n"));
+                out.push_str(&terminal_header());
                 let _ = fs::remove_file(&tpath);
             }
             for (id, k) in &self.appended {
@@ -685,11 +685,16 @@ fn push_terminal_line(out: &mut String, id: &str, k: &Known) {
     out.push('\n');
 }
 
+/// The first line of the `terminal` file, with its newline.
+fn terminal_header() -> String {
+    format!("{TERMINAL_MAGIC} {INDEX_VERSION}\n")
+}
+
 /// (number of lines, whether the header is ours) of the `terminal` file.
 fn terminal_file_shape(path: &Path) -> (usize, bool) {
     match fs::read(path) {
         Ok(b) => {
-            let header = format!("{TERMINAL_MAGIC} {INDEX_VERSION}\n");
+            let header = terminal_header();
             (
                 b.iter().filter(|&&c| c == b'\n').count(),
                 b.starts_with(header.as_bytes()),
@@ -702,7 +707,7 @@ fn terminal_file_shape(path: &Path) -> (usize, bool) {
 /// Whether the `terminal` file starts with our header (reads only the header: the file holds a
 /// line per terminal run, megabytes at 100,000 runs).
 fn terminal_header_ok(path: &Path) -> bool {
-    let header = format!("{TERMINAL_MAGIC} {INDEX_VERSION}\n");
+    let header = terminal_header();
     let mut buf = vec![0u8; header.len()];
     File::open(path)
         .and_then(|mut f| read_full(&mut f, &mut buf))
@@ -731,7 +736,7 @@ fn load_terminal(path: &Path) -> HashMap<String, Known> {
         return out;
     };
     let mut lines = text.lines();
-    if lines.next() != Some(&format!("{TERMINAL_MAGIC} {INDEX_VERSION}")) {
+    if lines.next() != terminal_header().strip_suffix('\n') {
         return out;
     }
     out.reserve(bytes.len() / 60);
