@@ -37,7 +37,7 @@ fn build(profiles: &[&Path], n: usize) {
         let mut rec = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
         rec.finish(RunState::Complete, None);
         rec.steps.push(StepRecord {
-            agent: "step-0".into(),
+            label: "step-0".into(),
             task: "Summarize the TODO comments in src/ and group them by module".into(),
             session_file: Some(PathBuf::from(format!(
                 "/nonexistent/sessions/async-{id}/step-0.jsonl"

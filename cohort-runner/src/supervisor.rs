@@ -1029,7 +1029,7 @@ impl Supervisor {
         self.persist_tracked(None);
         let summary = a.summary.unwrap_or_default();
         let stderr = a.stderr.lock().map(|t| t.summary()).unwrap_or_default();
-        let label = self.rec.steps[i].agent.clone();
+        let label = self.rec.steps[i].label.clone();
         {
             let s = &mut self.rec.steps[i];
             s.turn_count = summary.turn_count;

@@ -181,7 +181,7 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     rec.steps = flat
         .iter()
         .map(|f| StepRecord {
-            agent: spec::label_of(&f.spec, f.index),
+            label: spec::label_of(&f.spec, f.index),
             agent_source: f.spec.resolved_agent.as_ref().map(|a| a.source()),
             task: f.spec.task.clone(),
             model: f.spec.model.clone(),

@@ -56,7 +56,7 @@ pub fn follow(
                 if open_line {
                     out(b"\n").map_err(io_err)?;
                 }
-                let label = steps.get(i).map(|s| s.agent.as_str()).unwrap_or("");
+                let label = steps.get(i).map(|s| s.label.as_str()).unwrap_or("");
                 // The label is the run's: escaped, whatever stdout is (this line is cohort's).
                 let label = cohort_cli::text::untrusted(label);
                 out(format!("==> step {i} ({label}) <==\n").as_bytes()).map_err(io_err)?;

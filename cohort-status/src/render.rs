@@ -232,7 +232,7 @@ pub fn table(rows: &[Row], colour: bool) -> String {
 fn agent_cell(s: &cohort_common::format::record::StepRecord) -> String {
     match &s.agent_source {
         Some(a) => a.name.clone(),
-        None => s.agent.clone(),
+        None => s.label.clone(),
     }
 }
 
@@ -419,7 +419,7 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
         };
         s.push_str(&format!(
             "  [{i}] {:<10} {:<9} {:>8}  model={}  turns={} tools={} tokens={} (in {} / out {})\n",
-            untrusted(&st.agent),
+            untrusted(&st.label),
             st.status.as_str(),
             dur,
             untrusted(st.model.as_deref().unwrap_or("-")),
@@ -544,7 +544,7 @@ mod tests {
         rec.state = RunState::Failed;
         rec.error = Some("boom\x1b]0;PWNED\x07".into());
         rec.steps = vec![cohort_common::format::record::StepRecord {
-            agent: "two\nlines".into(),
+            label: "two\nlines".into(),
             task: "\x1b]0;PWNED\x07\x1b[2Jtask\u{9b}31m".into(),
             model: Some("m\x1b[5m".into()),
             error: Some("e\x07".into()),
@@ -617,7 +617,7 @@ mod tests {
     fn the_agent_column_shows_the_agent_over_the_label() {
         use cohort_common::format::record::{AgentScope, AgentSource, StepRecord};
         let mut st = StepRecord {
-            agent: "bugs".into(),
+            label: "bugs".into(),
             ..Default::default()
         };
         assert_eq!(agent_cell(&st), "bugs");

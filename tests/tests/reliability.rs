@@ -22,7 +22,7 @@ fn put(env: &TestEnv, state: RunState, edit: impl FnOnce(&mut RunRecord)) -> (St
     std::fs::File::create(dir.lock()).unwrap();
     let mut r = RunRecord::queued(&id, RunMode::Single);
     r.steps.push(StepRecord {
-        agent: "worker".into(),
+        label: "worker".into(),
         task: "a task".into(),
         status: StepStatus::Failed,
         ..Default::default()

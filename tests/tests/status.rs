@@ -49,7 +49,7 @@ fn put(
     r.clock = None;
     r.state = state;
     r.steps.push(StepRecord {
-        agent: "worker".into(),
+        label: "worker".into(),
         task: format!("task of {}", &id[24..]),
         status: if state == RunState::Complete {
             StepStatus::Complete
@@ -188,7 +188,7 @@ fn tree_and_all_show_nested_runs_under_their_parent_step() {
     let (top, _) = put(&env, RunState::Complete, None, |r| {
         r.mode = RunMode::Chain;
         r.steps.push(StepRecord {
-            agent: "second".into(),
+            label: "second".into(),
             task: "second step".into(),
             ..Default::default()
         });

@@ -303,9 +303,11 @@ pub struct AgentSource {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct StepRecord {
-    /// The step's label (pi-subagents calls it the agent): its `label`, else the name of the
-    /// agent it runs as, else `step-<i>`.
-    pub agent: String,
+    /// The step's label: its `label`, else the name of the agent it runs as, else `step-<i>`.
+    /// Stored under the JSON key `agent`, the key pi-subagents uses for the same value, so old
+    /// and new binaries read each other's records.
+    #[serde(rename = "agent")]
+    pub label: String,
     /// The agent the step runs as and where it came from; absent for a bare task.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_source: Option<AgentSource>,

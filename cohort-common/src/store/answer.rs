@@ -56,7 +56,7 @@ pub fn answer(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<Stri
     let mut parts = Vec::new();
     for i in steps {
         parts.push((
-            rec.steps[i].agent.clone(),
+            rec.steps[i].label.clone(),
             final_text(dir, rec, Some(i))?.trim_end().to_string(),
         ));
     }
