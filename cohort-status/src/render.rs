@@ -197,7 +197,7 @@ fn task_cell(l: &Listed) -> String {
     }
 }
 
-/// The table: ID, STATE, MODE, AGENT, AGE, DURATION, STEPS, TASK ([`columns`]). Error rows show
+/// The table: ID, STATE, MODE, AGENT, AGE, DURATION, STEPS, TASK (`columns()`). Error rows show
 /// `error` and the reason in the TASK column. Nested rows under a tree root are indented in the
 /// ID column and name their parent step; legacy and (flat) nested rows are marked in the TASK
 /// column. Every cell but the header holds text from a run and is shown escaped
