@@ -1,8 +1,10 @@
 //! cohort-cli: the command-line conventions all four binaries share, so a script meets the same
 //! behaviour whichever tool it calls. Kept apart from `cohort-common` (the run-directory
-//! contract) because it is about the shell, not about runs: parsing the command line with usage errors on one line,
-//! completion scripts and man pages generated from the command line (`--generate`), printing an error chain once with the right exit code, treating a closed stdout
-//! (`cohort-status | head -1`) as success, and byte sizes in the same human units everywhere.
+//! contract) because it is about the shell, not about runs: the whole `main` of a binary
+//! ([`main`]), parsing the command line with usage errors on one line, completion scripts and
+//! man pages generated from the command line (`--generate`), printing an error chain once with
+//! the right exit code, treating a closed stdout (`cohort-status | head -1`) as success, aligned
+//! tables ([`table`]), and byte sizes in the same human units everywhere.
 //!
 //! Usage errors are rendered here rather than by clap: clap prints three to seven lines (a tip,
 //! the usage, "For more information…"), and its tip for a value that starts with `-` ("use
@@ -17,23 +19,53 @@ use std::process::ExitCode;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 
 pub mod duration;
+pub mod table;
 pub mod text;
 
 use cohort_common::exit;
 
+/// What a binary's positional arguments are, which decides the hint a usage error gets
+/// ([`usage_line`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operands {
+    /// Names (run ids, a run directory): an unexpected argument is only reported.
+    Names,
+    /// Free-text tasks: an unexpected argument that looks like a task starting with `-` gets a
+    /// hint to read it from stdin.
+    Tasks,
+}
+
+/// The whole `main` of a cohort binary: parse the command line into `A` ([`parse_args`]), call
+/// `run` with it, and map its result to the exit code: `Ok(code)` exits `code`; an error is
+/// printed once, on one line of stderr, and exits with its code ([`fail`]), a closed stdout
+/// exiting 0.
+pub fn main<A: clap::Parser>(
+    bin: &str,
+    operands: Operands,
+    run: impl FnOnce(A) -> anyhow::Result<u8>,
+) -> ExitCode {
+    let args = match parse_args::<A>(bin, operands) {
+        Ok(args) => args,
+        Err(code) => return code,
+    };
+    match run(args) {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => fail(bin, err.as_ref()),
+    }
+}
+
 /// Parse the command line into `A`, the way every cohort binary does: `--help` and `--version`
 /// print in full on stdout and exit 0; any other error is one line on stderr,
-/// `<bin>: error: …` ([`usage_line`]), and exit 2 ([`exit::ERROR`]). `task_hint`: the
-/// binary takes free-text tasks, so an unexpected argument that looks like a task starting with
-/// `-` gets a hint to read it from stdin. `Err` carries the exit code to return from `main`.
-pub fn parse_args<A: clap::Parser>(bin: &str, task_hint: bool) -> Result<A, ExitCode> {
+/// `<bin>: error: …` ([`usage_line`], with the hint `operands` calls for), and exit 2
+/// ([`exit::ERROR`]). `Err` carries the exit code to return from `main`.
+pub fn parse_args<A: clap::Parser>(bin: &str, operands: Operands) -> Result<A, ExitCode> {
     A::try_parse().map_err(|e| match e.kind() {
         ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
             let _ = e.print();
             ExitCode::from(exit::SUCCESS)
         }
         _ => {
-            let _ = writeln!(io::stderr(), "{}", usage_line(bin, &e, task_hint));
+            let _ = writeln!(io::stderr(), "{}", usage_line(bin, &e, operands));
             ExitCode::from(exit::ERROR)
         }
     })
@@ -41,10 +73,10 @@ pub fn parse_args<A: clap::Parser>(bin: &str, task_hint: bool) -> Result<A, Exit
 
 /// The one line a usage error prints (pure over the error): `<bin>: error: <what clap found>;
 /// try '<bin> --help'`, with clap's tips and usage dropped and a multi-line message (a list of
-/// missing arguments) joined with spaces. With `task_hint`, an unexpected argument that starts
-/// with a single `-` or holds a space — a task, not a mistyped flag — is followed by how to pass
-/// it: from stdin with `-`.
-pub fn usage_line(bin: &str, err: &clap::Error, task_hint: bool) -> String {
+/// missing arguments) joined with spaces. For [`Operands::Tasks`], an unexpected argument that
+/// starts with a single `-` or holds a space — a task, not a mistyped flag — is followed by how
+/// to pass it: from stdin with `-`.
+pub fn usage_line(bin: &str, err: &clap::Error, operands: Operands) -> String {
     let rendered = err.render().to_string();
     let head = rendered.split("\n\n").next().unwrap_or("");
     let mut msg = head
@@ -62,7 +94,7 @@ pub fn usage_line(bin: &str, err: &clap::Error, task_hint: bool) -> String {
     };
     match invalid {
         Some(arg)
-            if task_hint
+            if operands == Operands::Tasks
                 && err.kind() == ErrorKind::UnknownArgument
                 && ((arg.starts_with('-') && !arg.starts_with("--")) || arg.contains(' ')) =>
         {
@@ -300,9 +332,9 @@ mod tests {
         need: Option<String>,
     }
 
-    fn line(args: &[&str], hint: bool) -> String {
+    fn line(args: &[&str], operands: Operands) -> String {
         let e = T::try_parse_from(std::iter::once("t").chain(args.iter().copied())).unwrap_err();
-        usage_line("t", &e, hint)
+        usage_line("t", &e, operands)
     }
 
     #[test]
@@ -327,7 +359,7 @@ mod tests {
             ),
         ];
         for (args, want) in cases {
-            let l = line(args, false);
+            let l = line(args, Operands::Names);
             assert!(!l.contains('\n'), "{args:?}: {l}");
             assert!(l.starts_with("t: error: "), "{args:?}: {l}");
             assert!(l.contains(want), "{args:?}: {l}");
@@ -384,10 +416,10 @@ mod tests {
 
     #[test]
     fn a_task_that_looks_like_a_flag_gets_the_stdin_hint() {
-        let l = line(&["--need", "x", "-v means verbose"], true);
+        let l = line(&["--need", "x", "-v means verbose"], Operands::Tasks);
         assert!(l.contains("read from stdin: echo '-v …' | t -"), "{l}");
         // A mistyped long flag is not a task: no hint.
-        let l = line(&["--need", "x", "--bogus"], true);
+        let l = line(&["--need", "x", "--bogus"], Operands::Tasks);
         assert!(l.ends_with("try 't --help'"), "{l}");
     }
 

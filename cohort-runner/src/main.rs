@@ -1,21 +1,11 @@
-//! The `cohort-runner` binary: parse the command line (a usage error is one line:
-//! [`cohort_cli::parse_args`]), run it ([`cohort_runner::cmd::run`]), and map the result to an exit
-//! code. A closed stdout is success; every error is printed once, on one line of stderr
-//! ([`cohort_cli::fail`]).
+//! The `cohort-runner` binary: [`cohort_cli::main`] parses the command line (a usage error is one
+//! line), runs it ([`cohort_runner::cmd::run`]) and maps the result to an exit code (an error is
+//! printed once, on one line of stderr; a closed stdout is success).
 
-use std::process::ExitCode;
-
-use cohort_cli as cli;
 use cohort_common::exit;
-use cohort_runner::cmd::{self, Args};
 
-fn main() -> ExitCode {
-    let args = match cli::parse_args::<Args>("cohort-runner", false) {
-        Ok(args) => args,
-        Err(code) => return code,
-    };
-    match cmd::run(args) {
-        Ok(()) => ExitCode::from(exit::SUCCESS),
-        Err(err) => cli::fail("cohort-runner", err.as_ref()),
-    }
+fn main() -> std::process::ExitCode {
+    cohort_cli::main("cohort-runner", cohort_cli::Operands::Names, |args| {
+        cohort_runner::cmd::run(args).map(|()| exit::SUCCESS)
+    })
 }

@@ -1,28 +1,32 @@
 //! The command line of `cohort-spawn`: arguments, the request they build, and the output.
 //!
-//! Reads the task (from stdin when it is `-`), builds a [`SpawnRequest`] (a single task, a
-//! parallel group, a chain file or saved chain, or a revival), resolves the agents its steps
-//! name ([`crate::agents`]), calls [`spawn::spawn`], and prints the run id on stdout (one JSON
-//! object with `--json`). `--list-agents` and `--list-chains` print what can be named. It returns as soon as the runner reports `running`,
-//! unless `--wait` asks it to wait for the run and print its answer ([`crate::wait`]).
+//! [`run`] chooses the run's shape once — a single task, a parallel group, a chain file or
+//! saved chain, or a revival — and calls that shape's builder (`cmd/shape.rs`, which also reads
+//! a task from stdin when it is `-`); then it resolves the agents the steps name
+//! ([`crate::agents`]), builds the [`SpawnRequest`], calls [`spawn::spawn`], and prints the run
+//! id on stdout (one JSON object with `--json`). `--list-agents` and `--list-chains` print what
+//! can be named (`cmd/list.rs`). It returns as soon as the runner reports `running`, unless
+//! `--wait` asks it to wait for the run and print its answer ([`crate::wait`]).
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Parser;
 use cohort_cli::{self as cli, duration};
 use cohort_common::exit;
 use cohort_common::format::backend::{BackendKind, LaunchBackend, BACKEND_ENV};
-use cohort_common::format::id;
 use cohort_common::format::layout::StateRoot;
-use cohort_common::format::record::RunMode;
 use cohort_common::format::route;
-use cohort_common::format::spec::{self, ChainStep, ParallelSpec, RunOptions, TaskSpec};
-use cohort_common::identity::runtime::{self, RuntimeRequest};
+use cohort_common::format::spec::{self, Placement, RunOptions};
+use cohort_common::identity::runtime::RuntimeRequest;
 
-use crate::spawn::{self, SpawnRequest};
-use crate::{agents, chains, revive};
+use crate::spawn::{self, SpawnRequest, Spawned};
+
+mod list;
+mod shape;
+
+use list::Listing;
+use shape::{Built, Shape};
 
 /// Start a Pi coding-agent run in the background and print its run id.
 ///
@@ -269,203 +273,10 @@ pub const MAN: cli::ManPage = cli::ManPage {
     sections: &[("Chain files", CHAIN_FILES), ("Agents", AGENTS)],
 };
 
-fn read_task(t: &str) -> anyhow::Result<String> {
-    let task = if t == "-" {
-        let mut s = String::new();
-        std::io::stdin()
-            .read_to_string(&mut s)
-            .context("cannot read the task from stdin")?;
-        s
-    } else {
-        t.to_string()
-    };
-    if task.trim().is_empty() {
-        return Err(cohort_common::Error::Usage("the task is empty".into()).into());
-    }
-    Ok(task)
-}
-
-/// The labels of the `n` members of a `--parallel` group (pure): with `--label x`, `x-0`,
-/// `x-1`, … so that `--output` headings (`## <label>`) and listings tell the members apart;
-/// without it, none (each member shows as `step-<i>`).
-pub fn member_labels(label: Option<&str>, n: usize) -> Vec<Option<String>> {
-    (0..n).map(|i| label.map(|l| format!("{l}-{i}"))).collect()
-}
-
 /// The on-exit hook a run gets (pure): `--on-exit CMD` when given (an empty or blank CMD
 /// means none, so it can turn off `$COHORT_ON_EXIT`), else `$COHORT_ON_EXIT` unless blank.
 pub fn on_exit_command(flag: Option<String>, env: Option<String>) -> Option<String> {
     flag.or(env).filter(|c| !c.trim().is_empty())
-}
-
-/// The chain `--chain ARG` names: the file at ARG when there is one (a `.chain.md`, else JSON),
-/// else the saved chain named ARG ([`chains::resolve`]). Errors are one line (exit 2).
-fn load_chain(arg: &Path, profile: &Path, cwd: &Path) -> anyhow::Result<Vec<ChainStep>> {
-    if arg.is_file() {
-        let text = std::fs::read_to_string(arg)
-            .with_context(|| format!("cannot read chain file {}", arg.display()))?;
-        if arg.to_string_lossy().ends_with(".md") {
-            return chains::parse_file(arg, &text)
-                .map(|c| c.steps)
-                .map_err(|e| cohort_common::Error::Usage(e).into());
-        }
-        return Ok(crate::chain_file::parse_chain(&text)?);
-    }
-    let name = arg.to_string_lossy();
-    if name.contains('/') || name.ends_with(".json") || name.ends_with(".md") {
-        bail!(cohort_common::Error::Usage(format!(
-            "chain file {} does not exist",
-            arg.display()
-        )));
-    }
-    let found = chains::discover(profile, cwd);
-    Ok(chains::resolve(&found, &name)?.steps.clone())
-}
-
-/// Put the TASK given with `--chain` in place of `{task}` (pure). A chain that uses `{task}`
-/// needs a TASK, and a TASK needs a `{task}` to go to: either mismatch is a usage error.
-pub fn fill_task(chain: &mut [ChainStep], given: Option<&str>) -> anyhow::Result<()> {
-    let uses = crate::chain_file::tasks_mut(chain).any(|t| t.task.contains("{task}"));
-    match (given, uses) {
-        (Some(g), true) => {
-            for t in crate::chain_file::tasks_mut(chain) {
-                t.task = crate::chain_file::substitute_task(&t.task, g);
-            }
-            Ok(())
-        }
-        (None, false) => Ok(()),
-        (None, true) => bail!(cohort_common::Error::Usage(
-            "the chain uses {task}; give the TASK after the chain".into()
-        )),
-        (Some(_), false) => bail!(cohort_common::Error::Usage(
-            "the chain has no {task} for the TASK to fill; give no TASK, or put {task} in a step"
-                .into()
-        )),
-    }
-}
-
-/// Resolve every agent the chain's tasks name, and merge each agent's fields under the step's
-/// own ([`agents::apply`]). An unknown or unusable agent is a usage error before any record
-/// exists. Tasks that carry a resolved agent already (a revival) keep it.
-fn resolve_agents(chain: &mut [ChainStep], profile: &Path, cwd: &Path) -> anyhow::Result<()> {
-    if !crate::chain_file::tasks_mut(chain).any(|t| t.agent.is_some() && t.resolved_agent.is_none())
-    {
-        return Ok(());
-    }
-    let catalog = agents::discover(profile, cwd);
-    for t in crate::chain_file::tasks_mut(chain) {
-        if let (Some(name), None) = (t.agent.clone(), &t.resolved_agent) {
-            let def = catalog.resolve(&name)?;
-            agents::apply(t, def);
-        }
-    }
-    Ok(())
-}
-
-/// `--list-agents` / `--list-chains`: a table (problems and ignored keys on indented lines
-/// below their row), or JSON Lines with `--json` ([`agents::AgentRow`], [`chains::ChainRow`]).
-fn list(args: &Args, profile: &Path, cwd: &Path) -> anyhow::Result<u8> {
-    let out = if args.list_agents {
-        let rows = agents::discover(profile, cwd).listing();
-        listing_text(
-            &rows,
-            args.json,
-            ["NAME", "SCOPE", "MODEL", "PATH", "DESCRIPTION"],
-            |r| {
-                let cells = [
-                    r.name.clone(),
-                    r.scope.as_str().into(),
-                    r.model.clone().unwrap_or_else(|| "-".into()),
-                    shown_path(r.path.as_deref()),
-                    r.description.clone().unwrap_or_else(|| "-".into()),
-                ];
-                (cells, notes(r.problem.as_deref(), &r.ignored))
-            },
-        )?
-    } else {
-        let rows = chains::listing(&chains::discover(profile, cwd));
-        listing_text(
-            &rows,
-            args.json,
-            ["NAME", "SCOPE", "STEPS", "PATH", "DESCRIPTION"],
-            |r| {
-                let cells = [
-                    r.name.clone(),
-                    r.scope.as_str().into(),
-                    r.steps.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
-                    r.path.display().to_string(),
-                    r.description.clone().unwrap_or_else(|| "-".into()),
-                ];
-                (cells, notes(r.problem.as_deref(), &r.ignored))
-            },
-        )?
-    };
-    cli::out(&out)?;
-    Ok(exit::SUCCESS)
-}
-
-/// Rows as JSON Lines, or as a [`render`]ed table of the cells and notes `row` gives.
-fn listing_text<R: serde::Serialize>(
-    rows: &[R],
-    json: bool,
-    head: [&str; 5],
-    row: impl Fn(&R) -> ([String; 5], Vec<String>),
-) -> anyhow::Result<String> {
-    if json {
-        let mut out = String::new();
-        for r in rows {
-            out.push_str(&serde_json::to_string(r)?);
-            out.push('\n');
-        }
-        return Ok(out);
-    }
-    let (cells, notes): (Vec<_>, Vec<_>) = rows.iter().map(row).unzip();
-    Ok(render(head, &cells, &notes))
-}
-
-/// The lines under a listed row: its problem, then the keys it ignores (pure).
-fn notes(problem: Option<&str>, ignored: &[String]) -> Vec<String> {
-    let mut n = Vec::new();
-    if let Some(p) = problem {
-        n.push(format!("problem: {p}"));
-    }
-    if !ignored.is_empty() {
-        n.push(format!("ignored keys: {}", ignored.join(", ")));
-    }
-    n
-}
-
-fn shown_path(p: Option<&Path>) -> String {
-    p.map(|p| p.display().to_string())
-        .unwrap_or_else(|| "(builtin)".into())
-}
-
-/// An aligned table with a header, each row followed by its notes, indented (pure).
-fn render(head: [&str; 5], rows: &[[String; 5]], notes: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = head.iter().map(|h| h.chars().count()).collect();
-    for r in rows {
-        for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut l = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            l.push_str(c);
-            if i + 1 < cells.len() {
-                l.push_str(&" ".repeat(widths[i] - c.chars().count() + 2));
-            }
-        }
-        format!("{}\n", l.trim_end())
-    };
-    let mut out = line(head.to_vec());
-    for (r, n) in rows.iter().zip(notes) {
-        out.push_str(&line(r.iter().map(String::as_str).collect()));
-        for note in n {
-            out.push_str(&format!("    {note}\n"));
-        }
-    }
-    out
 }
 
 /// The `--backend` parser: the names `BackendKind` knows, offered to completions too.
@@ -503,6 +314,10 @@ pub fn choose_backend(
 }
 
 /// Run the command line `args`; the binary maps the result to an exit code.
+///
+/// The order is part of the contract: usage errors, the backend and inherited route variables
+/// are checked before any record exists; then the listing, or the run's shape (single,
+/// parallel, chain, revival: `cmd/shape.rs`) and its builder, its agents, and the start.
 pub fn run(args: Args) -> anyhow::Result<u8> {
     if let Some(kind) = args.generate.generate {
         cli::print_generated::<Args>(kind, &MAN)?;
@@ -515,172 +330,69 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     )?;
     // Route variables decide whether and where a record is created: check them first.
     let root = StateRoot::from_env()?;
-    let placement = match crate::route::parse_env(|k| std::env::var_os(k))? {
+    let placement = placement(&root, &args)?;
+    // Agents and saved chains are looked up from the run's cwd (its project) and the profile.
+    let lookup = match &args.cwd {
+        Some(c) => c.clone(),
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    if let Some(what) = Listing::of(&args) {
+        if !args.tasks.is_empty() {
+            bail!(cohort_common::Error::Usage(
+                "--list-agents and --list-chains take no TASK".into()
+            ));
+        }
+        return list::list(what, &args, root.profile(), &lookup);
+    }
+    let mut built = match Shape::of(&args) {
+        Shape::Single => shape::single(&args)?,
+        Shape::Parallel => shape::parallel(&args)?,
+        Shape::Chain(file) => shape::chain(&args, file, root.profile(), &lookup)?,
+        Shape::Revive(run) => shape::revive(&args, &root, run)?,
+    };
+    shape::resolve_agents(&mut built.chain, root.profile(), &lookup)?;
+    let started = start(&root, request(&args, built, placement, backend))?;
+    if args.wait {
+        eprintln!("cohort-spawn: run {} started", started.run_id);
+        return crate::wait::wait_and_answer(&root, &started.run_id.to_string());
+    }
+    cli::out(&format!("{}\n", started_line(&args, &started)))?;
+    Ok(exit::SUCCESS)
+}
+
+/// Where a nested start sits in its tree, from the inherited route variables (checked against
+/// the state root); `None` for a top-level start. A nested start cannot set `--max-depth`.
+fn placement(root: &StateRoot, args: &Args) -> anyhow::Result<Option<Placement>> {
+    match crate::route::parse_env(|k| std::env::var_os(k))? {
         Some(inherited) => {
             if args.max_depth.is_some() {
                 bail!(cohort_common::Error::Usage(
                     "--max-depth is set by the top-level spawn and inherited; a nested spawn cannot change it".into()
                 ));
             }
-            Some(crate::route::validate(&root, &inherited)?)
+            Ok(Some(crate::route::validate(root, &inherited)?))
         }
-        None => None,
-    };
-    // Agents and saved chains are looked up from the run's cwd (its project) and the profile.
-    let cwd_for_lookup = match &args.cwd {
-        Some(c) => c.clone(),
-        None => std::env::current_dir().context("cannot read the current directory")?,
-    };
-    if args.list_agents || args.list_chains {
-        if !args.tasks.is_empty() {
-            bail!(cohort_common::Error::Usage(
-                "--list-agents and --list-chains take no TASK".into()
-            ));
-        }
-        return list(&args, root.profile(), &cwd_for_lookup);
+        None => Ok(None),
     }
-    let base = TaskSpec {
-        task: String::new(),
-        label: args.label.clone(),
-        model: args.model.clone(),
-        thinking: args.thinking.clone(),
-        tools: args.tools.clone(),
-        pi_args: Vec::new(),
-        session_file: None,
-        agent: args.agent.clone(),
-        resolved_agent: None,
-    };
-    let mut pinned_runtime = None;
-    let mut revives = None;
-    let mut cwd = args.cwd.clone();
-    let mut pi_args = args.pi_args.clone();
-    let (chain, mode) = if let Some(name) = &args.revive {
-        let task = match args.tasks.as_slice() {
-            [] => revive::DEFAULT_TASK.to_string(),
-            [t] => read_task(t)?,
-            _ => bail!(cohort_common::Error::Usage(
-                "--revive takes at most one TASK".into()
-            )),
-        };
-        let plan = revive::plan(&revive::gather(&root, name, args.step)?)?;
-        // Say so when the runtime used is not the one flags or PATH would give today.
-        match runtime::capture(&RuntimeRequest {
-            node: args.node.clone(),
-            pi_entry: args.pi_entry.clone(),
-        }) {
-            Ok((now, _)) if revive::same_runtime(&now, &plan.runtime) => {}
-            _ => eprintln!(
-                "cohort-spawn: reviving on run {}'s recorded runtime ({})",
-                id::short_of(&plan.original),
-                // Paths from the record: escaped.
-                cohort_cli::text::untrusted(&revive::describe(&plan.runtime))
-            ),
-        }
-        if pi_args.is_empty() {
-            pi_args = plan.pi_args.clone();
-        }
-        cwd = plan.cwd.clone();
-        pinned_runtime = Some(plan.runtime.clone());
-        revives = Some(plan.original.clone());
-        // The agent as it ran, from the original's launch spec, not its file as edited since.
-        let t = TaskSpec {
-            task,
-            label: args.label.clone(),
-            model: args.model.clone().or(plan.model),
-            thinking: args.thinking.clone().or(plan.thinking),
-            tools: args.tools.clone().or(plan.tools),
-            pi_args: Vec::new(),
-            session_file: Some(plan.session_file),
-            agent: plan.agent.as_ref().map(|a| a.name.clone()),
-            resolved_agent: plan.agent.map(Box::new),
-        };
-        (vec![ChainStep::Task(t)], RunMode::Single)
-    } else if let Some(file) = &args.chain {
-        if args.label.is_some() {
-            bail!(cohort_common::Error::Usage(
-                "--chain takes its labels from the file (`label` of each step); give no --label"
-                    .into()
-            ));
-        }
-        let given = match args.tasks.as_slice() {
-            [] => None,
-            [t] => Some(read_task(t)?),
-            _ => bail!(cohort_common::Error::Usage(
-                "--chain takes at most one TASK (it replaces {task} in the steps)".into()
-            )),
-        };
-        let mut chain = load_chain(file, root.profile(), &cwd_for_lookup)?;
-        fill_task(&mut chain, given.as_deref())?;
-        (chain, RunMode::Chain)
-    } else if args.parallel {
-        if args.tasks.is_empty() {
-            bail!(cohort_common::Error::Usage(
-                "--parallel needs at least one TASK".into()
-            ));
-        }
-        let labels = member_labels(
-            args.label.as_deref().or(args.agent.as_deref()),
-            args.tasks.len(),
-        );
-        let members = args
-            .tasks
-            .iter()
-            .zip(labels)
-            .map(|(t, label)| {
-                Ok(TaskSpec {
-                    task: read_task(t)?,
-                    label,
-                    ..base.clone()
-                })
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        (
-            vec![ChainStep::Parallel(ParallelSpec {
-                parallel: members,
-                concurrency: None,
-            })],
-            RunMode::Parallel,
-        )
-    } else {
-        match args.tasks.as_slice() {
-            [t] => {
-                let task = read_task(t)?;
-                let session_file = match &args.session {
-                    Some(s) => Some(
-                        std::path::absolute(s)
-                            .with_context(|| format!("cannot resolve {}", s.display()))?,
-                    ),
-                    None => None,
-                };
-                (
-                    vec![ChainStep::Task(TaskSpec {
-                        task,
-                        session_file,
-                        ..base
-                    })],
-                    RunMode::Single,
-                )
-            }
-            [] => bail!(cohort_common::Error::Usage(
-                "no task given (pass TASK, or - to read it from stdin)".into()
-            )),
-            _ => bail!(cohort_common::Error::Usage(
-                "more than one TASK; quote the task, or use --parallel for several".into()
-            )),
-        }
-    };
-    let mut chain = chain;
-    resolve_agents(&mut chain, root.profile(), &cwd_for_lookup)?;
-    let req = SpawnRequest {
-        chain,
-        mode,
-        cwd,
+}
+
+/// The start request for the run `built` describes, with the options every shape shares.
+fn request(
+    args: &Args,
+    built: Built,
+    placement: Option<Placement>,
+    backend: LaunchBackend,
+) -> SpawnRequest {
+    SpawnRequest {
+        chain: built.chain,
+        mode: built.mode,
+        cwd: built.cwd,
         runtime: RuntimeRequest {
             node: args.node.clone(),
             pi_entry: args.pi_entry.clone(),
         },
-        pinned_runtime,
-        pi_args,
+        pinned_runtime: built.pinned_runtime,
+        pi_args: built.pi_args,
         options: RunOptions {
             grace_ms: args.grace.as_millis() as u64,
             timeout_ms: args.timeout.map(|d| d.as_millis() as u64),
@@ -692,28 +404,30 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             on_exit: on_exit_command(args.on_exit.clone(), std::env::var(spec::ON_EXIT_ENV).ok()),
             on_exit_timeout_ms: Some(args.on_exit_timeout.as_millis() as u64),
         },
-        revives,
+        revives: built.revives,
         placement,
         max_depth: args.max_depth.unwrap_or(route::DEFAULT_MAX_DEPTH),
         session_root: args.session_root.clone(),
         runner: spawn::default_runner_path(),
         backend,
-    };
-    let started = match spawn::spawn(&root, req) {
-        Ok(s) => s,
-        Err(e) => {
-            let err = anyhow::Error::new(e.error);
-            return Err(match e.run_id {
-                Some(id) => err.context(format!("run {id} failed to start (its record says why)")),
-                None => err,
-            });
-        }
-    };
-    if args.wait {
-        eprintln!("cohort-spawn: run {} started", started.run_id);
-        return crate::wait::wait_and_answer(&root, &started.run_id.to_string());
     }
-    let out = if args.json {
+}
+
+/// Start `req`; a start that fails after its record exists says so, naming the run.
+fn start(root: &StateRoot, req: SpawnRequest) -> anyhow::Result<Spawned> {
+    spawn::spawn(root, req).map_err(|e| {
+        let err = anyhow::Error::new(e.error);
+        match e.run_id {
+            Some(id) => err.context(format!("run {id} failed to start (its record says why)")),
+            None => err,
+        }
+    })
+}
+
+/// What stdout gets for a started run: its id, or with `--json` one object with its id, short
+/// id, directory, runtime and (for a scheduler run) backend.
+fn started_line(args: &Args, started: &Spawned) -> String {
+    if args.json {
         let mut v = serde_json::json!({
             "runId": started.run_id.to_string(),
             "shortId": started.run_id.short(),
@@ -726,14 +440,13 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         v.to_string()
     } else {
         started.run_id.to_string()
-    };
-    cli::out(&format!("{out}\n"))?;
-    Ok(exit::SUCCESS)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cohort_common::format::spec::{ParallelSpec, TaskSpec};
 
     #[test]
     fn the_chain_help_names_every_key_the_parser_knows() {
@@ -793,16 +506,6 @@ mod tests {
     }
 
     #[test]
-    fn parallel_members_get_distinct_labels() {
-        assert_eq!(
-            member_labels(Some("x"), 3),
-            vec![Some("x-0".into()), Some("x-1".into()), Some("x-2".into())]
-        );
-        assert_eq!(member_labels(None, 2), vec![None, None]);
-        assert!(member_labels(Some("x"), 0).is_empty());
-    }
-
-    #[test]
     fn the_flag_beats_the_environment_and_blank_means_none() {
         let s = |v: &str| Some(v.to_string());
         assert_eq!(on_exit_command(None, None), None);
@@ -810,36 +513,5 @@ mod tests {
         assert_eq!(on_exit_command(s("log"), s("notify")), s("log"));
         assert_eq!(on_exit_command(s(""), s("notify")), None);
         assert_eq!(on_exit_command(None, s("  ")), None);
-    }
-
-    #[test]
-    fn the_task_fills_task_and_mismatches_are_refused() {
-        let mut chain = crate::chain_file::parse_chain(
-            r#"{"steps":[{"task":"Map {task}"},{"parallel":[{"task":"a {task} {previous}"}]}]}"#,
-        )
-        .unwrap();
-        fill_task(&mut chain, Some("the parser")).unwrap();
-        let (flat, _) = spec::flatten(&chain);
-        assert_eq!(flat[0].spec.task, "Map the parser");
-        assert_eq!(flat[1].spec.task, "a the parser {previous}");
-        let mut chain =
-            crate::chain_file::parse_chain(r#"{"steps":[{"task":"Map {task}"}]}"#).unwrap();
-        assert!(fill_task(&mut chain, None)
-            .unwrap_err()
-            .to_string()
-            .contains("give the TASK"));
-        let mut chain = crate::chain_file::parse_chain(r#"{"steps":[{"task":"Map"}]}"#).unwrap();
-        assert!(fill_task(&mut chain, Some("x")).is_err());
-        assert!(fill_task(&mut chain, None).is_ok());
-    }
-
-    #[test]
-    fn listings_render_notes_under_their_row() {
-        let t = render(
-            ["A", "B", "C", "D", "E"],
-            &[["x".into(), "yy".into(), "-".into(), "p".into(), "d".into()]],
-            &[vec!["problem: bad".into()]],
-        );
-        assert_eq!(t, "A  B   C  D  E\nx  yy  -  p  d\n    problem: bad\n");
     }
 }

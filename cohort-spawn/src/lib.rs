@@ -1,7 +1,8 @@
 //! cohort-spawn: start a background Pi run and print its id.
 //!
-//! - [`cmd`]: the command line, and the request it builds (a single task, a parallel group, a
-//!   chain file or saved chain, or a revival);
+//! - [`cmd`]: the command line, and the request it builds: the run's shape (a single task, a
+//!   parallel group, a chain file or saved chain, or a revival) chosen once, one builder per
+//!   shape (`cmd/shape.rs`), and the `--list-agents` / `--list-chains` tables (`cmd/list.rs`);
 //! - [`agents`]: agent files (builtin, user, project), precedence, `--list-agents`;
 //! - [`chains`]: saved chains (`NAME.chain.md`, `NAME.chain.json`), `--list-chains`;
 //! - [`frontmatter`]: the YAML frontmatter both kinds of file open with;

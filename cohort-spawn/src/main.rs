@@ -1,20 +1,11 @@
-//! The `cohort-spawn` binary: parse the command line (a usage error is one line:
-//! [`cohort_cli::parse_args`]), run it ([`cohort_spawn::cmd::run`]), and map the result to an exit
-//! code. A closed stdout is success; every error is printed once, on one line of stderr
-//! ([`cohort_cli::fail`]).
+//! The `cohort-spawn` binary: [`cohort_cli::main`] parses the command line (a usage error is one
+//! line), runs it ([`cohort_spawn::cmd::run`]) and maps the result to an exit code (an error is
+//! printed once, on one line of stderr; a closed stdout is success).
 
-use std::process::ExitCode;
-
-use cohort_cli as cli;
-use cohort_spawn::cmd::{self, Args};
-
-fn main() -> ExitCode {
-    let args = match cli::parse_args::<Args>("cohort-spawn", true) {
-        Ok(args) => args,
-        Err(code) => return code,
-    };
-    match cmd::run(args) {
-        Ok(code) => ExitCode::from(code),
-        Err(err) => cli::fail("cohort-spawn", err.as_ref()),
-    }
+fn main() -> std::process::ExitCode {
+    cohort_cli::main(
+        "cohort-spawn",
+        cohort_cli::Operands::Tasks,
+        cohort_spawn::cmd::run,
+    )
 }

@@ -138,140 +138,192 @@ fn usage(msg: &str) -> anyhow::Error {
     cohort_common::Error::Usage(msg.into()).into()
 }
 
+/// What one invocation does, chosen once from the command line ([`Mode::of`]) and dispatched
+/// in one `match` ([`run`]). The ids a mode needs are checked by its handler, after the state
+/// root is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode<'a> {
+    /// `--generate KIND`: a completion script or the man page.
+    Generate(cli::Generate),
+    /// `--check`: the cron check over every run.
+    Check,
+    /// `--doctor`: the installation report.
+    Doctor,
+    /// `--follow RUN`: stream one run's output logs.
+    Follow(&'a [String]),
+    /// `--wait RUN…`: block until the runs end.
+    Wait(&'a [String]),
+    /// `--output RUN`: one run's answer.
+    Output(&'a [String]),
+    /// `--pid RUN`: one run's runner pid.
+    Pid(&'a [String]),
+    /// `RUN…` without a mode flag: the single-run view of each.
+    Show(&'a [String]),
+    /// No run and no mode flag: the listing.
+    List,
+}
+
+impl<'a> Mode<'a> {
+    /// The mode `args` asks for (pure). clap refuses most combinations; of the ones it lets
+    /// through, the first in this order wins: generate, check, doctor, follow, wait, output,
+    /// pid, then show when runs are named, else list.
+    pub fn of(args: &'a Args) -> Mode<'a> {
+        let ids = args.ids.as_slice();
+        if let Some(kind) = args.generate.generate {
+            Mode::Generate(kind)
+        } else if args.check {
+            Mode::Check
+        } else if args.doctor {
+            Mode::Doctor
+        } else if args.follow {
+            Mode::Follow(ids)
+        } else if args.wait {
+            Mode::Wait(ids)
+        } else if args.output {
+            Mode::Output(ids)
+        } else if args.pid {
+            Mode::Pid(ids)
+        } else if !ids.is_empty() {
+            Mode::Show(ids)
+        } else {
+            Mode::List
+        }
+    }
+}
+
 /// Run the command line `args`; the binary maps the result to an exit code.
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    if let Some(kind) = args.generate.generate {
-        cli::print_generated::<Args>(kind, &MAN)?;
-        return Ok(exit::SUCCESS);
+    match Mode::of(&args) {
+        Mode::Generate(kind) => {
+            cli::print_generated::<Args>(kind, &MAN)?;
+            Ok(exit::SUCCESS)
+        }
+        Mode::Check => check(&every_run_root(&args)?, &args),
+        Mode::Doctor => doctor(&every_run_root(&args)?, args.json),
+        Mode::Follow(ids) => follow(&StateRoot::from_env()?, ids),
+        Mode::Wait(ids) => wait(&StateRoot::from_env()?, ids, args.timeout),
+        Mode::Output(ids) => output(&StateRoot::from_env()?, ids, args.step),
+        Mode::Pid(ids) => pid(&StateRoot::from_env()?, ids),
+        Mode::Show(ids) => show(&StateRoot::from_env()?, ids, args.json),
+        Mode::List => list(&StateRoot::from_env()?, &args),
     }
-    // Before anything is read: a mode that looks at every run must not silently drop the ids
-    // it was given.
-    if (args.check || args.doctor) && !args.ids.is_empty() {
+}
+
+/// The state root for a mode that looks at every run (`--check`, `--doctor`), refusing run
+/// ids before anything is read: such a mode must not silently drop the ids it was given.
+fn every_run_root(args: &Args) -> anyhow::Result<StateRoot> {
+    if !args.ids.is_empty() {
         anyhow::bail!(cohort_common::Error::Usage(
             "--check and --doctor look at every run; they take no run ids".into()
         ));
     }
-    let root = StateRoot::from_env()?;
-    if args.check && !root.path().is_dir() {
-        // A mistyped profile must not pass cron for ever: nothing to check is not healthy.
-        anyhow::bail!(cohort_common::Error::State(format!(
-            "the state root {} does not exist (profile {}); nothing was ever run there",
-            root.path().display(),
-            root.source()
-        )));
+    Ok(StateRoot::from_env()?)
+}
+
+/// The one run a mode takes, else the usage error `msg`.
+fn one<'a>(ids: &'a [String], msg: &str) -> anyhow::Result<&'a str> {
+    match ids {
+        [name] => Ok(name),
+        _ => Err(usage(msg)),
     }
-    if args.check {
-        return check(&root, &args);
+}
+
+fn doctor(root: &StateRoot, json: bool) -> anyhow::Result<u8> {
+    let report = doctor::doctor(root)?;
+    if json {
+        cli::out(&format!("{}\n", serde_json::to_string(&report)?))?;
+    } else {
+        cli::out(&doctor::render(&report))?;
     }
-    if args.doctor {
-        let report = doctor::doctor(&root)?;
-        if args.json {
-            cli::out(&format!("{}\n", serde_json::to_string(&report)?))?;
-        } else {
-            cli::out(&doctor::render(&report))?;
+    Ok(if report.has_warnings() {
+        exit::NEGATIVE
+    } else {
+        exit::SUCCESS
+    })
+}
+
+fn output(root: &StateRoot, ids: &[String], step: Option<usize>) -> anyhow::Result<u8> {
+    let name = one(ids, "--output takes exactly one run")?;
+    let found = discover::find(root, name)?;
+    let obs = observe::observe_found(&found)?;
+    match answer::answer(&found.dir, &obs.record, step) {
+        Ok(text) => {
+            cli::out_answer(&text)?;
+            Ok(exit::SUCCESS)
         }
-        return Ok(if report.has_warnings() {
-            exit::NEGATIVE
-        } else {
-            exit::SUCCESS
-        });
+        Err(AnswerError::NoText(msg)) => {
+            eprintln!("cohort-status: {}", text::untrusted(&msg));
+            Ok(exit::NEGATIVE)
+        }
+        Err(AnswerError::Store(e)) => Err(e.into()),
     }
-    if args.follow {
-        let [name] = args.ids.as_slice() else {
-            anyhow::bail!(cohort_common::Error::Usage(
-                "--follow takes exactly one run".into()
-            ));
-        };
-        return follow(&root, name);
+}
+
+fn pid(root: &StateRoot, ids: &[String]) -> anyhow::Result<u8> {
+    let name = one(ids, "--pid takes exactly one run")?;
+    let found = discover::find(root, name)?;
+    if found.origin == Origin::Legacy {
+        eprintln!(
+            "cohort-status: run {} is a legacy record; it has no runner cohort can vouch for",
+            found.id
+        );
+        return Ok(exit::NEGATIVE);
     }
-    if args.wait {
-        return wait(&root, &args);
-    }
-    if args.output {
-        let [name] = args.ids.as_slice() else {
-            return Err(usage("--output takes exactly one run"));
-        };
-        let found = discover::find(&root, name)?;
-        let obs = observe::observe_found(&found)?;
-        return match answer::answer(&found.dir, &obs.record, args.step) {
-            Ok(text) => {
-                cli::out_answer(&text)?;
-                Ok(exit::SUCCESS)
-            }
-            Err(AnswerError::NoText(msg)) => {
-                eprintln!("cohort-status: {}", text::untrusted(&msg));
-                Ok(exit::NEGATIVE)
-            }
-            Err(AnswerError::Store(e)) => Err(e.into()),
-        };
-    }
-    if args.pid {
-        let [name] = args.ids.as_slice() else {
-            return Err(usage("--pid takes exactly one run"));
-        };
-        let found = discover::find(&root, name)?;
-        if found.origin == Origin::Legacy {
-            eprintln!(
-                "cohort-status: run {} is a legacy record; it has no runner cohort can vouch for",
+    // A Slurm run's runner lives on a node, where a pid means nothing here: stop it
+    // through Slurm.
+    let rec = cohort_common::format::record::load(&found.dir.status())?;
+    if let Some(b) = rec
+        .backend
+        .as_ref()
+        .filter(|b| b.kind() != Some(BackendKind::Native))
+    {
+        match b.slurm_job_id() {
+            Some(job) => eprintln!(
+                "cohort-status: run {} runs as Slurm job {job}, not a local pid; stop it with: {}",
+                found.id,
+                scancel_command(job)
+            ),
+            None => eprintln!(
+                "cohort-status: run {} is a scheduler run without a job id; it has no local pid",
                 found.id
-            );
-            return Ok(exit::NEGATIVE);
+            ),
         }
-        // A Slurm run's runner lives on a node, where a pid means nothing here: stop it
-        // through Slurm.
-        let rec = cohort_common::format::record::load(&found.dir.status())?;
-        if let Some(b) = rec
-            .backend
-            .as_ref()
-            .filter(|b| b.kind() != Some(BackendKind::Native))
-        {
-            match b.slurm_job_id() {
-                Some(job) => eprintln!(
-                    "cohort-status: run {} runs as Slurm job {job}, not a local pid; stop it with: {}",
-                    found.id,
-                    scancel_command(job)
-                ),
-                None => eprintln!(
-                    "cohort-status: run {} is a scheduler run without a job id; it has no local pid",
-                    found.id
-                ),
-            }
-            return Ok(exit::NEGATIVE);
-        }
-        return match crate::watch::started_runner_pid(&found.dir, STARTING_WAIT)? {
-            Some(pid) => {
-                cli::out(&format!("{pid}\n"))?;
-                Ok(exit::SUCCESS)
-            }
-            None => {
-                eprintln!("cohort-status: run {} has no live runner", found.id);
-                Ok(exit::NEGATIVE)
-            }
-        };
+        return Ok(exit::NEGATIVE);
     }
-    if !args.ids.is_empty() {
-        for name in &args.ids {
-            let found = discover::find(&root, name)?;
-            let obs = observe::observe_found(&found)
-                .with_context(|| format!("cannot read run {}", found.id))?;
-            if args.json {
-                let children = listing::descendants(&root, &obs.record)?;
-                let row = Row::new(found.id.clone(), found.origin.clone(), Ok(obs));
-                let mut text = render::json_line(&row);
+    match crate::watch::started_runner_pid(&found.dir, STARTING_WAIT)? {
+        Some(pid) => {
+            cli::out(&format!("{pid}\n"))?;
+            Ok(exit::SUCCESS)
+        }
+        None => {
+            eprintln!("cohort-status: run {} has no live runner", found.id);
+            Ok(exit::NEGATIVE)
+        }
+    }
+}
+
+/// The single-run view of each named run (with `--json`, its line and its nested runs' lines).
+fn show(root: &StateRoot, ids: &[String], json: bool) -> anyhow::Result<u8> {
+    for name in ids {
+        let found = discover::find(root, name)?;
+        let obs = observe::observe_found(&found)
+            .with_context(|| format!("cannot read run {}", found.id))?;
+        if json {
+            let children = listing::descendants(root, &obs.record)?;
+            let row = Row::new(found.id.clone(), found.origin.clone(), Ok(obs));
+            let mut text = render::json_line(&row);
+            text.push('\n');
+            for c in &children {
+                text.push_str(&render::json_line(c));
                 text.push('\n');
-                for c in &children {
-                    text.push_str(&render::json_line(c));
-                    text.push('\n');
-                }
-                cli::out(&text)?;
-            } else {
-                let children = listing::descendants(&root, &obs.record)?;
-                cli::out(&render::show(&found.dir, &found.origin, &obs, &children))?;
             }
+            cli::out(&text)?;
+        } else {
+            let children = listing::descendants(root, &obs.record)?;
+            cli::out(&render::show(&found.dir, &found.origin, &obs, &children))?;
         }
-        return Ok(exit::SUCCESS);
     }
-    list(&root, &args)
+    Ok(exit::SUCCESS)
 }
 
 fn list(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
@@ -309,8 +361,13 @@ fn list(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
 }
 
 fn check(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
-    if !args.ids.is_empty() {
-        return Err(usage("--check takes no run names; it checks every run"));
+    if !root.path().is_dir() {
+        // A mistyped profile must not pass cron for ever: nothing to check is not healthy.
+        anyhow::bail!(cohort_common::Error::State(format!(
+            "the state root {} does not exist (profile {}); nothing was ever run there",
+            root.path().display(),
+            root.source()
+        )));
     }
     let problems = check::check(root, args.since.unwrap_or(check::DEFAULT_SINCE))?;
     let mut text = String::new();
@@ -330,7 +387,8 @@ fn check(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
     })
 }
 
-fn follow(root: &StateRoot, name: &str) -> anyhow::Result<u8> {
+fn follow(root: &StateRoot, ids: &[String]) -> anyhow::Result<u8> {
+    let name = one(ids, "--follow takes exactly one run")?;
     let found = discover::find(root, name)?;
     let mut write = cli::out_model;
     let state = follow::follow(&found, Duration::from_millis(100), &mut write)?;
@@ -342,15 +400,15 @@ fn follow(root: &StateRoot, name: &str) -> anyhow::Result<u8> {
     }
 }
 
-fn wait(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
-    if args.ids.is_empty() {
+fn wait(root: &StateRoot, ids: &[String], timeout: Option<Duration>) -> anyhow::Result<u8> {
+    if ids.is_empty() {
         return Err(usage("--wait needs at least one run"));
     }
     let mut runs = Vec::new();
-    for name in &args.ids {
+    for name in ids {
         runs.push(discover::find(root, name)?);
     }
-    match wait::wait(runs, args.timeout)? {
+    match wait::wait(runs, timeout)? {
         WaitOutcome::TimedOut => {
             eprintln!("cohort-status: timed out waiting");
             Ok(exit::TIMEOUT)
@@ -368,6 +426,36 @@ fn wait(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
             } else {
                 exit::NEGATIVE
             })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_command_line_has_one_mode() {
+        let mode = |argv: &[&str]| {
+            let args =
+                Args::try_parse_from(std::iter::once("cohort-status").chain(argv.iter().copied()))
+                    .unwrap();
+            format!("{:?}", Mode::of(&args))
+        };
+        for (argv, want) in [
+            (&[][..], "List"),
+            (&["--state", "failed"][..], "List"),
+            (&["a", "b"][..], r#"Show(["a", "b"])"#),
+            (&["--json", "a"][..], r#"Show(["a"])"#),
+            (&["--check"][..], "Check"),
+            (&["--doctor", "--json"][..], "Doctor"),
+            (&["--follow", "a"][..], r#"Follow(["a"])"#),
+            (&["--output", "--step", "1", "a"][..], r#"Output(["a"])"#),
+            (&["--pid", "a", "b"][..], r#"Pid(["a", "b"])"#),
+            (&["--wait", "--output", "a"][..], r#"Wait(["a"])"#),
+            (&["--generate", "man"][..], "Generate(Man)"),
+        ] {
+            assert_eq!(mode(argv), want, "{argv:?}");
         }
     }
 }

@@ -1,9 +1,10 @@
 //! cohort-status: list and explain runs, wait on them, follow them, check them from cron, and
 //! diagnose the installation.
 //!
-//! - [`cmd`]: the command line and what each mode does;
+//! - [`cmd`]: the command line, the [`cmd::Mode`] it asks for, and what each mode does;
 //! - [`listing`]: which runs a listing shows, read through the store's index;
-//! - [`render`]: the table, the single-run view and `--json` lines;
+//! - [`render`]: the table (its columns, rendered by `cohort_cli::table`), the single-run view
+//!   and `--json` lines;
 //! - [`follow`]: `--follow`, a `tail -f` of a run's output logs;
 //! - [`watch`]: sleeping until a run directory changes (inotify), for `--pid` on a starting run;
 //! - [`check`]: the cron check;

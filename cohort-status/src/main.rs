@@ -1,20 +1,11 @@
-//! The `cohort-status` binary: parse the command line (a usage error is one line:
-//! [`cohort_cli::parse_args`]), run it ([`cohort_status::cmd::run`]), and map the result to an exit
-//! code. A closed stdout is success; every error is printed once, on one line of stderr
-//! ([`cohort_cli::fail`]).
+//! The `cohort-status` binary: [`cohort_cli::main`] parses the command line (a usage error is one
+//! line), runs it ([`cohort_status::cmd::run`]) and maps the result to an exit code (an error is
+//! printed once, on one line of stderr; a closed stdout is success).
 
-use std::process::ExitCode;
-
-use cohort_cli as cli;
-use cohort_status::cmd::{self, Args};
-
-fn main() -> ExitCode {
-    let args = match cli::parse_args::<Args>("cohort-status", false) {
-        Ok(args) => args,
-        Err(code) => return code,
-    };
-    match cmd::run(args) {
-        Ok(code) => ExitCode::from(code),
-        Err(err) => cli::fail("cohort-status", err.as_ref()),
-    }
+fn main() -> std::process::ExitCode {
+    cohort_cli::main(
+        "cohort-status",
+        cohort_cli::Operands::Names,
+        cohort_status::cmd::run,
+    )
 }

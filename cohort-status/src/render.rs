@@ -13,13 +13,13 @@
 //! Colour is used only for the state word of the table, only when the caller says stdout is a
 //! terminal and `NO_COLOR` is unset ([`use_colour`]).
 
-use std::borrow::Cow;
 use std::io::IsTerminal;
 
 use serde_json::json;
 
 use cohort_cli::duration;
-use cohort_cli::text::{self, untrusted, untrusted_path};
+use cohort_cli::table::{CellText, Column, Table};
+use cohort_cli::text::{untrusted, untrusted_path};
 use cohort_common::format::backend::{scancel_command, BackendKind};
 use cohort_common::format::layout::RunDir;
 use cohort_common::format::record::{now_ms, Now, RunRecord, RunState, StepStatus};
@@ -73,18 +73,16 @@ pub fn colour_allowed(no_color: Option<&std::ffi::OsStr>, is_terminal: bool) -> 
     is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-fn paint(word: &str, colour: bool) -> String {
-    if !colour {
-        return word.to_string();
-    }
-    let code = match word {
+/// The SGR parameters of a state word in the table (green complete, red failed, lost or error,
+/// cyan running, yellow queued, dim otherwise).
+fn state_colour(word: &str) -> &'static str {
+    match word {
         "complete" => "32",
         "failed" | "lost" | "error" => "31",
         "running" => "36",
         "queued" => "33",
         _ => "2",
-    };
-    format!("\x1b[{code}m{word}\x1b[0m")
+    }
 }
 
 /// The state word shown for an observed run: the record's state, as every reader reports it
@@ -119,113 +117,95 @@ fn age_of(r: &RunRecord, now: &Now) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-/// The table: ID, STATE, MODE, AGENT, AGE, DURATION, STEPS, TASK. Error rows show `error` and
-/// the reason in the TASK column. Nested rows under a tree root are indented in the ID column
-/// and name their parent step; legacy and (flat) nested rows are marked in the TASK column.
-/// `colour` paints the state word (see [`use_colour`]).
+/// A listed run as the table sees it: the row and the instant its age and duration are
+/// measured from (one for the whole table).
+struct Listed<'a> {
+    row: &'a Row,
+    now: &'a Now,
+}
+
+impl Listed<'_> {
+    /// `f` of the run's record, or `-` for a row whose record could not be read.
+    fn of_record(&self, f: impl FnOnce(&RunRecord) -> String) -> String {
+        match &self.row.observed {
+            Ok(o) => f(&o.record),
+            Err(_) => "-".into(),
+        }
+    }
+}
+
+/// The table's columns, left to right; a new column is one entry here.
+fn columns<'a>() -> [Column<Listed<'a>>; 8] {
+    [
+        Column::new("ID", id_cell),
+        Column::new("STATE", |l: &Listed| match &l.row.observed {
+            Ok(o) => state_word(o),
+            Err(_) => "error".into(),
+        })
+        .coloured(state_colour),
+        Column::new("MODE", |l| l.of_record(mode_word)),
+        Column::new("AGENT", |l| {
+            l.of_record(|r| r.steps.first().map(agent_cell).unwrap_or_default())
+        }),
+        Column::new("AGE", |l| l.of_record(|r| age_of(r, l.now))),
+        Column::new("DURATION", |l| l.of_record(|r| duration_of(r, l.now))),
+        Column::new("STEPS", |l| l.of_record(steps_done)),
+        Column::new("TASK", task_cell),
+    ]
+}
+
+/// The ID cell: the short id, indented under its tree root for a nested row.
+fn id_cell(l: &Listed) -> String {
+    let short = cohort_common::format::id::short_of(&l.row.id);
+    match l.row.depth {
+        0 => short.to_string(),
+        d => format!("{}└ {short}", "  ".repeat(d - 1)),
+    }
+}
+
+/// The TASK cell: the marks of the row (its parent step, survivors of a lost runner, nested
+/// runs still running, legacy or nested origin), then the task, or the reason an error row
+/// could not be read.
+fn task_cell(l: &Listed) -> String {
+    let row = l.row;
+    let mut marks = String::new();
+    if let Some(step) = row.parent_step.filter(|_| row.depth > 0) {
+        marks.push_str(&format!("step {step} ▸ "));
+    }
+    if let Ok(o) = &row.observed {
+        // Processes that outlived a lost runner (named in the single view's error).
+        let n = o.record.survivors.len();
+        if n > 0 {
+            let s = if n == 1 { "" } else { "es" };
+            marks.push_str(&format!("(runner lost; {n} process{s} survived it) "));
+        }
+    }
+    if row.live_descendants > 0 {
+        marks.push_str(&format!("({} nested still running) ", row.live_descendants));
+    }
+    match row.origin {
+        Origin::Legacy => marks.push_str("(legacy) "),
+        Origin::Nested { .. } if row.depth == 0 => marks.push_str("(nested) "),
+        _ => {}
+    }
+    match &row.observed {
+        Ok(o) => format!("{marks}{}", o.record.task_summary(60)),
+        Err(e) => format!(
+            "{marks}{}",
+            cohort_common::format::record::summarize(e, 100)
+        ),
+    }
+}
+
+/// The table: ID, STATE, MODE, AGENT, AGE, DURATION, STEPS, TASK (`columns()`). Error rows show
+/// `error` and the reason in the TASK column. Nested rows under a tree root are indented in the
+/// ID column and name their parent step; legacy and (flat) nested rows are marked in the TASK
+/// column. Every cell but the header holds text from a run and is shown escaped
+/// ([`CellText::Untrusted`]). `colour` paints the state word (see [`use_colour`]).
 pub fn table(rows: &[Row], colour: bool) -> String {
     let now = Now::current();
-    let mut cells: Vec<[String; 8]> = vec![[
-        "ID".into(),
-        "STATE".into(),
-        "MODE".into(),
-        "AGENT".into(),
-        "AGE".into(),
-        "DURATION".into(),
-        "STEPS".into(),
-        "TASK".into(),
-    ]];
-    for row in rows {
-        let mut short = cohort_common::format::id::short_of(&row.id).to_string();
-        if row.depth > 0 {
-            short = format!("{}└ {short}", "  ".repeat(row.depth - 1));
-        }
-        let mut marks = String::new();
-        if let Some(step) = row.parent_step.filter(|_| row.depth > 0) {
-            marks.push_str(&format!("step {step} ▸ "));
-        }
-        if let Ok(o) = &row.observed {
-            // Processes that outlived a lost runner (named in the single view's error).
-            let n = o.record.survivors.len();
-            if n > 0 {
-                let s = if n == 1 { "" } else { "es" };
-                marks.push_str(&format!("(runner lost; {n} process{s} survived it) "));
-            }
-        }
-        if row.live_descendants > 0 {
-            marks.push_str(&format!("({} nested still running) ", row.live_descendants));
-        }
-        match row.origin {
-            Origin::Legacy => marks.push_str("(legacy) "),
-            Origin::Nested { .. } if row.depth == 0 => marks.push_str("(nested) "),
-            _ => {}
-        }
-        cells.push(match &row.observed {
-            Ok(o) => {
-                let r = &o.record;
-                let task = format!("{marks}{}", r.task_summary(60));
-                [
-                    short,
-                    state_word(o),
-                    mode_word(r),
-                    r.steps.first().map(agent_cell).unwrap_or_default(),
-                    age_of(r, &now),
-                    duration_of(r, &now),
-                    steps_done(r),
-                    task,
-                ]
-            }
-            Err(e) => [
-                short,
-                "error".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                format!(
-                    "{marks}{}",
-                    cohort_common::format::record::summarize(e, 100)
-                ),
-            ],
-        });
-    }
-    // Every cell but the header holds text from a run (a directory name, a label, a task, an
-    // error): shown with control characters escaped, so it can neither drive the terminal nor
-    // split a row.
-    for row in cells.iter_mut().skip(1) {
-        for cell in row.iter_mut() {
-            if let Cow::Owned(e) = text::untrusted(cell) {
-                *cell = e;
-            }
-        }
-    }
-    let widths: Vec<usize> = (0..8)
-        .map(|c| {
-            cells
-                .iter()
-                .map(|r| r[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for (i, r) in cells.iter().enumerate() {
-        let mut line = String::new();
-        for (c, cell) in r.iter().enumerate() {
-            if c == 1 && i > 0 {
-                line.push_str(&paint(cell, colour));
-            } else {
-                line.push_str(cell);
-            }
-            if c != 7 {
-                line.push_str(&" ".repeat(widths[c] - cell.chars().count() + 2));
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
+    let listed: Vec<Listed> = rows.iter().map(|row| Listed { row, now: &now }).collect();
+    Table::new(&columns(), CellText::Untrusted).render(&listed, colour)
 }
 
 /// The AGENT cell of a step (pure): the name of the agent it runs as, else its label.

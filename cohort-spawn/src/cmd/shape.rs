@@ -1,0 +1,386 @@
+//! The shapes a run can have — one task, one parallel group, a chain, the revival of a finished
+//! run — and one builder for each, turning the command line into the run's steps.
+//! [`super::run`] chooses the [`Shape`] once and dispatches to its builder; what every shape
+//! shares afterwards (agents, options, backend, the start) is done there.
+//!
+//! A new shape is a [`Shape`] variant, its line in [`Shape::of`] and in `run`'s `match`, and a
+//! builder here returning a [`Built`].
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use cohort_common::format::id;
+use cohort_common::format::layout::StateRoot;
+use cohort_common::format::record::RunMode;
+use cohort_common::format::spec::{ChainStep, ParallelSpec, TaskSpec};
+use cohort_common::identity::runtime::{self, Runtime, RuntimeRequest};
+
+use super::Args;
+use crate::{agents, chains, revive};
+
+/// Which run the command line asks for (pure, [`Shape::of`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Shape<'a> {
+    /// One TASK (`--session` continues a Pi session in it).
+    Single,
+    /// `--parallel`: the TASKs as one parallel group.
+    Parallel,
+    /// `--chain FILE|NAME`: a chain file, else the saved chain of that name.
+    Chain(&'a Path),
+    /// `--revive RUN`: continue a finished run's Pi session in a new run.
+    Revive(&'a str),
+}
+
+impl<'a> Shape<'a> {
+    /// The shape `args` asks for. clap refuses `--revive`, `--chain` and `--parallel` together;
+    /// the first of them given wins in that order.
+    pub(super) fn of(args: &'a Args) -> Shape<'a> {
+        if let Some(run) = &args.revive {
+            Shape::Revive(run)
+        } else if let Some(file) = &args.chain {
+            Shape::Chain(file)
+        } else if args.parallel {
+            Shape::Parallel
+        } else {
+            Shape::Single
+        }
+    }
+}
+
+/// What a shape's builder gives the start: the steps, the run's mode, and where and how they
+/// run (a revival takes these from the original; the other shapes from the command line).
+pub(super) struct Built {
+    /// The steps (one task for a single run or a revival).
+    pub(super) chain: Vec<ChainStep>,
+    /// The run's mode.
+    pub(super) mode: RunMode,
+    /// The Pi children's working directory (`--cwd`, or the original's).
+    pub(super) cwd: Option<PathBuf>,
+    /// Everything after `--` (for a revival without any, the original's).
+    pub(super) pi_args: Vec<String>,
+    /// The runtime the run must use as recorded (a revival's original's).
+    pub(super) pinned_runtime: Option<Runtime>,
+    /// The run this one revives.
+    pub(super) revives: Option<String>,
+}
+
+impl Built {
+    /// A run of `chain` in `mode` where and how the command line says.
+    fn from_args(args: &Args, chain: Vec<ChainStep>, mode: RunMode) -> Built {
+        Built {
+            chain,
+            mode,
+            cwd: args.cwd.clone(),
+            pi_args: args.pi_args.clone(),
+            pinned_runtime: None,
+            revives: None,
+        }
+    }
+}
+
+/// The task the command line's fields describe, before its text, session and label are set.
+fn base_task(args: &Args) -> TaskSpec {
+    TaskSpec {
+        task: String::new(),
+        label: args.label.clone(),
+        model: args.model.clone(),
+        thinking: args.thinking.clone(),
+        tools: args.tools.clone(),
+        pi_args: Vec::new(),
+        session_file: None,
+        agent: args.agent.clone(),
+        resolved_agent: None,
+    }
+}
+
+/// [`Shape::Single`]: exactly one TASK, continuing `--session` when given.
+pub(super) fn single(args: &Args) -> anyhow::Result<Built> {
+    let t = match args.tasks.as_slice() {
+        [t] => t,
+        [] => bail!(cohort_common::Error::Usage(
+            "no task given (pass TASK, or - to read it from stdin)".into()
+        )),
+        _ => bail!(cohort_common::Error::Usage(
+            "more than one TASK; quote the task, or use --parallel for several".into()
+        )),
+    };
+    let task = read_task(t)?;
+    let session_file = match &args.session {
+        Some(s) => Some(
+            std::path::absolute(s).with_context(|| format!("cannot resolve {}", s.display()))?,
+        ),
+        None => None,
+    };
+    let step = TaskSpec {
+        task,
+        session_file,
+        ..base_task(args)
+    };
+    Ok(Built::from_args(
+        args,
+        vec![ChainStep::Task(step)],
+        RunMode::Single,
+    ))
+}
+
+/// [`Shape::Parallel`]: one member per TASK, labelled apart ([`member_labels`]).
+pub(super) fn parallel(args: &Args) -> anyhow::Result<Built> {
+    if args.tasks.is_empty() {
+        bail!(cohort_common::Error::Usage(
+            "--parallel needs at least one TASK".into()
+        ));
+    }
+    let base = base_task(args);
+    let labels = member_labels(
+        args.label.as_deref().or(args.agent.as_deref()),
+        args.tasks.len(),
+    );
+    let members = args
+        .tasks
+        .iter()
+        .zip(labels)
+        .map(|(t, label)| {
+            Ok(TaskSpec {
+                task: read_task(t)?,
+                label,
+                ..base.clone()
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let group = ChainStep::Parallel(ParallelSpec {
+        parallel: members,
+        concurrency: None,
+    });
+    Ok(Built::from_args(args, vec![group], RunMode::Parallel))
+}
+
+/// [`Shape::Chain`]: the chain `file` names ([`load_chain`]), at most one TASK filling its
+/// `{task}` ([`fill_task`]); labels come from the chain, never `--label`.
+pub(super) fn chain(
+    args: &Args,
+    file: &Path,
+    profile: &Path,
+    lookup: &Path,
+) -> anyhow::Result<Built> {
+    if args.label.is_some() {
+        bail!(cohort_common::Error::Usage(
+            "--chain takes its labels from the file (`label` of each step); give no --label".into()
+        ));
+    }
+    let given = match args.tasks.as_slice() {
+        [] => None,
+        [t] => Some(read_task(t)?),
+        _ => bail!(cohort_common::Error::Usage(
+            "--chain takes at most one TASK (it replaces {task} in the steps)".into()
+        )),
+    };
+    let mut chain = load_chain(file, profile, lookup)?;
+    fill_task(&mut chain, given.as_deref())?;
+    Ok(Built::from_args(args, chain, RunMode::Chain))
+}
+
+/// [`Shape::Revive`]: one step continuing the session of run `name` ([`revive::plan`]), on its
+/// recorded runtime, in its cwd, with its Pi args unless `--` gives others, as the agent it ran
+/// as. At most one TASK (default [`revive::DEFAULT_TASK`]); the command line's model, thinking
+/// and tools beat the original's.
+pub(super) fn revive(args: &Args, root: &StateRoot, name: &str) -> anyhow::Result<Built> {
+    let task = match args.tasks.as_slice() {
+        [] => revive::DEFAULT_TASK.to_string(),
+        [t] => read_task(t)?,
+        _ => bail!(cohort_common::Error::Usage(
+            "--revive takes at most one TASK".into()
+        )),
+    };
+    let plan = revive::plan(&revive::gather(root, name, args.step)?)?;
+    // Say so when the runtime used is not the one flags or PATH would give today.
+    match runtime::capture(&RuntimeRequest {
+        node: args.node.clone(),
+        pi_entry: args.pi_entry.clone(),
+    }) {
+        Ok((now, _)) if revive::same_runtime(&now, &plan.runtime) => {}
+        _ => eprintln!(
+            "cohort-spawn: reviving on run {}'s recorded runtime ({})",
+            id::short_of(&plan.original),
+            // Paths from the record: escaped.
+            cohort_cli::text::untrusted(&revive::describe(&plan.runtime))
+        ),
+    }
+    let pi_args = if args.pi_args.is_empty() {
+        plan.pi_args.clone()
+    } else {
+        args.pi_args.clone()
+    };
+    // The agent as it ran, from the original's launch spec, not its file as edited since.
+    let step = TaskSpec {
+        task,
+        label: args.label.clone(),
+        model: args.model.clone().or(plan.model),
+        thinking: args.thinking.clone().or(plan.thinking),
+        tools: args.tools.clone().or(plan.tools),
+        pi_args: Vec::new(),
+        session_file: Some(plan.session_file),
+        agent: plan.agent.as_ref().map(|a| a.name.clone()),
+        resolved_agent: plan.agent.map(Box::new),
+    };
+    Ok(Built {
+        chain: vec![ChainStep::Task(step)],
+        mode: RunMode::Single,
+        cwd: plan.cwd,
+        pi_args,
+        pinned_runtime: Some(plan.runtime),
+        revives: Some(plan.original),
+    })
+}
+
+/// A TASK argument's text: stdin when it is `-`. An empty or blank task is a usage error.
+fn read_task(t: &str) -> anyhow::Result<String> {
+    let task = if t == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("cannot read the task from stdin")?;
+        s
+    } else {
+        t.to_string()
+    };
+    if task.trim().is_empty() {
+        return Err(cohort_common::Error::Usage("the task is empty".into()).into());
+    }
+    Ok(task)
+}
+
+/// The labels of the `n` members of a `--parallel` group (pure): with `--label x`, `x-0`,
+/// `x-1`, … so that `--output` headings (`## <label>`) and listings tell the members apart;
+/// without it, none (each member shows as `step-<i>`).
+pub fn member_labels(label: Option<&str>, n: usize) -> Vec<Option<String>> {
+    (0..n).map(|i| label.map(|l| format!("{l}-{i}"))).collect()
+}
+
+/// The chain `--chain ARG` names: the file at ARG when there is one (a `.chain.md`, else JSON),
+/// else the saved chain named ARG ([`chains::resolve`]). Errors are one line (exit 2).
+fn load_chain(arg: &Path, profile: &Path, cwd: &Path) -> anyhow::Result<Vec<ChainStep>> {
+    if arg.is_file() {
+        let text = std::fs::read_to_string(arg)
+            .with_context(|| format!("cannot read chain file {}", arg.display()))?;
+        if arg.to_string_lossy().ends_with(".md") {
+            return chains::parse_file(arg, &text)
+                .map(|c| c.steps)
+                .map_err(|e| cohort_common::Error::Usage(e).into());
+        }
+        return Ok(crate::chain_file::parse_chain(&text)?);
+    }
+    let name = arg.to_string_lossy();
+    if name.contains('/') || name.ends_with(".json") || name.ends_with(".md") {
+        bail!(cohort_common::Error::Usage(format!(
+            "chain file {} does not exist",
+            arg.display()
+        )));
+    }
+    let found = chains::discover(profile, cwd);
+    Ok(chains::resolve(&found, &name)?.steps.clone())
+}
+
+/// Put the TASK given with `--chain` in place of `{task}` (pure). A chain that uses `{task}`
+/// needs a TASK, and a TASK needs a `{task}` to go to: either mismatch is a usage error.
+pub fn fill_task(chain: &mut [ChainStep], given: Option<&str>) -> anyhow::Result<()> {
+    let uses = crate::chain_file::tasks_mut(chain).any(|t| t.task.contains("{task}"));
+    match (given, uses) {
+        (Some(g), true) => {
+            for t in crate::chain_file::tasks_mut(chain) {
+                t.task = crate::chain_file::substitute_task(&t.task, g);
+            }
+            Ok(())
+        }
+        (None, false) => Ok(()),
+        (None, true) => bail!(cohort_common::Error::Usage(
+            "the chain uses {task}; give the TASK after the chain".into()
+        )),
+        (Some(_), false) => bail!(cohort_common::Error::Usage(
+            "the chain has no {task} for the TASK to fill; give no TASK, or put {task} in a step"
+                .into()
+        )),
+    }
+}
+
+/// Resolve every agent the chain's tasks name, and merge each agent's fields under the step's
+/// own ([`agents::apply`]). An unknown or unusable agent is a usage error before any record
+/// exists. Tasks that carry a resolved agent already (a revival) keep it.
+pub(super) fn resolve_agents(
+    chain: &mut [ChainStep],
+    profile: &Path,
+    cwd: &Path,
+) -> anyhow::Result<()> {
+    if !crate::chain_file::tasks_mut(chain).any(|t| t.agent.is_some() && t.resolved_agent.is_none())
+    {
+        return Ok(());
+    }
+    let catalog = agents::discover(profile, cwd);
+    for t in crate::chain_file::tasks_mut(chain) {
+        if let (Some(name), None) = (t.agent.clone(), &t.resolved_agent) {
+            let def = catalog.resolve(&name)?;
+            agents::apply(t, def);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use cohort_common::format::spec;
+
+    #[test]
+    fn each_command_line_has_one_shape() {
+        let shape = |argv: &[&str]| {
+            let args =
+                Args::try_parse_from(std::iter::once("cohort-spawn").chain(argv.iter().copied()))
+                    .unwrap();
+            format!("{:?}", Shape::of(&args))
+        };
+        for (argv, want) in [
+            (&["t"][..], "Single"),
+            (&["--session", "s.jsonl", "t"][..], "Single"),
+            (&["--parallel", "a", "b"][..], "Parallel"),
+            (&["--chain", "review", "t"][..], r#"Chain("review")"#),
+            (
+                &["--revive", "0e5b8ad1c3f2"][..],
+                r#"Revive("0e5b8ad1c3f2")"#,
+            ),
+        ] {
+            assert_eq!(shape(argv), want, "{argv:?}");
+        }
+    }
+
+    #[test]
+    fn parallel_members_get_distinct_labels() {
+        assert_eq!(
+            member_labels(Some("x"), 3),
+            vec![Some("x-0".into()), Some("x-1".into()), Some("x-2".into())]
+        );
+        assert_eq!(member_labels(None, 2), vec![None, None]);
+        assert!(member_labels(Some("x"), 0).is_empty());
+    }
+
+    #[test]
+    fn the_task_fills_task_and_mismatches_are_refused() {
+        let mut chain = crate::chain_file::parse_chain(
+            r#"{"steps":[{"task":"Map {task}"},{"parallel":[{"task":"a {task} {previous}"}]}]}"#,
+        )
+        .unwrap();
+        fill_task(&mut chain, Some("the parser")).unwrap();
+        let (flat, _) = spec::flatten(&chain);
+        assert_eq!(flat[0].spec.task, "Map the parser");
+        assert_eq!(flat[1].spec.task, "a the parser {previous}");
+        let mut chain =
+            crate::chain_file::parse_chain(r#"{"steps":[{"task":"Map {task}"}]}"#).unwrap();
+        assert!(fill_task(&mut chain, None)
+            .unwrap_err()
+            .to_string()
+            .contains("give the TASK"));
+        let mut chain = crate::chain_file::parse_chain(r#"{"steps":[{"task":"Map"}]}"#).unwrap();
+        assert!(fill_task(&mut chain, Some("x")).is_err());
+        assert!(fill_task(&mut chain, None).is_ok());
+    }
+}
