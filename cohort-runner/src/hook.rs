@@ -24,9 +24,10 @@ use serde_json::{json, Value};
 use cohort_common::format::events::EventKind;
 use cohort_common::format::layout::{RunDir, PROFILE_ENV};
 use cohort_common::format::record::RunState;
+use cohort_common::format::spec::{LaunchSpec, DEFAULT_ON_EXIT_TIMEOUT_MS};
 use cohort_common::os::files;
 
-use crate::stream::signal_name;
+use crate::step::signal_name;
 
 /// What the hook is run with.
 #[derive(Clone, Debug)]
@@ -47,6 +48,32 @@ pub struct Hook<'a> {
     pub timeout: Duration,
     /// Between SIGTERM and SIGKILL.
     pub grace: Duration,
+}
+
+impl<'a> Hook<'a> {
+    /// The hook of the run launched with `spec`, run `run_id` in `run_dir` that ended `state`:
+    /// its command, the run's cwd and profile, its timeout (`--on-exit-timeout`, default
+    /// [`DEFAULT_ON_EXIT_TIMEOUT_MS`]) and the run's grace. `None` when the run has no hook.
+    pub fn of_run(
+        spec: &'a LaunchSpec,
+        run_id: &'a str,
+        state: RunState,
+        run_dir: &'a RunDir,
+    ) -> Option<Hook<'a>> {
+        let o = &spec.options;
+        Some(Hook {
+            command: o.on_exit.as_deref()?,
+            run_id,
+            state,
+            run_dir,
+            profile_dir: &spec.profile_dir,
+            cwd: &spec.cwd,
+            timeout: Duration::from_millis(
+                o.on_exit_timeout_ms.unwrap_or(DEFAULT_ON_EXIT_TIMEOUT_MS),
+            ),
+            grace: Duration::from_millis(o.grace_ms),
+        })
+    }
 }
 
 /// The environment the hook gets on top of the runner's (pure).
