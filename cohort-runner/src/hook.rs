@@ -189,29 +189,37 @@ fn wait_bounded(mut child: std::process::Child, timeout: Duration, grace: Durati
     std::thread::spawn(move || {
         let _ = tx.send(child.wait());
     });
-    let of = |r: std::io::Result<ExitStatus>, timed_out| {
-        let st = r.ok();
+    if let Ok(r) = rx.recv_timeout(timeout) {
+        return HookExit::of(r);
+    }
+    let _ = killpg(pgid, Signal::SIGTERM);
+    let late = match rx.recv_timeout(grace) {
+        Ok(r) => HookExit::of(r),
+        Err(_) => {
+            let _ = killpg(pgid, Signal::SIGKILL);
+            rx.recv().map(HookExit::of).unwrap_or(HookExit {
+                code: None,
+                signal: None,
+                timed_out: false,
+            })
+        }
+    };
+    HookExit {
+        timed_out: true,
+        ..late
+    }
+}
+
+impl HookExit {
+    /// How the hook exited, by `wait`'s answer (no code nor signal when waiting failed), within
+    /// its time.
+    fn of(wait: std::io::Result<ExitStatus>) -> HookExit {
+        let st = wait.ok();
         HookExit {
             code: st.and_then(|s| s.code()),
             signal: st.and_then(|s| s.signal()),
-            timed_out,
+            timed_out: false,
         }
-    };
-    if let Ok(r) = rx.recv_timeout(timeout) {
-        return of(r, false);
-    }
-    let _ = killpg(pgid, Signal::SIGTERM);
-    if let Ok(r) = rx.recv_timeout(grace) {
-        return of(r, true);
-    }
-    let _ = killpg(pgid, Signal::SIGKILL);
-    match rx.recv() {
-        Ok(r) => of(r, true),
-        Err(_) => HookExit {
-            code: None,
-            signal: None,
-            timed_out: true,
-        },
     }
 }
 

@@ -8,7 +8,7 @@
 //!   │                    │                          │
 //!   └──────── the child exits (SIGCHLD, waitpid) ───┘
 //!                        ▼
-//!                     Exited ──stream ended, or drained for STREAM_DRAIN──▶ Sweeping ──▶ Finished
+//!                     Exited ──stream ended, or drain time passed──▶ Sweeping ──▶ Finished
 //! ```
 //!
 //! Every transition is a method of [`StepRun`]; the supervisor performs the I/O each returns
@@ -20,7 +20,8 @@
 //!   the last assistant message's `stopReason` of `error` or `aborted`, or a stream that ends
 //!   without `agent_end`, is a failure;
 //! - [`StderrDigest`]: what a failed step's error keeps of its stderr;
-//! - [`step_outcome`]: how a finished step is recorded, the runner's reason to end it first;
+//! - [`step_outcome`]: how a finished step is recorded, the runner's reason to end it first,
+//!   and [`record_finished`]: what its record keeps of its stream and exit;
 //! - [`step_failure`]: how a failed step names itself as the run's failure;
 //! - [`run_outcome`]: how the run is recorded once its chain has ended, and what steps that never
 //!   started are recorded as ([`RunOutcome::close_unstarted`]).
@@ -821,5 +822,42 @@ mod tests {
             )
         );
         assert!(o.unstarted.contains("stopped"));
+    }
+
+    #[test]
+    fn steps_never_started_end_stopped_with_the_runs_reason() {
+        let o = run_outcome(Some(Ending::Stop), None, None);
+        let step = |status| StepRecord {
+            status,
+            ..Default::default()
+        };
+        let mut steps = vec![step(StepStatus::Complete), step(StepStatus::Pending)];
+        o.close_unstarted(&mut steps);
+        assert_eq!(steps[0].status, StepStatus::Complete);
+        assert_eq!(steps[0].error, None);
+        assert_eq!(steps[1].status, StepStatus::Stopped);
+        assert_eq!(
+            steps[1].error.as_deref(),
+            Some("the run was stopped before this step started")
+        );
+    }
+
+    #[test]
+    fn a_finished_step_keeps_its_stream_and_exit_and_the_first_model() {
+        let mut s = StepRecord {
+            model: Some("asked/for".into()),
+            ..Default::default()
+        };
+        let summary = StreamSummary {
+            turn_count: 2,
+            tool_count: 3,
+            model: Some("reported/model".into()),
+            ..Default::default()
+        };
+        record_finished(&mut s, &summary, ChildExit::Signal(9), &["7 sleep".into()]);
+        assert_eq!((s.turn_count, s.tool_count), (2, 3));
+        assert_eq!(s.model.as_deref(), Some("asked/for"));
+        assert_eq!((s.exit_code, s.signal), (None, Some(9)));
+        assert_eq!(s.escaped, ["7 sleep"]);
     }
 }
