@@ -24,9 +24,10 @@ use serde_json::{json, Value};
 use cohort_common::format::events::EventKind;
 use cohort_common::format::layout::{RunDir, PROFILE_ENV};
 use cohort_common::format::record::RunState;
+use cohort_common::format::spec::{LaunchSpec, DEFAULT_ON_EXIT_TIMEOUT_MS};
 use cohort_common::os::files;
 
-use crate::stream::signal_name;
+use crate::step::signal_name;
 
 /// What the hook is run with.
 #[derive(Clone, Debug)]
@@ -47,6 +48,32 @@ pub struct Hook<'a> {
     pub timeout: Duration,
     /// Between SIGTERM and SIGKILL.
     pub grace: Duration,
+}
+
+impl<'a> Hook<'a> {
+    /// The hook of the run launched with `spec`, run `run_id` in `run_dir` that ended `state`:
+    /// its command, the run's cwd and profile, its timeout (`--on-exit-timeout`, default
+    /// [`DEFAULT_ON_EXIT_TIMEOUT_MS`]) and the run's grace. `None` when the run has no hook.
+    pub fn of_run(
+        spec: &'a LaunchSpec,
+        run_id: &'a str,
+        state: RunState,
+        run_dir: &'a RunDir,
+    ) -> Option<Hook<'a>> {
+        let o = &spec.options;
+        Some(Hook {
+            command: o.on_exit.as_deref()?,
+            run_id,
+            state,
+            run_dir,
+            profile_dir: &spec.profile_dir,
+            cwd: &spec.cwd,
+            timeout: Duration::from_millis(
+                o.on_exit_timeout_ms.unwrap_or(DEFAULT_ON_EXIT_TIMEOUT_MS),
+            ),
+            grace: Duration::from_millis(o.grace_ms),
+        })
+    }
 }
 
 /// The environment the hook gets on top of the runner's (pure).
@@ -162,29 +189,37 @@ fn wait_bounded(mut child: std::process::Child, timeout: Duration, grace: Durati
     std::thread::spawn(move || {
         let _ = tx.send(child.wait());
     });
-    let of = |r: std::io::Result<ExitStatus>, timed_out| {
-        let st = r.ok();
+    if let Ok(r) = rx.recv_timeout(timeout) {
+        return HookExit::of(r);
+    }
+    let _ = killpg(pgid, Signal::SIGTERM);
+    let late = match rx.recv_timeout(grace) {
+        Ok(r) => HookExit::of(r),
+        Err(_) => {
+            let _ = killpg(pgid, Signal::SIGKILL);
+            rx.recv().map(HookExit::of).unwrap_or(HookExit {
+                code: None,
+                signal: None,
+                timed_out: false,
+            })
+        }
+    };
+    HookExit {
+        timed_out: true,
+        ..late
+    }
+}
+
+impl HookExit {
+    /// How the hook exited, by `wait`'s answer (no code nor signal when waiting failed), within
+    /// its time.
+    fn of(wait: std::io::Result<ExitStatus>) -> HookExit {
+        let st = wait.ok();
         HookExit {
             code: st.and_then(|s| s.code()),
             signal: st.and_then(|s| s.signal()),
-            timed_out,
+            timed_out: false,
         }
-    };
-    if let Ok(r) = rx.recv_timeout(timeout) {
-        return of(r, false);
-    }
-    let _ = killpg(pgid, Signal::SIGTERM);
-    if let Ok(r) = rx.recv_timeout(grace) {
-        return of(r, true);
-    }
-    let _ = killpg(pgid, Signal::SIGKILL);
-    match rx.recv() {
-        Ok(r) => of(r, true),
-        Err(_) => HookExit {
-            code: None,
-            signal: None,
-            timed_out: true,
-        },
     }
 }
 

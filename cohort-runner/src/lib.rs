@@ -1,9 +1,16 @@
 //! cohort-runner: the detached supervisor of one run.
 //!
 //! - [`cmd`]: the command line (a run directory) and the detach sequence;
-//! - [`supervisor`]: the event loop that owns the record and runs the chain;
-//! - [`step`]: a step's lifecycle as a state type, and the pure decisions of how a step and a
-//!   run end;
+//! - [`supervisor`]: the event loop that owns the record, and the scheduling of the chain;
+//! - [`start`]: from a `queued` record to a `running` one with its spec, event log and route;
+//! - [`launch`]: building and starting a step's Pi child (arguments, environment, private
+//!   `tmp/`, the parent-death signal);
+//! - [`readers`]: the stdout and stderr reader threads of a child, and its capped output log;
+//! - [`tracking`]: the run's tracked processes, the looks at its tree, `processes.json`;
+//! - [`writer`]: the record writes: coalesced progress, the heartbeat, the terminal write;
+//! - [`nested`]: stopping the nested runs of a stopped run;
+//! - [`step`]: a step's lifecycle as a state type, and every rule of how a step and a run end
+//!   (Pi's verdict, the stderr digest, the recorded outcome);
 //! - [`stream`]: reading a Pi child's `--mode json` event stream in bounded memory;
 //! - [`hook`]: the on-exit hook, run once after the terminal record is durable;
 //! - [`sweep`]: finding and ending the processes a step left behind;
@@ -18,10 +25,16 @@
 
 pub mod cmd;
 pub mod hook;
+pub mod launch;
+pub mod nested;
 pub mod process;
+pub mod readers;
 pub mod reserve;
 pub mod session;
+pub mod start;
 pub mod step;
 pub mod stream;
 pub mod supervisor;
 pub mod sweep;
+pub mod tracking;
+pub mod writer;

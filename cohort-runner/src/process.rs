@@ -42,7 +42,7 @@ pub fn detach(backend: BackendKind) -> Result<()> {
             ))
         })?;
     }
-    // A handler that only sets a flag: SIGHUP no longer kills the runner, and (unlike SIG_IGN)
+    // A handler that only sets a flag: SIGHUP does not kill the runner, and (unlike SIG_IGN)
     // the Pi children it execs get the default disposition back.
     signal_hook::flag::register(
         signal_hook::consts::SIGHUP,

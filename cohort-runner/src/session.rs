@@ -4,11 +4,16 @@
 //! continued session for its step, which closes the race of two spawns that both checked
 //! before either runner started. A new session is locked as soon as Pi creates it.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
 use std::time::Duration;
 
+use cohort_common::format::record::StepRecord;
+use cohort_common::os::files;
 use cohort_common::os::lock::{lock_within, LockKind};
+
+use crate::step::StepRun;
 
 /// How long a step's launch rides out a reader's brief probe of its session file.
 const SESSION_LOCK_WAIT: Duration = Duration::from_secs(2);
@@ -58,4 +63,41 @@ pub fn try_lock_new(path: &Path) -> NewSession {
         Ok(false) => NewSession::Contended(file),
         Err(_) => NewSession::NotYet,
     }
+}
+
+/// Try once to lock the session file of every live step in `active` that holds none yet (a new
+/// session appears with Pi's first assistant message), so that no other run is started on it.
+/// `steps` are the run's step records (their session files). Returns the steps whose file
+/// another run holds, with the file: each is remembered as tried and never tried again.
+pub fn lock_new_sessions<'s>(
+    active: &mut HashMap<usize, StepRun>,
+    steps: &'s [StepRecord],
+) -> Vec<(usize, &'s Path)> {
+    let mut contended = Vec::new();
+    for (&i, a) in active.iter_mut() {
+        if a.session_lock.is_some() || !a.is_alive() {
+            continue;
+        }
+        let Some(path) = steps[i].session_file.as_deref() else {
+            continue;
+        };
+        match try_lock_new(path) {
+            NewSession::NotYet => {}
+            NewSession::Locked(file) => a.session_lock = Some(file),
+            NewSession::Contended(file) => {
+                a.session_lock = Some(file);
+                contended.push((i, path));
+            }
+        }
+    }
+    contended
+}
+
+/// Give the session file `path` mode 0600, like every file cohort writes: Pi creates it with
+/// the default mode (0644, inside a 0700 dir) and it may hold secrets. The umask is left alone:
+/// it also governs the files Pi's tools write into the user's project. A failure is ignored
+/// (the directory stays 0700).
+pub fn make_private(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(files::FILE_MODE));
 }

@@ -1,4 +1,4 @@
-//! A step's lifecycle as one state type, and the pure decisions of how a step and a run end
+//! A step's lifecycle as one state type, and every rule of how a step and a run end
 //! (`docs/architecture.md`, "The runner").
 //!
 //! A step (one Pi child) moves through [`Phase`]s in one direction only:
@@ -12,24 +12,36 @@
 //! ```
 //!
 //! Every transition is a method of [`StepRun`]; the supervisor performs the I/O each returns
-//! (send a signal, start a sweep). [`step_outcome`] and [`run_outcome`] decide, without any
-//! process, what a finished step and a finished run are recorded as, so the wording of
-//! "timed out after …" and "stopped by signal" exists once.
+//! (send a signal, start a sweep). The rest are pure decisions, made without any process, so
+//! each wording ("timed out after …", "stopped by signal", "Pi exited with code …") exists once:
+//!
+//! - [`decide_step`]: Pi's own verdict from its exit, its stream ([`StreamSummary`]) and its
+//!   stderr. Pi exits 0 even when the model call failed, so success is decided from the stream:
+//!   the last assistant message's `stopReason` of `error` or `aborted`, or a stream that ends
+//!   without `agent_end`, is a failure;
+//! - [`StderrDigest`]: what a failed step's error keeps of its stderr;
+//! - [`step_outcome`]: how a finished step is recorded, the runner's reason to end it first,
+//!   and [`record_finished`]: what its record keeps of its stream and exit;
+//! - [`step_failure`]: how a failed step names itself as the run's failure;
+//! - [`run_outcome`]: how the run is recorded once its chain has ended, and what steps that never
+//!   started are recorded as ([`RunOutcome::close_unstarted`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cohort_cli::duration;
 use cohort_common::format::events::EventKind;
-use cohort_common::format::record::{RunState, StepStatus};
+use cohort_common::format::record::{RunState, StepRecord, StepStatus};
 
-use crate::stream::{decide_step, ChildExit, StderrDigest, StepVerdict, StreamSummary};
+use crate::stream::{preview, StreamSummary};
 
 /// How long to wait for a child's stdout to close after it exited (a descendant may hold it
 /// open): after that the step is swept and recorded without the end of its stream.
 pub const STREAM_DRAIN: Duration = Duration::from_secs(2);
+/// Lines of stderr kept from each end for a step's error message.
+const STDERR_KEEP: usize = 3;
 
 /// Why the runner sent a step's child SIGTERM.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -212,6 +224,183 @@ impl StepRun {
     }
 }
 
+/// How a child ended, as seen by the runner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChildExit {
+    /// Exited with this code.
+    Code(i32),
+    /// Killed by this signal.
+    Signal(i32),
+}
+
+/// The verdict on a step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepVerdict {
+    /// The step completed.
+    Complete,
+    /// The step failed, with the reason.
+    Failed(String),
+}
+
+/// Decide a step's outcome from how its child exited, what its stream said and the tail of its
+/// stderr (pure). Order: a signal; a non-zero exit code; a model error (`stopReason` `error` or
+/// `aborted`, with Pi's `errorMessage`); a stream without `agent_end`.
+pub fn decide_step(exit: ChildExit, summary: &StreamSummary, stderr_tail: &str) -> StepVerdict {
+    let tail = stderr_tail.trim();
+    let with_tail = |msg: String| {
+        if tail.is_empty() {
+            msg
+        } else {
+            format!("{msg}: {tail}")
+        }
+    };
+    match exit {
+        ChildExit::Signal(sig) => {
+            return StepVerdict::Failed(with_tail(format!(
+                "Pi was killed by signal {sig} ({})",
+                signal_name(sig)
+            )))
+        }
+        ChildExit::Code(code) if code != 0 => {
+            return StepVerdict::Failed(with_tail(format!("Pi exited with code {code}")))
+        }
+        ChildExit::Code(_) => {}
+    }
+    if let Some(reason @ ("error" | "aborted")) = summary.last_stop_reason.as_deref() {
+        let msg = summary
+            .last_error
+            .clone()
+            .unwrap_or_else(|| format!("the model call ended with stopReason {reason}"));
+        return StepVerdict::Failed(msg);
+    }
+    if !summary.saw_agent_end {
+        return StepVerdict::Failed(with_tail(
+            "Pi's event stream ended without agent_end".to_string(),
+        ));
+    }
+    StepVerdict::Complete
+}
+
+/// A signal's conventional name (`SIGKILL`), or `signal N`.
+pub fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| format!("signal {sig}"))
+}
+
+/// What a step's error message keeps of its stderr: the decisive line first (see
+/// [`StderrDigest::decisive`]), then the first lines, the first line that names an error (Node
+/// prints the source location before the message), and the last lines.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StderrDigest {
+    head: Vec<String>,
+    first_error: Option<String>,
+    last_error: Option<String>,
+    last_meaningful: Option<String>,
+    tail: VecDeque<String>,
+    seen: usize,
+}
+
+/// Whether a stderr line is noise around an error rather than the error (pure): a stack frame
+/// (`at f (x.js:1:2)`), Node's version banner, a caret marker line, or a lone brace.
+fn is_noise(line: &str) -> bool {
+    let t = line.trim();
+    t.is_empty()
+        || t.starts_with("at ")
+        || t.starts_with("Node.js v")
+        || t.chars()
+            .all(|c| matches!(c, '^' | '~' | ' ' | '{' | '}' | '(' | ')'))
+}
+
+/// Whether a stderr line names an error (pure).
+fn names_error(line: &str) -> bool {
+    let l = line.to_ascii_lowercase();
+    [
+        "error",
+        "fatal",
+        "panic",
+        "exception",
+        "failed",
+        "cannot",
+        "no such",
+    ]
+    .iter()
+    .any(|w| l.contains(w))
+}
+
+impl StderrDigest {
+    /// Take one stderr line.
+    pub fn push(&mut self, line: &str) {
+        let line = preview(line, 300);
+        self.seen += 1;
+        if !is_noise(&line) {
+            if names_error(&line) {
+                self.last_error = Some(line.clone());
+            }
+            self.last_meaningful = Some(line.clone());
+        }
+        if self.head.len() < STDERR_KEEP {
+            self.head.push(line);
+            return;
+        }
+        if self.first_error.is_none() && line.to_ascii_lowercase().contains("error") {
+            self.first_error = Some(line.clone());
+        }
+        self.tail.push_back(line);
+        if self.tail.len() > STDERR_KEEP {
+            self.tail.pop_front();
+        }
+    }
+
+    /// The line that says most about a failure (pure): the last line that is not noise (a stack
+    /// frame, Node's banner) — Pi and Node print the cause last — unless that line names no
+    /// error while an earlier one does, in which case the last line naming an error.
+    pub fn decisive(&self) -> Option<&str> {
+        let last = self.last_meaningful.as_deref()?;
+        match self.last_error.as_deref() {
+            Some(e) if !names_error(last) && self.tail_is_noise() => Some(e),
+            _ => Some(last),
+        }
+    }
+
+    /// Whether everything after the last meaningful line is noise (stack frames, a banner):
+    /// then the last meaningful line is deep in a trace and the error line is the better one.
+    fn tail_is_noise(&self) -> bool {
+        self.tail.back().is_some_and(|l| is_noise(l))
+    }
+
+    /// One line for a step's error: the decisive line, then in parentheses the digest (head, the
+    /// first error line, `…` where lines were left out, tail; ` | ` between lines), so that a
+    /// reader who shows only the start of an error (`--check`, a table) shows the cause.
+    pub fn summary(&self) -> String {
+        let digest = self.digest();
+        match self.decisive() {
+            Some(d) if d != digest => format!("{d} (stderr: {digest})"),
+            _ => digest,
+        }
+    }
+
+    /// The digest alone: head, the first error line, `…` where lines were left out, tail.
+    fn digest(&self) -> String {
+        let mut parts: Vec<String> = self.head.clone();
+        let shown_tail_start = self.seen - self.tail.len();
+        if let Some(e) = &self.first_error {
+            if !self.tail.contains(e) {
+                if shown_tail_start > self.head.len() + 1 {
+                    parts.push("…".into());
+                }
+                parts.push(e.clone());
+            }
+        }
+        if shown_tail_start > self.head.len() + usize::from(self.first_error.is_some()) {
+            parts.push("…".into());
+        }
+        parts.extend(self.tail.iter().cloned());
+        parts.dedup();
+        parts.join(" | ")
+    }
+}
+
 /// How a step is recorded once it has finished.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepOutcome {
@@ -288,6 +477,33 @@ pub fn step_outcome(
     }
 }
 
+/// Write into a finished step's record what its stream and its exit say (its counts and usage,
+/// the first model reported, its exit code or signal) and the processes that escaped its sweep.
+pub fn record_finished(
+    s: &mut StepRecord,
+    summary: &StreamSummary,
+    exit: ChildExit,
+    escaped: &[String],
+) {
+    s.turn_count = summary.turn_count;
+    s.tool_count = summary.tool_count;
+    s.usage = summary.usage.clone();
+    if s.model.is_none() {
+        s.model = summary.model.clone();
+    }
+    match exit {
+        ChildExit::Code(c) => s.exit_code = Some(c),
+        ChildExit::Signal(sig) => s.signal = Some(sig),
+    }
+    s.escaped = escaped.to_vec();
+}
+
+/// "step 1 (review): boom": a failed step as the failure of its run, from its index, its label
+/// and its error.
+pub fn step_failure(index: usize, label: &str, error: &str) -> String {
+    format!("step {index} ({label}): {error}")
+}
+
 /// The event that records a step ended with `status` outside [`step_outcome`] (a launch that
 /// failed, a step never started).
 pub fn event_for(status: StepStatus) -> EventKind {
@@ -314,6 +530,17 @@ pub struct RunOutcome {
     pub timed_out: bool,
     /// The error recorded on steps that never started.
     pub unstarted: String,
+}
+
+impl RunOutcome {
+    /// Record the steps that never started: `stopped`, with [`RunOutcome::unstarted`] as their
+    /// error, never left `pending` in a terminal record.
+    pub fn close_unstarted(&self, steps: &mut [StepRecord]) {
+        for s in steps.iter_mut().filter(|s| s.status == StepStatus::Pending) {
+            s.status = StepStatus::Stopped;
+            s.error = Some(self.unstarted.clone());
+        }
+    }
 }
 
 /// Decide how a run is recorded (pure) from why the runner stopped it, if it did, and the
@@ -486,6 +713,78 @@ mod tests {
     }
 
     #[test]
+    fn verdicts() {
+        let ok = StreamSummary {
+            saw_agent_end: true,
+            last_stop_reason: Some("stop".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            decide_step(ChildExit::Code(0), &ok, ""),
+            StepVerdict::Complete
+        );
+        let model_err = StreamSummary {
+            saw_agent_end: true,
+            last_stop_reason: Some("error".into()),
+            last_error: Some("400 bad thing happened".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            decide_step(ChildExit::Code(0), &model_err, ""),
+            StepVerdict::Failed("400 bad thing happened".into())
+        );
+        let cut = StreamSummary::default();
+        assert!(
+            matches!(decide_step(ChildExit::Code(0), &cut, ""), StepVerdict::Failed(m) if m.contains("agent_end"))
+        );
+        assert!(
+            matches!(decide_step(ChildExit::Code(1), &ok, "boom"), StepVerdict::Failed(m) if m.contains("code 1: boom"))
+        );
+        assert!(
+            matches!(decide_step(ChildExit::Signal(9), &ok, ""), StepVerdict::Failed(m) if m.contains("SIGKILL"))
+        );
+    }
+
+    #[test]
+    fn stderr_digest_keeps_head_error_and_tail() {
+        let mut d = StderrDigest::default();
+        for l in ["a", "b"] {
+            d.push(l);
+        }
+        assert_eq!(d.summary(), "b (stderr: a | b)");
+        let mut d = StderrDigest::default();
+        d.push("boom");
+        assert_eq!(d.summary(), "boom");
+        let mut d = StderrDigest::default();
+        for l in [
+            "/x.js:3",
+            "throw e",
+            "   ^",
+            "",
+            "TypeError: boom",
+            "at f",
+            "at g",
+            "at h",
+            "at i",
+            "Node.js v20",
+        ] {
+            d.push(l);
+        }
+        assert_eq!(
+            d.summary(),
+            "TypeError: boom (stderr: /x.js:3 | throw e | ^ | … | TypeError: boom | … | at h | at i | Node.js v20)"
+        );
+        // The cause printed last survives, however long the output before it.
+        let mut d = StderrDigest::default();
+        for i in 0..20 {
+            d.push(&format!("loading module {i}"));
+        }
+        d.push("warning: a deprecated error handler");
+        d.push("boom: missing module");
+        assert!(d.summary().starts_with("boom: missing module (stderr: "));
+    }
+
+    #[test]
     fn run_outcomes() {
         let o = run_outcome(None, None, None);
         assert_eq!(
@@ -523,5 +822,42 @@ mod tests {
             )
         );
         assert!(o.unstarted.contains("stopped"));
+    }
+
+    #[test]
+    fn steps_never_started_end_stopped_with_the_runs_reason() {
+        let o = run_outcome(Some(Ending::Stop), None, None);
+        let step = |status| StepRecord {
+            status,
+            ..Default::default()
+        };
+        let mut steps = vec![step(StepStatus::Complete), step(StepStatus::Pending)];
+        o.close_unstarted(&mut steps);
+        assert_eq!(steps[0].status, StepStatus::Complete);
+        assert_eq!(steps[0].error, None);
+        assert_eq!(steps[1].status, StepStatus::Stopped);
+        assert_eq!(
+            steps[1].error.as_deref(),
+            Some("the run was stopped before this step started")
+        );
+    }
+
+    #[test]
+    fn a_finished_step_keeps_its_stream_and_exit_and_the_first_model() {
+        let mut s = StepRecord {
+            model: Some("asked/for".into()),
+            ..Default::default()
+        };
+        let summary = StreamSummary {
+            turn_count: 2,
+            tool_count: 3,
+            model: Some("reported/model".into()),
+            ..Default::default()
+        };
+        record_finished(&mut s, &summary, ChildExit::Signal(9), &["7 sleep".into()]);
+        assert_eq!((s.turn_count, s.tool_count), (2, 3));
+        assert_eq!(s.model.as_deref(), Some("asked/for"));
+        assert_eq!((s.exit_code, s.signal), (None, Some(9)));
+        assert_eq!(s.escaped, ["7 sleep"]);
     }
 }

@@ -1,4 +1,4 @@
-//! Reading a Pi child's `--mode json` event stream, and deciding how its step ended.
+//! Reading a Pi child's `--mode json` event stream in bounded memory.
 //!
 //! Pi prints one JSON object per line. Lines can be many MiB: each `message_update` repeats the
 //! whole partial message, and `agent_end`/`turn_end` repeat whole conversations. The reader
@@ -13,24 +13,21 @@
 //! cohort does not look: a `message_update` carries `usage` before `assistantMessageEvent` and
 //! no `partial`, a `role: system` message opens the stream, and `agent_settled` follows
 //! `agent_end`.
-//! Pi exits 0 even when the model call failed, so success is decided from the stream
-//! ([`decide_step`]): the last assistant message's `stopReason` of `error` or `aborted`, or a
-//! stream that ends without `agent_end`, is a failure.
-
-use std::io::{self, BufRead};
+//! What the stream says of how its step ended ([`StreamSummary`]) is judged in
+//! [`crate::step`].
 
 use std::borrow::Cow;
+use std::io::{self, BufRead};
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use std::collections::VecDeque;
-
 use cohort_common::format::record::Usage;
 
-/// Lines of stderr kept from each end for a step's error message.
-const STDERR_KEEP: usize = 3;
+/// The step verdict, re-exported where the Pi contract tests (`tests/tests/pi_contract.rs`)
+/// read it beside the parser; it is defined with the other rules of a step's end.
+pub use crate::step::{decide_step, ChildExit, StepVerdict};
 
 /// Kept lines longer than this are discarded (counted in [`StreamSummary::oversized_lines`]).
 pub const MAX_KEPT_LINE: usize = 512 << 20;
@@ -567,183 +564,6 @@ pub fn text_delta(head: &[u8]) -> Option<Cow<'_, str>> {
     None
 }
 
-/// How a child ended, as seen by the runner.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChildExit {
-    /// Exited with this code.
-    Code(i32),
-    /// Killed by this signal.
-    Signal(i32),
-}
-
-/// The verdict on a step.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StepVerdict {
-    /// The step completed.
-    Complete,
-    /// The step failed, with the reason.
-    Failed(String),
-}
-
-/// Decide a step's outcome from how its child exited, what its stream said and the tail of its
-/// stderr (pure). Order: a signal; a non-zero exit code; a model error (`stopReason` `error` or
-/// `aborted`, with Pi's `errorMessage`); a stream without `agent_end`.
-pub fn decide_step(exit: ChildExit, summary: &StreamSummary, stderr_tail: &str) -> StepVerdict {
-    let tail = stderr_tail.trim();
-    let with_tail = |msg: String| {
-        if tail.is_empty() {
-            msg
-        } else {
-            format!("{msg}: {tail}")
-        }
-    };
-    match exit {
-        ChildExit::Signal(sig) => {
-            return StepVerdict::Failed(with_tail(format!(
-                "Pi was killed by signal {sig} ({})",
-                signal_name(sig)
-            )))
-        }
-        ChildExit::Code(code) if code != 0 => {
-            return StepVerdict::Failed(with_tail(format!("Pi exited with code {code}")))
-        }
-        ChildExit::Code(_) => {}
-    }
-    if let Some(reason @ ("error" | "aborted")) = summary.last_stop_reason.as_deref() {
-        let msg = summary
-            .last_error
-            .clone()
-            .unwrap_or_else(|| format!("the model call ended with stopReason {reason}"));
-        return StepVerdict::Failed(msg);
-    }
-    if !summary.saw_agent_end {
-        return StepVerdict::Failed(with_tail(
-            "Pi's event stream ended without agent_end".to_string(),
-        ));
-    }
-    StepVerdict::Complete
-}
-
-/// A signal's conventional name (`SIGKILL`), or `signal N`.
-pub fn signal_name(sig: i32) -> String {
-    nix::sys::signal::Signal::try_from(sig)
-        .map(|s| s.as_str().to_string())
-        .unwrap_or_else(|_| format!("signal {sig}"))
-}
-
-/// What a step's error message keeps of its stderr: the decisive line first (see
-/// [`StderrDigest::decisive`]), then the first lines, the first line that names an error (Node
-/// prints the source location before the message), and the last lines.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct StderrDigest {
-    head: Vec<String>,
-    first_error: Option<String>,
-    last_error: Option<String>,
-    last_meaningful: Option<String>,
-    tail: VecDeque<String>,
-    seen: usize,
-}
-
-/// Whether a stderr line is noise around an error rather than the error (pure): a stack frame
-/// (`at f (x.js:1:2)`), Node's version banner, a caret marker line, or a lone brace.
-fn is_noise(line: &str) -> bool {
-    let t = line.trim();
-    t.is_empty()
-        || t.starts_with("at ")
-        || t.starts_with("Node.js v")
-        || t.chars()
-            .all(|c| matches!(c, '^' | '~' | ' ' | '{' | '}' | '(' | ')'))
-}
-
-/// Whether a stderr line names an error (pure).
-fn names_error(line: &str) -> bool {
-    let l = line.to_ascii_lowercase();
-    [
-        "error",
-        "fatal",
-        "panic",
-        "exception",
-        "failed",
-        "cannot",
-        "no such",
-    ]
-    .iter()
-    .any(|w| l.contains(w))
-}
-
-impl StderrDigest {
-    /// Take one stderr line.
-    pub fn push(&mut self, line: &str) {
-        let line = preview(line, 300);
-        self.seen += 1;
-        if !is_noise(&line) {
-            if names_error(&line) {
-                self.last_error = Some(line.clone());
-            }
-            self.last_meaningful = Some(line.clone());
-        }
-        if self.head.len() < STDERR_KEEP {
-            self.head.push(line);
-            return;
-        }
-        if self.first_error.is_none() && line.to_ascii_lowercase().contains("error") {
-            self.first_error = Some(line.clone());
-        }
-        self.tail.push_back(line);
-        if self.tail.len() > STDERR_KEEP {
-            self.tail.pop_front();
-        }
-    }
-
-    /// The line that says most about a failure (pure): the last line that is not noise (a stack
-    /// frame, Node's banner) — Pi and Node print the cause last — unless that line names no
-    /// error while an earlier one does, in which case the last line naming an error.
-    pub fn decisive(&self) -> Option<&str> {
-        let last = self.last_meaningful.as_deref()?;
-        match self.last_error.as_deref() {
-            Some(e) if !names_error(last) && self.tail_is_noise() => Some(e),
-            _ => Some(last),
-        }
-    }
-
-    /// Whether everything after the last meaningful line is noise (stack frames, a banner):
-    /// then the last meaningful line is deep in a trace and the error line is the better one.
-    fn tail_is_noise(&self) -> bool {
-        self.tail.back().is_some_and(|l| is_noise(l))
-    }
-
-    /// One line for a step's error: the decisive line, then in parentheses the digest (head, the
-    /// first error line, `…` where lines were left out, tail; ` | ` between lines), so that a
-    /// reader who shows only the start of an error (`--check`, a table) shows the cause.
-    pub fn summary(&self) -> String {
-        let digest = self.digest();
-        match self.decisive() {
-            Some(d) if d != digest => format!("{d} (stderr: {digest})"),
-            _ => digest,
-        }
-    }
-
-    /// The digest alone: head, the first error line, `…` where lines were left out, tail.
-    fn digest(&self) -> String {
-        let mut parts: Vec<String> = self.head.clone();
-        let shown_tail_start = self.seen - self.tail.len();
-        if let Some(e) = &self.first_error {
-            if !self.tail.contains(e) {
-                if shown_tail_start > self.head.len() + 1 {
-                    parts.push("…".into());
-                }
-                parts.push(e.clone());
-            }
-        }
-        if shown_tail_start > self.head.len() + usize::from(self.first_error.is_some()) {
-            parts.push("…".into());
-        }
-        parts.extend(self.tail.iter().cloned());
-        parts.dedup();
-        parts.join(" | ")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -846,39 +666,6 @@ mod tests {
     }
 
     #[test]
-    fn verdicts() {
-        let ok = StreamSummary {
-            saw_agent_end: true,
-            last_stop_reason: Some("stop".into()),
-            ..Default::default()
-        };
-        assert_eq!(
-            decide_step(ChildExit::Code(0), &ok, ""),
-            StepVerdict::Complete
-        );
-        let model_err = StreamSummary {
-            saw_agent_end: true,
-            last_stop_reason: Some("error".into()),
-            last_error: Some("400 bad thing happened".into()),
-            ..Default::default()
-        };
-        assert_eq!(
-            decide_step(ChildExit::Code(0), &model_err, ""),
-            StepVerdict::Failed("400 bad thing happened".into())
-        );
-        let cut = StreamSummary::default();
-        assert!(
-            matches!(decide_step(ChildExit::Code(0), &cut, ""), StepVerdict::Failed(m) if m.contains("agent_end"))
-        );
-        assert!(
-            matches!(decide_step(ChildExit::Code(1), &ok, "boom"), StepVerdict::Failed(m) if m.contains("code 1: boom"))
-        );
-        assert!(
-            matches!(decide_step(ChildExit::Signal(9), &ok, ""), StepVerdict::Failed(m) if m.contains("SIGKILL"))
-        );
-    }
-
-    #[test]
     fn text_deltas_come_from_update_heads() {
         let line = br#"{"type":"message_update","assistantMessageEvent":{"type":"text_delta","contentIndex":0,"delta":"Hel\"lo\n","partial":{"x":1}}}"#;
         assert_eq!(text_delta(line).as_deref(), Some("Hel\"lo\n"));
@@ -925,43 +712,5 @@ mod tests {
         let (s, _, _) = parse("not json\n{\"type\":\"agent_end\"}\n", 16);
         assert_eq!(s.garbage_lines, 1);
         assert!(s.saw_agent_end);
-    }
-    #[test]
-    fn stderr_digest_keeps_head_error_and_tail() {
-        let mut d = StderrDigest::default();
-        for l in ["a", "b"] {
-            d.push(l);
-        }
-        assert_eq!(d.summary(), "b (stderr: a | b)");
-        let mut d = StderrDigest::default();
-        d.push("boom");
-        assert_eq!(d.summary(), "boom");
-        let mut d = StderrDigest::default();
-        for l in [
-            "/x.js:3",
-            "throw e",
-            "   ^",
-            "",
-            "TypeError: boom",
-            "at f",
-            "at g",
-            "at h",
-            "at i",
-            "Node.js v20",
-        ] {
-            d.push(l);
-        }
-        assert_eq!(
-            d.summary(),
-            "TypeError: boom (stderr: /x.js:3 | throw e | ^ | … | TypeError: boom | … | at h | at i | Node.js v20)"
-        );
-        // The cause printed last survives, however long the output before it.
-        let mut d = StderrDigest::default();
-        for i in 0..20 {
-            d.push(&format!("loading module {i}"));
-        }
-        d.push("warning: a deprecated error handler");
-        d.push("boom: missing module");
-        assert!(d.summary().starts_with("boom: missing module (stderr: "));
     }
 }

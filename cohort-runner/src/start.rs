@@ -1,0 +1,137 @@
+//! Starting a run, before its chain: from a `queued` record to a `running` one with its launch
+//! spec, event log and tree route (`docs/architecture.md`, "The runner").
+//!
+//! [`take_queued`] takes the runner lock and refuses a record that is not `queued`; nothing is
+//! written yet, so a failure there is returned alone. [`into_running`] publishes `running`
+//! with the runner's pid identity and then reads what the chain needs; a failure after
+//! `running` is published is recorded (`failed`, with a `run.failed` event) and returned.
+//! A runner that dies between the two leaves a `queued` run with a free lock: the next reader
+//! settles it `failed` ("start abandoned").
+
+use serde_json::json;
+
+use cohort_common::error::{Error, Result};
+use cohort_common::fault;
+use cohort_common::format::events::{self, EventKind, EventLog};
+use cohort_common::format::layout::{RunDir, StateRoot};
+use cohort_common::format::record::{self, now_ms, RunRecord, RunState};
+use cohort_common::format::route;
+use cohort_common::format::spec::{LaunchSpec, Placement};
+use cohort_common::identity::procinfo;
+use cohort_common::os::files;
+use cohort_common::os::lock::{RunLock, RUNNER_LOCK_WAIT};
+
+/// A run just published `running`, with what its chain needs.
+#[derive(Debug)]
+pub struct Running {
+    /// The record as published.
+    pub rec: RunRecord,
+    /// The launch spec spawn wrote.
+    pub spec: LaunchSpec,
+    /// The run's event log, `run.started` appended.
+    pub events: EventLog,
+    /// The state root of the run's profile.
+    pub state_root: StateRoot,
+    /// The route of the run's tree.
+    pub tree: Placement,
+}
+
+/// Take the runner lock of `dir` (`inherited`, the held lock spawn handed down, or a fresh
+/// one), call `ready` as soon as it is held, and load the record, which must be `queued`.
+///
+/// Errors: [`Error::LockBusy`] (another runner), [`Error::State`] (the record is not
+/// `queued`), I/O and JSON errors on the record.
+pub fn take_queued(
+    dir: &RunDir,
+    inherited: Option<std::os::fd::OwnedFd>,
+    ready: impl FnOnce(),
+) -> Result<(RunLock, RunRecord)> {
+    let lock = match inherited {
+        Some(fd) => RunLock::adopt(fd, &dir.lock())?,
+        None => RunLock::acquire(&dir.lock(), RUNNER_LOCK_WAIT)?,
+    };
+    // The lock is ours (the kernel answers that): spawn may return now. Everything below is
+    // off its critical path. A failure from here on is recorded by this process, or, if it
+    // dies, its start is settled `failed` by the next reader (`queued` with a free lock).
+    ready();
+    fault::point("runner.locked");
+    let rec = record::load(&dir.status())?;
+    if rec.state != RunState::Queued {
+        return Err(Error::State(format!(
+            "run {} is {}, not queued; a runner only starts queued runs",
+            rec.run_id,
+            rec.state.as_str()
+        )));
+    }
+    Ok((lock, rec))
+}
+
+/// Publish `running` for the queued `rec` of `dir`, then read the launch spec, open the event
+/// log and find or create the tree's route.
+///
+/// Errors: the `running` record cannot be stored; after that, the spec, the event log or the
+/// route fail, and the run is recorded `failed` with the reason before the error is returned.
+pub fn into_running(dir: &RunDir, mut rec: RunRecord) -> Result<Running> {
+    publish_running(dir, &mut rec)?;
+    fault::point("runner.running");
+
+    // From here on a failure is recorded in the record and returned.
+    let fail = |mut rec: RunRecord, why: String, e: Error| -> Result<Running> {
+        rec.finish(RunState::Failed, Some(why.clone()));
+        record::store(&dir.status(), &rec)?;
+        let _ = events::append_once(&dir.events(), EventKind::RunFailed, json!({"error": why}));
+        Err(e)
+    };
+    let spec: LaunchSpec = match files::read_json(&dir.spec()) {
+        Ok(s) => s,
+        Err(e) => return fail(rec, format!("cannot read the launch spec: {e}"), e),
+    };
+    let mut events = match EventLog::open(&dir.events(), spec.options.events_cap_bytes) {
+        Ok(l) => l,
+        Err(e) => return fail(rec, format!("cannot open the event log: {e}"), e),
+    };
+    let _ = events.append(EventKind::RunStarted, json!({"pid": std::process::id()}));
+    let state_root = StateRoot::for_profile(&spec.profile_dir);
+    let tree = match tree_placement(&spec, &state_root, &rec.run_id) {
+        Ok(t) => t,
+        Err(e) => return fail(rec, format!("cannot create the run's route: {e}"), e),
+    };
+    Ok(Running {
+        rec,
+        spec,
+        events,
+        state_root,
+        tree,
+    })
+}
+
+/// Publish `running` with the runner's pid identity (`cohort-status --pid` waits for it while
+/// the run is starting), the chain at its first step.
+fn publish_running(dir: &RunDir, rec: &mut RunRecord) -> Result<()> {
+    let me = procinfo::own_identity();
+    rec.state = RunState::Running;
+    rec.pid = Some(std::process::id());
+    rec.pid_start_time = me.as_ref().map(|m| m.start_time);
+    rec.boot_id = me.map(|m| m.boot_id);
+    rec.last_update = Some(now_ms());
+    rec.current_step = Some(0);
+    record::store(&dir.status(), rec)
+}
+
+/// The route of the run's tree: a nested run passes its tree's route on (in its spec); a
+/// top-level run creates it, before any child can start a nested run.
+fn tree_placement(spec: &LaunchSpec, state_root: &StateRoot, run_id: &str) -> Result<Placement> {
+    if let Some(p) = &spec.placement {
+        return Ok(p.clone());
+    }
+    let file = route::create(state_root, run_id, spec.max_depth)?;
+    Ok(Placement {
+        root_run_id: run_id.to_string(),
+        parent_run_id: String::new(),
+        parent_step_index: 0,
+        depth: 0,
+        max_depth: file.max_depth,
+        route_dir: state_root.route_dir(run_id),
+        capability_token: file.capability_token,
+    })
+}
