@@ -760,6 +760,25 @@ mod tests {
         assert_eq!(newer.why_failed(), Some(Failure::Unknown));
         r.state = RunState::Stopped;
         assert_eq!(r.why_failed(), None);
+        // The checked-in record of format version 1, from before the field.
+        let old: RunRecord = serde_json::from_str(include_str!(
+            "../../../tests/fixtures/v1/failed-runner-lost.json"
+        ))
+        .unwrap();
+        assert_eq!(old.failure, None);
+        assert_eq!(old.why_failed(), Some(Failure::RunnerLost));
+    }
+
+    #[test]
+    fn every_failure_word_is_documented() {
+        let doc = include_str!("../../../docs/format.md");
+        let row = doc
+            .lines()
+            .find(|l| l.starts_with("| `failure` |"))
+            .expect("docs/format.md has a row for failure");
+        for f in Failure::ALL {
+            assert!(row.contains(&format!("`{f}`")), "{f} is not in {row}");
+        }
     }
 
     #[test]
