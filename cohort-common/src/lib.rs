@@ -29,3 +29,7 @@ pub mod os;
 pub mod store;
 
 pub use error::{Error, Result};
+
+/// serde, for the impls [`word_enum!`] generates in other crates.
+#[doc(hidden)]
+pub use serde as __serde;

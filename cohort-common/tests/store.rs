@@ -12,7 +12,7 @@ use std::time::Duration;
 use cohort_common::error::Error;
 use cohort_common::format::id::RunId;
 use cohort_common::format::layout::{RunDir, StateRoot};
-use cohort_common::format::record::{self, RunMode, RunRecord, RunState};
+use cohort_common::format::record::{self, Failure, RunMode, RunRecord, RunState};
 use cohort_common::os::files::{self, Entry};
 use cohort_common::os::lock::RunLock;
 use cohort_common::store::index::{self, spawned_since, Known, Outcome, Stamp, View};
@@ -20,6 +20,7 @@ use cohort_common::store::observe::JobReport;
 use cohort_common::store::observe::{
     live_runner_pid, observe, reason, settle, Judgement, Settled, RUNNER_LOST, START_ABANDONED,
 };
+use cohort_common::store::scan::{self, Scan, Seen};
 use cohort_common::store::slurm::JobStatus;
 
 fn known(state: &str, reason: Option<&str>) -> JobReport {
@@ -150,17 +151,17 @@ fn rebuild_then_cached_then_stale() {
     age_runs_dir(&root);
 
     let mut v = View::open(&root).unwrap();
-    assert!(v.rebuilt);
-    assert_eq!(v.total, 4);
-    assert_eq!(v.active, vec![b.clone()]);
-    assert_eq!(v.broken.len(), 1);
+    assert!(v.rebuilt());
+    assert_eq!(v.total(), 4);
+    assert_eq!(v.active(), vec![b.clone()]);
+    assert_eq!(v.broken().len(), 1);
     assert_eq!(v.terminal().len(), 2);
     v.save();
 
     let mut v = View::open(&root).unwrap();
-    assert!(!v.rebuilt, "second open uses the cache");
-    assert_eq!(v.total, 4);
-    assert_eq!(v.active, vec![b.clone()]);
+    assert!(!v.rebuilt(), "second open uses the cache");
+    assert_eq!(v.total(), 4);
+    assert_eq!(v.active(), vec![b.clone()]);
     let newest: Vec<String> = v.newest(2).iter().map(Entry::display_name).collect();
     assert_eq!(newest, vec!["stray-file".to_string(), c.clone()]);
     assert_eq!(v.all().len(), 4);
@@ -175,16 +176,16 @@ fn rebuild_then_cached_then_stale() {
     v.note(OsStr::new(&b), Outcome::Terminal(k));
     v.save();
     let mut v = View::open(&root).unwrap();
-    assert!(!v.rebuilt);
-    assert!(v.active.is_empty());
+    assert!(!v.rebuilt());
+    assert!(v.active().is_empty());
     assert_eq!(v.terminal()[&b], k);
 
     // A new run changes the directory: rebuilt, and only the new record is unknown.
     let d = put(&root, RunState::Queued);
     age_runs_dir(&root);
     let v = View::open(&root).unwrap();
-    assert!(v.rebuilt);
-    assert_eq!(v.active, vec![d]);
+    assert!(v.rebuilt());
+    assert_eq!(v.active(), vec![d]);
 }
 
 #[test]
@@ -195,16 +196,16 @@ fn racy_or_corrupt_index_is_rebuilt() {
     // Fresh directory: racy, so the next open rebuilds again.
     let mut v = View::open(&root).unwrap();
     v.save();
-    assert!(View::open(&root).unwrap().rebuilt);
+    assert!(View::open(&root).unwrap().rebuilt());
     age_runs_dir(&root);
     let mut v = View::open(&root).unwrap();
     v.save();
-    assert!(!View::open(&root).unwrap().rebuilt);
+    assert!(!View::open(&root).unwrap().rebuilt());
     let idx = root.index_dir();
     std::fs::write(idx.join("active"), "garbage").unwrap();
-    assert!(View::open(&root).unwrap().rebuilt);
+    assert!(View::open(&root).unwrap().rebuilt());
     std::fs::write(idx.join("names"), "").unwrap();
-    assert!(View::open(&root).unwrap().rebuilt);
+    assert!(View::open(&root).unwrap().rebuilt());
 }
 
 fn put(root: &StateRoot, state: RunState) -> String {
@@ -251,18 +252,18 @@ fn sequential_spawns_are_listed_from_the_journal_and_anything_else_lists_the_dir
     let b = spawn_journaled(&root);
     let mut v = View::open(&root).unwrap();
     assert!(
-        !v.rebuilt,
+        !v.rebuilt(),
         "the journal explains every change since the base"
     );
-    assert_eq!(v.total, 3);
+    assert_eq!(v.total(), 3);
     let names: Vec<String> = v.newest(0).iter().map(Entry::display_name).collect();
     assert_eq!(names, vec![b.clone(), a.clone(), old.clone()]);
     let names: Vec<String> = v.newest(2).iter().map(Entry::display_name).collect();
     assert_eq!(names, vec![b.clone(), a.clone()]);
-    assert_eq!(v.active, vec![a.clone(), b.clone()]);
+    assert_eq!(v.active(), vec![a.clone(), b.clone()]);
     v.note(OsStr::new(&old), Outcome::Broken);
     v.save(); // what a listing learns is kept without giving up the base
-    assert!(!View::open(&root).unwrap().rebuilt);
+    assert!(!View::open(&root).unwrap().rebuilt());
 
     // An entry nobody journaled, in a later clock tick: the directory is listed.
     let c = put(&root, RunState::Queued);
@@ -271,9 +272,9 @@ fn sequential_spawns_are_listed_from_the_journal_and_anything_else_lists_the_dir
         .set_modified(std::time::SystemTime::now() + Duration::from_secs(1))
         .unwrap();
     let v = View::open(&root).unwrap();
-    assert!(v.rebuilt);
+    assert!(v.rebuilt());
     assert_eq!(v.newest(1)[0].display_name(), c);
-    assert_eq!(v.total, 4);
+    assert_eq!(v.total(), 4);
 }
 
 #[test]
@@ -288,8 +289,8 @@ fn overlapping_spawns_break_the_chain() {
     index::note_spawned(&root, &a, before);
     index::note_spawned(&root, &b, before);
     let v = View::open(&root).unwrap();
-    assert!(v.rebuilt);
-    assert_eq!(v.active, vec![a, b]);
+    assert!(v.rebuilt());
+    assert_eq!(v.active(), vec![a, b]);
 }
 
 #[test]
@@ -361,7 +362,7 @@ fn a_fifo_or_device_as_the_journal_never_blocks_a_spawn_or_a_listing() {
     // Each call below would block for ever on a blocking open of the FIFO.
     let id = spawn_journaled(&root);
     let v = View::open(&root).unwrap();
-    assert!(v.rebuilt, "an unreadable journal: the directory is read");
+    assert!(v.rebuilt(), "an unreadable journal: the directory is read");
     assert_eq!(v.newest(1)[0].display_name(), id);
     // A link to an endless device is not followed.
     std::fs::remove_file(&journal).unwrap();
@@ -379,12 +380,12 @@ fn a_listing_reads_the_name_list_it_opened_even_when_another_replaces_it() {
     age_runs_dir(&root);
     View::open(&root).unwrap().save();
     let v = View::open(&root).unwrap();
-    assert!(!v.rebuilt);
+    assert!(!v.rebuilt());
     // Meanwhile a run is removed and another listing rebuilds the name list.
     std::fs::remove_dir_all(root.run_dir(&ids[4]).path()).unwrap();
     age_runs_dir(&root);
     let mut other = View::open(&root).unwrap();
-    assert!(other.rebuilt);
+    assert!(other.rebuilt());
     other.save();
     // The first listing still sees the directory as it was when it opened it, whole.
     let names: Vec<String> = v.all().iter().map(Entry::display_name).collect();
@@ -422,10 +423,122 @@ fn a_runs_directory_that_is_a_symlink_is_listed_where_it_points() {
     // Settled again: the new run is still seen (the link's own mtime never changes).
     age_runs_dir(&root);
     let mut v = View::open(&root).unwrap();
-    assert_eq!(v.total, 2);
+    assert_eq!(v.total(), 2);
     v.save();
     let b = put(&root, RunState::Complete);
     age_runs_dir(&root);
     let v = View::open(&root).unwrap();
     assert_eq!(v.newest(1)[0].display_name(), b);
+}
+
+#[test]
+fn a_scan_notes_what_it_observes_and_saves_it_when_dropped() {
+    let t = tempfile::tempdir().unwrap();
+    let root = StateRoot::for_profile(t.path());
+    let done = make_run(&root, RunState::Complete).name();
+    let lost = make_run(&root, RunState::Running).name();
+    let gone = make_run(&root, RunState::Running).name();
+    age_runs_dir(&root);
+    let mut scan = Scan::open(&root).unwrap();
+    let active: Vec<String> = scan.active().into_iter().map(|f| f.id).collect();
+    assert_eq!(active, {
+        let mut ids = vec![lost.clone(), gone.clone()];
+        ids.sort();
+        ids
+    });
+    let all = scan.all();
+    assert_eq!(all.len(), 3);
+    // Reaped between the listing and the read: gone, not broken.
+    std::fs::remove_dir_all(root.run_dir(&gone).path()).unwrap();
+    let seen = scan.observe(&all);
+    for (f, s) in all.iter().zip(&seen) {
+        match s {
+            Seen::Gone => assert_eq!(f.id, gone),
+            Seen::Read(Ok(o)) if f.id == lost => {
+                assert_eq!(o.record.state, RunState::Failed);
+                assert_eq!(o.record.failure, Some(Failure::RunnerLost));
+            }
+            Seen::Read(Ok(o)) => assert_eq!(
+                (f.id.as_str(), o.record.state),
+                (done.as_str(), RunState::Complete)
+            ),
+            Seen::Read(Err(e)) => panic!("{}: {e}", f.id),
+        }
+    }
+    assert_eq!(scan.active().len(), 1, "the gone run is not noted");
+    drop(scan);
+    // The removal changed the directory: the next open lists it again, and keeps what the
+    // scan learned of the run it settled.
+    age_runs_dir(&root);
+    let mut v = View::open(&root).unwrap();
+    assert!(v.active().is_empty(), "{:?}", v.active());
+    assert_eq!(v.terminal()[&lost].state, RunState::Failed);
+    assert_eq!(v.total(), 2);
+}
+
+#[test]
+fn a_scan_that_learns_nothing_writes_nothing_and_one_that_learns_saves_on_finish() {
+    let t = tempfile::tempdir().unwrap();
+    let root = StateRoot::for_profile(t.path());
+    let running = make_run(&root, RunState::Running).name();
+    let held = RunLock::acquire(&root.run_dir(&running).lock(), Duration::from_millis(10)).unwrap();
+    age_runs_dir(&root);
+    Scan::open(&root).unwrap().finish();
+    let names = std::fs::read(root.index_dir().join("names")).unwrap();
+    let scan = Scan::open(&root).unwrap();
+    assert_eq!(scan.active().len(), 1);
+    drop(scan);
+    assert_eq!(
+        std::fs::read(root.index_dir().join("names")).unwrap(),
+        names
+    );
+    assert!(!View::open(&root).unwrap().rebuilt());
+    // The run ends; a scan that observes it records that.
+    drop(held);
+    let mut scan = Scan::open(&root).unwrap();
+    let active = scan.active();
+    scan.observe(&active);
+    scan.finish();
+    assert!(View::open(&root).unwrap().active().is_empty());
+}
+
+#[test]
+fn a_peek_reads_records_and_locks_without_settling_anything() {
+    let t = tempfile::tempdir().unwrap();
+    let root = StateRoot::for_profile(t.path());
+    let live = make_run(&root, RunState::Running);
+    let _held = RunLock::acquire(&live.lock(), Duration::from_millis(10)).unwrap();
+    let lost = make_run(&root, RunState::Running);
+    let before = std::fs::read(lost.status()).unwrap();
+    let link = root.runs_dir().join(RunId::new().to_string());
+    std::os::unix::fs::symlink(lost.path(), &link).unwrap();
+    let broken = make_run(&root, RunState::Queued);
+    std::fs::write(broken.status(), b"{").unwrap();
+    let found = cohort_common::store::discover::top_level(&root).unwrap();
+    assert_eq!(found.len(), 4);
+    let peeked = scan::peek(found);
+    let got: Vec<(String, bool, RunState)> = peeked
+        .iter()
+        .map(|p| (p.found.id.clone(), p.live, p.record.state))
+        .collect();
+    let mut want = vec![
+        (live.name(), true, RunState::Running),
+        (lost.name(), false, RunState::Running),
+    ];
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        got, want,
+        "the symlink and the unreadable record are left out"
+    );
+    assert_eq!(
+        std::fs::read(lost.status()).unwrap(),
+        before,
+        "never settled"
+    );
+    assert!(
+        !lost.events().exists()
+            || !std::fs::read_to_string(lost.events())
+                .unwrap()
+                .contains("run.lost")
+    );
 }

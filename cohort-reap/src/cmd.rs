@@ -92,8 +92,10 @@ fn parse_terminal(s: &str) -> Result<RunState, String> {
     if st.is_terminal() {
         Ok(st)
     } else {
+        let terminal = RunState::ALL.iter().filter(|s| s.is_terminal());
         Err(format!(
-            "{s} is not a terminal state; only complete, failed, paused and stopped runs can be reaped"
+            "{s} is not a terminal state; only {} runs can be reaped",
+            cohort_common::format::words::list(terminal.map(|s| s.as_str()), "and")
         ))
     }
 }

@@ -912,6 +912,17 @@ struct Ctx<'a> {
     trash_ready: std::cell::Cell<bool>,
 }
 
+impl Ctx<'_> {
+    /// The lock a run is examined under: exclusive to remove it, a shared probe for a dry run.
+    fn lock_kind(&self) -> LockKind {
+        if self.dry {
+            LockKind::Shared
+        } else {
+            LockKind::Exclusive
+        }
+    }
+}
+
 /// A unit cleared for removal, with the locks that must be held until it is in the trash.
 struct Unit {
     _locks: Vec<File>,
@@ -940,10 +951,10 @@ fn examine(ctx: &Ctx<'_>, id: &str, named: bool, kind: EntryKind) -> Examined {
     };
     let mut locks = Vec::new();
     if obs.unsafe_path.is_none() {
-        let exclusive = !ctx.dry;
-        match take_lock(&dir.lock(), exclusive, Duration::ZERO) {
+        let kind = ctx.lock_kind();
+        match take_lock(&dir.lock(), kind, Duration::ZERO) {
             Err(why) => obs.unsafe_path = Some(why),
-            Ok((Liveness::Held, _)) if exclusive => {
+            Ok((Liveness::Held, _)) if kind == LockKind::Exclusive => {
                 // Busy: a runner, or a reader's brief probe. Only a run the filters would pick
                 // is worth riding out a probe for.
                 obs.liveness = Liveness::Held;
@@ -951,7 +962,7 @@ fn examine(ctx: &Ctx<'_>, id: &str, named: bool, kind: EntryKind) -> Examined {
                 if decide_run(&obs, ctx.sel, named, &ctx.now) == Decision::Skip {
                     return Examined::Skip;
                 }
-                match take_lock(&dir.lock(), true, PROBE_WAIT) {
+                match take_lock(&dir.lock(), LockKind::Exclusive, PROBE_WAIT) {
                     Ok((l, guard)) => {
                         obs.liveness = l;
                         locks.extend(guard);
@@ -1037,7 +1048,7 @@ fn observe_subtree(
             live_processes: Ok(Vec::new()),
         };
         if n.unsafe_path.is_none() {
-            match take_lock(&dir.lock(), !ctx.dry, PROBE_WAIT) {
+            match take_lock(&dir.lock(), ctx.lock_kind(), PROBE_WAIT) {
                 Ok((l, guard)) => {
                     n.liveness = l;
                     locks.extend(guard);
@@ -1139,16 +1150,17 @@ fn names(path: &Path, hidden: Hidden) -> Result<Vec<(String, EntryKind)>> {
         .collect())
 }
 
-/// Take (exclusive) or probe (shared, released at once) a runner lock, riding out holders for
+/// Take (`kind` exclusive) or probe (shared, released at once) a runner lock, riding out holders for
 /// at most `wait`. `Ok((Held, None))` when someone else still holds it then;
 /// `Ok((Free, Some(guard)))` when taken; `Ok((NoLockFile, None))` when there is no lock file.
 /// `Err` is an unsafe or unusable lock file, as a refusal reason.
 fn take_lock(
     path: &Path,
-    exclusive: bool,
+    kind: LockKind,
     wait: Duration,
 ) -> std::result::Result<(Liveness, Option<File>), String> {
-    let file = match lock::open_lock(path, false) {
+    let exclusive = kind == LockKind::Exclusive;
+    let file = match lock::open_lock(path) {
         Ok(f) => f,
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             return Ok((Liveness::NoLockFile, None))
@@ -1161,11 +1173,7 @@ fn take_lock(
             ))
         }
     };
-    let (kind, wait) = if exclusive {
-        (LockKind::Exclusive, wait)
-    } else {
-        (LockKind::Shared, Duration::ZERO)
-    };
+    let wait = if exclusive { wait } else { Duration::ZERO };
     match lock::lock_within(&file, kind, wait, &mut || {}) {
         Ok(true) if exclusive => Ok((Liveness::Free, Some(file))),
         // A probe lets go at once: dropping the descriptor releases the shared lock.

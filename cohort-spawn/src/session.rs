@@ -10,11 +10,10 @@ use std::path::{Path, PathBuf};
 
 use cohort_common::error::{Error, IoContext, Result};
 use cohort_common::format::id;
-use cohort_common::format::layout::{RunDir, StateRoot};
+use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record;
 use cohort_common::format::spec::{self, ChainStep};
-use cohort_common::os::lock::{self, Liveness};
-use cohort_common::store::{discover, index};
+use cohort_common::store::scan::{self, Scan};
 
 /// Every session file the chain reuses.
 pub fn session_files(chain: &[ChainStep]) -> Vec<PathBuf> {
@@ -109,8 +108,10 @@ pub fn check_session_file(file: &Path) -> Result<SessionFile> {
 
 /// Which of `files` a live run (runner lock held) names as a step's session file, with that
 /// run's short id, for the start of run `except` (which is left out, and which does not yield
-/// to a newer run that is still queued). Paths are compared in canonical form. Only runs the index holds as active,
-/// and nested runs, are read: a terminal run has no runner.
+/// to a newer run that is still queued). Paths are compared in canonical form. Only the runs
+/// that may be live ([`Scan::maybe_live`]: those the index holds as active, and nested runs)
+/// are read, and only peeked at ([`scan::peek`]): a terminal run has no runner, and a start
+/// never settles another run.
 pub fn sessions_in_use(
     root: &StateRoot,
     files: &[PathBuf],
@@ -133,19 +134,12 @@ pub fn sessions_in_use(
     if wanted.is_empty() {
         return Ok(out);
     }
-    let view = index::View::open(root)?;
-    let mut candidates: Vec<RunDir> = view.active.iter().map(|id| root.run_dir(id)).collect();
-    candidates.extend(discover::nested(root)?.into_iter().map(|f| f.dir));
-    for dir in candidates {
-        if !lock::probe(&dir.lock())
-            .map(Liveness::is_alive)
-            .unwrap_or(false)
-        {
+    let candidates = Scan::open(root)?.maybe_live()?;
+    for run in scan::peek(candidates) {
+        if !run.live {
             continue;
         }
-        let Ok(rec) = record::load(&dir.status()) else {
-            continue;
-        };
+        let rec = run.record;
         // Two starts racing for one session: a queued run yields to an older (smaller id)
         // queued run and to any running one, so exactly one of them goes ahead. (A runner
         // that still meets a held session lock fails its step: `cohort_runner::session`.)

@@ -24,7 +24,7 @@ use cohort_common::format::backend::{Backend, BackendKind, LaunchBackend};
 use cohort_common::format::events::{self, EventKind};
 use cohort_common::format::id::RunId;
 use cohort_common::format::layout::{self, RunDir, StateRoot, PROFILE_ENV};
-use cohort_common::format::record::{self, RunMode, RunRecord, RunState, StepRecord};
+use cohort_common::format::record::{self, Failure, RunMode, RunRecord, RunState, StepRecord};
 use cohort_common::format::route;
 use cohort_common::format::spec::{
     self, ChainStep, LaunchSpec, Placement, RunOptions, LOCK_FD, LOCK_FD_ENV, READY_LINE,
@@ -196,7 +196,7 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         .err()
         .map(|e| format!("start failed: {e}"));
     if let Some(msg) = &failure {
-        rec.finish(RunState::Failed, Some(msg.clone()));
+        rec.fail(Failure::StartFailed, msg.clone());
     }
     publish(&staging, &dir, &rec, prepared.as_ref().ok().map(|(_, s)| s))?;
     if let Some(before) = before {
@@ -289,7 +289,7 @@ fn fail_start(dir: &RunDir, _lock: &RunLock, error: &Error) {
         return;
     }
     let msg = format!("start failed: {error}");
-    rec.finish(RunState::Failed, Some(msg.clone()));
+    rec.fail(Failure::StartFailed, msg.clone());
     let _ = record::store(&dir.status(), &rec);
     let _ = events::append_once(&dir.events(), EventKind::RunFailed, json!({"error": msg}));
 }

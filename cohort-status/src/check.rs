@@ -1,19 +1,22 @@
-//! `cohort-status --check`: the cron health check (issue 4).
+//! `cohort-status --check`: the cron health check.
 //!
 //! Silent and exit 0 when all is well; otherwise one line per problem and exit 1. A problem is:
 //!
 //! - `failed`: a run that failed within the window (`--since`, default 24 h), by `endedAt`;
-//! - `lost`: the same, when the failure is "runner lost" (settled now or earlier; the message
-//!   names the processes of the run that outlived its runner, if any);
-//! - `abandoned`: the same, when the failure is "start abandoned": a `queued` run whose lock no
-//!   process held (its spawn or runner died before the run started);
+//! - `lost`: the same, when its runner was lost (settled now or earlier; the message names the
+//!   processes of the run that outlived its runner, if any);
+//! - `abandoned`: the same, when its start was abandoned: a `queued` run whose lock no process
+//!   held (its spawn or runner died before the run started);
 //! - `runtime-gone`: a live `running` run whose recorded Node or Pi no longer validates
 //!   ([`cohort_common::identity::runtime::revalidate`]): its next step will fail;
 //! - `corrupt`: a record that cannot be read, or an entry that cannot be a run.
 //!
-//! The decision for one run is [`assess`], a pure function. [`check`] gathers the runs: the
-//! top-level ones through the index (known-terminal runs outside the window are not read), every
-//! nested run, and no legacy run (not ours to judge).
+//! Why a run failed is the record's `failure`
+//! ([`cohort_common::format::record::RunRecord::why_failed`], which also classifies records
+//! written before the field existed). The decision for one run is [`assess`], a pure function.
+//! [`check`] gathers the runs through a [`Scan`]: the top-level ones through the index
+//! (known-terminal runs outside the window are not read), every nested run, and no legacy run
+//! (not ours to judge).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -23,40 +26,41 @@ use serde::Serialize;
 use cohort_cli::text::untrusted;
 use cohort_common::error::Result;
 use cohort_common::format::layout::StateRoot;
-use cohort_common::format::record::{Now, RunState};
+use cohort_common::format::record::{Failure, Now, RunState};
 use cohort_common::identity::runtime::{self, Runtime};
-use cohort_common::store::discover::{Found, Origin};
-use cohort_common::store::index::{Outcome, View};
-use cohort_common::store::observe::{Judgement, Observed, RUNNER_LOST, START_ABANDONED};
+use cohort_common::store::observe::{Judgement, Observed};
+use cohort_common::store::scan::{Scan, Seen};
 
 /// The default window of `--check`: 24 h.
 pub const DEFAULT_SINCE: Duration = Duration::from_secs(24 * 3600);
 
-/// The kind of a problem.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Kind {
-    /// Failed within the window.
-    Failed,
-    /// Its runner was lost.
-    Lost,
-    /// Its start was abandoned: queued, and no process holds its lock.
-    Abandoned,
-    /// Running, but its recorded runtime is gone.
-    RuntimeGone,
-    /// Unreadable record or stray entry.
-    Corrupt,
+cohort_common::word_enum! {
+    /// The kind of a problem, as printed and in `--json`.
+    pub enum Kind {
+        /// Failed within the window.
+        Failed = "failed",
+        /// Its runner was lost.
+        Lost = "lost",
+        /// Its start was abandoned: queued, and no process holds its lock.
+        Abandoned = "abandoned",
+        /// Running, but its recorded runtime is gone.
+        RuntimeGone = "runtime-gone",
+        /// Unreadable record or stray entry.
+        Corrupt = "corrupt",
+    }
 }
 
 impl Kind {
-    /// The word printed.
-    pub fn word(self) -> &'static str {
-        match self {
-            Kind::Failed => "failed",
-            Kind::Lost => "lost",
-            Kind::Abandoned => "abandoned",
-            Kind::RuntimeGone => "runtime-gone",
-            Kind::Corrupt => "corrupt",
+    /// The kind of a run that failed for `why` (pure).
+    pub fn of_failure(why: Failure) -> Kind {
+        match why {
+            Failure::RunnerLost => Kind::Lost,
+            Failure::StartAbandoned => Kind::Abandoned,
+            Failure::JobEnded
+            | Failure::StartFailed
+            | Failure::StepFailed
+            | Failure::TimedOut
+            | Failure::Unknown => Kind::Failed,
         }
     }
 }
@@ -83,7 +87,7 @@ impl Problem {
         format!(
             "{} {}: {}",
             untrusted(cohort_common::format::id::short_of(&self.run_id)),
-            self.kind.word(),
+            self.kind.as_str(),
             untrusted(&self.message)
         )
     }
@@ -128,17 +132,9 @@ pub fn assess(
                 .error
                 .clone()
                 .unwrap_or_else(|| "no error recorded".into());
-            // A settlement that could not be written yet carries the write error after it.
-            // "runner lost" may go on to name the processes that outlived the runner.
-            let kind = if err.starts_with(RUNNER_LOST) {
-                Kind::Lost
-            } else if err.starts_with(START_ABANDONED) {
-                Kind::Abandoned
-            } else {
-                Kind::Failed
-            };
+            let why = r.why_failed().unwrap_or(Failure::Unknown);
             return Some((
-                kind,
+                Kind::of_failure(why),
                 format!(
                     "{} ago: {}",
                     cohort_cli::duration::human(ago),
@@ -154,13 +150,12 @@ pub fn assess(
 pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
     let now = Now::current();
     let since = since.as_millis() as u64;
-    let mut view = View::open(root)?;
-    let known = view.terminal().clone();
+    let mut scan = Scan::open(root)?;
+    let known = scan.terminal().clone();
     // Top-level: read everything except terminal runs that cannot be failures in the window.
-    let mut found: Vec<Found> = view
+    let mut found: Vec<_> = scan
         .all()
-        .iter()
-        .map(|e| cohort_common::store::discover::found_in(&root.runs_dir(), e, Origin::TopLevel))
+        .into_iter()
         .filter(|f| match known.get(&f.id) {
             Some(k) => {
                 k.state == RunState::Failed
@@ -172,12 +167,9 @@ pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
             None => true,
         })
         .collect();
-    let top = found.len();
     found.extend(cohort_common::store::discover::nested(root)?);
-    let obs = cohort_common::store::par_map(&found, |f| {
-        cohort_common::store::observe::observe_found(f)
-            .map_err(|e| cohort_common::store::observe::reason(&e))
-    });
+    let obs = scan.observe(&found);
+    scan.finish();
     let mut cache: HashMap<Runtime, std::result::Result<(), String>> = HashMap::new();
     let mut runtime_ok = |rt: &Runtime| {
         cache
@@ -190,19 +182,8 @@ pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
             .clone()
     };
     let mut out = Vec::new();
-    for (i, (f, o)) in found.iter().zip(&obs).enumerate() {
-        if i < top {
-            view.note(
-                f.dir.path().file_name().unwrap_or_default(),
-                match o {
-                    Ok(o) if o.record.state.is_terminal() => {
-                        Outcome::Terminal(cohort_common::store::index::Known::of(&o.record))
-                    }
-                    Ok(_) => Outcome::Active,
-                    Err(_) => Outcome::Broken,
-                },
-            );
-        }
+    for (f, seen) in found.iter().zip(&obs) {
+        let Seen::Read(o) = seen else { continue };
         if let Some((kind, message)) = assess(o, &now, since, &mut runtime_ok) {
             out.push(Problem {
                 run_id: f.id.clone(),
@@ -212,7 +193,6 @@ pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
             });
         }
     }
-    view.save();
     out.sort_by(|a, b| a.run_id.cmp(&b.run_id));
     Ok(out)
 }
@@ -220,7 +200,7 @@ pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cohort_common::format::record::{RunMode, RunRecord};
+    use cohort_common::format::record::{RunMode, RunRecord, RUNNER_LOST, START_ABANDONED};
     use cohort_common::os::lock::Liveness;
 
     fn obs(state: RunState, judgement: Judgement) -> std::result::Result<Observed, String> {
@@ -331,6 +311,31 @@ mod tests {
             let head: String = error.chars().take(11).collect();
             assert!(got.1.contains(&head), "{}", got.1);
         }
+    }
+
+    #[test]
+    fn a_recorded_failure_decides_the_kind_whatever_the_sentence_says() {
+        for (failure, kind) in [
+            (Failure::RunnerLost, Kind::Lost),
+            (Failure::StartAbandoned, Kind::Abandoned),
+            (Failure::JobEnded, Kind::Failed),
+            (Failure::StepFailed, Kind::Failed),
+            (Failure::Unknown, Kind::Failed),
+        ] {
+            let mut o = obs(RunState::Failed, Judgement::Trusted);
+            if let Ok(o) = &mut o {
+                o.record.ended_at = Some(50_000);
+                o.record.error = Some("the job went away".into());
+                o.record.failure = Some(failure);
+            }
+            let got = assess(&o, &Now::wall(60_000), 60_000, &mut ok).unwrap();
+            assert_eq!(got.0, kind, "{failure}");
+            assert!(got.1.contains("the job went away"), "{}", got.1);
+        }
+        assert_eq!(
+            serde_json::to_value(Kind::RuntimeGone).unwrap(),
+            "runtime-gone"
+        );
     }
 
     #[test]

@@ -41,8 +41,8 @@ use cohort_common::format::record::now_ms;
 use cohort_common::identity::runtime::{self, RuntimeRequest};
 use cohort_common::os::files::{self, Hidden};
 use cohort_common::os::tree;
-use cohort_common::store::discover::{self, Origin};
-use cohort_common::store::index::{Outcome, View};
+use cohort_common::store::discover;
+use cohort_common::store::scan::{self, Scan, Seen};
 
 use crate::engines;
 
@@ -242,26 +242,23 @@ pub fn group_runtimes(runs: &[RunRuntime]) -> Vec<(runtime::Runtime, Vec<String>
 /// The distinct runtimes recorded by live or revivable runs (top-level and nested), each
 /// validated again now. Reads every record: a diagnostic, not a hot path.
 pub fn recorded_runtimes(root: &StateRoot) -> Result<Vec<RecordedRuntime>> {
-    let mut all = cohort_common::store::discover::top_level(root)?;
-    all.extend(cohort_common::store::discover::nested(root)?);
-    let runs: Vec<RunRuntime> = all
-        .iter()
-        .filter_map(|f| {
-            let rec = cohort_common::format::record::load(&f.dir.status()).ok()?;
-            let live = cohort_common::os::lock::probe(&f.dir.lock())
-                .map(|l| l.is_alive())
-                .unwrap_or(false);
+    let mut all = discover::top_level(root)?;
+    all.extend(discover::nested(root)?);
+    let runs: Vec<RunRuntime> = scan::peek(all)
+        .into_iter()
+        .map(|run| {
+            let rec = run.record;
             let revivable = rec.state.is_terminal()
                 && rec
                     .steps
                     .iter()
                     .any(|s| s.session_file.as_ref().is_some_and(|p| p.is_file()));
-            Some(RunRuntime {
+            RunRuntime {
                 id: rec.run_id,
-                live,
+                live: run.live,
                 revivable,
                 runtime: rec.runtime,
-            })
+            }
         })
         .collect();
     Ok(group_runtimes(&runs)
@@ -319,55 +316,28 @@ impl Report {
 /// Gather the report.
 pub fn doctor(root: &StateRoot) -> Result<Report> {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    let mut view = View::open(root)?;
+    let mut scan = Scan::open(root)?;
     // Counted from the directory as it is: the index's terminal log may still hold runs that
     // were reaped since it was written.
-    let present: std::collections::HashSet<String> = view
-        .all()
-        .into_iter()
-        .filter_map(|e| e.name.into_string().ok())
-        .collect();
-    for (id, k) in view.terminal().iter() {
+    let present: std::collections::HashSet<String> = scan.all().into_iter().map(|f| f.id).collect();
+    for (id, k) in scan.terminal().iter() {
         if present.contains(id) {
             *counts.entry(k.state.as_str().to_string()).or_default() += 1;
         }
     }
-    let live: Vec<cohort_common::store::discover::Found> = view
-        .active
-        .iter()
-        .map(|id| {
-            cohort_common::store::discover::found_in(
-                &root.runs_dir(),
-                &cohort_common::os::files::Entry {
-                    name: id.into(),
-                    kind: cohort_common::os::files::EntryKind::Dir,
-                },
-                Origin::TopLevel,
-            )
-        })
-        .collect();
-    for f in &live {
-        let o = cohort_common::store::observe::observe_found(f);
-        let word = match &o {
-            Ok(o) => crate::render::state_word(o),
-            Err(_) => "error".into(),
+    let live = scan.active();
+    for seen in scan.observe(&live) {
+        let word = match &seen {
+            Seen::Read(Ok(o)) => crate::render::state_word(o),
+            Seen::Read(Err(_)) => "error".into(),
+            Seen::Gone => continue,
         };
         *counts.entry(word).or_default() += 1;
-        view.note(
-            f.dir.path().file_name().unwrap_or_default(),
-            match &o {
-                Ok(o) if o.record.state.is_terminal() => {
-                    Outcome::Terminal(cohort_common::store::index::Known::of(&o.record))
-                }
-                Ok(_) => Outcome::Active,
-                Err(_) => Outcome::Broken,
-            },
-        );
     }
-    if !view.broken.is_empty() {
-        *counts.entry("error".into()).or_default() += view.broken.len();
+    if scan.broken() > 0 {
+        *counts.entry("error".into()).or_default() += scan.broken();
     }
-    view.save();
+    scan.finish();
     let legacy_dir = cohort_common::format::legacy::runs_dir();
     let legacy = legacy_dir.is_dir().then(|| {
         let n = files::list_dir(&legacy_dir, Hidden::Include).map_or(0, |v| v.len());

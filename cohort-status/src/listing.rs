@@ -1,7 +1,8 @@
-//! Which runs a listing shows, and reading only those (issue 4, "scale").
+//! Which runs a listing shows, and reading only those.
 //!
 //! The default listing shows the newest `--limit` top-level runs and reads exactly those
-//! records: the names come from the tail of the index ([`cohort_common::store::index`]), so its cost does not
+//! records: the names come from the tail of the index, through a
+//! [`cohort_common::store::scan::Scan`] that keeps it up to date, so its cost does not
 //! grow with history, nor with the number of runs in progress. Older runs the index last saw in
 //! progress are only counted ([`Listing::older_active`]; the binary mentions them on a
 //! terminal); `--state running` (or `queued`) lists them by reading just the runs the index
@@ -25,10 +26,10 @@ use cohort_common::format::id::id_time;
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::Now;
 use cohort_common::format::record::RunState;
-use cohort_common::os::files::{Entry, EntryKind};
 use cohort_common::store::discover::{Found, Origin};
-use cohort_common::store::index::{Known, Outcome, View};
+use cohort_common::store::index::Known;
 use cohort_common::store::observe::Observed;
+use cohort_common::store::scan::{Scan, Seen};
 
 /// What to list.
 #[derive(Clone, Debug, Default)]
@@ -96,16 +97,7 @@ fn observe_row(f: &Found) -> std::result::Result<Observed, String> {
         .map_err(|e| cohort_common::store::observe::reason(&e))
 }
 
-fn outcome_of(o: &std::result::Result<Observed, String>) -> Outcome {
-    match o {
-        Ok(o) if o.record.state.is_terminal() => Outcome::Terminal(Known::of(&o.record)),
-        Ok(_) => Outcome::Active,
-        Err(_) => Outcome::Broken,
-    }
-}
-
-fn top_cand(root: &StateRoot, e: &Entry) -> Cand {
-    let found = cohort_common::store::discover::found_in(&root.runs_dir(), e, Origin::TopLevel);
+fn top_cand(found: Found) -> Cand {
     Cand {
         time: id_time(&found.id).unwrap_or(0),
         found,
@@ -129,28 +121,20 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
     let since = opts.since.map(|d| d.as_millis() as u64);
     let filtered = !opts.states.is_empty() || since.is_some();
     let only_active = !opts.states.is_empty() && opts.states.iter().all(|s| !s.is_terminal());
-    let mut view = View::open(root)?;
+    let mut scan = Scan::open(root)?;
 
     // Candidates, newest first, with the known-terminal map used to skip reads.
     let mut cands: Vec<Cand>;
     let mut known: HashMap<String, Known> = HashMap::new();
     if only_active {
-        cands = view
-            .active
-            .iter()
-            .map(|id| top_cand(root, &dir_entry(id)))
-            .collect();
+        cands = scan.active().into_iter().map(top_cand).collect();
     } else if !filtered && !opts.all {
-        cands = view
-            .newest(opts.limit)
-            .iter()
-            .map(|e| top_cand(root, e))
-            .collect();
+        cands = scan.newest(opts.limit).into_iter().map(top_cand).collect();
     } else {
         if filtered {
-            known = view.terminal().clone();
+            known = scan.terminal().clone();
         }
-        cands = view.newest(0).iter().map(|e| top_cand(root, e)).collect();
+        cands = scan.newest(0).into_iter().map(top_cand).collect();
     }
     if opts.all {
         if !opts.tree {
@@ -163,8 +147,9 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
             }
         }
         let legacy = cohort_common::store::discover::legacy_runs()?;
-        let obs = cohort_common::store::par_map(&legacy, observe_row);
-        for (f, o) in legacy.into_iter().zip(obs) {
+        let obs = scan.observe(&legacy);
+        for (f, seen) in legacy.into_iter().zip(obs) {
+            let Seen::Read(o) = seen else { continue };
             let time = o
                 .as_ref()
                 .ok()
@@ -203,21 +188,21 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
         if batch.is_empty() {
             break;
         }
-        let pending: Vec<&Cand> = batch.iter().filter(|c| c.pre.is_none()).collect();
-        let mut read =
-            cohort_common::store::par_map(&pending, |c| observe_row(&c.found)).into_iter();
+        let pending: Vec<Found> = batch
+            .iter()
+            .filter(|c| c.pre.is_none())
+            .map(|c| c.found.clone())
+            .collect();
+        let mut read = scan.observe(&pending).into_iter();
         for c in batch {
             let obs = match c.pre {
                 Some(o) => o,
-                None => read.next().expect("one reading per pending candidate"),
+                None => match read.next().expect("one reading per pending candidate") {
+                    Seen::Read(o) => o,
+                    Seen::Gone => continue,
+                },
             };
-            // A run removed between the directory listing and the read (a reap moved it to
-            // its trash) is gone, not broken: no error row for it.
-            if obs.is_err() && std::fs::symlink_metadata(c.found.dir.path()).is_err() {
-                continue;
-            }
             if c.found.origin == Origin::TopLevel {
-                view.note(file_name(&c.found), outcome_of(&obs));
                 seen.insert(c.found.id.clone());
             }
             if rows.len() < limit && passes(&obs, &c.found.id, &opts.states, since, &clock) {
@@ -235,9 +220,12 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
     let older_active = if filtered {
         0
     } else {
-        view.active.iter().filter(|id| !seen.contains(*id)).count()
+        scan.active()
+            .iter()
+            .filter(|f| !seen.contains(&f.id))
+            .count()
     };
-    view.save();
+    scan.finish();
 
     let mut out: Vec<Row> = Vec::with_capacity(rows.len());
     for (_, mut row) in rows {
@@ -259,17 +247,6 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
         rows: out,
         older_active,
     })
-}
-
-fn dir_entry(id: &str) -> Entry {
-    Entry {
-        name: id.into(),
-        kind: EntryKind::Dir,
-    }
-}
-
-fn file_name(f: &Found) -> &std::ffi::OsStr {
-    f.dir.path().file_name().unwrap_or_default()
 }
 
 /// The nested runs of the tree rooted at `root_id`, ordered for display under their root:

@@ -9,7 +9,8 @@
 //! - [`processes`]: `processes.json`, the processes of a run its runner tracks;
 //! - [`events`]: the append-only `events.jsonl` and its event kinds;
 //! - [`route`]: the route of a run tree and the variables nested runs inherit;
-//! - [`legacy`]: read-only records written by the pi-subagents extension.
+//! - [`legacy`]: read-only records written by the pi-subagents extension;
+//! - [`words`]: enums stored as words (states, statuses, failures), each from one table.
 
 pub mod backend;
 pub mod events;
@@ -20,3 +21,4 @@ pub mod processes;
 pub mod record;
 pub mod route;
 pub mod spec;
+pub mod words;

@@ -93,25 +93,24 @@ pub fn elapsed(wall: Option<u64>, boot: Option<(&str, u64)>, now: &Now) -> Optio
     wall.map(|w| now.wall_ms.saturating_sub(w))
 }
 
-/// The state of a run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RunState {
-    /// Published by spawn; the runner has not started yet.
-    Queued,
-    /// A runner holds the lock and supervises the run.
-    Running,
-    /// Every step completed.
-    Complete,
-    /// A step failed, the start failed, or the runner was lost.
-    Failed,
-    /// Paused (pi-subagents state; cohort itself never pauses a run).
-    Paused,
-    /// Stopped on request (SIGTERM/SIGINT to the runner).
-    Stopped,
+crate::word_enum! {
+    /// The state of a run.
+    pub enum RunState {
+        /// Published by spawn; the runner has not started yet.
+        Queued = "queued",
+        /// A runner holds the lock and supervises the run.
+        Running = "running",
+        /// Every step completed.
+        Complete = "complete",
+        /// A step failed, the start failed, or the runner was lost (`failure` says which).
+        Failed = "failed",
+        /// Paused (pi-subagents state; cohort itself never pauses a run).
+        Paused = "paused",
+        /// Stopped on request (SIGTERM/SIGINT to the runner).
+        Stopped = "stopped",
+    }
     /// A state word this binary does not know (written by something newer or foreign).
-    #[serde(other)]
-    Unknown,
+    else Unknown = "unknown";
 }
 
 impl RunState {
@@ -122,36 +121,52 @@ impl RunState {
             RunState::Complete | RunState::Failed | RunState::Paused | RunState::Stopped
         )
     }
-
-    /// The state word as stored.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunState::Queued => "queued",
-            RunState::Running => "running",
-            RunState::Complete => "complete",
-            RunState::Failed => "failed",
-            RunState::Paused => "paused",
-            RunState::Stopped => "stopped",
-            RunState::Unknown => "unknown",
-        }
-    }
 }
 
 impl std::str::FromStr for RunState {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "queued" => Ok(RunState::Queued),
-            "running" => Ok(RunState::Running),
-            "complete" => Ok(RunState::Complete),
-            "failed" => Ok(RunState::Failed),
-            "paused" => Ok(RunState::Paused),
-            "stopped" => Ok(RunState::Stopped),
-            other => Err(format!(
-                "unknown state {other:?} (expected queued, running, complete, failed, paused or stopped)"
-            )),
-        }
+        RunState::from_word(s).ok_or_else(|| {
+            format!(
+                "unknown state {s:?} (expected {})",
+                crate::format::words::list(RunState::ALL.iter().map(|s| s.as_str()), "or")
+            )
+        })
     }
+}
+
+/// The error of a `running` run settled because its runner is gone.
+pub const RUNNER_LOST: &str = "runner lost";
+/// The error of a `queued` run settled because no process holds its lock: spawn holds the run
+/// lock from the moment the run's directory exists and hands it to the runner, so a free lock
+/// on a `queued` run proves that neither will ever start it.
+pub const START_ABANDONED: &str =
+    "start abandoned: no process holds the run's lock (its spawn or runner ended before the run started)";
+
+crate::word_enum! {
+    /// Why a run failed, as data (`failure` in `status.json`), so that a reader classifies a
+    /// failure without parsing its `error` sentence. Records written before the field existed,
+    /// and failures written by a program that does not set it, are classified by
+    /// [`RunRecord::why_failed`].
+    pub enum Failure {
+        /// A reader found the run `running` with its lock free: its runner died
+        /// ([`RUNNER_LOST`]).
+        RunnerLost = "runner-lost",
+        /// A reader found the run `queued` with its lock free: neither spawn nor a runner will
+        /// ever start it ([`START_ABANDONED`]).
+        StartAbandoned = "start-abandoned",
+        /// The run's scheduler job failed, ended or was forgotten before its runner started.
+        JobEnded = "job-ended",
+        /// The run could not be started (spawn's checks, the runner's own setup).
+        StartFailed = "start-failed",
+        /// A step failed.
+        StepFailed = "step-failed",
+        /// The run's deadline passed.
+        TimedOut = "timed-out",
+    }
+    /// A failure word this binary does not know (written by a newer cohort), or a failure
+    /// whose cause was not recorded.
+    else Unknown = "unknown";
 }
 
 /// The shape of a run.
@@ -170,39 +185,27 @@ pub enum RunMode {
     Unknown,
 }
 
-/// The status of one flat step.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StepStatus {
-    /// Not started yet.
-    #[default]
-    Pending,
-    /// Its Pi child is alive.
-    Running,
-    /// Completed successfully.
-    Complete,
-    /// Failed (exit code, signal, model error, timeout).
-    Failed,
-    /// Stopped before or while running.
-    Stopped,
+crate::word_enum! {
+    /// The status of one flat step.
+    #[derive(Default)]
+    pub enum StepStatus {
+        /// Not started yet.
+        #[default]
+        Pending = "pending",
+        /// Its Pi child is alive.
+        Running = "running",
+        /// Completed successfully.
+        Complete = "complete",
+        /// Failed (exit code, signal, model error, timeout).
+        Failed = "failed",
+        /// Stopped before or while running.
+        Stopped = "stopped",
+    }
     /// A status word this binary does not know.
-    #[serde(other)]
-    Unknown,
+    else Unknown = "unknown";
 }
 
 impl StepStatus {
-    /// The status word as stored.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StepStatus::Pending => "pending",
-            StepStatus::Running => "running",
-            StepStatus::Complete => "complete",
-            StepStatus::Failed => "failed",
-            StepStatus::Stopped => "stopped",
-            StepStatus::Unknown => "unknown",
-        }
-    }
-
     /// True once the step will not change again.
     pub fn is_final(self) -> bool {
         matches!(
@@ -379,6 +382,10 @@ pub struct RunRecord {
     /// Why the run failed or stopped.
     #[serde(default)]
     pub error: Option<String>,
+    /// Why a `failed` run failed, as data; absent on other runs and on records written before
+    /// the field existed (read it through [`RunRecord::why_failed`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
     /// True when the run ended because a deadline passed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timed_out: Option<bool>,
@@ -453,6 +460,7 @@ impl RunRecord {
             last_update: Some(now),
             ended_at: None,
             error: None,
+            failure: None,
             timed_out: None,
             current_step: None,
             chain_step_count: None,
@@ -527,6 +535,36 @@ impl RunRecord {
     pub fn task_summary(&self, max: usize) -> String {
         let task = self.steps.first().map(|s| s.task.as_str()).unwrap_or("");
         summarize(task, max)
+    }
+
+    /// Mark the run `failed` because of `failure`, with `error` saying it in words
+    /// ([`RunRecord::finish`]).
+    pub fn fail(&mut self, failure: Failure, error: String) {
+        self.finish(RunState::Failed, Some(error));
+        self.failure = Some(failure);
+    }
+
+    /// Why the run failed (pure); `None` unless it is `failed`. The recorded `failure` when
+    /// there is one; else (a record written before the field existed, or by a program that
+    /// does not set it) the one fallback: the sentence a settling reader writes at the start
+    /// of `error` ([`RUNNER_LOST`], [`START_ABANDONED`]; a settlement that could not be
+    /// written yet carries the write error after it), and [`Failure::Unknown`] for any other
+    /// failure.
+    pub fn why_failed(&self) -> Option<Failure> {
+        if self.state != RunState::Failed {
+            return None;
+        }
+        if let Some(f) = self.failure {
+            return Some(f);
+        }
+        let error = self.error.as_deref().unwrap_or("");
+        Some(if error.starts_with(RUNNER_LOST) {
+            Failure::RunnerLost
+        } else if error.starts_with(START_ABANDONED) {
+            Failure::StartAbandoned
+        } else {
+            Failure::Unknown
+        })
     }
 
     /// Mark the run terminal with `state` and `error`, stamping `endedAt` and `lastUpdate`.
@@ -680,6 +718,87 @@ mod tests {
         let back: RunRecord = serde_json::from_str(&json).unwrap();
         assert_eq!(back, r);
         assert_eq!(back.task_summary(11), "hello worl…");
+    }
+
+    #[test]
+    fn why_a_run_failed_is_read_from_failure_else_from_the_error_sentence() {
+        let mut r = RunRecord::queued(
+            &"01a22a44-9e62-7266-ab9d-e5b500ee829c".parse().unwrap(),
+            RunMode::Single,
+        );
+        assert_eq!(r.why_failed(), None);
+        // Written as data, and only when there is one.
+        assert!(!serde_json::to_string(&r).unwrap().contains("failure"));
+        r.fail(Failure::StepFailed, "step 0 (a): boom".into());
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(json.contains("\"failure\":\"step-failed\""), "{json}");
+        let back: RunRecord = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.why_failed(), Some(Failure::StepFailed));
+        // The field wins over the sentence.
+        r.failure = Some(Failure::JobEnded);
+        r.error = Some(RUNNER_LOST.into());
+        assert_eq!(r.why_failed(), Some(Failure::JobEnded));
+        // Without it (records from before the field): the sentence a settling reader writes.
+        r.failure = None;
+        for (error, why) in [
+            (RUNNER_LOST.to_string(), Failure::RunnerLost),
+            (
+                format!("{RUNNER_LOST}; 1 process of this run still alive: 42 sleep 9"),
+                Failure::RunnerLost,
+            ),
+            (START_ABANDONED.to_string(), Failure::StartAbandoned),
+            ("step 0 (a): boom".to_string(), Failure::Unknown),
+        ] {
+            r.error = Some(error.clone());
+            assert_eq!(r.why_failed(), Some(why), "{error}");
+        }
+        r.error = None;
+        assert_eq!(r.why_failed(), Some(Failure::Unknown));
+        // A word from a newer cohort reads as unknown.
+        let newer: RunRecord =
+            serde_json::from_str(r#"{"runId":"x","state":"failed","failure":"meteor"}"#).unwrap();
+        assert_eq!(newer.why_failed(), Some(Failure::Unknown));
+        r.state = RunState::Stopped;
+        assert_eq!(r.why_failed(), None);
+        // The checked-in record of format version 1, from before the field.
+        let old: RunRecord = serde_json::from_str(include_str!(
+            "../../../tests/fixtures/v1/failed-runner-lost.json"
+        ))
+        .unwrap();
+        assert_eq!(old.failure, None);
+        assert_eq!(old.why_failed(), Some(Failure::RunnerLost));
+    }
+
+    #[test]
+    fn every_failure_word_is_documented() {
+        let doc = include_str!("../../../docs/format.md");
+        let row = doc
+            .lines()
+            .find(|l| l.starts_with("| `failure` |"))
+            .expect("docs/format.md has a row for failure");
+        for f in Failure::ALL {
+            assert!(row.contains(&format!("`{f}`")), "{f} is not in {row}");
+        }
+    }
+
+    #[test]
+    fn state_words_come_from_one_table() {
+        for s in RunState::ALL {
+            assert_eq!(s.as_str().parse::<RunState>(), Ok(*s));
+            assert_eq!(
+                serde_json::to_string(s).unwrap(),
+                format!("\"{}\"", s.as_str())
+            );
+        }
+        assert_eq!(
+            "hibernating".parse::<RunState>().unwrap_err(),
+            "unknown state \"hibernating\" (expected queued, running, complete, failed, paused or stopped)"
+        );
+        assert!("unknown".parse::<RunState>().is_err());
+        assert_eq!(
+            serde_json::to_string(&RunState::Unknown).unwrap(),
+            "\"unknown\""
+        );
     }
 
     #[test]

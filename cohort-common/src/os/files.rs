@@ -120,27 +120,37 @@ pub fn remove_temp_files(dir: &Path) -> usize {
 /// Replace `path` with `bytes` atomically and durably (temp file in the same directory, fsync,
 /// rename, fsync the directory). The temp file is 0600 and is removed on failure.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    replace(path, bytes, true, true)
+    replace(path, bytes, Durability::ContentAndDir)
 }
 
 /// [`write_atomic`] but for the fsync of the directory, which the caller does later
 /// ([`sync_dir`]): the content is durable before the rename, so a crash leaves the old file or
 /// the new one, never a torn one.
 pub fn write_atomic_dir_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
-    replace(path, bytes, true, false)
+    replace(path, bytes, Durability::Content)
 }
 
 /// Replace `path` with `bytes` atomically but not durably (temp file + rename, no fsync): for
 /// caches and hints, whose loss after a crash costs only time. A reader sees the old or the
 /// new file, never a torn one.
 pub fn replace_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
-    replace(path, bytes, false, false)
+    replace(path, bytes, Durability::Cache)
+}
+
+/// What [`replace`] fsyncs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    /// Nothing: a cache or a hint.
+    Cache,
+    /// The content, before the rename.
+    Content,
+    /// The content before the rename, and the directory after it.
+    ContentAndDir,
 }
 
 /// The one temp-file-and-rename writer behind [`write_atomic`], [`write_atomic_dir_unsynced`]
-/// and [`replace_unsynced`]: `durable` fsyncs the content before the rename, `sync_parent` the
-/// directory after it.
-fn replace(path: &Path, bytes: &[u8], durable: bool, sync_parent: bool) -> Result<()> {
+/// and [`replace_unsynced`], syncing what `durability` says.
+fn replace(path: &Path, bytes: &[u8], durability: Durability) -> Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -151,7 +161,7 @@ fn replace(path: &Path, bytes: &[u8], durable: bool, sync_parent: bool) -> Resul
         .tempfile_in(dir)
         .at("create a temp file in", dir)?;
     tmp.write_all(bytes).at("write", tmp.path())?;
-    if durable {
+    if durability != Durability::Cache {
         tmp.as_file().sync_all().at("sync", tmp.path())?;
     }
     tmp.persist(path).map_err(|e| Error::Io {
@@ -159,7 +169,7 @@ fn replace(path: &Path, bytes: &[u8], durable: bool, sync_parent: bool) -> Resul
         path: path.to_path_buf(),
         source: e.error,
     })?;
-    if sync_parent {
+    if durability == Durability::ContentAndDir {
         sync_dir(dir)?;
     }
     Ok(())

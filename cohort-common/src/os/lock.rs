@@ -117,7 +117,7 @@ impl RunLock {
 
     /// Take the lock within `wait`; `Ok(None)` when someone still holds it then.
     pub fn acquire_within(path: &Path, wait: Duration) -> Result<Option<RunLock>> {
-        let file = open_lock(path, true)?;
+        let file = open_lock_writable(path)?;
         if lock_within(&file, LockKind::Exclusive, wait, &mut || {}).at("lock", path)? {
             Ok(Some(RunLock {
                 file,
@@ -216,17 +216,25 @@ impl RunLock {
     }
 }
 
-/// Open an existing lock file without following a symlink and without blocking (a FIFO planted
-/// as `runner.lock` must not hang a reader).
+/// Open an existing lock file read-only (flock needs no write access: what probes, waits and
+/// the reaper use), without following a symlink and without blocking (a FIFO planted as
+/// `runner.lock` must not hang a reader).
 ///
 /// Errors: [`Error::NotRegular`] for anything but a regular file (a symlink included);
 /// [`Error::Io`] otherwise (kind `NotFound` when there is no lock file).
-pub fn open_lock(path: &Path, write: bool) -> Result<File> {
-    let file = files::open_no_follow(
-        OpenOptions::new().read(true).write(write),
-        path,
-        "open lock file",
-    )?;
+pub fn open_lock(path: &Path) -> Result<File> {
+    open_existing_lock(OpenOptions::new().read(true), path)
+}
+
+/// [`open_lock`], but for reading and writing: the open file a [`RunLock`] holds.
+///
+/// Errors: as [`open_lock`].
+pub fn open_lock_writable(path: &Path) -> Result<File> {
+    open_existing_lock(OpenOptions::new().read(true).write(true), path)
+}
+
+fn open_existing_lock(opts: &mut OpenOptions, path: &Path) -> Result<File> {
+    let file = files::open_no_follow(opts, path, "open lock file")?;
     files::ensure_regular(&file, path)?;
     Ok(file)
 }
@@ -254,7 +262,7 @@ pub fn open_or_create_lock(path: &Path) -> Result<File> {
 ///
 /// Errors only when the file exists but cannot be opened or locked.
 pub fn probe(path: &Path) -> Result<Liveness> {
-    let file = match open_lock(path, false) {
+    let file = match open_lock(path) {
         Ok(f) => f,
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             return Ok(Liveness::NoLockFile)
@@ -272,7 +280,7 @@ pub fn probe(path: &Path) -> Result<Liveness> {
 /// Returns at once when there is no lock file. This is how waiting avoids polling: the kernel
 /// wakes us when the runner's descriptor closes.
 pub fn wait_released(path: &Path) -> Result<()> {
-    let file = match open_lock(path, false) {
+    let file = match open_lock(path) {
         Ok(f) => f,
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             return Ok(())

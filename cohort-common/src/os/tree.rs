@@ -27,7 +27,7 @@ pub fn measure(path: &Path) -> u64 {
     let Ok(name) = CString::new(std::os::unix::ffi::OsStrExt::as_bytes(name)) else {
         return 0;
     };
-    walk(dir.as_fd(), &name, false, &mut || {}).unwrap_or(0)
+    walk(dir.as_fd(), &name, Walk::Measure, &mut || {}).unwrap_or(0)
 }
 
 /// Delete the entry `name` of the directory `parent` (a whole tree), never following a symlink,
@@ -53,7 +53,7 @@ impl OpenDir {
     /// [`remove_entry`] of an entry of this directory.
     pub fn remove(&self, name: &str, after_unlink: &mut dyn FnMut()) -> std::io::Result<u64> {
         let name = CString::new(name).map_err(std::io::Error::other)?;
-        Ok(walk(self.0.as_fd(), &name, true, after_unlink)?)
+        Ok(walk(self.0.as_fd(), &name, Walk::Remove, after_unlink)?)
     }
 }
 
@@ -68,13 +68,23 @@ fn open_dir_at(
     }
 }
 
-/// Measure (and with `delete`, remove) `name` inside `parent`, depth first.
+/// What [`walk`] does to the tree it measures.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// Only measure it.
+    Measure,
+    /// Measure it and remove it.
+    Remove,
+}
+
+/// Measure (and with [`Walk::Remove`], remove) `name` inside `parent`, depth first.
 fn walk(
     parent: BorrowedFd<'_>,
     name: &CStr,
-    delete: bool,
+    mode: Walk,
     after_unlink: &mut dyn FnMut(),
 ) -> nix::Result<u64> {
+    let delete = mode == Walk::Remove;
     let st = match fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
         Ok(st) => st,
         Err(Errno::ENOENT) => return Ok(0),
@@ -122,7 +132,7 @@ fn walk(
                     Err(e) => return Err(e),
                 }
             } else {
-                bytes += walk(dir.as_fd(), child, delete, after_unlink)?;
+                bytes += walk(dir.as_fd(), child, mode, after_unlink)?;
             }
         }
         drop(dir);

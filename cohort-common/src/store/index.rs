@@ -208,15 +208,17 @@ enum Names {
 }
 
 /// The index as one listing sees it: current for the runs directory as it was when opened.
+/// The programs read it through [`crate::store::scan::Scan`], which notes what they observe
+/// and saves it.
 pub struct View {
     /// Number of entries in the runs directory.
-    pub total: usize,
+    total: usize,
     /// Runs last seen non-terminal, sorted by name.
-    pub active: Vec<String>,
+    active: Vec<String>,
     /// Entries last seen unreadable as runs, in name order.
-    pub broken: Vec<Entry>,
-    /// Whether [`View::open`] had to rebuild (for `--doctor` and the benchmark).
-    pub rebuilt: bool,
+    broken: Vec<Entry>,
+    /// Whether [`View::open`] had to rebuild.
+    rebuilt: bool,
     names: Names,
     terminal: Option<HashMap<String, Known>>,
     dir: Option<PathBuf>,
@@ -392,6 +394,27 @@ impl View {
             spawned: Vec::new(),
         };
         Ok(view)
+    }
+
+    /// The number of entries in the runs directory.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// The runs last seen non-terminal, sorted by id.
+    pub fn active(&self) -> &[String] {
+        &self.active
+    }
+
+    /// The entries last seen unreadable as runs (corrupt records, symlinks, stray files), in
+    /// name order.
+    pub fn broken(&self) -> &[Entry] {
+        &self.broken
+    }
+
+    /// Whether [`View::open`] had to rebuild the index (for tests and the benchmark).
+    pub fn rebuilt(&self) -> bool {
+        self.rebuilt
     }
 
     /// The newest `n` entries, newest first (all of them when `n` is 0).

@@ -4,6 +4,8 @@
 //! - [`observe`]: a run's record, its lock and the pure judgement of what to believe, with the
 //!   reconciliation of a run whose runner is gone;
 //! - [`index`]: the listing index of top-level runs (a cache, never the truth);
+//! - [`scan`]: walking many runs: observing them with the index kept up to date, or peeking
+//!   at which are live without judging them;
 //! - [`slurm`]: what Slurm says about a run's batch job, for a `queued` Slurm run whose lock is
 //!   free;
 //! - [`wait`]: blocking until runs end (a blocking lock, no polling);
@@ -16,6 +18,7 @@ pub mod answer;
 pub mod discover;
 pub mod index;
 pub mod observe;
+pub mod scan;
 pub mod slurm;
 pub mod wait;
 

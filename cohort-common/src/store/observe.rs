@@ -34,7 +34,7 @@ use crate::format::events::{self, EventKind};
 use crate::format::layout::RunDir;
 use crate::format::legacy;
 use crate::format::processes::{self, TrackedProcess};
-use crate::format::record::{self, RunRecord, RunState, StepStatus};
+use crate::format::record::{self, Failure, RunRecord, RunState, StepStatus};
 use crate::format::spec::LaunchSpec;
 use crate::identity::procinfo;
 use crate::os::files;
@@ -42,13 +42,7 @@ use crate::os::lock::{self, Liveness, RunLock};
 use crate::store::discover::{Found, Origin};
 use crate::store::slurm::{self, JobPhase, JobStatus};
 
-/// The error of a `running` run settled because its runner is gone.
-pub const RUNNER_LOST: &str = "runner lost";
-/// The error of a `queued` run settled because no process holds its lock: spawn holds the run
-/// lock from the moment the run's directory exists and hands it to the runner, so a free lock
-/// on a `queued` run proves that neither will ever start it.
-pub const START_ABANDONED: &str =
-    "start abandoned: no process holds the run's lock (its spawn or runner ended before the run started)";
+pub use crate::format::record::{RUNNER_LOST, START_ABANDONED};
 
 /// A scheduler's report on a run's job, as [`judge`] and [`settlement`] take it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,17 +112,26 @@ pub struct Settlement {
     pub error: String,
     /// `run.lost` or `run.abandoned`.
     pub event: EventKind,
+    /// Why it failed, as data (the record's `failure`); `None` when it is settled `stopped`.
+    pub failure: Option<Failure>,
 }
 
 /// How a run in `state` whose lock is provably free is settled (pure), given what the
 /// scheduler said about its job for a scheduler backend (`job`, as for [`judge`]); `None` for a
 /// state that is never settled, and for a job the scheduler still has or could not report on.
 pub fn settlement(state: RunState, job: Option<&JobReport>) -> Option<Settlement> {
-    let settled = |state, error: String, event| {
+    let settled = |to: RunState, error: String, event| {
+        let failure = match (state, job) {
+            _ if to != RunState::Failed => None,
+            (RunState::Running, _) => Some(Failure::RunnerLost),
+            (_, None) => Some(Failure::StartAbandoned),
+            (_, Some(_)) => Some(Failure::JobEnded),
+        };
         Some(Settlement {
-            state,
+            state: to,
             error,
             event,
+            failure,
         })
     };
     match state {
@@ -174,10 +177,12 @@ pub fn settlement(state: RunState, job: Option<&JobReport>) -> Option<Settlement
     }
 }
 
-/// Settle `rec` in memory as `state` (`failed` or `stopped`) with `error` (pure but for the
-/// clock): the run ends now, a running step fails, a step never started is stopped.
-pub fn settle_record(rec: &mut RunRecord, state: RunState, error: &str) {
+/// Settle `rec` in memory as `state` (`failed` or `stopped`) with `error` and, for a failure,
+/// why as data (`failure`) (pure but for the clock): the run ends now, a running step fails, a
+/// step never started is stopped.
+pub fn settle_record(rec: &mut RunRecord, state: RunState, failure: Option<Failure>, error: &str) {
     rec.finish(state, Some(error.to_string()));
+    rec.failure = failure;
     for s in rec.steps.iter_mut() {
         if !s.status.is_final() {
             s.status = if s.status == StepStatus::Running {
@@ -380,6 +385,7 @@ pub fn settle(dir: &RunDir, job: Option<&JobReport>) -> Result<Settled> {
         state,
         error,
         event: kind,
+        failure,
     }) = settlement(rec.state, job)
     else {
         return Ok(Settled::NotNeeded);
@@ -389,7 +395,7 @@ pub fn settle(dir: &RunDir, job: Option<&JobReport>) -> Result<Settled> {
         EventKind::RunLost => settle_survivors(dir, &mut rec),
         _ => error.to_string(),
     };
-    settle_record(&mut rec, state, &error);
+    settle_record(&mut rec, state, failure, &error);
     if let Err(e) = record::store(&dir.status(), &rec) {
         rec.error = Some(format!(
             "{error} (not yet written to status.json: {})",
@@ -504,6 +510,15 @@ mod tests {
         );
         assert!(settlement(RunState::Complete, None).is_none());
         assert!(settlement(RunState::Unknown, None).is_none());
+        // Why, as data.
+        assert_eq!(
+            settlement(RunState::Running, None).unwrap().failure,
+            Some(Failure::RunnerLost)
+        );
+        assert_eq!(
+            settlement(RunState::Queued, None).unwrap().failure,
+            Some(Failure::StartAbandoned)
+        );
     }
 
     fn job(status: JobStatus) -> JobReport {
@@ -593,6 +608,8 @@ mod tests {
                     let got = got.unwrap_or_else(|| panic!("{report:?} is not settled"));
                     assert_eq!(got.state, state, "{report:?}");
                     assert_eq!(got.event, EventKind::RunAbandoned);
+                    let why = (state == RunState::Failed).then_some(Failure::JobEnded);
+                    assert_eq!(got.failure, why, "{report:?}");
                     for w in words {
                         assert!(got.error.contains(w), "{w:?} not in {:?}", got.error);
                     }
