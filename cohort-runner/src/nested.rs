@@ -14,9 +14,9 @@ use serde_json::json;
 
 use cohort_common::format::events::{EventKind, EventLog};
 use cohort_common::format::layout::{RunDir, StateRoot};
-use cohort_common::format::record::{self, RunState};
+use cohort_common::format::record::RunState;
 use cohort_common::os::lock;
-use cohort_common::store::{discover, observe};
+use cohort_common::store::{discover, observe, scan};
 
 /// How long past the grace the run waits for its nested runs to end.
 const STOP_WAIT_EXTRA: Duration = Duration::from_secs(5);
@@ -58,11 +58,8 @@ impl NestedRuns {
             return 0;
         };
         let mut starting = 0;
-        for f in found.into_iter().filter(|f| f.problem().is_none()) {
-            let run = f.dir;
-            let Ok(rec) = record::load(&run.status()) else {
-                continue;
-            };
+        for scan::Peeked { found, record: rec, .. } in scan::peek(found) {
+            let run = found.dir;
             if rec.parent_run_id.as_deref() != Some(self.run_id.as_str())
                 || rec.state.is_terminal()
                 || self.stopping.contains(&run)

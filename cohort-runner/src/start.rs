@@ -14,7 +14,7 @@ use cohort_common::error::{Error, Result};
 use cohort_common::fault;
 use cohort_common::format::events::{self, EventKind, EventLog};
 use cohort_common::format::layout::{RunDir, StateRoot};
-use cohort_common::format::record::{self, now_ms, RunRecord, RunState};
+use cohort_common::format::record::{self, now_ms, Failure, RunRecord, RunState};
 use cohort_common::format::route;
 use cohort_common::format::spec::{LaunchSpec, Placement};
 use cohort_common::identity::procinfo;
@@ -77,7 +77,7 @@ pub fn into_running(dir: &RunDir, mut rec: RunRecord) -> Result<Running> {
 
     // From here on a failure is recorded in the record and returned.
     let fail = |mut rec: RunRecord, why: String, e: Error| -> Result<Running> {
-        rec.finish(RunState::Failed, Some(why.clone()));
+        rec.fail(Failure::StartFailed, why.clone());
         record::store(&dir.status(), &rec)?;
         let _ = events::append_once(&dir.events(), EventKind::RunFailed, json!({"error": why}));
         Err(e)

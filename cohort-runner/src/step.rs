@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use cohort_cli::duration;
 use cohort_common::format::events::EventKind;
-use cohort_common::format::record::{RunState, StepRecord, StepStatus};
+use cohort_common::format::record::{Failure, RunState, StepRecord, StepStatus};
 
 use crate::stream::{preview, StreamSummary};
 
@@ -528,6 +528,8 @@ pub struct RunOutcome {
     pub event: EventKind,
     /// Whether it ended because its deadline passed.
     pub timed_out: bool,
+    /// Why it failed, as data (`status.json` `failure`); `None` unless it failed.
+    pub failure: Option<Failure>,
     /// The error recorded on steps that never started.
     pub unstarted: String,
 }
@@ -573,11 +575,17 @@ pub fn run_outcome(
         (_, Some(f)) => (RunState::Failed, Some(f), EventKind::RunFailed, false),
         (_, None) => (RunState::Complete, None, EventKind::RunCompleted, false),
     };
+    let failure = match (state, timed_out) {
+        (RunState::Failed, true) => Some(Failure::TimedOut),
+        (RunState::Failed, false) => Some(Failure::StepFailed),
+        _ => None,
+    };
     RunOutcome {
         state,
         error,
         event,
         timed_out,
+        failure,
         unstarted,
     }
 }
@@ -822,6 +830,17 @@ mod tests {
             )
         );
         assert!(o.unstarted.contains("stopped"));
+    }
+
+    #[test]
+    fn a_failed_run_records_why_as_data() {
+        let why = |stop, failure: Option<&str>| {
+            run_outcome(stop, failure.map(str::to_string), Some(1_000)).failure
+        };
+        assert_eq!(why(None, None), None);
+        assert_eq!(why(None, Some("boom")), Some(Failure::StepFailed));
+        assert_eq!(why(Some(Ending::RunTimeout), None), Some(Failure::TimedOut));
+        assert_eq!(why(Some(Ending::Stop), Some("boom")), None);
     }
 
     #[test]

@@ -223,6 +223,7 @@ impl Supervisor {
         // Only processes that escaped every sweep are left listed.
         self.tracker.persist();
         self.rec.finish(outcome.state, outcome.error.clone());
+        self.rec.failure = outcome.failure;
         let _ = self.events.append(
             outcome.event,
             json!({"error": outcome.error, "rusage": own_rusage()}),
