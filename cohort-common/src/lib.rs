@@ -8,7 +8,7 @@
 //! - [`os`]: file and lock primitives (atomic durable writes, no-follow non-blocking reads,
 //!   rename without replace, the directory lister, locks with deadlines);
 //! - [`identity`]: the Pi runtime a run is tied to, and process identity;
-//! - [`backend`]: the execution backends (native, Slurm) behind one interface: what a record
+//! - [`backend`]: the execution backends behind one interface, one module each: what a record
 //!   stores about its job, the job's phase, how to stop and describe it;
 //! - [`format`](mod@format): the run-directory format (layout, ids, record, launch spec, events, routes,
 //!   legacy records), described in `docs/format.md`;

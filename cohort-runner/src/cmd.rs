@@ -26,7 +26,7 @@ pub struct Args {
     /// Who started the runner, by backend name: native (cohort-spawn; the runner detaches into
     /// a session of its own) or a scheduler backend (its job; the runner stays in the job's
     /// session and process group, where the scheduler's signals reach it).
-    #[arg(long, value_name = "NAME", default_value = "native")]
+    #[arg(long, value_name = "NAME", default_value_t = BackendKind::native())]
     backend: BackendKind,
 }
 

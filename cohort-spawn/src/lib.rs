@@ -10,8 +10,8 @@
 //!   record for every start that fails after it);
 //! - [`route`]: a nested start's inherited route variables, checked before any record exists;
 //! - [`revive`]: continuing a finished run's session on its recorded runtime;
-//! - [`backend`]: starting the runner, one module per execution backend (native: the detached
-//!   runner; Slurm: the batch script and `sbatch`), chosen through one registry;
+//! - [`backend`]: starting the runner, one module per execution backend (natively the detached
+//!   runner; under a scheduler a submitted job), chosen through one registry;
 //! - [`session`]: the session-file rules (a Pi session, not in use by a live run);
 //! - [`wait`]: `--wait`, waiting for the run and printing its answer.
 

@@ -77,7 +77,7 @@ pub struct Spawned {
     pub run_id: RunId,
     /// Its directory.
     pub dir: RunDir,
-    /// What the record holds about the run's job (`None` for a native run): a Slurm run's job
+    /// What the record holds about the run's job (`None` for a native run): a scheduler's job
     /// id.
     pub backend: Option<Handle>,
     /// The runtime.

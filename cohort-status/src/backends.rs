@@ -22,8 +22,8 @@ pub struct BackendsReport {
     pub default: Option<BackendKind>,
     /// The backends usable here (`native` always).
     pub usable: Vec<BackendKind>,
-    /// Each backend's own section, under its name (`slurm: {usable, sbatch, partitions,
-    /// error}`); a backend without one has none.
+    /// Each backend's own section, under its name ([`Probe::details`]); a backend without one
+    /// has none.
     #[serde(flatten)]
     pub details: BTreeMap<&'static str, serde_json::Value>,
     /// What each backend's probe said, in registry order (the text's lines).
