@@ -422,8 +422,8 @@ pub fn ask(handle: Option<&Handle>) -> Option<JobReport> {
 }
 
 /// The single-run view's `backend` line (pure): what the backend says about the job, the
-/// command that stops it while the run is not over (`stoppable`), and what the scheduler
-/// said when it was asked (`report`). `None` for native runs.
+/// command that stops it (when `stop` asks for it: the run is not over), and what the
+/// scheduler said when it was asked (`report`). `None` for native runs.
 pub fn describe(
     handle: Option<&Handle>,
     stop: StopHint,
