@@ -8,6 +8,8 @@
 //! - [`os`]: file and lock primitives (atomic durable writes, no-follow non-blocking reads,
 //!   rename without replace, the directory lister, locks with deadlines);
 //! - [`identity`]: the Pi runtime a run is tied to, and process identity;
+//! - [`backend`]: the execution backends behind one interface, one module each: what a record
+//!   stores about its job, the job's phase, how to stop and describe it;
 //! - [`format`](mod@format): the run-directory format (layout, ids, record, launch spec, events, routes,
 //!   legacy records), described in `docs/format.md`;
 //! - [`store`]: discovery, observation (liveness and reconciliation) and the listing index:
@@ -20,6 +22,7 @@
 
 #![deny(missing_docs)]
 
+pub mod backend;
 pub mod error;
 pub mod exit;
 pub mod fault;

@@ -9,6 +9,7 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::time::Duration;
 
+use cohort_common::backend::{slurm, JobReport, JobStatus};
 use cohort_common::error::Error;
 use cohort_common::format::id::RunId;
 use cohort_common::format::layout::{RunDir, StateRoot};
@@ -16,21 +17,19 @@ use cohort_common::format::record::{self, Failure, RunMode, RunRecord, RunState}
 use cohort_common::os::files::{self, Entry};
 use cohort_common::os::lock::RunLock;
 use cohort_common::store::index::{self, spawned_since, Known, Outcome, Stamp, View};
-use cohort_common::store::observe::JobReport;
 use cohort_common::store::observe::{
     live_runner_pid, observe, reason, settle, Judgement, Settled, RUNNER_LOST, START_ABANDONED,
 };
 use cohort_common::store::scan::{self, Scan, Seen};
-use cohort_common::store::slurm::JobStatus;
 
 fn known(state: &str, reason: Option<&str>) -> JobReport {
-    JobReport {
-        job_id: "7".into(),
-        status: JobStatus::Known {
+    slurm::report(
+        "7",
+        JobStatus::Known {
             state: state.into(),
             reason: reason.map(String::from),
         },
-    }
+    )
 }
 
 #[test]
@@ -39,7 +38,7 @@ fn a_cancelled_job_settles_its_queued_run_stopped_once() {
     let root = StateRoot::for_profile(t.path());
     let dir = make_run(&root, RunState::Queued);
     let report = known("CANCELLED", None);
-    let Settled::Written(rec) = settle(&dir, Some(&report)).unwrap() else {
+    let Settled::Written(rec) = settle(&dir, Some(&report.phase)).unwrap() else {
         panic!("not written")
     };
     assert_eq!(rec.state, RunState::Stopped);
@@ -48,7 +47,7 @@ fn a_cancelled_job_settles_its_queued_run_stopped_once() {
         RunState::Stopped
     );
     assert!(matches!(
-        settle(&dir, Some(&report)).unwrap(),
+        settle(&dir, Some(&report.phase)).unwrap(),
         Settled::NotNeeded
     ));
     let ev = std::fs::read_to_string(dir.events()).unwrap();

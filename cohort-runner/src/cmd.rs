@@ -1,7 +1,7 @@
 //! `cohort-runner RUN_DIR`: the detached supervisor of one run.
 //!
-//! Started by `cohort-spawn` (natively), or by the batch script spawn submitted to Slurm
-//! (`--backend slurm`), never by hand. It detaches (natively a new session; SIGHUP ignored,
+//! Started by `cohort-spawn` (natively), or by the job spawn submitted to a scheduler
+//! (`--backend NAME`), never by hand. It detaches (natively a new session; SIGHUP ignored,
 //! child subreaper), points its stdout at `/dev/null` once it has told spawn it is up, and runs
 //! the run to its end. Its stderr is the run's `runner.log`.
 
@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use cohort_cli as cli;
-use cohort_common::format::backend::BackendKind;
+use cohort_common::backend::BackendKind;
 use cohort_common::format::layout::RunDir;
 use cohort_common::format::spec::{LOCK_FD_ENV, READY_LINE};
 
@@ -23,10 +23,10 @@ use crate::{process, supervisor};
 pub struct Args {
     /// The run directory to run.
     run_dir: PathBuf,
-    /// Who started the runner: native (cohort-spawn, detached into a session of its own) or
-    /// slurm (a Slurm batch job: the runner stays in the job's session and process group, so
-    /// that `scancel --signal=TERM --full` reaches it).
-    #[arg(long, value_name = "NAME", default_value = "native")]
+    /// Who started the runner, by backend name: native (cohort-spawn; the runner detaches into
+    /// a session of its own) or a scheduler backend (its job; the runner stays in the job's
+    /// session and process group, where the scheduler's signals reach it).
+    #[arg(long, value_name = "NAME", default_value_t = BackendKind::native())]
     backend: BackendKind,
 }
 

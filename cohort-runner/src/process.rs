@@ -3,8 +3,8 @@
 
 use serde_json::json;
 
+use cohort_common::backend::{BackendKind, RunnerSession};
 use cohort_common::error::{Error, Result};
-use cohort_common::format::backend::BackendKind;
 
 /// Close every descriptor above stderr that the runner inherited (its spawner's caller may
 /// have passed any, e.g. a `flock` fd in a shell script): a detached runner and its Pi children
@@ -30,12 +30,10 @@ pub fn close_inherited_fds(keep: Option<i32>) {
 /// terminal, its own process group), SIGHUP ignored, and child-subreaper status so orphaned
 /// descendants of its children are reparented to it. Called first thing by `cohort-runner`.
 ///
-/// Under Slurm the runner is the job's batch script (spawn's script `exec`s it) and keeps the
-/// job's session and process group: Slurm delivers `scancel --signal=… --full` to the batch
-/// step's process group with `proctrack/linuxproc` (measured on Slurm 22.05: a process that
-/// called `setsid` in the job never got the signal), and a job has no terminal to leave.
+/// A runner its scheduler started keeps the job's session and process group, where the
+/// scheduler's signals reach it ([`RunnerSession::Kept`]; the backend's module says why).
 pub fn detach(backend: BackendKind) -> Result<()> {
-    if backend == BackendKind::Native {
+    if backend.runner_session() == RunnerSession::New {
         nix::unistd::setsid().map_err(|e| {
             Error::Usage(format!(
                 "setsid failed: {e} (the runner must not be started as a process-group leader)"

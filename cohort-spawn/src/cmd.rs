@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Parser;
 use cohort_cli::{self as cli, duration};
+use cohort_common::backend::{LaunchBackend, BACKEND_ENV};
 use cohort_common::exit;
-use cohort_common::format::backend::{BackendKind, LaunchBackend, BACKEND_ENV};
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::route;
 use cohort_common::format::spec::{self, Placement, RunOptions};
@@ -129,15 +129,8 @@ pub struct Args {
     /// absolute, existing, canonical; files regular, non-symlink, .jsonl, inside it).
     #[arg(long)]
     session_root: Option<PathBuf>,
-    /// Where the runner runs: native (detached on this machine) or slurm (a batch job submitted
-    /// with sbatch; the state root must be on storage every node sees). Default:
-    /// $COHORT_BACKEND, else native.
-    #[arg(long, value_name = "NAME", value_parser = backend_names())]
-    backend: Option<BackendKind>,
-    /// An option passed to sbatch verbatim, after cohort's own (repeatable; --backend slurm
-    /// only), e.g. --sbatch-arg=--partition=batch --sbatch-arg=--time=2:00:00.
-    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
-    sbatch_arg: Vec<String>,
+    #[command(flatten)]
+    backend: crate::backend::BackendArgs,
     /// Print one JSON object ({"runId", "shortId", "runDir", "runtime"}, and "backend" with the
     /// Slurm job id for a Slurm run) instead of the id.
     #[arg(long)]
@@ -279,40 +272,6 @@ pub fn on_exit_command(flag: Option<String>, env: Option<String>) -> Option<Stri
     flag.or(env).filter(|c| !c.trim().is_empty())
 }
 
-/// The `--backend` parser: the names `BackendKind` knows, offered to completions too.
-fn backend_names() -> impl clap::builder::TypedValueParser<Value = BackendKind> {
-    use clap::builder::TypedValueParser;
-    clap::builder::PossibleValuesParser::new(["native", "slurm"])
-        .map(|s| s.parse::<BackendKind>().expect("a possible value"))
-}
-
-/// The backend a run gets (pure): `--backend` when given, else `$COHORT_BACKEND` unless blank,
-/// else native; `--sbatch-arg` only with slurm.
-///
-/// Errors ([`cohort_common::Error::Usage`], exit 2, before any record exists): an unknown name
-/// in the environment, or `--sbatch-arg` for a native run.
-pub fn choose_backend(
-    flag: Option<BackendKind>,
-    env: Option<String>,
-    sbatch_args: Vec<String>,
-) -> Result<LaunchBackend, cohort_common::Error> {
-    let kind = match (flag, env.filter(|e| !e.trim().is_empty())) {
-        (Some(k), _) => k,
-        (None, Some(e)) => e
-            .trim()
-            .parse()
-            .map_err(|m| cohort_common::Error::Usage(format!("{BACKEND_ENV}: {m}")))?,
-        (None, None) => BackendKind::Native,
-    };
-    if kind != BackendKind::Slurm && !sbatch_args.is_empty() {
-        return Err(cohort_common::Error::Usage(format!(
-            "--sbatch-arg needs --backend slurm (this run's backend is {})",
-            kind.as_str()
-        )));
-    }
-    Ok(LaunchBackend { kind, sbatch_args })
-}
-
 /// Run the command line `args`; the binary maps the result to an exit code.
 ///
 /// The order is part of the contract: usage errors, the backend and inherited route variables
@@ -323,11 +282,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         cli::print_generated::<Args>(kind, &MAN)?;
         return Ok(exit::SUCCESS);
     }
-    let backend = choose_backend(
-        args.backend,
-        std::env::var(BACKEND_ENV).ok(),
-        args.sbatch_arg.clone(),
-    )?;
+    let backend = crate::backend::choose(&args.backend, std::env::var(BACKEND_ENV).ok())?;
     // Route variables decide whether and where a record is created: check them first.
     let root = StateRoot::from_env()?;
     let placement = placement(&root, &args)?;
@@ -477,32 +432,6 @@ mod tests {
             assert!(CHAIN_FILES.contains(&k), "the chain help lacks {k}");
         }
         assert!(CHAIN_FILES.contains("resolvedAgent"));
-    }
-
-    #[test]
-    fn the_backend_flag_beats_the_environment_and_sbatch_args_need_slurm() {
-        let s = |v: &str| Some(v.to_string());
-        let kind = |f, e| choose_backend(f, e, Vec::new()).map(|b| b.kind);
-        assert_eq!(kind(None, None).unwrap(), BackendKind::Native);
-        assert_eq!(kind(None, s("slurm")).unwrap(), BackendKind::Slurm);
-        assert_eq!(kind(None, s(" ")).unwrap(), BackendKind::Native);
-        assert_eq!(
-            kind(Some(BackendKind::Native), s("slurm")).unwrap(),
-            BackendKind::Native
-        );
-        let bad = kind(None, s("k8s")).unwrap_err().to_string();
-        assert!(bad.starts_with("COHORT_BACKEND: unknown backend"), "{bad}");
-        let args = vec!["--hold".to_string()];
-        assert!(choose_backend(None, None, args.clone())
-            .unwrap_err()
-            .to_string()
-            .contains("--sbatch-arg needs --backend slurm"));
-        assert_eq!(
-            choose_backend(Some(BackendKind::Slurm), None, args.clone())
-                .unwrap()
-                .sbatch_args,
-            args
-        );
     }
 
     #[test]

@@ -11,13 +11,15 @@
 //!   record for every start that fails after it);
 //! - [`route`]: a nested start's inherited route variables, checked before any record exists;
 //! - [`revive`]: continuing a finished run's session on its recorded runtime;
-//! - [`slurm`]: submitting a run to Slurm (`--backend slurm`): the batch script, `sbatch`;
+//! - [`backend`]: starting the runner, one module per execution backend (natively the detached
+//!   runner; under a scheduler a submitted job), chosen through one registry;
 //! - [`session`]: the session-file rules (a Pi session, not in use by a live run);
 //! - [`wait`]: `--wait`, waiting for the run and printing its answer.
 
 #![deny(missing_docs)]
 
 pub mod agents;
+pub mod backend;
 pub mod chain_file;
 pub mod chains;
 pub mod cmd;
@@ -25,6 +27,5 @@ pub mod frontmatter;
 pub mod revive;
 pub mod route;
 pub mod session;
-pub mod slurm;
 pub mod spawn;
 pub mod wait;

@@ -6,35 +6,32 @@
 //! check failed) and the launch spec are written durably beside the lock and the directory is
 //! renamed into view, so a failed start always leaves a record that says why (a top-level run
 //! is then journaled for the listing index, [`cohort_common::store::index::note_spawned`]).
-//! Then the detached runner is started with the held lock, and spawn returns once it has
-//! adopted it —
-//! or, for a Slurm run, the runner is submitted as a batch job whose id is recorded before spawn
-//! lets go of the run lock ([`crate::slurm`]). If anything after publication fails, the record
-//! is rewritten `failed` with the reason.
+//! Then the run's backend starts the runner ([`crate::backend`]): natively the detached runner
+//! is started with the held lock, and spawn returns once it has adopted it; under a scheduler
+//! the runner is submitted as a job whose handle is recorded before spawn lets go of the run
+//! lock. If anything after publication fails, the record is rewritten `failed` with the
+//! reason.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use serde_json::json;
 
+use cohort_common::backend::{Handle, LaunchBackend};
 use cohort_common::error::{Error, IoContext, Result};
 use cohort_common::fault;
-use cohort_common::format::backend::{Backend, BackendKind, LaunchBackend};
 use cohort_common::format::events::{self, EventKind};
 use cohort_common::format::id::RunId;
-use cohort_common::format::layout::{self, RunDir, StateRoot, PROFILE_ENV};
+use cohort_common::format::layout::{self, RunDir, StateRoot};
 use cohort_common::format::record::{self, Failure, RunMode, RunRecord, RunState, StepRecord};
-use cohort_common::format::route;
 use cohort_common::format::spec::{
-    self, ChainStep, LaunchSpec, Placement, RunOptions, LOCK_FD, LOCK_FD_ENV, READY_LINE,
-    SPEC_VERSION,
+    self, ChainStep, LaunchSpec, Placement, RunOptions, SPEC_VERSION,
 };
 use cohort_common::identity::runtime::{self, Runtime, RuntimeRequest};
 use cohort_common::os::files;
 use cohort_common::os::lock::RunLock;
 use cohort_common::store::index;
 
+use crate::backend::{self, Start};
 use crate::session;
 
 /// Overrides where spawn finds `cohort-runner` (default: beside the spawn executable).
@@ -66,7 +63,8 @@ pub struct SpawnRequest {
     pub max_depth: u32,
     /// `--session-root`: the root every reused session file must be inside.
     pub session_root: Option<PathBuf>,
-    /// The execution backend (`--backend`, `COHORT_BACKEND`) and its `--sbatch-arg`s.
+    /// The execution backend (`--backend`, `COHORT_BACKEND`) and its options
+    /// ([`backend::choose`]).
     pub backend: LaunchBackend,
     /// The path of `cohort-runner`.
     pub runner: PathBuf,
@@ -79,8 +77,9 @@ pub struct Spawned {
     pub run_id: RunId,
     /// Its directory.
     pub dir: RunDir,
-    /// The backend as recorded (`None` for a native run): a Slurm run's job id.
-    pub backend: Option<Backend>,
+    /// What the record holds about the run's job (`None` for a native run): a scheduler's job
+    /// id.
+    pub backend: Option<Handle>,
     /// The runtime.
     pub runtime: Runtime,
 }
@@ -119,6 +118,7 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     if req.chain.is_empty() {
         return Err(Error::Usage("nothing to run: no task".into()).into());
     }
+    let submit = backend::submitter(req.backend.kind)?;
     // Never sort before the newest run, even when the wall clock has stepped back.
     let floor: Option<RunId> = files::read_regular(&root.last_run_id())
         .ok()
@@ -169,9 +169,7 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     rec.chain_step_count = Some(req.chain.len());
     rec.parallel_groups = groups;
     rec.revives = req.revives.clone();
-    if req.backend.kind == BackendKind::Slurm {
-        rec.set_backend(Some(Backend::Slurm { job_id: None }));
-    }
+    rec.set_backend(submit.queued_handle());
     if let Some(p) = &req.placement {
         rec.root_run_id = Some(p.root_run_id.clone());
         rec.parent_run_id = Some(p.parent_run_id.clone());
@@ -215,10 +213,16 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     };
 
     let lock = lock.moved_to(&dir.lock());
-    let started = check_published(root, &rec, &req, &rt).and_then(|()| match req.backend.kind {
-        BackendKind::Native => start_runner(root, &dir, &parent, &req.runner, &lock),
-        BackendKind::Slurm => submit_to_slurm(root, &dir, &parent, &mut rec, &req),
-    });
+    let start = Start {
+        root,
+        dir: &dir,
+        parent: &parent,
+        runner: &req.runner,
+        lock: &lock,
+        launch: &req.backend,
+    };
+    let started =
+        check_published(root, &rec, &req, &rt).and_then(|()| submit.start(&start, &mut rec));
     match started {
         Ok(()) => {
             fault::point("spawn.runner-ready");
@@ -243,7 +247,7 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
 /// the launch spec) written into the staging dir with `run.queued` (and `run.failed`) in its
 /// event log, the files and the staging dir fsynced together (one journal commit), then the
 /// dir renamed into place without replacing anything. The parent is synced by the caller
-/// ([`start_runner`] does it while the runner starts).
+/// (the backend's start does it: natively while the runner starts).
 fn publish(
     staging: &RunDir,
     dir: &RunDir,
@@ -382,7 +386,7 @@ fn prepare(
             .as_ref()
             .map(|p| p.max_depth)
             .unwrap_or(req.max_depth),
-        backend: (req.backend.kind != BackendKind::Native).then(|| req.backend.clone()),
+        backend: req.backend.for_spec(),
     };
     rec.last_update = Some(record::now_ms());
     Ok((rt, spec))
@@ -418,38 +422,6 @@ fn check_published(
     Ok(())
 }
 
-/// Submit the run to Slurm (`sbatch --parsable`, [`crate::slurm::submit`]) and record the job
-/// id durably while spawn still holds the run lock: a runner that starts at once waits for
-/// it, and a reader that finds the lock free afterwards can ask Slurm. The rename that
-/// published the run is synced first.
-fn submit_to_slurm(
-    root: &StateRoot,
-    dir: &RunDir,
-    parent: &Path,
-    rec: &mut RunRecord,
-    req: &SpawnRequest,
-) -> Result<()> {
-    files::sync_dir(parent)?;
-    let job_id = crate::slurm::submit(
-        root,
-        dir,
-        &rec.run_id,
-        &req.runner,
-        &req.backend.sbatch_args,
-    )?;
-    rec.set_backend(Some(Backend::Slurm {
-        job_id: Some(job_id.clone()),
-    }));
-    rec.last_update = Some(record::now_ms());
-    record::store(&dir.status(), rec)?;
-    let _ = events::append_once(
-        &dir.events(),
-        EventKind::RunSubmitted,
-        json!({"jobId": job_id}),
-    );
-    Ok(())
-}
-
 /// A cwd must exist and be a directory; returns its canonical form.
 pub fn validate_cwd(cwd: &Path) -> Result<PathBuf> {
     let meta = std::fs::metadata(cwd).map_err(|e| {
@@ -465,93 +437,6 @@ pub fn validate_cwd(cwd: &Path) -> Result<PathBuf> {
         )));
     }
     cwd.canonicalize().at("resolve", cwd)
-}
-
-/// Start the detached runner for `dir`, handing it the held run lock as descriptor
-/// [`LOCK_FD`] (named in [`LOCK_FD_ENV`]); sync `parent` (the rename that published the run)
-/// while it starts; and wait until it reports that it holds the lock (or dies). If the sync fails the
-/// runner is killed before it is trusted with the run, and the start fails.
-fn start_runner(
-    root: &StateRoot,
-    dir: &RunDir,
-    parent: &Path,
-    runner: &Path,
-    lock: &RunLock,
-) -> Result<()> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
-    let log = files::open_append(&dir.runner_log())?;
-    let mut cmd = Command::new(runner);
-    cmd.arg(dir.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .env(PROFILE_ENV, root.profile())
-        .env(LOCK_FD_ENV, LOCK_FD.to_string());
-    let held = lock.file().as_raw_fd();
-    // SAFETY: the closure runs in the forked child before exec and only calls dup2(2) and
-    // fcntl(2), which are async-signal-safe, and allocates nothing. It puts the run lock's
-    // descriptor at LOCK_FD without close-on-exec, so the runner inherits the held lock (the
-    // same open file: the lock is never free between spawn and the runner).
-    unsafe {
-        cmd.pre_exec(move || {
-            if held == LOCK_FD {
-                let flags = libc::fcntl(held, libc::F_GETFD);
-                if flags < 0 || libc::fcntl(held, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            } else if libc::dup2(held, LOCK_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    // The runner is not a step process of any parent run: without the route variables it stays
-    // out of the parent's descendant sweep (see `cohort_runner::sweep`). Its placement is in
-    // the launch spec.
-    for k in route::ROUTE_VARS {
-        cmd.env_remove(k);
-    }
-    // The hook is in the launch spec. Left in the environment, a hook (or a Pi child) that
-    // starts a run would hand it the same hook, and a hook that spawns would never end.
-    cmd.env_remove(spec::ON_EXIT_ENV);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| Error::Usage(format!("cannot start the runner {}: {e}", runner.display())))?;
-    if let Err(e) = files::sync_dir(parent) {
-        let _ = child.kill();
-        let _ = child.wait();
-        return Err(e);
-    }
-    let stdout = child.stdout.take().expect("piped");
-    let mut line = String::new();
-    let _ = BufReader::new(stdout).read_line(&mut line);
-    if line.trim_end() == READY_LINE {
-        // The runner is detached (its own session); it is reparented to init when we exit.
-        return Ok(());
-    }
-    let status = child.wait().ok();
-    let tail = std::fs::read_to_string(dir.runner_log())
-        .unwrap_or_default()
-        .lines()
-        .rev()
-        .take(3)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect::<Vec<_>>()
-        .join(" | ");
-    Err(Error::Usage(format!(
-        "the runner did not start ({}){}",
-        status
-            .map(|s| s.to_string())
-            .unwrap_or_else(|| "unknown status".into()),
-        if tail.is_empty() {
-            String::new()
-        } else {
-            format!(": {tail}")
-        }
-    )))
 }
 
 #[cfg(test)]

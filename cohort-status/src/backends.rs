@@ -1,34 +1,17 @@
 //! `cohort-status --doctor`, the backend section: which execution backends `cohort-spawn` can
 //! use here (`docs/backends.md`).
 //!
-//! `native` is always usable. `slurm` needs Slurm's `sbatch` on `PATH` and a controller that
-//! answers: `sinfo` is asked for its partitions (bounded by
-//! [`slurm::QUERY_TIMEOUT`]). Slurm absent is no problem in itself; it is
-//! a warning only when the default backend (`COHORT_BACKEND`) is one that cannot be used.
-//! The decision is [`assess`] (pure); [`check`] gathers what it needs.
+//! Each backend of the registry probes itself ([`cohort_common::backend::Backend::probe`]:
+//! `native` is always usable; a scheduler backend needs its clients and a controller that
+//! answers, asked within a bound). A backend that is not usable is no problem in itself; it is
+//! a warning only when the default backend (`COHORT_BACKEND`) is one that cannot be used, or
+//! names no backend. The decision is [`assess`] (pure); [`check`] gathers what it needs.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use cohort_common::format::backend::{BackendKind, BACKEND_ENV};
-use cohort_common::identity::runtime::find_on_path;
-use cohort_common::store::slurm;
-
-/// What the doctor says about the Slurm backend.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SlurmReport {
-    /// `sbatch` found and the controller answered.
-    pub usable: bool,
-    /// The `sbatch` on `PATH`, if any.
-    pub sbatch: Option<PathBuf>,
-    /// The partitions `sinfo` reported (`sinfo -h -o %P`, the default one marked `*`), when
-    /// the controller answered.
-    pub partitions: Option<Vec<String>>,
-    /// Why it is not usable.
-    pub error: Option<String>,
-}
+use cohort_common::backend::{BackendKind, Probe, BACKEND_ENV};
 
 /// The backend section of the doctor's report.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -39,47 +22,31 @@ pub struct BackendsReport {
     pub default: Option<BackendKind>,
     /// The backends usable here (`native` always).
     pub usable: Vec<BackendKind>,
-    /// The Slurm backend.
-    pub slurm: SlurmReport,
+    /// Each backend's own section, under its name ([`Probe::details`]); a backend without one
+    /// has none.
+    #[serde(flatten)]
+    pub details: BTreeMap<&'static str, serde_json::Value>,
+    /// What each backend's probe said, in registry order (the text's lines).
+    #[serde(skip)]
+    pub probes: Vec<(BackendKind, Probe)>,
     /// A problem: `COHORT_BACKEND` is unknown, or names a backend that is not usable.
     pub warning: Option<String>,
 }
 
-/// Judge the backends (pure) from `COHORT_BACKEND` (`env`), the `sbatch` found on `PATH` and
-/// what `sinfo` answered (its output, or why it failed).
-pub fn assess(
-    env: Option<&str>,
-    sbatch: Option<PathBuf>,
-    sinfo: Option<Result<String, String>>,
-) -> BackendsReport {
-    let (partitions, error) = match (&sbatch, sinfo) {
-        (None, _) => (None, Some("sbatch is not on PATH".to_string())),
-        (Some(_), None) => (None, Some("sinfo was not asked".to_string())),
-        (Some(_), Some(Err(e))) => (None, Some(format!("the controller does not answer: {e}"))),
-        (Some(_), Some(Ok(out))) => (
-            Some(
-                out.lines()
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty())
-                    .map(String::from)
-                    .collect(),
-            ),
-            None,
-        ),
-    };
-    let slurm = SlurmReport {
-        usable: error.is_none(),
-        sbatch,
-        partitions,
-        error,
-    };
-    let mut usable = vec![BackendKind::Native];
-    if slurm.usable {
-        usable.push(BackendKind::Slurm);
-    }
+/// Judge the backends (pure) from `COHORT_BACKEND` (`env`) and what each backend's probe said.
+pub fn assess(env: Option<&str>, probes: Vec<(BackendKind, Probe)>) -> BackendsReport {
+    let usable: Vec<BackendKind> = probes
+        .iter()
+        .filter(|(_, p)| p.usable())
+        .map(|(k, _)| *k)
+        .collect();
+    let details = probes
+        .iter()
+        .filter_map(|(k, p)| Some((k.as_str(), p.details.clone()?)))
+        .collect();
     let env = env.map(str::trim).filter(|e| !e.is_empty());
     let default = match env {
-        None => Ok(BackendKind::Native),
+        None => Ok(BackendKind::native()),
         Some(e) => e.parse::<BackendKind>(),
     };
     let warning = match &default {
@@ -89,33 +56,27 @@ pub fn assess(
         Ok(k) if !usable.contains(k) => Some(format!(
             "{BACKEND_ENV}={} but that backend is not usable here: {}",
             k.as_str(),
-            slurm.error.as_deref().unwrap_or("unknown reason")
+            probes
+                .iter()
+                .find(|(p, _)| p == k)
+                .and_then(|(_, p)| p.error.as_deref())
+                .unwrap_or("unknown reason")
         )),
         Ok(_) => None,
     };
     BackendsReport {
         default: default.ok(),
         usable,
-        slurm,
+        details,
+        probes,
         warning,
     }
 }
 
-/// Run `sinfo -h -o %P` (bounded): its output, or why it failed.
-fn sinfo() -> Result<String, String> {
-    match slurm::run_client("sinfo", &["-h", "-o", "%P"])? {
-        (true, out, _) => Ok(out),
-        (false, _, err) => Err(slurm::last_line(&err)),
-    }
-}
-
-/// Gather the backend section: `COHORT_BACKEND`, `sbatch` and `sinfo` on `PATH`, and
-/// `sinfo`'s answer.
+/// Gather the backend section: `COHORT_BACKEND`, and every backend's probe.
 pub fn check() -> BackendsReport {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let sbatch = find_on_path("sbatch", &path);
-    let answer = sbatch.as_ref().map(|_| sinfo());
-    assess(std::env::var(BACKEND_ENV).ok().as_deref(), sbatch, answer)
+    let probes = BackendKind::all().map(|k| (k, k.probe())).collect();
+    assess(std::env::var(BACKEND_ENV).ok().as_deref(), probes)
 }
 
 /// The section as text.
@@ -127,26 +88,13 @@ pub fn render(r: &BackendsReport) -> String {
             .map(|k| k.as_str())
             .unwrap_or("(invalid COHORT_BACKEND)")
     ));
-    s.push_str("  native       usable\n");
-    match (&r.slurm.error, &r.slurm.sbatch) {
-        (None, Some(sbatch)) => s.push_str(&format!(
-            "  slurm        usable: {}, partitions {}\n",
-            sbatch.display(),
-            r.slurm.partitions.as_deref().unwrap_or_default().join(" ")
-        )),
-        (Some(e), Some(sbatch)) => s.push_str(&format!(
-            "  slurm        not usable ({}): {e}\n",
-            sbatch.display()
-        )),
-        (e, None) => s.push_str(&format!(
-            "  slurm        not usable: {}\n",
-            e.as_deref().unwrap_or("sbatch is not on PATH")
-        )),
+    for (k, p) in &r.probes {
+        s.push_str(&format!("  {:<12} {}\n", k.as_str(), p.summary));
     }
-    if r.slurm.usable {
-        s.push_str(
-            "  note         Slurm runs start on other nodes: the state root and the recorded Node and Pi must be at the same paths on every node (shared storage)\n",
-        );
+    for (_, p) in r.probes.iter().filter(|(_, p)| p.usable()) {
+        if let Some(note) = &p.note {
+            s.push_str(&format!("  note         {note}\n"));
+        }
     }
     if let Some(w) = &r.warning {
         s.push_str(&format!("  WARNING: {w}\n"));
@@ -157,50 +105,73 @@ pub fn render(r: &BackendsReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cohort_common::backend::slurm;
+    use std::path::PathBuf;
+
+    /// The probes of this world: native, and Slurm as `assess` judges what was found.
+    fn probes(slurm: slurm::SlurmReport) -> Vec<(BackendKind, Probe)> {
+        vec![
+            (BackendKind::native(), BackendKind::native().probe()),
+            (slurm::kind(), slurm.probe()),
+        ]
+    }
 
     #[test]
     fn slurm_is_usable_only_with_sbatch_and_an_answering_controller() {
         let sbatch = Some(PathBuf::from("/usr/bin/sbatch"));
-        let r = assess(None, sbatch.clone(), Some(Ok("debug*\nlong\n".into())));
-        assert!(r.slurm.usable);
-        assert_eq!(r.usable, [BackendKind::Native, BackendKind::Slurm]);
-        assert_eq!(
-            r.slurm.partitions.as_deref(),
-            Some(&["debug*".to_string(), "long".to_string()][..])
+        let r = assess(
+            None,
+            probes(slurm::assess(
+                sbatch.clone(),
+                Some(Ok("debug*\nlong\n".into())),
+            )),
         );
-        assert_eq!(r.default, Some(BackendKind::Native));
+        assert_eq!(r.details["slurm"]["usable"], true);
+        assert_eq!(r.usable, [BackendKind::native(), slurm::kind()]);
+        assert_eq!(
+            r.details["slurm"]["partitions"],
+            serde_json::json!(["debug*", "long"])
+        );
+        assert_eq!(r.default, Some(BackendKind::native()));
         assert_eq!(r.warning, None);
-        assert!(render(&r).contains("slurm        usable: /usr/bin/sbatch, partitions debug* long"));
+        let text = render(&r);
+        assert!(text.contains("  native       usable\n"), "{text}");
+        assert!(text.contains("slurm        usable: /usr/bin/sbatch, partitions debug* long"));
+        assert!(text.contains("  note         Slurm runs start on other nodes"));
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["usable"], serde_json::json!(["native", "slurm"]));
+        assert_eq!(v["slurm"]["sbatch"], "/usr/bin/sbatch");
 
         let down = assess(
             None,
-            sbatch,
-            Some(Err(
-                "Unable to contact slurm controller (connect failure)".into()
+            probes(slurm::assess(
+                sbatch,
+                Some(Err(
+                    "Unable to contact slurm controller (connect failure)".into()
+                )),
             )),
         );
-        assert!(!down.slurm.usable);
-        assert!(down
-            .slurm
-            .error
-            .as_deref()
+        assert_eq!(down.details["slurm"]["usable"], false);
+        assert!(down.details["slurm"]["error"]
+            .as_str()
             .unwrap()
             .contains("connect failure"));
         assert_eq!(
             down.warning, None,
             "Slurm down is no problem for native users"
         );
+        assert!(!render(&down).contains("note"));
 
-        let absent = assess(Some("slurm"), None, None);
-        assert_eq!(absent.usable, [BackendKind::Native]);
-        assert_eq!(absent.slurm.error.as_deref(), Some("sbatch is not on PATH"));
+        let absent = assess(Some("slurm"), probes(slurm::assess(None, None)));
+        assert_eq!(absent.usable, [BackendKind::native()]);
+        assert_eq!(absent.details["slurm"]["error"], "sbatch is not on PATH");
         assert!(absent
             .warning
             .as_deref()
             .unwrap()
             .contains("COHORT_BACKEND=slurm"));
 
-        let bad = assess(Some("k8s"), None, None);
+        let bad = assess(Some("k8s"), probes(slurm::assess(None, None)));
         assert_eq!(bad.default, None);
         assert!(bad.warning.as_deref().unwrap().contains("unknown backend"));
     }

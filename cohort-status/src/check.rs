@@ -279,7 +279,7 @@ mod tests {
             (RunState::Complete, Judgement::Trusted),
             (RunState::Stopped, Judgement::Trusted),
             (RunState::Queued, Judgement::Starting),
-            // A Slurm job still pending (or a scheduler that cannot be asked) is not a stuck
+            // A scheduler's job still pending (or a scheduler that cannot be asked) is not a stuck
             // start.
             (RunState::Queued, Judgement::Scheduled),
             (RunState::Queued, Judgement::Unconfirmed),

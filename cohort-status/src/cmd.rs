@@ -12,8 +12,8 @@ use anyhow::Context;
 use clap::Parser;
 use cohort_cli::text;
 use cohort_cli::{self as cli, duration};
+use cohort_common::backend;
 use cohort_common::exit;
-use cohort_common::format::backend::{scancel_command, BackendKind};
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::RunState;
 use cohort_common::store::answer::{self, AnswerError};
@@ -269,25 +269,11 @@ fn pid(root: &StateRoot, ids: &[String]) -> anyhow::Result<u8> {
         );
         return Ok(exit::NEGATIVE);
     }
-    // A Slurm run's runner lives on a node, where a pid means nothing here: stop it
-    // through Slurm.
+    // A scheduler run's runner lives on a node, where a pid means nothing here: its backend
+    // says how to stop it.
     let rec = cohort_common::format::record::load(&found.dir.status())?;
-    if let Some(b) = rec
-        .backend
-        .as_ref()
-        .filter(|b| b.kind() != Some(BackendKind::Native))
-    {
-        match b.slurm_job_id() {
-            Some(job) => eprintln!(
-                "cohort-status: run {} runs as Slurm job {job}, not a local pid; stop it with: {}",
-                found.id,
-                scancel_command(job)
-            ),
-            None => eprintln!(
-                "cohort-status: run {} is a scheduler run without a job id; it has no local pid",
-                found.id
-            ),
-        }
+    if let Some(why) = backend::pid_refusal(rec.backend.as_ref()) {
+        eprintln!("cohort-status: run {} {why}", found.id);
         return Ok(exit::NEGATIVE);
     }
     match crate::watch::started_runner_pid(&found.dir, STARTING_WAIT)? {

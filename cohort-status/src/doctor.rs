@@ -14,8 +14,8 @@
 //! - the legacy runs directory, if any;
 //! - disk use of the state root (a walk that never follows symlinks), split by part;
 //! - whether logout kills runners (systemd-logind, [`crate::logind`]);
-//! - the execution backends usable here ([`crate::backends`]: native, and Slurm when `sbatch`
-//!   is on `PATH` and the controller answers `sinfo`).
+//! - the execution backends usable here ([`crate::backends`]: native always, a scheduler
+//!   backend when its clients are on `PATH` and its controller answers).
 //!
 //! The text form ([`render`]) shows paths, errors and ids with control characters escaped
 //! ([`cohort_cli::text`]): they come from records and from the environment.

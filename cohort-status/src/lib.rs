@@ -9,7 +9,7 @@
 //! - [`watch`]: sleeping until a run directory changes (inotify), for `--pid` on a starting run;
 //! - [`check`]: the cron check;
 //! - [`doctor`]: the installation report;
-//! - [`backends`]: the doctor's backend section (native, Slurm);
+//! - [`backends`]: the doctor's backend section (every backend's probe);
 //! - [`engines`]: whether a runtime's Node meets its Pi package's `engines.node`.
 //! - [`logind`]: whether logout kills runners on a systemd host.
 //!

@@ -20,13 +20,12 @@ use serde_json::json;
 use cohort_cli::duration;
 use cohort_cli::table::{CellText, Column, Table};
 use cohort_cli::text::{untrusted, untrusted_path};
-use cohort_common::format::backend::{scancel_command, BackendKind};
+use cohort_common::backend::{self, JobReport, JobStatus, StopHint};
 use cohort_common::format::layout::RunDir;
 use cohort_common::format::record::{now_ms, Now, RunRecord, RunState, StepStatus};
 use cohort_common::os::lock::Liveness;
 use cohort_common::store::discover::Origin;
-use cohort_common::store::observe::{JobReport, Observed};
-use cohort_common::store::slurm::JobStatus;
+use cohort_common::store::observe::Observed;
 
 /// One listed run: what was read, or why it could not be.
 #[derive(Debug)]
@@ -262,36 +261,17 @@ pub fn scheduler_json(j: &JobReport) -> serde_json::Value {
     }
 }
 
-/// The `backend` line of the single-run view (pure): the Slurm job and the command that stops
-/// the run, and what Slurm said when it was asked (a `queued` run whose runner has not taken
-/// the lock); `None` for native runs.
+/// The `backend` line of the single-run view (pure): the run's job and the command that stops
+/// the run while it is not over, and what the scheduler said when it was asked (a `queued` run
+/// whose runner has not taken the lock), in its backend's words ([`backend::describe`]);
+/// `None` for native runs.
 pub fn backend_line(r: &RunRecord, job: Option<&JobReport>) -> Option<String> {
-    let b = r.backend.as_ref()?;
-    let mut text = match (b.kind(), b.slurm_job_id()) {
-        (Some(BackendKind::Native), _) => return None,
-        (Some(BackendKind::Slurm), Some(id)) => {
-            let mut t = format!("slurm job {id}");
-            if !r.state.is_terminal() {
-                t.push_str(&format!(" (stop: {})", scancel_command(id)));
-            }
-            t
-        }
-        (Some(BackendKind::Slurm), None) => "slurm (no job id recorded yet)".to_string(),
-        (None, _) => "unknown to this cohort".to_string(),
+    let stop = if r.state.is_terminal() {
+        StopHint::Omit
+    } else {
+        StopHint::Show
     };
-    match job.map(|j| &j.status) {
-        Some(JobStatus::Known { state, reason }) => {
-            text.push_str(&format!("; Slurm says {state}"));
-            if let Some(r) = reason {
-                text.push_str(&format!(" ({r})"));
-            }
-        }
-        Some(JobStatus::Unreachable(why)) => {
-            text.push_str(&format!("; Slurm cannot be asked: {why}"))
-        }
-        Some(JobStatus::Gone) | None => {}
-    }
-    Some(text)
+    backend::describe(r.backend.as_ref(), stop, job)
 }
 
 /// The single-run view: header, runtime, steps, nested children (rows from
@@ -487,22 +467,20 @@ mod tests {
 
     #[test]
     fn the_backend_line_names_the_job_its_stop_command_and_what_slurm_said() {
-        use cohort_common::format::backend::Backend;
+        use cohort_common::backend::slurm;
         let mut rec = RunRecord::queued(
             &"01a22a44-9e62-7266-ab9d-e5b500ee829c".parse().unwrap(),
             cohort_common::format::record::RunMode::Single,
         );
         assert_eq!(backend_line(&rec, None), None);
-        rec.set_backend(Some(Backend::Slurm {
-            job_id: Some("12".into()),
-        }));
-        let held = JobReport {
-            job_id: "12".into(),
-            status: JobStatus::Known {
+        rec.set_backend(Some(slurm::handle(Some("12"))));
+        let held = slurm::report(
+            "12",
+            JobStatus::Known {
                 state: "PENDING".into(),
                 reason: Some("JobHeldUser".into()),
             },
-        };
+        );
         assert_eq!(
             backend_line(&rec, Some(&held)).unwrap(),
             "slurm job 12 (stop: scancel --signal=TERM --full 12); Slurm says PENDING (JobHeldUser)"

@@ -13,7 +13,7 @@ fn check_schema(v: &Value) {
     // Native runs stay format version 1 (readable by every cohort) and carry no backend.
     assert_eq!(
         rec.format_version,
-        cohort_common::format::backend::record_format_version(rec.backend.as_ref())
+        cohort_common::backend::record_format_version(rec.backend.as_ref())
     );
     for key in [
         "runId",

@@ -52,8 +52,6 @@ pub const PROCESSES_FILE: &str = "processes.json";
 pub const TMP_DIR: &str = "tmp";
 /// Disk space the runner holds back while it lives (hidden: no reader looks at it).
 pub const RESERVE_FILE: &str = ".reserve";
-/// The batch script spawn submits with `sbatch` for a Slurm run.
-pub const SLURM_SCRIPT: &str = "slurm-job.sh";
 /// The prefix of a run directory being assembled by spawn, beside where it will be published
 /// (`.spawn-<id>`): hidden, so no listing shows it.
 pub const STAGING_PREFIX: &str = ".spawn-";
@@ -287,9 +285,10 @@ impl RunDir {
         self.path.join(RUNNER_LOG)
     }
 
-    /// `slurm-job.sh`: the batch script of a Slurm run (`docs/backends.md`).
-    pub fn slurm_script(&self) -> PathBuf {
-        self.path.join(SLURM_SCRIPT)
+    /// A file of the run's execution backend, named by the backend's module in
+    /// [`crate::backend`] (the batch script of a scheduler run).
+    pub fn backend_file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
     }
 
     /// `processes.json`: the processes of the run its runner tracks.

@@ -1,7 +1,6 @@
 //! The on-disk format: what every file cohort writes holds, and where it lives
 //! (`docs/format.md`).
 //!
-//! - [`backend`]: the execution backend a run's runner is started by (native, Slurm);
 //! - [`layout`]: the one type that builds every path (state root, run directories, file names);
 //! - [`id`]: run ids and the resolution of a user's name for a run;
 //! - [`record`]: the run record `status.json` and its one reader;
@@ -12,7 +11,6 @@
 //! - [`legacy`]: read-only records written by the pi-subagents extension;
 //! - [`words`]: enums stored as words (states, statuses, failures), each from one table.
 
-pub mod backend;
 pub mod events;
 pub mod id;
 pub mod layout;

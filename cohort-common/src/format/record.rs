@@ -12,15 +12,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::backend::{self, Handle};
 use crate::error::{Error, Result};
-use crate::format::backend::{self, Backend};
 use crate::format::id::RunId;
 use crate::identity::runtime::Runtime;
 use crate::os::files;
 
 /// The newest format version this binary reads and writes. Version 0 means "no version field"
 /// (legacy records); 1 is every native record; 2 a record with a scheduler `backend`
-/// ([`crate::format::backend::record_format_version`]), which an older cohort must list as newer
+/// ([`crate::backend::record_format_version`]), which an older cohort must list as newer
 /// rather than judge by its lock alone.
 pub const FORMAT_VERSION: u32 = 2;
 
@@ -427,9 +427,9 @@ pub struct RunRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revives: Option<String>,
     /// The execution backend that starts the runner and the scheduler's handle for the run;
-    /// absent for native runs ([`crate::format::backend`]).
+    /// absent for native runs ([`crate::backend::Handle`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backend: Option<Backend>,
+    pub backend: Option<Handle>,
     /// Processes of the run found alive (same pid, start time and boot id as tracked) by the
     /// reader that settled it "runner lost", as `"<pid> <cmdline>"`; that reader then ended them
     /// (events `run.survivors`, `run.survivorsEnded`). Absent when there were none.
@@ -487,8 +487,8 @@ impl RunRecord {
 
     /// Record the execution backend, with the format version it needs (native runs keep the
     /// field absent and version 1).
-    pub fn set_backend(&mut self, b: Option<Backend>) {
-        let b = b.filter(|b| *b != Backend::Native);
+    pub fn set_backend(&mut self, b: Option<Handle>) {
+        let b = b.filter(|b| !b.is_native());
         self.format_version = backend::record_format_version(b.as_ref());
         self.backend = b;
     }

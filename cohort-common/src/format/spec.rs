@@ -266,7 +266,7 @@ pub struct LaunchSpec {
     /// How the runner was started; absent for native runs (an older runner ignores it and
     /// runs the run the same way).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backend: Option<crate::format::backend::LaunchBackend>,
+    pub backend: Option<crate::backend::LaunchBackend>,
 }
 
 /// A flat step: one Pi child, with the chain step it belongs to.

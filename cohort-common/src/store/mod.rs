@@ -6,20 +6,18 @@
 //! - [`index`]: the listing index of top-level runs (a cache, never the truth);
 //! - [`scan`]: walking many runs: observing them with the index kept up to date, or peeking
 //!   at which are live without judging them;
-//! - [`slurm`]: what Slurm says about a run's batch job, for a `queued` Slurm run whose lock is
-//!   free;
 //! - [`wait`]: blocking until runs end (a blocking lock, no polling);
 //! - [`answer`]: a run's answer, read from its steps' final texts.
 //!
-//! Built on [`crate::format`](mod@crate::format) (what the files hold) and [`crate::os`] (how they are read and
-//! locked); the programs build their features on top of it.
+//! Built on [`crate::format`](mod@crate::format) (what the files hold), [`crate::os`] (how they
+//! are read and locked) and [`crate::backend`] (what a scheduler says about a run's job); the
+//! programs build their features on top of it.
 
 pub mod answer;
 pub mod discover;
 pub mod index;
 pub mod observe;
 pub mod scan;
-pub mod slurm;
 pub mod wait;
 
 /// Apply `f` to every item, on up to 4 threads when there are many (order kept). Reading

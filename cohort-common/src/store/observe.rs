@@ -10,13 +10,13 @@
 //! record and ended then. A pid alone never proves life or death: the lock decides, so an
 //! unrelated process that happens to own the recorded pid changes nothing.
 //!
-//! One case needs more than the lock: a `queued` run of a scheduler backend (Slurm). Spawn
-//! releases its lock once the job is submitted, and the runner takes it only when the job runs
-//! on a node, so a free lock proves nothing until the scheduler has been asked
-//! ([`crate::store::slurm::query`], the I/O; its report is an input of [`judge`] and
-//! [`settlement`]): a job still pending leaves the run `queued`, a cancelled one settles it
-//! `stopped`, a failed, ended or forgotten one `failed`, and a scheduler that cannot be asked
-//! leaves it as it is.
+//! One case needs more than the lock: a `queued` run of a scheduler backend. Spawn releases
+//! its lock once the job is submitted, and the runner takes it only when the job runs on a
+//! node, so a free lock proves nothing until the scheduler has been asked
+//! ([`crate::backend::ask`], the I/O). Its answer reaches [`judge`] and [`settlement`] only as
+//! a generic [`Phase`]: a job pending or running leaves the run `queued`, a job that ended
+//! settles it (`stopped` when cancelled, else `failed`, with the backend's sentence), and a
+//! scheduler that cannot be asked leaves it as it is.
 //!
 //! Records are read through [`record::load`], which never follows a symlink and reads only
 //! regular files: a `status.json` that is a FIFO or a directory is an error row, never a hang.
@@ -28,8 +28,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use crate::backend::{self, EndKind, JobReport, Phase};
 use crate::error::{Error, Result};
-use crate::format::backend::Backend;
 use crate::format::events::{self, EventKind};
 use crate::format::layout::RunDir;
 use crate::format::legacy;
@@ -40,18 +40,8 @@ use crate::identity::procinfo;
 use crate::os::files;
 use crate::os::lock::{self, Liveness, RunLock};
 use crate::store::discover::{Found, Origin};
-use crate::store::slurm::{self, JobPhase, JobStatus};
 
 pub use crate::format::record::{RUNNER_LOST, START_ABANDONED};
-
-/// A scheduler's report on a run's job, as [`judge`] and [`settlement`] take it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct JobReport {
-    /// The scheduler's handle (the Slurm job id).
-    pub job_id: String,
-    /// What the scheduler said.
-    pub status: JobStatus,
-}
 
 /// What a reader should believe about a run (pure: see [`judge`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,22 +72,19 @@ pub enum Judgement {
 }
 
 /// Judge a record from its state, the lock probe and, for a `queued` run of a scheduler
-/// backend whose lock is free, what the scheduler said about its job (`job`; `None` for native
-/// runs and for a scheduled run whose submission was never recorded) (pure). Age never
-/// matters: the lock does, and before the runner holds it, the scheduler.
-pub fn judge(state: RunState, liveness: Liveness, job: Option<&JobReport>) -> Judgement {
+/// backend whose lock is free, the phase of its job (`job`; `None` for native runs and for a
+/// scheduled run whose submission was never recorded) (pure). Age never matters: the lock
+/// does, and before the runner holds it, the scheduler.
+pub fn judge(state: RunState, liveness: Liveness, job: Option<&Phase>) -> Judgement {
     match state {
         s if s.is_terminal() => Judgement::Trusted,
         RunState::Running if liveness.is_alive() => Judgement::Alive,
         RunState::Running => Judgement::Lost,
         RunState::Queued if liveness.is_alive() => Judgement::Starting,
-        RunState::Queued => match job.map(|j| &j.status) {
-            None | Some(JobStatus::Gone) => Judgement::Abandoned,
-            Some(JobStatus::Unreachable(_)) => Judgement::Unconfirmed,
-            Some(JobStatus::Known { state, .. }) => match slurm::phase(state) {
-                JobPhase::Waiting => Judgement::Scheduled,
-                JobPhase::Cancelled | JobPhase::Ended => Judgement::Abandoned,
-            },
+        RunState::Queued => match job {
+            None | Some(Phase::Ended(_)) => Judgement::Abandoned,
+            Some(Phase::Unknown(_)) => Judgement::Unconfirmed,
+            Some(Phase::Pending | Phase::Running) => Judgement::Scheduled,
         },
         _ => Judgement::Unknown,
     }
@@ -116,10 +103,10 @@ pub struct Settlement {
     pub failure: Option<Failure>,
 }
 
-/// How a run in `state` whose lock is provably free is settled (pure), given what the
-/// scheduler said about its job for a scheduler backend (`job`, as for [`judge`]); `None` for a
-/// state that is never settled, and for a job the scheduler still has or could not report on.
-pub fn settlement(state: RunState, job: Option<&JobReport>) -> Option<Settlement> {
+/// How a run in `state` whose lock is provably free is settled (pure), given the phase of its
+/// job for a scheduler backend (`job`, as for [`judge`]); `None` for a state that is never
+/// settled, and for a job the scheduler still has or could not report on.
+pub fn settlement(state: RunState, job: Option<&Phase>) -> Option<Settlement> {
     let settled = |to: RunState, error: String, event| {
         let failure = match (state, job) {
             _ if to != RunState::Failed => None,
@@ -144,33 +131,16 @@ pub fn settlement(state: RunState, job: Option<&JobReport>) -> Option<Settlement
                     EventKind::RunAbandoned,
                 );
             };
-            let id = &job.job_id;
-            let because = |reason: &Option<String>| {
-                reason
-                    .as_ref()
-                    .map(|r| format!(" (Slurm reason: {r})"))
-                    .unwrap_or_default()
-            };
-            match &job.status {
-                JobStatus::Unreachable(_) => None,
-                JobStatus::Gone => settled(
-                    RunState::Failed,
-                    format!("Slurm no longer knows job {id}, and its runner never started (see runner.log)"),
+            match job {
+                Phase::Pending | Phase::Running | Phase::Unknown(_) => None,
+                Phase::Ended(end) => settled(
+                    match end.kind {
+                        EndKind::Cancelled => RunState::Stopped,
+                        EndKind::Failed => RunState::Failed,
+                    },
+                    end.error.clone(),
                     EventKind::RunAbandoned,
                 ),
-                JobStatus::Known { state: word, reason } => match slurm::phase(word) {
-                    JobPhase::Waiting => None,
-                    JobPhase::Cancelled => settled(
-                        RunState::Stopped,
-                        format!("Slurm job {id} was {word} before its runner started{}", because(reason)),
-                        EventKind::RunAbandoned,
-                    ),
-                    JobPhase::Ended => settled(
-                        RunState::Failed,
-                        format!("Slurm job {id} ended {word} before its runner started; see runner.log{}", because(reason)),
-                        EventKind::RunAbandoned,
-                    ),
-                },
             }
         }
         _ => None,
@@ -192,33 +162,6 @@ pub fn settle_record(rec: &mut RunRecord, state: RunState, failure: Option<Failu
             };
             s.error = Some(error.to_string());
         }
-    }
-}
-
-/// What to ask the scheduler about a record (pure): for a scheduler backend, its job, and for
-/// a backend this binary does not know, an [`JobStatus::Unreachable`] report, so that such a
-/// run is never settled by a binary that cannot ask its scheduler. `None` for native runs.
-pub fn scheduler_job(rec: &RunRecord) -> Option<Result<String, JobReport>> {
-    match rec.backend.as_ref()? {
-        Backend::Native => None,
-        Backend::Slurm { job_id } => job_id.clone().map(Ok),
-        Backend::Unknown => Some(Err(JobReport {
-            job_id: String::new(),
-            status: JobStatus::Unreachable(
-                "the run's backend is unknown to this cohort; upgrade cohort".into(),
-            ),
-        })),
-    }
-}
-
-/// Ask the scheduler about a `queued` run whose lock is free (the I/O around [`judge`]).
-fn ask_scheduler(rec: &RunRecord) -> Option<JobReport> {
-    match scheduler_job(rec)? {
-        Ok(job_id) => Some(JobReport {
-            status: slurm::query(&job_id),
-            job_id,
-        }),
-        Err(report) => Some(report),
     }
 }
 
@@ -311,11 +254,12 @@ pub fn observe(dir: &RunDir) -> Result<Observed> {
     }
     let liveness = lock::probe(&dir.lock())?;
     let job = if rec.state == RunState::Queued && !liveness.is_alive() {
-        ask_scheduler(&rec)
+        backend::ask(rec.backend.as_ref())
     } else {
         None
     };
-    let judgement = judge(rec.state, liveness, job.as_ref());
+    let phase = job.as_ref().map(|j| &j.phase);
+    let judgement = judge(rec.state, liveness, phase);
     if !matches!(judgement, Judgement::Lost | Judgement::Abandoned) {
         return Ok(Observed {
             record: rec,
@@ -324,9 +268,9 @@ pub fn observe(dir: &RunDir) -> Result<Observed> {
             job,
         });
     }
-    match settle(dir, job.as_ref())? {
+    match settle(dir, phase)? {
         Settled::Written(rec) | Settled::Unwritten(rec) => Ok(Observed {
-            judgement: judge(rec.state, liveness, job.as_ref()),
+            judgement: judge(rec.state, liveness, phase),
             record: rec,
             liveness,
             job,
@@ -336,7 +280,7 @@ pub fn observe(dir: &RunDir) -> Result<Observed> {
             let rec = record::load(&dir.status())?;
             let liveness = lock::probe(&dir.lock())?;
             Ok(Observed {
-                judgement: judge(rec.state, liveness, job.as_ref()),
+                judgement: judge(rec.state, liveness, phase),
                 record: rec,
                 liveness,
                 job,
@@ -361,14 +305,14 @@ pub enum Settled {
 
 /// Settle a run whose lock is free: under the run's lock (created first when the record has
 /// none, so every settlement is serialised by the same lock), re-read the record and, if it is
-/// still `running` or `queued`, rewrite it as [`settlement`] says (with `job`, the scheduler's
-/// report for a scheduler backend: `failed`, or `stopped` for a cancelled job),
+/// still `running` or `queued`, rewrite it as [`settlement`] says (with `job`, the phase of
+/// its job for a scheduler backend: `failed`, or `stopped` for a cancelled job),
 /// append the event, and remove the temporary files a writer that died mid-write left in the
 /// run directory (the lock proves no writer is left). A `running` run's survivors are named
 /// and ended first ([`settle_survivors`]).
 ///
 /// Errors: the lock file cannot be opened or created, or the record cannot be read.
-pub fn settle(dir: &RunDir, job: Option<&JobReport>) -> Result<Settled> {
+pub fn settle(dir: &RunDir, job: Option<&Phase>) -> Result<Settled> {
     let lock = match RunLock::try_acquire(&dir.lock()) {
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             let created = lock::open_or_create_lock(&dir.lock())?;
@@ -521,127 +465,51 @@ mod tests {
         );
     }
 
-    fn job(status: JobStatus) -> JobReport {
-        JobReport {
-            job_id: "17".into(),
-            status,
-        }
-    }
-
-    fn known(state: &str, reason: Option<&str>) -> JobReport {
-        job(JobStatus::Known {
-            state: state.into(),
-            reason: reason.map(String::from),
-        })
-    }
-
     #[test]
-    fn a_queued_slurm_run_with_a_free_lock_is_judged_by_what_slurm_says() {
+    fn a_queued_run_with_a_free_lock_is_judged_by_its_jobs_phase() {
+        use crate::backend::EndReason;
         use Liveness::*;
-        // (what Slurm said, judgement, settled state and words in the error)
-        type Settles = Option<(RunState, &'static [&'static str])>;
-        let table: Vec<(JobReport, Judgement, Settles)> = vec![
+        let ended = |kind, error: &str| {
+            Phase::Ended(EndReason {
+                kind,
+                error: error.into(),
+            })
+        };
+        // (phase, judgement, settled state)
+        let table = [
+            (Phase::Pending, Judgement::Scheduled, None),
+            (Phase::Running, Judgement::Scheduled, None),
+            (Phase::Unknown("down".into()), Judgement::Unconfirmed, None),
             (
-                known("PENDING", Some("JobHeldUser")),
-                Judgement::Scheduled,
-                None,
-            ),
-            (known("CONFIGURING", None), Judgement::Scheduled, None),
-            (known("RUNNING", None), Judgement::Scheduled, None),
-            (
-                job(JobStatus::Unreachable("connect failure".into())),
-                Judgement::Unconfirmed,
-                None,
-            ),
-            (
-                known("CANCELLED", Some("JobHeldUser")),
+                ended(EndKind::Cancelled, "cancelled"),
                 Judgement::Abandoned,
-                Some((
-                    RunState::Stopped,
-                    &["Slurm job 17", "CANCELLED", "JobHeldUser"],
-                )),
+                Some(RunState::Stopped),
             ),
             (
-                known("FAILED", Some("NonZeroExitCode")),
+                ended(EndKind::Failed, "failed"),
                 Judgement::Abandoned,
-                Some((RunState::Failed, &["Slurm job 17", "FAILED", "runner.log"])),
-            ),
-            (
-                known("COMPLETED", None),
-                Judgement::Abandoned,
-                Some((
-                    RunState::Failed,
-                    &["COMPLETED", "before its runner started"],
-                )),
-            ),
-            (
-                known("NODE_FAIL", None),
-                Judgement::Abandoned,
-                Some((RunState::Failed, &["NODE_FAIL"])),
-            ),
-            (
-                job(JobStatus::Gone),
-                Judgement::Abandoned,
-                Some((RunState::Failed, &["no longer knows job 17"])),
+                Some(RunState::Failed),
             ),
         ];
-        for (report, judgement, settled) in table {
+        for (phase, judgement, settled) in table {
+            assert_eq!(judge(RunState::Queued, Free, Some(&phase)), judgement);
+            // The scheduler never overrides the lock.
             assert_eq!(
-                judge(RunState::Queued, Free, Some(&report)),
-                judgement,
-                "{report:?}"
-            );
-            // The scheduler never overrides the lock: a held lock is a start in progress, and
-            // a running run is judged by its lock alone.
-            assert_eq!(
-                judge(RunState::Queued, Held, Some(&report)),
+                judge(RunState::Queued, Held, Some(&phase)),
                 Judgement::Starting
             );
             assert_eq!(
-                judge(RunState::Running, Free, Some(&report)),
+                judge(RunState::Running, Free, Some(&phase)),
                 Judgement::Lost
             );
-            let got = settlement(RunState::Queued, Some(&report));
-            match settled {
-                None => assert_eq!(got, None, "{report:?}"),
-                Some((state, words)) => {
-                    let got = got.unwrap_or_else(|| panic!("{report:?} is not settled"));
-                    assert_eq!(got.state, state, "{report:?}");
-                    assert_eq!(got.event, EventKind::RunAbandoned);
-                    let why = (state == RunState::Failed).then_some(Failure::JobEnded);
-                    assert_eq!(got.failure, why, "{report:?}");
-                    for w in words {
-                        assert!(got.error.contains(w), "{w:?} not in {:?}", got.error);
-                    }
-                }
+            let got = settlement(RunState::Queued, Some(&phase));
+            assert_eq!(got.as_ref().map(|s| s.state), settled, "{phase:?}");
+            if let (Some(got), Phase::Ended(end)) = (got, &phase) {
+                assert_eq!(got.error, end.error);
+                assert_eq!(got.event, EventKind::RunAbandoned);
+                let why = (got.state == RunState::Failed).then_some(Failure::JobEnded);
+                assert_eq!(got.failure, why, "{phase:?}");
             }
         }
-    }
-
-    #[test]
-    fn which_runs_the_scheduler_is_asked_about() {
-        let id = crate::format::id::RunId::new();
-        let mut r = RunRecord::queued(&id, crate::format::record::RunMode::Single);
-        assert_eq!(scheduler_job(&r), None);
-        r.set_backend(Some(Backend::Native));
-        assert_eq!(scheduler_job(&r), None);
-        assert_eq!(r.backend, None);
-        assert_eq!(r.format_version, 1);
-        // Submitted, but spawn died before recording the job id: nothing to ask.
-        r.set_backend(Some(Backend::Slurm { job_id: None }));
-        assert_eq!(r.format_version, 2);
-        assert_eq!(scheduler_job(&r), None);
-        r.set_backend(Some(Backend::Slurm {
-            job_id: Some("9".into()),
-        }));
-        assert_eq!(scheduler_job(&r), Some(Ok("9".into())));
-        r.backend = Some(Backend::Unknown);
-        let Some(Err(report)) = scheduler_job(&r) else {
-            panic!("an unknown backend is never asked about")
-        };
-        assert_eq!(
-            judge(RunState::Queued, Liveness::Free, Some(&report)),
-            Judgement::Unconfirmed
-        );
     }
 }

@@ -7,7 +7,7 @@
 //! lets go of the lock. On the allocated node the script runs `cohort-runner RUN_DIR`, which
 //! takes the run lock by path (nothing is inherited across the scheduler) and runs the chain as
 //! it does natively. Until then the run is `queued` with a free lock, and readers ask Slurm
-//! about the job ([`cohort_common::store::slurm`]).
+//! about the job ([`cohort_common::backend::slurm`]).
 //!
 //! The script `exec`s the runner (`--backend slurm`), so the runner is the job's batch process
 //! and stays in its process group: `scancel --signal=TERM --full JOBID` reaches it, and the run
@@ -17,12 +17,75 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use serde_json::json;
+
+use cohort_common::backend::slurm::{self as common, BATCH_SCRIPT};
+use cohort_common::backend::{BackendKind, Handle, LaunchBackend};
 use cohort_common::error::{Error, Result};
+use cohort_common::format::events::{self, EventKind};
 use cohort_common::format::id;
 use cohort_common::format::layout::{RunDir, StateRoot, PROFILE_ENV};
+use cohort_common::format::record::{self, RunRecord};
 use cohort_common::format::route;
 use cohort_common::format::spec::{self, LOCK_FD_ENV};
 use cohort_common::os::files;
+
+use super::{BackendArgs, Start, Submit};
+
+/// The Slurm backend's command-line options (`--sbatch-arg`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SlurmArgs {
+    /// An option passed to sbatch verbatim, after cohort's own (repeatable; --backend slurm
+    /// only), e.g. --sbatch-arg=--partition=batch --sbatch-arg=--time=2:00:00.
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    pub sbatch_arg: Vec<String>,
+}
+
+/// Submitting Slurm runs.
+pub struct Slurm;
+
+impl Submit for Slurm {
+    fn kind(&self) -> BackendKind {
+        common::kind()
+    }
+
+    fn given(&self, args: &BackendArgs) -> Option<&'static str> {
+        (!args.slurm.sbatch_arg.is_empty()).then_some("--sbatch-arg")
+    }
+
+    fn launch(&self, args: &BackendArgs) -> LaunchBackend {
+        common::launch(&args.slurm.sbatch_arg)
+    }
+
+    /// `{"kind": "slurm"}`: the record is format version 2 from its publication on, so an
+    /// older cohort never takes the free lock of a pending job for an abandoned start.
+    fn queued_handle(&self) -> Option<Handle> {
+        Some(common::handle(None))
+    }
+
+    /// Submit the run ([`submit`]) and record the job id durably while spawn still holds the
+    /// run lock: a runner that starts at once waits for it, and a reader that finds the lock
+    /// free afterwards can ask Slurm. The rename that published the run is synced first.
+    fn start(&self, s: &Start<'_>, rec: &mut RunRecord) -> Result<()> {
+        files::sync_dir(s.parent)?;
+        let job_id = submit(
+            s.root,
+            s.dir,
+            &rec.run_id,
+            s.runner,
+            &common::sbatch_args(s.launch),
+        )?;
+        rec.set_backend(Some(common::handle(Some(&job_id))));
+        rec.last_update = Some(record::now_ms());
+        record::store(&s.dir.status(), rec)?;
+        let _ = events::append_once(
+            &s.dir.events(),
+            EventKind::RunSubmitted,
+            json!({"jobId": job_id}),
+        );
+        Ok(())
+    }
+}
 
 /// Quote `path` for `sh` (pure). Errors on a path that is not UTF-8 or holds a NUL.
 fn quote(path: &Path) -> Result<String> {
@@ -72,7 +135,7 @@ pub fn sbatch_args(run_id: &str, dir: &RunDir, user: &[String]) -> Vec<OsString>
         chdir,
     ];
     args.extend(user.iter().map(OsString::from));
-    args.push(dir.slurm_script().into());
+    args.push(dir.backend_file(BATCH_SCRIPT).into());
     args
 }
 
@@ -119,7 +182,7 @@ pub fn submit(
         ))
     })?;
     let script = batch_script(run_id, &runner, dir.path(), root.profile())?;
-    files::write_atomic(&dir.slurm_script(), script.as_bytes())?;
+    files::write_atomic(&dir.backend_file(BATCH_SCRIPT), script.as_bytes())?;
     let mut cmd = Command::new("sbatch");
     cmd.args(sbatch_args(run_id, dir, user_args))
         .stdin(Stdio::null())
