@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use cohort_e2e::fixture::{self, StatusFile};
 use cohort_e2e::harness::{pi_install_dir, signal, stderr, stdout, workspace, TestEnv, HERMETIC};
 use serde_json::Value;
 
@@ -162,8 +163,6 @@ fn a_revival_runs_on_the_original_installation_and_refuses_when_it_is_gone() {
 fn a_legacy_record_without_a_runtime_is_refused() {
     let env = TestEnv::new();
     let id = "01a22a44-9e62-7266-ab9d-e5b500ee829c";
-    let dir = env.state_root().run_dir(id);
-    std::fs::create_dir_all(dir.path()).unwrap();
     let session = env.tmp.path().join("legacy.jsonl");
     std::fs::write(
         &session,
@@ -174,7 +173,10 @@ fn a_legacy_record_without_a_runtime_is_refused() {
         "runId": id, "state": "complete", "mode": "single", "startedAt": 1, "endedAt": 2,
         "steps": [{"agent": "worker", "status": "complete", "sessionFile": session}]
     });
-    std::fs::write(dir.status(), legacy.to_string()).unwrap();
+    fixture::run_dir_with(
+        &env.state_root().run_dir(id),
+        StatusFile::Bytes(legacy.to_string().as_bytes()),
+    );
     let out = revive(&env, &[id]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(
@@ -244,13 +246,7 @@ fn a_checked_in_legacy_record_is_refused() {
     let env = TestEnv::new();
     // The pi-subagents fixtures, where a legacy profile keeps them.
     let legacy = env.tmp.path().join("legacy");
-    let status = std::process::Command::new("cp")
-        .arg("-r")
-        .arg(cohort_e2e::harness::workspace().join("tests/fixtures/legacy"))
-        .arg(&legacy)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    fixture::copy_legacy_root(&legacy);
     let out = env
         .cmd("cohort-spawn")
         .env("PI_SUBAGENTS_TEMP_ROOT", &legacy)
