@@ -1,5 +1,4 @@
-//! End-to-end: nested runs — a Pi child that calls cohort-spawn from its bash tool (issue:
-//! nested runs).
+//! End-to-end: nested runs — a Pi child that calls cohort-spawn from its bash tool.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

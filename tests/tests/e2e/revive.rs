@@ -1,4 +1,4 @@
-//! End-to-end: revival on the recorded runtime (issue: revival).
+//! End-to-end: revival on the recorded runtime.
 
 use std::path::PathBuf;
 

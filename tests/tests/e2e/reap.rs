@@ -1,4 +1,4 @@
-//! End-to-end: `cohort-reap` (issue 5) on the real binaries.
+//! End-to-end: `cohort-reap` on the real binaries.
 //!
 //! Most tests need no Pi at all: they write records, lock files, routes and sessions with
 //! cohort-common, and simulate a live runner by holding its lock in the test process (a flock

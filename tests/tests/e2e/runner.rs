@@ -1,5 +1,5 @@
 //! End-to-end: the runner as a supervisor — chains, parallel groups, stop, timeouts, failures
-//! that say why, bounded output, heartbeat and descendants (issue: the runner).
+//! that say why, bounded output, heartbeat and descendants.
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
-//! End-to-end: `cohort-status` at scale (issue 4): listing and filters, `--tree`, `--json`,
+//! End-to-end: `cohort-status` at scale: listing and filters, `--tree`, `--json`,
 //! reconciliation, `--check`, `--doctor`, legacy records, bad input, a closed pipe, the index.
 //!
-//! Most records here are written by hand with the library (nested records under
+//! Most records here are written by hand (`cohort_e2e::fixture`; nested records under
 //! `R/nested-subagent-runs/<root>/<id>/`, live runs with a lock this test process holds), so each
 //! test says exactly what is on disk. `--follow` runs the real Pi on the fake model server.
 
