@@ -12,7 +12,7 @@ use cohort_common::identity::procinfo;
 use cohort_common::os::files;
 use cohort_common::os::lock::RunLock;
 use cohort_e2e::fixture::Run;
-use cohort_e2e::harness::{stderr, stdout, TestEnv};
+use cohort_e2e::harness::{json_lines, stderr, stdout, TestEnv};
 use serde_json::Value;
 
 /// A top-level run in `state` written directly (one failed step, the error "boom: missing
@@ -28,12 +28,6 @@ fn put(env: &TestEnv, state: RunState, edit: impl FnOnce(&mut RunRecord)) -> (St
         .error("boom: missing module")
         .edit(edit)
         .write(env)
-}
-
-fn json_lines(text: &str) -> Vec<Value> {
-    text.lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 #[test]

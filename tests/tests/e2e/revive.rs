@@ -57,12 +57,6 @@ fn revive(env: &TestEnv, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-fn run_count(env: &TestEnv) -> usize {
-    std::fs::read_dir(env.state_root().runs_dir())
-        .map(|r| r.count())
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_revival_runs_on_the_original_installation_and_refuses_when_it_is_gone() {
     let env = TestEnv::new();
@@ -145,7 +139,7 @@ fn a_revival_runs_on_the_original_installation_and_refuses_when_it_is_gone() {
         .find(|l| l.contains(a_entry.to_str().unwrap()))
         .unwrap_or_else(|| panic!("{doc}"));
     assert!(line.contains("GONE"), "{doc}");
-    let (runs, requests) = (run_count(&env), env.server.requests().len());
+    let (runs, requests) = (env.run_count(), env.server.requests().len());
     let out = revive(&env, &[&original]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let err = stderr(&out);
@@ -154,7 +148,7 @@ fn a_revival_runs_on_the_original_installation_and_refuses_when_it_is_gone() {
         "{err}"
     );
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert_eq!(run_count(&env), runs, "no record");
+    assert_eq!(env.run_count(), runs, "no record");
     assert_eq!(env.server.requests().len(), requests, "nothing ran on B");
     std::fs::rename(a.root.with_file_name("pi-a-moved"), &a.root).unwrap();
 }
@@ -184,7 +178,7 @@ fn a_legacy_record_without_a_runtime_is_refused() {
         "{}",
         stderr(&out)
     );
-    assert_eq!(run_count(&env), 1);
+    assert_eq!(env.run_count(), 1);
 }
 
 fn finished_run(env: &TestEnv) -> (String, Value) {
@@ -260,5 +254,5 @@ fn a_checked_in_legacy_record_is_refused() {
         "{}",
         stderr(&out)
     );
-    assert_eq!(run_count(&env), 0, "nothing was started");
+    assert_eq!(env.run_count(), 0, "nothing was started");
 }

@@ -15,7 +15,7 @@ use cohort_common::format::layout::RunDir;
 use cohort_common::format::record::{now_ms, RunMode, RunRecord, RunState, StepRecord, StepStatus};
 use cohort_common::os::lock::RunLock;
 use cohort_e2e::fixture::{self, Run, StatusFile};
-use cohort_e2e::harness::{stderr, stdout, wait_for, TestEnv};
+use cohort_e2e::harness::{json_lines, stderr, stdout, wait_for, TestEnv};
 use serde_json::Value;
 
 /// A fresh v7 id.
@@ -61,12 +61,6 @@ fn ok_stdout(env: &TestEnv, args: &[&str]) -> String {
     let out = status(env, args);
     assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
     stdout(&out)
-}
-
-fn json_lines(text: &str) -> Vec<Value> {
-    text.lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
 }
 
 /// Every file under `dir` (never following symlinks) with its bytes, except the index cache.
@@ -876,16 +870,13 @@ fn strip_ages(t: &str) -> String {
 #[test]
 fn follow_streams_the_logs_and_exits_with_the_runs_code() {
     let env = TestEnv::new();
-    let chain = env.tmp.path().join("chain.json");
-    std::fs::write(
-        &chain,
+    let chain = env.chain_file(
         r#"{"steps": [
             {"task": "RUN: sleep 1; echo first-step-done", "label": "one", "model": "fake/tool"},
             {"task": "say second", "label": "two", "model": "fake/plain"}
         ]}"#,
-    )
-    .unwrap();
-    let id = env.spawn(&["--chain", chain.to_str().unwrap()]);
+    );
+    let id = env.spawn(&["--chain", &chain]);
     let out = env
         .cmd("cohort-status")
         .args(["--follow", &id[24..]])
