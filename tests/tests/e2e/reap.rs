@@ -1,7 +1,7 @@
 //! End-to-end: `cohort-reap` on the real binaries.
 //!
-//! Most tests need no Pi at all: they write records, lock files, routes and sessions with
-//! cohort-common, and simulate a live runner by holding its lock in the test process (a flock
+//! Most tests need no Pi at all: they write records, lock files, routes and sessions by hand
+//! (`cohort_e2e::fixture`), and simulate a live runner by holding its lock in the test process (a flock
 //! held by another process is exactly what the reaper sees of a runner). One test races a reap
 //! against a real runner on the real Pi CLI. Crashes are real `SIGKILL`s at the points of the
 //! `COHORT_CRASH_AT=reap.<point>` crash point; pauses use `COHORT_REAP_PAUSE_AT`.
