@@ -198,6 +198,22 @@ impl TestEnv {
         self.cmd(bin).args(args).output().expect("run binary")
     }
 
+    /// Write `steps` (a chain file's JSON, see `cohort-spawn --help`) to `chain.json` in this
+    /// world's temp dir; returns its path, for `--chain`.
+    pub fn chain_file(&self, steps: impl std::fmt::Display) -> String {
+        let path = self.tmp.path().join("chain.json");
+        std::fs::write(&path, steps.to_string()).expect("write chain.json");
+        path.to_str().expect("a UTF-8 temp path").to_string()
+    }
+
+    /// How many entries the state root's runs directory holds (top-level runs, and staging
+    /// directories of starts in progress); 0 when it does not exist yet.
+    pub fn run_count(&self) -> usize {
+        std::fs::read_dir(self.state_root().runs_dir())
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
     /// The run's directory.
     pub fn run_dir(&self, id: &str) -> PathBuf {
         self.state_root().run_dir(id).path().to_path_buf()
@@ -341,6 +357,13 @@ pub fn alive(pid: u32) -> bool {
     cohort_common::identity::procinfo::stat(pid)
         .map(|s| s.state != 'Z')
         .unwrap_or(false)
+}
+
+/// JSON Lines (`--json` output) parsed, one value a line; panics naming a line that is not JSON.
+pub fn json_lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
 }
 
 /// Stdout as a string.

@@ -1,11 +1,11 @@
 //! A one-node Slurm cluster for the end-to-end tests of the Slurm backend, started by the
 //! harness itself from Debian's `slurm-wlm` and `munge` packages (`.ci/run` installs them).
 //!
-//! [`cluster`] starts it once per test binary, under a `OnceLock` (tests of one binary share
-//! it): a private `munged` (its own key and socket in a temp dir, run as the `munge` user), and
-//! `slurmctld` and `slurmd` in the foreground with a `slurm.conf` in the same temp dir that
-//! names this host (`hostname -s`, at 127.0.0.1) as controller and only node, on two free
-//! ports, with `proctrack/linuxproc`, `task/none` and `select/cons_tres` (no cgroups, no
+//! [`cluster`] starts it once per test process, under a `OnceLock` (the `slurm` tests of the
+//! `e2e` binary share it): a private `munged` (its own key and socket in a temp dir, run as the
+//! `munge` user), and `slurmctld` and `slurmd` in the foreground with a `slurm.conf` in the same
+//! temp dir that names this host (`hostname -s`, at 127.0.0.1) as controller and only node, on
+//! two free ports, with `proctrack/linuxproc`, `task/none` and `select/cons_tres` (no cgroups, no
 //! accounting database). It waits until `sinfo` reports the node idle. Nothing outside the
 //! temp dir is touched, and clients find the cluster through `SLURM_CONF` ([`Cluster::conf`]).
 //!

@@ -1,6 +1,8 @@
 //! End-to-end: bad input gets a clear one-line error and a non-zero exit, and a record created
 //! before the problem was found is left `failed` with the reason.
 
+use cohort_common::format::record::RunState;
+use cohort_e2e::fixture::{self, Run, StatusFile};
 use cohort_e2e::harness::{stderr, stdout, TestEnv, HERMETIC};
 use serde_json::Value;
 
@@ -216,20 +218,14 @@ fn doctor_and_check_refuse_run_ids() {
 #[test]
 fn run_names_that_match_nothing_or_several() {
     let env = TestEnv::new();
-    let root = env.state_root();
     // Two records created in the same millisecond share their first 8+ hex digits.
     for id in [
         "01a22a44-9e62-7266-ab9d-e5b500ee829c",
         "01a22a44-9e62-7440-8179-f67becacc1b9",
     ] {
-        let dir = root.run_dir(id);
-        cohort_common::os::files::create_dir_all_private(dir.path()).unwrap();
-        let mut r = cohort_common::format::record::RunRecord::queued(
-            &id.parse().unwrap(),
-            cohort_common::format::record::RunMode::Single,
-        );
-        r.finish(cohort_common::format::record::RunState::Complete, None);
-        cohort_common::format::record::store(&dir.status(), &r).unwrap();
+        Run::with_id(id, RunState::Complete)
+            .without_lock_file()
+            .write(&env);
     }
     let out = env.run("cohort-status", &["01a22a44-9e62"]);
     assert_eq!(out.status.code(), Some(2));
@@ -258,8 +254,7 @@ fn a_corrupt_record_lists_as_an_error_row() {
     env.wait_terminal(&good, 60);
     let bad = "01a22a44-9e62-7266-ab9d-e5b500ee829c";
     let dir = env.state_root().run_dir(bad);
-    std::fs::create_dir_all(dir.path()).unwrap();
-    std::fs::write(dir.status(), "{\"runId\": \"trunc").unwrap();
+    fixture::run_dir_with(&dir, StatusFile::Bytes(b"{\"runId\": \"trunc"));
     let before = std::fs::read(dir.status()).unwrap();
 
     let out = env.run("cohort-status", &[]);
@@ -433,16 +428,10 @@ fn a_fifo_record_of_a_running_run_never_hangs_pid_or_reconciliation() {
     // A record that says `running` with a free lock is reconciled by the next reader; a FIFO
     // planted in its place must be an error row for every one of them, never a blocking read.
     let env = TestEnv::new();
-    let root = env.state_root();
     let id = cohort_common::format::id::RunId::new().to_string();
-    let dir = root.run_dir(&id);
-    cohort_common::os::files::create_dir_all_private(dir.path()).unwrap();
+    let dir = env.state_root().run_dir(&id);
+    fixture::run_dir_with(&dir, StatusFile::Fifo);
     std::fs::File::create(dir.lock()).unwrap();
-    nix::unistd::mkfifo(
-        &dir.status(),
-        nix::sys::stat::Mode::from_bits_truncate(0o600),
-    )
-    .unwrap();
     for args in [
         vec!["--pid", id.as_str()],
         vec![id.as_str()],

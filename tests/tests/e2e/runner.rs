@@ -1,5 +1,5 @@
 //! End-to-end: the runner as a supervisor — chains, parallel groups, stop, timeouts, failures
-//! that say why, bounded output, heartbeat and descendants (issue: the runner).
+//! that say why, bounded output, heartbeat and descendants.
 
 use std::time::Duration;
 
@@ -8,16 +8,13 @@ use cohort_e2e::harness::{alive, read_pid, signal, stderr, stdout, wait_for, Tes
 #[test]
 fn a_chain_hands_the_previous_reply_on() {
     let env = TestEnv::new();
-    let chain = env.tmp.path().join("chain.json");
-    std::fs::write(
-        &chain,
+    let chain = env.chain_file(
         r#"{"steps": [
             {"task": "first says MANGO", "label": "one", "model": "fake/plain"},
             {"task": "second got: {previous}", "label": "two", "model": "fake/plain"}
         ]}"#,
-    )
-    .unwrap();
-    let id = env.spawn(&["--chain", chain.to_str().unwrap()]);
+    );
+    let id = env.spawn(&["--chain", &chain]);
     let rec = env.wait_terminal(&id, 90);
     assert_eq!(rec["state"], "complete", "{rec:#}");
     assert_eq!(rec["mode"], "chain");
@@ -98,9 +95,7 @@ fn a_parallel_group_respects_its_concurrency() {
 #[test]
 fn fail_fast_stops_the_siblings() {
     let env = TestEnv::new();
-    let chain = env.tmp.path().join("chain.json");
-    std::fs::write(
-        &chain,
+    let chain = env.chain_file(
         r#"{"steps": [
             {"parallel": [
                 {"task": "slow one", "model": "fake/slow", "label": "slow1"},
@@ -109,15 +104,8 @@ fn fail_fast_stops_the_siblings() {
             ]},
             {"task": "never runs {previous}", "model": "fake/plain", "label": "after"}
         ]}"#,
-    )
-    .unwrap();
-    let id = env.spawn(&[
-        "--chain",
-        chain.to_str().unwrap(),
-        "--fail-fast",
-        "--grace",
-        "2s",
-    ]);
+    );
+    let id = env.spawn(&["--chain", &chain, "--fail-fast", "--grace", "2s"]);
     let rec = env.wait_terminal(&id, 60);
     assert_eq!(rec["state"], "failed", "{rec:#}");
     let st: Vec<&str> = rec["steps"]
@@ -147,17 +135,13 @@ fn stopping_a_run_ends_it_stopped_and_leaves_nothing_running() {
     let pidfile = env.tmp.path().join("bg.pid");
     // The tool leaves a background process behind, then the model streams slowly... the `tool`
     // model replies after the tool; use a chain: the background process, then a slow reply.
-    let chain = env.tmp.path().join("chain.json");
-    std::fs::write(
-        &chain,
+    let chain = env.chain_file(
         serde_json::json!({"steps": [{"parallel": [
             {"task": format!("RUN: sleep 1000 & echo $! > {}", pidfile.display()), "model": "fake/tool"},
             {"task": "stream slowly", "model": "fake/slow"}
-        ]}]})
-        .to_string(),
-    )
-    .unwrap();
-    let id = env.spawn(&["--chain", chain.to_str().unwrap(), "--grace", "2s"]);
+        ]}]}),
+    );
+    let id = env.spawn(&["--chain", &chain, "--grace", "2s"]);
     let slow_child = env.child_pid(&id, 1);
     let bg = read_pid(&pidfile);
     wait_for(Duration::from_secs(30), || {
@@ -430,9 +414,7 @@ fn the_heartbeat_advances_last_update_while_the_child_is_silent() {
 #[test]
 fn without_fail_fast_a_group_finishes_its_members_and_the_run_fails() {
     let env = TestEnv::new();
-    let chain = env.tmp.path().join("chain.json");
-    std::fs::write(
-        &chain,
+    let chain = env.chain_file(
         r#"{"steps": [
             {"parallel": [
                 {"task": "broken", "model": "fake/err400"},
@@ -441,9 +423,8 @@ fn without_fail_fast_a_group_finishes_its_members_and_the_run_fails() {
             ], "concurrency": 1},
             {"task": "never runs", "model": "fake/plain"}
         ]}"#,
-    )
-    .unwrap();
-    let id = env.spawn(&["--chain", chain.to_str().unwrap()]);
+    );
+    let id = env.spawn(&["--chain", &chain]);
     let rec = env.wait_terminal(&id, 90);
     assert_eq!(rec["state"], "failed", "{rec:#}");
     let st: Vec<&str> = rec["steps"]

@@ -6,37 +6,28 @@ use std::time::Duration;
 use cohort_common::format::id::RunId;
 use cohort_common::format::layout::RunDir;
 use cohort_common::format::record::{
-    self, now_ms, BootTimes, RunMode, RunRecord, RunState, StepRecord, StepStatus,
+    now_ms, BootTimes, RunRecord, RunState, StepRecord, StepStatus,
 };
 use cohort_common::identity::procinfo;
 use cohort_common::os::files;
 use cohort_common::os::lock::RunLock;
-use cohort_e2e::harness::{stderr, stdout, TestEnv};
+use cohort_e2e::fixture::Run;
+use cohort_e2e::harness::{json_lines, stderr, stdout, TestEnv};
 use serde_json::Value;
 
-/// A top-level run written directly, with `edit` applied.
+/// A top-level run in `state` written directly (one failed step, the error "boom: missing
+/// module"), with `edit` applied.
 fn put(env: &TestEnv, state: RunState, edit: impl FnOnce(&mut RunRecord)) -> (String, RunDir) {
-    let id = RunId::new();
-    let dir = env.state_root().run_dir(&id.to_string());
-    files::create_dir_all_private(dir.path()).unwrap();
-    std::fs::File::create(dir.lock()).unwrap();
-    let mut r = RunRecord::queued(&id, RunMode::Single);
-    r.steps.push(StepRecord {
-        label: "worker".into(),
-        task: "a task".into(),
-        status: StepStatus::Failed,
-        ..Default::default()
-    });
-    r.finish(state, Some("boom: missing module".into()));
-    edit(&mut r);
-    record::store(&dir.status(), &r).unwrap();
-    (id.to_string(), dir)
-}
-
-fn json_lines(text: &str) -> Vec<Value> {
-    text.lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    Run::new(state)
+        .step(StepRecord {
+            label: "worker".into(),
+            task: "a task".into(),
+            status: StepStatus::Failed,
+            ..Default::default()
+        })
+        .error("boom: missing module")
+        .edit(edit)
+        .write(env)
 }
 
 #[test]
@@ -222,11 +213,9 @@ fn an_ambiguous_prefix_names_a_few_runs_and_counts_the_rest() {
     let env = TestEnv::new();
     for i in 0..10 {
         let id = format!("01a22a44-9e62-7266-ab9d-e5b500ee82{i:02}");
-        let dir = env.state_root().run_dir(&id);
-        files::create_dir_all_private(dir.path()).unwrap();
-        let mut r = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
-        r.finish(RunState::Complete, None);
-        record::store(&dir.status(), &r).unwrap();
+        Run::with_id(&id, RunState::Complete)
+            .without_lock_file()
+            .write(&env);
     }
     for bin in ["cohort-status", "cohort-reap"] {
         let out = env.run(bin, &["01a22a44-9e62"]);

@@ -1,5 +1,4 @@
-//! End-to-end: nested runs — a Pi child that calls cohort-spawn from its bash tool (issue:
-//! nested runs).
+//! End-to-end: nested runs — a Pi child that calls cohort-spawn from its bash tool.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -330,17 +329,13 @@ fn session_root_rules_are_enforced_one_by_one() {
 #[test]
 fn stopping_the_root_stops_the_nested_run() {
     let env = TestEnv::new();
-    let chain = env.tmp.path().join("chain.json");
-    std::fs::write(
-        &chain,
+    let chain = env.chain_file(
         serde_json::json!({"steps": [
             {"task": format!("RUN: {}", nested_spawn_command("fake/slow", "slow below")), "model": "fake/tool"},
             {"task": "keep streaming", "model": "fake/slow"}
-        ]})
-        .to_string(),
-    )
-    .unwrap();
-    let root = env.spawn(&["--chain", chain.to_str().unwrap(), "--grace", "2s"]);
+        ]}),
+    );
+    let root = env.spawn(&["--chain", &chain, "--grace", "2s"]);
     let dir = wait_nested(&env, &root);
     wait_for(Duration::from_secs(30), || {
         read_json(&dir.join("status.json"))["state"] == "running"

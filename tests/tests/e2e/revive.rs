@@ -1,7 +1,8 @@
-//! End-to-end: revival on the recorded runtime (issue: revival).
+//! End-to-end: revival on the recorded runtime.
 
 use std::path::PathBuf;
 
+use cohort_e2e::fixture::{self, StatusFile};
 use cohort_e2e::harness::{pi_install_dir, signal, stderr, stdout, workspace, TestEnv, HERMETIC};
 use serde_json::Value;
 
@@ -54,12 +55,6 @@ fn revive(env: &TestEnv, args: &[&str]) -> std::process::Output {
         .args(HERMETIC)
         .output()
         .unwrap()
-}
-
-fn run_count(env: &TestEnv) -> usize {
-    std::fs::read_dir(env.state_root().runs_dir())
-        .map(|r| r.count())
-        .unwrap_or(0)
 }
 
 #[test]
@@ -144,7 +139,7 @@ fn a_revival_runs_on_the_original_installation_and_refuses_when_it_is_gone() {
         .find(|l| l.contains(a_entry.to_str().unwrap()))
         .unwrap_or_else(|| panic!("{doc}"));
     assert!(line.contains("GONE"), "{doc}");
-    let (runs, requests) = (run_count(&env), env.server.requests().len());
+    let (runs, requests) = (env.run_count(), env.server.requests().len());
     let out = revive(&env, &[&original]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let err = stderr(&out);
@@ -153,7 +148,7 @@ fn a_revival_runs_on_the_original_installation_and_refuses_when_it_is_gone() {
         "{err}"
     );
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert_eq!(run_count(&env), runs, "no record");
+    assert_eq!(env.run_count(), runs, "no record");
     assert_eq!(env.server.requests().len(), requests, "nothing ran on B");
     std::fs::rename(a.root.with_file_name("pi-a-moved"), &a.root).unwrap();
 }
@@ -162,8 +157,6 @@ fn a_revival_runs_on_the_original_installation_and_refuses_when_it_is_gone() {
 fn a_legacy_record_without_a_runtime_is_refused() {
     let env = TestEnv::new();
     let id = "01a22a44-9e62-7266-ab9d-e5b500ee829c";
-    let dir = env.state_root().run_dir(id);
-    std::fs::create_dir_all(dir.path()).unwrap();
     let session = env.tmp.path().join("legacy.jsonl");
     std::fs::write(
         &session,
@@ -174,7 +167,10 @@ fn a_legacy_record_without_a_runtime_is_refused() {
         "runId": id, "state": "complete", "mode": "single", "startedAt": 1, "endedAt": 2,
         "steps": [{"agent": "worker", "status": "complete", "sessionFile": session}]
     });
-    std::fs::write(dir.status(), legacy.to_string()).unwrap();
+    fixture::run_dir_with(
+        &env.state_root().run_dir(id),
+        StatusFile::Bytes(legacy.to_string().as_bytes()),
+    );
     let out = revive(&env, &[id]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(
@@ -182,7 +178,7 @@ fn a_legacy_record_without_a_runtime_is_refused() {
         "{}",
         stderr(&out)
     );
-    assert_eq!(run_count(&env), 1);
+    assert_eq!(env.run_count(), 1);
 }
 
 fn finished_run(env: &TestEnv) -> (String, Value) {
@@ -244,13 +240,7 @@ fn a_checked_in_legacy_record_is_refused() {
     let env = TestEnv::new();
     // The pi-subagents fixtures, where a legacy profile keeps them.
     let legacy = env.tmp.path().join("legacy");
-    let status = std::process::Command::new("cp")
-        .arg("-r")
-        .arg(cohort_e2e::harness::workspace().join("tests/fixtures/legacy"))
-        .arg(&legacy)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    fixture::copy_legacy_root(&legacy);
     let out = env
         .cmd("cohort-spawn")
         .env("PI_SUBAGENTS_TEMP_ROOT", &legacy)
@@ -264,5 +254,5 @@ fn a_checked_in_legacy_record_is_refused() {
         "{}",
         stderr(&out)
     );
-    assert_eq!(run_count(&env), 0, "nothing was started");
+    assert_eq!(env.run_count(), 0, "nothing was started");
 }

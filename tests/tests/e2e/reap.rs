@@ -1,7 +1,7 @@
-//! End-to-end: `cohort-reap` (issue 5) on the real binaries.
+//! End-to-end: `cohort-reap` on the real binaries.
 //!
-//! Most tests need no Pi at all: they write records, lock files, routes and sessions with
-//! cohort-common, and simulate a live runner by holding its lock in the test process (a flock
+//! Most tests need no Pi at all: they write records, lock files, routes and sessions by hand
+//! (`cohort_e2e::fixture`), and simulate a live runner by holding its lock in the test process (a flock
 //! held by another process is exactly what the reaper sees of a runner). One test races a reap
 //! against a real runner on the real Pi CLI. Crashes are real `SIGKILL`s at the points of the
 //! `COHORT_CRASH_AT=reap.<point>` crash point; pauses use `COHORT_REAP_PAUSE_AT`.
@@ -13,45 +13,36 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use cohort_common::format::id::RunId;
-use cohort_common::format::layout::RunDir;
-use cohort_common::format::record::{self, now_ms, RunMode, RunRecord, RunState, StepRecord};
+use cohort_common::format::record::{RunState, StepRecord};
 use cohort_common::os::files;
 use cohort_common::os::lock::RunLock;
+use cohort_e2e::fixture::{self, Run};
 use cohort_e2e::harness::{alive, stderr, stdout, wait_for, TestEnv};
 use cohort_reap::reap::HOOK_POINTS;
 use serde_json::Value;
 
 const HOUR: u64 = 3_600_000;
 
-/// Write a record with one step whose session file exists.
-fn write_run(env: &TestEnv, dir: &RunDir, id: &str, state: RunState, ended_ago: u64) {
-    files::create_dir_all_private(dir.path()).unwrap();
-    std::fs::write(dir.lock(), b"").unwrap();
-    std::fs::write(dir.events(), b"{\"type\":\"run.queued\"}\n").unwrap();
-    let session = env
-        .state_root()
-        .default_session_dir(id)
-        .join("step-0.jsonl");
-    files::create_dir_all_private(session.parent().unwrap()).unwrap();
-    std::fs::write(&session, b"{\"type\":\"session\"}\n").unwrap();
-    let mut r = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
-    r.state = state;
-    if state.is_terminal() {
-        r.ended_at = Some(now_ms() - ended_ago);
+/// A run in `state` (ended `ended_ago` ms ago when terminal) with a lock file, a `run.queued`
+/// event and one step whose session file exists; nested in the tree of `root` when given.
+fn write_run(env: &TestEnv, root: Option<&str>, state: RunState, ended_ago: u64) -> String {
+    let mut run = Run::new(state)
+        .step(StepRecord {
+            task: "t".into(),
+            ..Default::default()
+        })
+        .own_session_file()
+        .queued_event()
+        .ended_ago(ended_ago);
+    if let Some(root) = root {
+        run = run.nested(root, root, None);
     }
-    r.steps.push(StepRecord {
-        task: "t".into(),
-        session_file: Some(session),
-        ..Default::default()
-    });
-    record::store(&dir.status(), &r).unwrap();
+    run.write(env).0
 }
 
 /// A top-level run in `state`, ended `ended_ago` ms ago, with a route; returns its id.
 fn top(env: &TestEnv, state: RunState, ended_ago: u64) -> String {
-    let id = RunId::new().to_string();
-    write_run(env, &env.state_root().run_dir(&id), &id, state, ended_ago);
+    let id = write_run(env, None, state, ended_ago);
     let route = env.state_root().route_dir(&id);
     files::create_dir_all_private(&route).unwrap();
     std::fs::write(route.join("route.json"), b"{}").unwrap();
@@ -60,15 +51,7 @@ fn top(env: &TestEnv, state: RunState, ended_ago: u64) -> String {
 
 /// A nested run of `root_id` in `state`; returns its id.
 fn nested(env: &TestEnv, root_id: &str, state: RunState) -> String {
-    let id = RunId::new().to_string();
-    let dir = env.state_root().nested_run_dir(root_id, &id);
-    write_run(env, &dir, &id, state, 0);
-    let mut r = record::load(&dir.status()).unwrap();
-    r.root_run_id = Some(root_id.into());
-    r.parent_run_id = Some(root_id.into());
-    r.depth = 1;
-    record::store(&dir.status(), &r).unwrap();
-    id
+    write_run(env, Some(root_id), state, 0)
 }
 
 /// Every path under `dir` (not following symlinks) with its kind, mode, size, mtime and
@@ -337,18 +320,16 @@ fn refuses_a_queued_run() {
     refusal_case(
         "not-terminal",
         |env, id| {
-            let dir = env.state_root().run_dir(id);
-            let mut r = record::load(&dir.status()).unwrap();
-            r.state = RunState::Queued;
-            record::store(&dir.status(), &r).unwrap();
+            fixture::edit(&env.state_root().run_dir(id), |r| {
+                r.state = RunState::Queued
+            });
             Box::new(())
         },
         |id| id.to_string(),
         Some(Box::new(|env, id, _| {
-            let dir = env.state_root().run_dir(id);
-            let mut r = record::load(&dir.status()).unwrap();
-            r.finish(RunState::Failed, None);
-            record::store(&dir.status(), &r).unwrap();
+            fixture::edit(&env.state_root().run_dir(id), |r| {
+                r.finish(RunState::Failed, None)
+            });
         })),
     );
 }
@@ -375,10 +356,9 @@ fn refuses_a_unit_with_a_non_terminal_nested_run() {
         |id| id.to_string(),
         Some(Box::new(|env, id, n| {
             let n = n.downcast::<String>().unwrap();
-            let dir = env.state_root().nested_run_dir(id, &n);
-            let mut r = record::load(&dir.status()).unwrap();
-            r.finish(RunState::Stopped, None);
-            record::store(&dir.status(), &r).unwrap();
+            fixture::edit(&env.state_root().nested_run_dir(id, &n), |r| {
+                r.finish(RunState::Stopped, None)
+            });
         })),
     );
 }
@@ -409,9 +389,9 @@ fn refuses_an_unreadable_record() {
         },
         |id| id.to_string(),
         Some(Box::new(|env, id, _| {
-            let mut r = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
-            r.finish(RunState::Complete, None);
-            record::store(&env.state_root().run_dir(id).status(), &r).unwrap();
+            Run::with_id(id, RunState::Complete)
+                .without_lock_file()
+                .write(env);
         })),
     );
 }
@@ -923,10 +903,9 @@ fn set_session(env: &TestEnv, id: &str, session: &Path) {
             .join("step-0.jsonl"),
     )
     .unwrap();
-    let dir = env.state_root().run_dir(id);
-    let mut r = record::load(&dir.status()).unwrap();
-    r.steps[0].session_file = Some(session.to_path_buf());
-    record::store(&dir.status(), &r).unwrap();
+    fixture::edit(&env.state_root().run_dir(id), |r| {
+        r.steps[0].session_file = Some(session.to_path_buf())
+    });
 }
 
 fn strings(v: &Value) -> Vec<String> {

@@ -157,9 +157,8 @@ fn parallel_members_of_a_label_are_told_apart() {
         .collect();
     assert_eq!(labels, vec!["x-0", "x-1"]);
     // A chain takes its labels from its file: --label is refused, nothing is created.
-    let chain = env.tmp.path().join("chain.json");
-    std::fs::write(&chain, r#"{"steps":[{"task":"a"}]}"#).unwrap();
-    let out = env.spawn_raw(&["--label", "x", "--chain", chain.to_str().unwrap()]);
+    let chain = env.chain_file(r#"{"steps":[{"task":"a"}]}"#);
+    let out = env.spawn_raw(&["--label", "x", "--chain", &chain]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("give no --label"), "{}", stderr(&out));
 }

@@ -88,12 +88,6 @@ fn last_request(env: &TestEnv) -> Value {
     env.server.last_request()
 }
 
-fn run_count(env: &TestEnv) -> usize {
-    std::fs::read_dir(env.state_root().runs_dir())
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
 fn mode_of(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
@@ -488,7 +482,7 @@ fn bad_agents_and_chains_are_one_line_exit_2_and_leave_no_record() {
             assert!(err.contains(n), "{args:?}: {err} lacks {n}");
         }
     }
-    assert_eq!(run_count(&env), 0, "no record for a refused start");
+    assert_eq!(env.run_count(), 0, "no record for a refused start");
 
     // The other agents still list and run; the broken files are listed as problems.
     let out = env.run("cohort-spawn", &["--list-agents"]);

@@ -5,6 +5,7 @@
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use cohort_e2e::fixture;
 use cohort_e2e::harness::{alive, stderr, stdout, wait_for, TestEnv, HERMETIC};
 use cohort_e2e::slurm::{self, Cluster};
 use serde_json::Value;
@@ -433,16 +434,11 @@ fn bad_backends_are_usage_errors_and_a_missing_or_refusing_sbatch_a_failed_start
 #[test]
 fn a_version_2_record_is_left_queued_while_slurm_cannot_be_asked_and_settled_once_it_is_gone() {
     let env = TestEnv::new();
-    let fixture = cohort_e2e::harness::workspace().join("tests/fixtures/v2/queued-slurm.json");
-    let text = std::fs::read_to_string(&fixture).unwrap();
-    let rec: cohort_common::format::record::RunRecord = serde_json::from_str(&text).unwrap();
+    let (text, rec, dir) = fixture::checked_in(&env, "v2/queued-slurm.json");
     assert_eq!(rec.format_version, 2);
     // Round trip: what we read is what we would write.
     let orig: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(serde_json::to_value(&rec).unwrap(), orig);
-    let dir = env.state_root().run_dir(&rec.run_id);
-    std::fs::create_dir_all(dir.path()).unwrap();
-    std::fs::write(dir.status(), &text).unwrap();
     let id = rec.run_id.clone();
 
     // No Slurm client on PATH: nothing proves the start over, so nothing is written.

@@ -15,6 +15,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use cohort_common::fault::{self, CRASH_ENV};
+use cohort_common::format::record::RunState;
+use cohort_e2e::fixture::Run;
 use cohort_e2e::harness::{stderr, stdout, wait_for, TestEnv, HERMETIC};
 use serde_json::Value;
 
@@ -185,19 +187,9 @@ fn reap_crash_points() {
             let id = env.spawn(&["--model", "fake/plain", task]);
             env.wait_terminal(&id, 60);
             // A finished nested run under it, so the reap passes its subtree points too.
-            let nid = cohort_common::format::id::RunId::new();
-            let nested = env.state_root().nested_run_dir(&id, &nid.to_string());
-            cohort_common::os::files::create_dir_all_private(nested.path()).unwrap();
-            std::fs::File::create(nested.lock()).unwrap();
-            let mut r = cohort_common::format::record::RunRecord::queued(
-                &nid,
-                cohort_common::format::record::RunMode::Single,
-            );
-            r.root_run_id = Some(id.clone());
-            r.parent_run_id = Some(id.clone());
-            r.depth = 1;
-            r.finish(cohort_common::format::record::RunState::Complete, None);
-            cohort_common::format::record::store(&nested.status(), &r).unwrap();
+            Run::new(RunState::Complete)
+                .nested(&id, &id, None)
+                .write(&env);
         }
         let status = env
             .cmd("cohort-reap")

@@ -1,7 +1,7 @@
-//! End-to-end: `cohort-status` at scale (issue 4): listing and filters, `--tree`, `--json`,
+//! End-to-end: `cohort-status` at scale: listing and filters, `--tree`, `--json`,
 //! reconciliation, `--check`, `--doctor`, legacy records, bad input, a closed pipe, the index.
 //!
-//! Most records here are written by hand with the library (nested records under
+//! Most records here are written by hand (`cohort_e2e::fixture`; nested records under
 //! `R/nested-subagent-runs/<root>/<id>/`, live runs with a lock this test process holds), so each
 //! test says exactly what is on disk. `--follow` runs the real Pi on the fake model server.
 
@@ -12,11 +12,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use cohort_common::format::layout::RunDir;
-use cohort_common::format::record::{
-    self, now_ms, RunMode, RunRecord, RunState, StepRecord, StepStatus,
-};
+use cohort_common::format::record::{now_ms, RunMode, RunRecord, RunState, StepRecord, StepStatus};
 use cohort_common::os::lock::RunLock;
-use cohort_e2e::harness::{stderr, stdout, wait_for, TestEnv};
+use cohort_e2e::fixture::{self, Run, StatusFile};
+use cohort_e2e::harness::{json_lines, stderr, stdout, wait_for, TestEnv};
 use serde_json::Value;
 
 /// A fresh v7 id.
@@ -36,19 +35,9 @@ fn put(
     edit: impl FnOnce(&mut RunRecord),
 ) -> (String, RunDir) {
     let id = new_id();
-    let root = env.state_root();
-    let dir = match nested {
-        None => root.run_dir(&id),
-        Some((r, _, _)) => root.nested_run_dir(r, &id),
-    };
-    cohort_common::os::files::create_dir_all_private(dir.path()).unwrap();
-    std::fs::File::create(dir.lock()).unwrap();
-    let mut r = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
     // No boot-clock times: these records are timed by the wall-clock times the tests set (as
     // records of an older cohort, or from another boot, are).
-    r.clock = None;
-    r.state = state;
-    r.steps.push(StepRecord {
+    let mut run = Run::with_id(&id, state).wall_clock_only().step(StepRecord {
         label: "worker".into(),
         task: format!("task of {}", &id[24..]),
         status: if state == RunState::Complete {
@@ -58,18 +47,10 @@ fn put(
         },
         ..Default::default()
     });
-    if state.is_terminal() {
-        r.ended_at = Some(now_ms());
-    }
     if let Some((root_id, parent, step)) = nested {
-        r.root_run_id = Some(root_id.into());
-        r.parent_run_id = Some(parent.into());
-        r.parent_step_index = Some(step);
-        r.depth = 1;
+        run = run.nested(root_id, parent, Some(step));
     }
-    edit(&mut r);
-    record::store(&dir.status(), &r).unwrap();
-    (id, dir)
+    run.edit(edit).write(env)
 }
 
 fn status(env: &TestEnv, args: &[&str]) -> std::process::Output {
@@ -80,12 +61,6 @@ fn ok_stdout(env: &TestEnv, args: &[&str]) -> String {
     let out = status(env, args);
     assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
     stdout(&out)
-}
-
-fn json_lines(text: &str) -> Vec<Value> {
-    text.lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
 }
 
 /// Every file under `dir` (never following symlinks) with its bytes, except the index cache.
@@ -340,34 +315,27 @@ fn bad_input_gets_error_rows_and_nothing_changes() {
     let env = TestEnv::new();
     let (good, _) = put(&env, RunState::Complete, None, |_| {});
     let runs = env.state_root().runs_dir();
-    let mk = |content: Option<&[u8]>| {
+    let mk = |status: StatusFile| {
         let id = new_id();
-        let d = runs.join(&id);
-        std::fs::create_dir(&d).unwrap();
-        if let Some(c) = content {
-            std::fs::write(d.join("status.json"), c).unwrap();
-        }
+        fixture::run_dir_with(&env.state_root().run_dir(&id), status);
         id
     };
-    let empty = mk(Some(b""));
-    let truncated = mk(Some(br#"{"runId": "x", "state": "compl"#));
-    let not_json = mk(Some(b"hello, world"));
-    let wrong_types = mk(Some(
+    let empty = mk(StatusFile::Bytes(b""));
+    let truncated = mk(StatusFile::Bytes(br#"{"runId": "x", "state": "compl"#));
+    let not_json = mk(StatusFile::Bytes(b"hello, world"));
+    let wrong_types = mk(StatusFile::Bytes(
         br#"{"runId": 7, "state": "complete", "steps": "many"}"#,
     ));
-    let unknown_state = mk(Some(br#"{"runId": "u", "state": "hibernating"}"#));
-    let newer = mk(Some(
+    let unknown_state = mk(StatusFile::Bytes(
+        br#"{"runId": "u", "state": "hibernating"}"#,
+    ));
+    let newer = mk(StatusFile::Bytes(
         br#"{"formatVersion": 99, "runId": "n", "state": "complete"}"#,
     ));
-    let missing = mk(None);
+    let missing = mk(StatusFile::Absent);
     // A fifo where status.json should be: opening it for a blocking read would hang for ever
     // (and root reads anything else), so this is the unreadable record.
-    let fifo = mk(None);
-    nix::unistd::mkfifo(
-        &runs.join(&fifo).join("status.json"),
-        nix::sys::stat::Mode::from_bits_truncate(0o600),
-    )
-    .unwrap();
+    let fifo = mk(StatusFile::Fifo);
     // A symlink to a real run dir, a file where a dir should be, a non-UTF-8 name.
     let link = new_id();
     std::os::unix::fs::symlink(runs.join(&good), runs.join(&link)).unwrap();
@@ -709,7 +677,7 @@ fn doctor_warns_when_node_is_outside_the_pi_packages_engines() {
 fn legacy_records_list_with_all_read_only() {
     let env = TestEnv::new();
     let legacy = env.tmp.path().join("pi-subagents-temp");
-    copy_dir(&fixtures().join("legacy"), &legacy);
+    fixture::copy_legacy_root(&legacy);
     let before = snapshot(&legacy);
     put(&env, RunState::Complete, None, |_| {});
     let run = |args: &[&str]| {
@@ -766,41 +734,17 @@ fn legacy_records_list_with_all_read_only() {
     );
 }
 
-fn fixtures() -> PathBuf {
-    cohort_e2e::harness::workspace().join("tests/fixtures")
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let dest = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &dest);
-        } else {
-            std::fs::copy(e.path(), dest).unwrap();
-        }
-    }
-}
-
 #[test]
 fn format_version_1_fixtures_read_and_list() {
     let env = TestEnv::new();
-    let root = env.state_root();
     let mut ids = Vec::new();
     for name in ["complete-chain", "failed-runner-lost", "queued-nested"] {
-        let text = std::fs::read_to_string(fixtures().join(format!("v1/{name}.json"))).unwrap();
-        let rec: RunRecord = serde_json::from_str(&text).unwrap();
+        let (text, rec, _) = fixture::checked_in(&env, &format!("v1/{name}.json"));
         assert_eq!(rec.format_version, 1, "{name}");
         // Round trip: what we read is what we would write.
         let again: Value = serde_json::to_value(&rec).unwrap();
         let orig: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(again, orig, "{name} round-trips");
-        let dir = match &rec.root_run_id {
-            Some(r) => root.nested_run_dir(r, &rec.run_id),
-            None => root.run_dir(&rec.run_id),
-        };
-        std::fs::create_dir_all(dir.path()).unwrap();
-        std::fs::write(dir.status(), &text).unwrap();
         ids.push(rec.run_id);
     }
     let t = ok_stdout(&env, &["--tree"]);
@@ -864,9 +808,7 @@ fn the_index_is_only_a_cache() {
     std::fs::remove_dir_all(&idx).unwrap();
     assert_eq!(strip_ages(&ok_stdout(&env, &[])), strip_ages(&first));
     // The run ends: the next listing sees it.
-    let mut r = record::load(&b_dir.status()).unwrap();
-    r.finish(RunState::Complete, None);
-    record::store(&b_dir.status(), &r).unwrap();
+    fixture::edit(&b_dir, |r| r.finish(RunState::Complete, None));
     drop(held);
     let t = ok_stdout(&env, &["--state", "running"]);
     assert_eq!(t.lines().count(), 1, "{t}");
@@ -928,16 +870,13 @@ fn strip_ages(t: &str) -> String {
 #[test]
 fn follow_streams_the_logs_and_exits_with_the_runs_code() {
     let env = TestEnv::new();
-    let chain = env.tmp.path().join("chain.json");
-    std::fs::write(
-        &chain,
+    let chain = env.chain_file(
         r#"{"steps": [
             {"task": "RUN: sleep 1; echo first-step-done", "label": "one", "model": "fake/tool"},
             {"task": "say second", "label": "two", "model": "fake/plain"}
         ]}"#,
-    )
-    .unwrap();
-    let id = env.spawn(&["--chain", chain.to_str().unwrap()]);
+    );
+    let id = env.spawn(&["--chain", &chain]);
     let out = env
         .cmd("cohort-status")
         .args(["--follow", &id[24..]])

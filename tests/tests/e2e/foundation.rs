@@ -1,5 +1,5 @@
 //! End-to-end: the first background Pi run, from spawn to reap, on the real Pi CLI and a fake
-//! model server (issue: foundation).
+//! model server.
 
 use std::time::Duration;
 

@@ -192,18 +192,14 @@ fn a_spawn_killed_half_way_never_leaves_a_run_without_a_record() {
 #[test]
 fn a_finished_member_never_sweeps_a_sibling_started_after_it() {
     let env = TestEnv::new();
-    let chain = env.tmp.path().join("chain.json");
-    std::fs::write(
-        &chain,
+    let chain = env.chain_file(
         serde_json::json!({"steps": [{"parallel": [
             {"task": "RUN: sleep 3; (trap '' TERM; exec sleep 321) >/dev/null 2>&1 &", "model": "fake/tool", "label": "a"},
             {"task": "RUN: (trap '' TERM; exec sleep 322) >/dev/null 2>&1 &", "model": "fake/tool", "label": "b"},
             {"task": "keep streaming", "model": "fake/slow", "label": "c"}
-        ], "concurrency": 2}]})
-        .to_string(),
-    )
-    .unwrap();
-    let id = env.spawn(&["--chain", chain.to_str().unwrap(), "--grace", "1s"]);
+        ], "concurrency": 2}]}),
+    );
+    let id = env.spawn(&["--chain", &chain, "--grace", "1s"]);
     let c = env.child_pid(&id, 2);
     // a and b end (their stubborn background sleeps are killed after the grace); c runs on.
     wait_for(Duration::from_secs(60), || {
