@@ -142,11 +142,8 @@ impl<'a> Trash<'a> {
             return Err(move_failed(e));
         }
         fault::point("reap.after-run-rename");
-        let mut entry = ReportEntry::new(id, unit.name.as_deref(), Outcome::Removed);
-        entry.nested_runs = unit.nested_ids.len();
-        entry.sessions_kept = unit.sessions.clone();
         self.units.push(Trashed {
-            entry,
+            entry: ReportEntry::removal(&unit, Outcome::Removed),
             with_subtree: unit.subtree.is_some(),
         });
         self.swept.push((unit.id.clone(), unit.runs.clone()));

@@ -234,6 +234,16 @@ fn fmt_nested(f: &mut fmt::Formatter<'_>, id: Option<&str>, why: &Refusal) -> fm
     }
 }
 
+/// How a top-level run came to be examined, which decides what happens to one the filters
+/// would not pick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Picked {
+    /// The user named it: it is always reported, removed or refused with its reason.
+    ByName,
+    /// It is listed and the filters are deciding: a run they do not pick is not reported.
+    ByFilters,
+}
+
 /// The decision on one run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -300,11 +310,12 @@ fn check_finished(
     }
 }
 
-/// Decide on a top-level run itself (pure). `named`: the user named it (refusals are
-/// reported); otherwise it came from the filters, and a run that is unreadable, not terminal
-/// or not matching is simply not selected ([`Decision::Skip`]).
-pub fn decide_run(obs: &RunObservation, sel: &Selection, named: bool, now: &Now) -> Decision {
+/// Decide on a top-level run itself (pure). A run [`Picked::ByName`] is reported whatever
+/// happens; one [`Picked::ByFilters`] that is unreadable, not terminal or not matching is simply
+/// not selected ([`Decision::Skip`]).
+pub fn decide_run(obs: &RunObservation, sel: &Selection, picked: Picked, now: &Now) -> Decision {
     use Decision::Refuse;
+    let named = picked == Picked::ByName;
     if let Some(why) = &obs.unsafe_path {
         return Refuse(Refusal::UnsafePath(why.clone()));
     }
@@ -364,10 +375,10 @@ pub fn decide(
     obs: &RunObservation,
     subtree: &std::result::Result<Vec<NestedObservation>, String>,
     sel: &Selection,
-    named: bool,
+    picked: Picked,
     now: &Now,
 ) -> Decision {
-    match decide_run(obs, sel, named, now) {
+    match decide_run(obs, sel, picked, now) {
         Decision::Remove => match decide_subtree(subtree) {
             Some(r) => Decision::Refuse(r),
             None => Decision::Remove,
@@ -454,9 +465,14 @@ mod tests {
     fn decide_run_table() {
         for state in ALL_STATES {
             for live in ALL_LIVENESS {
-                for named in [true, false] {
-                    let d =
-                        decide_run(&obs(state, live), &all_terminal(), named, &Now::wall(5_000));
+                for picked in [Picked::ByName, Picked::ByFilters] {
+                    let named = picked == Picked::ByName;
+                    let d = decide_run(
+                        &obs(state, live),
+                        &all_terminal(),
+                        picked,
+                        &Now::wall(5_000),
+                    );
                     let removable = state.is_terminal() && !live.is_alive();
                     assert_eq!(
                         d == Decision::Remove,
@@ -479,7 +495,7 @@ mod tests {
             decide_run(
                 &obs(RunState::Complete, Liveness::Held),
                 &all_terminal(),
-                false,
+                Picked::ByFilters,
                 &Now::wall(0)
             ),
             Decision::Refuse(Refusal::Running)
@@ -491,9 +507,9 @@ mod tests {
         let sel = all_terminal();
         let mut o = obs(RunState::Complete, Liveness::Free);
         o.unsafe_path = Some("its run directory is a symlink".into());
-        for named in [true, false] {
+        for picked in [Picked::ByName, Picked::ByFilters] {
             assert_eq!(
-                decide_run(&o, &sel, named, &Now::wall(0))
+                decide_run(&o, &sel, picked, &Now::wall(0))
                     .refusal()
                     .map(Refusal::code),
                 Some("unsafe-path")
@@ -502,17 +518,20 @@ mod tests {
         let mut o = obs(RunState::Complete, Liveness::Free);
         o.record = Err("invalid JSON".into());
         assert_eq!(
-            decide_run(&o, &sel, true, &Now::wall(0))
+            decide_run(&o, &sel, Picked::ByName, &Now::wall(0))
                 .refusal()
                 .map(Refusal::code),
             Some("unreadable")
         );
-        assert_eq!(decide_run(&o, &sel, false, &Now::wall(0)), Decision::Skip);
+        assert_eq!(
+            decide_run(&o, &sel, Picked::ByFilters, &Now::wall(0)),
+            Decision::Skip
+        );
         let mut o = obs(RunState::Complete, Liveness::Free);
         o.record.as_mut().unwrap().root_run_id = Some("root".into());
         o.record.as_mut().unwrap().depth = 1;
         assert_eq!(
-            decide_run(&o, &sel, true, &Now::wall(0))
+            decide_run(&o, &sel, Picked::ByName, &Now::wall(0))
                 .refusal()
                 .map(Refusal::code),
             Some("nested-run")
@@ -521,12 +540,12 @@ mod tests {
         for state in [RunState::Complete, RunState::Running] {
             let mut o = obs(state, Liveness::Free);
             o.live_processes = Ok(vec!["42 sleep 1000".into()]);
-            let d = decide_run(&o, &sel, true, &Now::wall(0));
+            let d = decide_run(&o, &sel, Picked::ByName, &Now::wall(0));
             assert_eq!(d.refusal().map(Refusal::code), Some("processes-alive"));
             assert!(d.refusal().unwrap().to_string().contains("42 sleep 1000"));
             o.live_processes = Err("processes.json is a symlink".into());
             assert_eq!(
-                decide_run(&o, &sel, true, &Now::wall(0))
+                decide_run(&o, &sel, Picked::ByName, &Now::wall(0))
                     .refusal()
                     .map(Refusal::code),
                 Some("unreadable")
@@ -535,7 +554,7 @@ mod tests {
         let mut o = obs(RunState::Complete, Liveness::Free);
         o.live_processes = Ok(vec!["42 sleep 1000".into()]);
         assert_eq!(
-            decide_run(&o, &sel, false, &Now::wall(0))
+            decide_run(&o, &sel, Picked::ByFilters, &Now::wall(0))
                 .refusal()
                 .map(Refusal::code),
             Some("processes-alive")
@@ -543,7 +562,7 @@ mod tests {
         let mut o = obs(RunState::Complete, Liveness::Free);
         o.id = "notes".into();
         assert_eq!(
-            decide_run(&o, &sel, false, &Now::wall(0))
+            decide_run(&o, &sel, Picked::ByFilters, &Now::wall(0))
                 .refusal()
                 .map(Refusal::code),
             Some("unsafe-path")
@@ -581,11 +600,11 @@ mod tests {
             ..obs(RunState::Complete, Liveness::Free)
         };
         assert_eq!(
-            decide_run(&o, &sel, true, &Now::wall(5_000)),
+            decide_run(&o, &sel, Picked::ByName, &Now::wall(5_000)),
             Decision::Refuse(Refusal::NotSelected)
         );
         assert_eq!(
-            decide_run(&o, &sel, false, &Now::wall(5_000)),
+            decide_run(&o, &sel, Picked::ByFilters, &Now::wall(5_000)),
             Decision::Skip
         );
         assert!(Selection::default().is_empty());
@@ -641,7 +660,7 @@ mod tests {
             &obs(RunState::Complete, Liveness::Free),
             &Ok(vec![n(Ok(RunState::Complete), Liveness::Held)]),
             &all_terminal(),
-            true,
+            Picked::ByName,
             &Now::wall(0),
         );
         assert_eq!(

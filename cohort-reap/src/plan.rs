@@ -25,8 +25,8 @@ use cohort_common::os::lock::{self, Liveness, LockKind};
 use cohort_common::store::{discover, observe};
 
 use crate::decide::{
-    decide_run, decide_subtree, resolve_name, Decision, NestedObservation, Refusal, RunObservation,
-    Selection,
+    decide_run, decide_subtree, resolve_name, Decision, NestedObservation, Picked, Refusal,
+    RunObservation, Selection,
 };
 use crate::sessions::RunSessions;
 use crate::trash::{self, RecoveryStep};
@@ -189,6 +189,16 @@ pub struct Candidate {
     pub kind: EntryKind,
 }
 
+impl Candidate {
+    /// Whether it was named or came from the listing.
+    pub fn picked(&self) -> Picked {
+        match self.name {
+            Some(_) => Picked::ByName,
+            None => Picked::ByFilters,
+        }
+    }
+}
+
 /// How a reap takes the runner locks of what it examines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Locking {
@@ -262,12 +272,11 @@ impl<'a> Examiner<'a> {
 
     /// Observe one top-level run and its subtree (taking or probing their locks) and decide.
     pub fn examine(&self, c: &Candidate) -> Action {
-        let named = c.name.is_some();
         let mut locks = Vec::new();
         let Some(obs) = self.observe_run(c, &mut locks) else {
             return Action::Skip;
         };
-        match decide_run(&obs, self.sel, named, self.now) {
+        match decide_run(&obs, self.sel, c.picked(), self.now) {
             Decision::Remove => {}
             Decision::Skip => return Action::Skip,
             Decision::Refuse(r) => return Action::Refuse(r),
@@ -322,7 +331,7 @@ impl<'a> Examiner<'a> {
                 // Busy: a runner, or a reader's brief probe.
                 obs.liveness = Liveness::Held;
                 obs.record = read_record(&dir.status());
-                if decide_run(&obs, self.sel, c.name.is_some(), self.now) == Decision::Skip {
+                if decide_run(&obs, self.sel, c.picked(), self.now) == Decision::Skip {
                     return None;
                 }
                 match take_lock(&dir.lock(), Locking::Hold, PROBE_WAIT) {

@@ -167,11 +167,9 @@ pub fn dry_run(root: &StateRoot, sel: &Selection, opts: &Options) -> Result<Repo
             }
             Action::Remove(unit) => unit,
         };
-        let mut entry = ReportEntry::new(&unit.id, unit.name.as_deref(), Outcome::WouldRemove);
+        let mut entry = ReportEntry::removal(&unit, Outcome::WouldRemove);
         entry.bytes = tree::measure(root.run_dir(&unit.id).path())
             + unit.subtree.as_deref().map(tree::measure).unwrap_or(0);
-        entry.nested_runs = unit.nested_ids.len();
-        entry.sessions_kept = unit.sessions.clone();
         report.entries.push(entry);
         removed.push((unit.id.clone(), unit.runs.clone()));
     }

@@ -14,6 +14,7 @@ use cohort_cli::text::{untrusted, untrusted_path};
 use cohort_common::format::id;
 
 use crate::decide::Refusal;
+use crate::plan::Unit;
 use crate::sessions::Swept;
 
 /// Whether a report says what a reap did or what it would do.
@@ -91,8 +92,16 @@ impl ReportEntry {
         ReportEntry::new(run_id, name, Outcome::Refused(r))
     }
 
-    /// An entry with `outcome` and nothing measured yet.
-    pub fn new(run_id: &str, name: Option<&str>, outcome: Outcome) -> ReportEntry {
+    /// A unit removed, or to be removed (`outcome`), with nothing measured yet.
+    pub fn removal(unit: &Unit, outcome: Outcome) -> ReportEntry {
+        ReportEntry {
+            nested_runs: unit.nested_ids.len(),
+            sessions_kept: unit.sessions.clone(),
+            ..ReportEntry::new(&unit.id, unit.name.as_deref(), outcome)
+        }
+    }
+
+    fn new(run_id: &str, name: Option<&str>, outcome: Outcome) -> ReportEntry {
         ReportEntry {
             run_id: run_id.to_string(),
             name: name.map(str::to_string),
