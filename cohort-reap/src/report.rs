@@ -200,7 +200,7 @@ impl Mode {
 /// The result of a reap, or the plan of a dry run.
 #[derive(Clone, Debug, Default)]
 pub struct Report {
-    /// Whether anything was changed.
+    /// A reap (what it changed) or a dry run (what it would change).
     pub mode: Mode,
     /// One entry per run considered (removed or refused), named refusals first.
     pub entries: Vec<ReportEntry>,
