@@ -17,8 +17,10 @@ esac
 command -v cargo >/dev/null || { echo "install.sh: cargo is required (https://rustup.rs)" >&2; exit 2; }
 
 BINS=(cohort-spawn cohort-runner cohort-status cohort-reap)
-echo "== building cohort (release, once for the whole workspace)" >&2
-cargo build --release --locked --workspace
+echo "== building cohort (release, the four programs in one build)" >&2
+# The programs alone, not the test crate: it turns on cohort-common's fault-injection feature,
+# which an installed binary must not have.
+cargo build --release --locked -p cohort-spawn -p cohort-runner -p cohort-status -p cohort-reap
 TARGET=${CARGO_TARGET_DIR:-$PWD/target}/release
 
 echo "== installing into $PREFIX" >&2

@@ -1,21 +1,18 @@
-//! The command line of `cohort-reap`: parse the selection, reap (or plan with `--dry-run`),
-//! print the report (stdout: one line per run, or JSON Lines with `--json`; notes on stderr),
-//! names, reasons and paths shown with control characters escaped ([`cohort_cli::text`]),
-//! exit 0 when everything selected was removed and 1 when anything was refused
-//! ([`cohort_common::exit`]).
+//! The command line of `cohort-reap`: parse the selection, reap (or, with `--dry-run`, plan),
+//! print the report ([`crate::report`]: stdout one line per run, or JSON Lines with `--json`;
+//! notes on stderr), exit 0 when everything selected was removed and 1 when anything was
+//! refused ([`cohort_common::exit`]).
 
 use std::time::Duration;
 
 use clap::Parser;
-use cohort_cli::human_bytes;
-use cohort_cli::text::{untrusted, untrusted_path};
 use cohort_cli::{self as cli, duration};
 use cohort_common::exit;
-use cohort_common::format::id;
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::RunState;
 
-use crate::reap::{self, Options, Outcome, Selection};
+use crate::decide::Selection;
+use crate::reap::{self, Options};
 
 /// Remove finished cohort runs, each with its nested runs. Routes and session files are kept
 /// unless --sessions is given.
@@ -114,120 +111,30 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         all_terminal: args.all_terminal,
     };
     let opts = Options {
-        dry_run: args.dry_run,
         reaper_wait: args.wait,
         sessions: args.sessions,
     };
-    let report = reap::reap(&root, &sel, &opts, &mut || {
-        eprintln!("cohort-reap: waiting for another cohort-reap to finish…")
+    let report = if args.dry_run {
+        reap::dry_run(&root, &sel, &opts)?
+    } else {
+        reap::reap(&root, &sel, &opts, &mut || {
+            eprintln!("cohort-reap: waiting for another cohort-reap to finish…")
+        })?
+    };
+    for note in report.notes() {
+        eprintln!("cohort-reap: {note}");
+    }
+    cli::out(&if args.json {
+        report.to_json_lines()
+    } else {
+        report.to_text()
     })?;
-
-    let would = if report.dry_run { "would be " } else { "" };
-    for id in &report.restored {
-        eprintln!(
-            "cohort-reap: an interrupted reap had moved the nested runs of {} to the trash; they {would}put back",
-            id::short_of(id)
-        );
-    }
-    if report.trash_finished > 0 {
-        eprintln!(
-            "cohort-reap: {} entries left in the trash by an interrupted reap {would}deleted",
-            report.trash_finished
-        );
-    }
-    for k in &report.trash_kept {
-        eprintln!("cohort-reap: kept in the trash: {}", untrusted(k));
-    }
-    if !report.staging_removed.is_empty() {
-        eprintln!(
-            "cohort-reap: {} staging directories of abandoned starts {would}removed",
-            report.staging_removed.len()
-        );
-    }
-
-    let mut text = String::new();
-    let (mut removed, mut freed) = (0, 0);
-    for e in &report.entries {
-        if e.is_removal() {
-            removed += 1;
-            freed += e.bytes;
-        }
-        if args.json {
-            text.push_str(&e.to_json_line(report.dry_run));
-            text.push('\n');
-            continue;
-        }
-        let shown = if e.name.is_some() && matches!(e.outcome, Outcome::Refused(_)) {
-            e.name.clone().unwrap_or_default()
-        } else {
-            id::short_of(&e.run_id).to_string()
-        };
-        match &e.outcome {
-            Outcome::Removed | Outcome::WouldRemove => {
-                let verb = if report.dry_run {
-                    "would remove"
-                } else {
-                    "removed"
-                };
-                text.push_str(&format!("{verb} {shown} ({}", human_bytes(e.bytes)));
-                if e.nested_runs > 0 {
-                    let s = if e.nested_runs == 1 { "" } else { "s" };
-                    text.push_str(&format!(", {} nested run{s}", e.nested_runs));
-                }
-                text.push_str(")\n");
-                let verb = if report.dry_run {
-                    "would remove"
-                } else {
-                    "removed"
-                };
-                for s in &e.sessions_removed {
-                    text.push_str(&format!("  {verb} session {}\n", untrusted_path(s)));
-                }
-                if let Some(r) = &e.route_removed {
-                    text.push_str(&format!("  {verb} route {}\n", untrusted_path(r)));
-                }
-                for s in &e.sessions_kept {
-                    match e.why_kept.get(s) {
-                        Some(why) => text.push_str(&format!(
-                            "  kept session {} ({})\n",
-                            untrusted_path(s),
-                            untrusted(why)
-                        )),
-                        None => text.push_str(&format!("  kept session {}\n", untrusted_path(s))),
-                    }
-                }
-            }
-            Outcome::Refused(r) => text.push_str(&format!(
-                "refused {}: {}\n",
-                untrusted(&shown),
-                untrusted(&r.to_string())
-            )),
-        }
-    }
-    let refused = report.refused();
-    if !args.json {
-        let verb = if report.dry_run {
-            "would free"
-        } else {
-            "freed"
-        };
-        let head = if report.dry_run {
-            "would remove"
-        } else {
-            "removed"
-        };
-        text.push_str(&format!(
-            "{head} {removed}, refused {refused}, {verb} {}\n",
-            human_bytes(freed)
-        ));
-    }
-    cli::out(&text)?;
     if let Some(err) = &report.cleanup_error {
         anyhow::bail!(cohort_common::Error::State(format!(
             "the removed runs are out of the listing, but deleting them from the trash failed ({err}); a later cohort-reap retries"
         )));
     }
-    Ok(if refused > 0 {
+    Ok(if report.refused() > 0 {
         exit::NEGATIVE
     } else {
         exit::SUCCESS

@@ -108,96 +108,141 @@ pub struct Swept {
     pub bytes: u64,
 }
 
-/// Remove (unless `dry`) the session files and routes of the removed units: `units` maps each
-/// removed top-level run id to the [`RunSessions`] of it and its nested runs; those runs do
-/// not count as users of a file (in a dry run they are still listed). Returns what was done per
-/// top-level run id. Failures to remove a file are kept with
-/// the error as the reason; they never fail the reap.
-pub fn sweep(
-    root: &StateRoot,
-    units: &[(String, Vec<RunSessions>)],
-    dry: bool,
-) -> HashMap<String, Swept> {
-    let gone: HashSet<&str> = units
-        .iter()
-        .flat_map(|(_, runs)| runs.iter().map(|r| r.run_id.as_str()))
-        .collect();
-    let users = remaining_users(root, &gone);
-    let used_by = |p: &Path| -> Option<String> {
-        if let Some(id) = users.get(p) {
-            return Some(format!("run {}", cohort_common::format::id::short_of(id)));
-        }
-        match lock::probe(p) {
-            Ok(l) if l.is_alive() => Some("a live run (its lock is held)".into()),
-            Ok(_) => None,
-            Err(e) => Some(format!("a file that cannot be checked ({e})")),
-        }
-    };
-    let own_dir = |id: &str| root.default_session_dir(id);
-    // Decided over every removed run at once, so a file one unit would remove and another
-    // names from outside its own dir is kept.
-    let all: Vec<RunSessions> = units.iter().flat_map(|(_, r)| r.iter().cloned()).collect();
-    let unit_of_run: HashMap<&str, &str> = units
-        .iter()
-        .flat_map(|(top, runs)| runs.iter().map(move |r| (r.run_id.as_str(), top.as_str())))
-        .collect();
-    let mut unit_of_file: HashMap<&Path, &str> = HashMap::new();
-    for (top, runs) in units {
-        for f in runs.iter().flat_map(|r| &r.files) {
-            unit_of_file.entry(f.as_path()).or_insert(top.as_str());
-        }
-    }
-    let mut out: HashMap<String, Swept> = units
-        .iter()
-        .map(|(top, _)| (top.clone(), Swept::default()))
-        .collect();
-    for (path, verdict) in decide(&all, &own_dir, &used_by) {
-        if !path_exists(&path) {
-            continue;
-        }
-        let (top, kept) = match verdict {
-            Verdict::Keep(why) => (unit_of_file[path.as_path()], Some(why)),
-            Verdict::Remove { owner } => {
-                let dir = own_dir(&owner);
-                // Only through real directories: never a symlinked sessions dir.
-                let safe = real_dir(&dir) && dir.parent().map(real_dir).unwrap_or(false);
-                let why = (!safe)
-                    .then(|| format!("{} or its parent is not a plain directory", dir.display()));
-                (unit_of_run[owner.as_str()], why)
+/// What `--sessions` will do for one removed top-level run, decided but not done.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct UnitSweep {
+    /// The unit's session files that exist, in path order: `None` to remove it, or why it is
+    /// kept.
+    files: Vec<(PathBuf, Option<String>)>,
+    /// The default session dirs of the unit's runs, removed if empty once its files are gone.
+    own_dirs: Vec<PathBuf>,
+    /// The route dir of the unit's tree, removed if it is a real directory.
+    route: PathBuf,
+}
+
+/// The plan of `--sessions` for the removed units: [`SweepPlan::apply`] carries it out,
+/// [`SweepPlan::estimate`] measures what it would free (a dry run).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SweepPlan {
+    units: Vec<(String, UnitSweep)>,
+}
+
+impl SweepPlan {
+    /// Decide ([`decide`]) every session file of the removed units: `units` maps each removed
+    /// top-level run id to the [`RunSessions`] of it and its nested runs; those runs do not
+    /// count as users of a file (in a dry run they are still listed). Decided over every
+    /// removed run at once, so a file one unit would remove and another names from outside its
+    /// own dir is kept.
+    pub fn new(root: &StateRoot, units: &[(String, Vec<RunSessions>)]) -> SweepPlan {
+        let gone: HashSet<&str> = units
+            .iter()
+            .flat_map(|(_, runs)| runs.iter().map(|r| r.run_id.as_str()))
+            .collect();
+        let users = remaining_users(root, &gone);
+        let used_by = |p: &Path| -> Option<String> {
+            if let Some(id) = users.get(p) {
+                return Some(format!("run {}", cohort_common::format::id::short_of(id)));
+            }
+            match lock::probe(p) {
+                Ok(l) if l.is_alive() => Some("a live run (its lock is held)".into()),
+                Ok(_) => None,
+                Err(e) => Some(format!("a file that cannot be checked ({e})")),
             }
         };
-        let swept = out.get_mut(top).expect("every unit has an entry");
-        if let Some(why) = kept {
-            swept.kept.push((path, why));
-            continue;
-        }
-        match remove_file(&path, dry) {
-            Ok(b) => {
-                swept.bytes += b;
-                swept.removed.push(path);
+        let own_dir = |id: &str| root.default_session_dir(id);
+        let all: Vec<RunSessions> = units.iter().flat_map(|(_, r)| r.iter().cloned()).collect();
+        let unit_of_run: HashMap<&str, usize> = units
+            .iter()
+            .enumerate()
+            .flat_map(|(i, (_, runs))| runs.iter().map(move |r| (r.run_id.as_str(), i)))
+            .collect();
+        let mut unit_of_file: HashMap<&Path, usize> = HashMap::new();
+        for (i, (_, runs)) in units.iter().enumerate() {
+            for f in runs.iter().flat_map(|r| &r.files) {
+                unit_of_file.entry(f.as_path()).or_insert(i);
             }
-            Err(e) => swept.kept.push((path, format!("cannot remove it: {e}"))),
         }
-    }
-    for (top, runs) in units {
-        let swept = out.get_mut(top).expect("every unit has an entry");
-        for run in runs {
-            swept.bytes += remove_if_empty(&own_dir(&run.run_id), dry);
-        }
-        let route = root.route_dir(top);
-        if real_dir(&route) && route.parent().map(real_dir).unwrap_or(false) {
-            let bytes = if dry {
-                Ok(tree::measure(&route))
-            } else {
-                remove_entry(&route)
+        let mut plan: Vec<(String, UnitSweep)> = units
+            .iter()
+            .map(|(top, runs)| {
+                let sweep = UnitSweep {
+                    files: Vec::new(),
+                    own_dirs: runs.iter().map(|r| own_dir(&r.run_id)).collect(),
+                    route: root.route_dir(top),
+                };
+                (top.clone(), sweep)
+            })
+            .collect();
+        for (path, verdict) in decide(&all, &own_dir, &used_by) {
+            if !path_exists(&path) {
+                continue;
+            }
+            let (unit, kept) = match verdict {
+                Verdict::Keep(why) => (unit_of_file[path.as_path()], Some(why)),
+                Verdict::Remove { owner } => {
+                    let dir = own_dir(&owner);
+                    // Only through real directories: never a symlinked sessions dir.
+                    let safe = real_dir(&dir) && dir.parent().map(real_dir).unwrap_or(false);
+                    let why = (!safe).then(|| {
+                        format!("{} or its parent is not a plain directory", dir.display())
+                    });
+                    (unit_of_run[owner.as_str()], why)
+                }
             };
-            if let Ok(b) = bytes {
-                swept.bytes += b;
-                swept.route = Some(route);
+            plan[unit].1.files.push((path, kept));
+        }
+        SweepPlan { units: plan }
+    }
+
+    /// Remove what the plan says. Failures to remove a file are kept with the error as the
+    /// reason; they never fail the reap. Returns what was done per top-level run id.
+    pub fn apply(self) -> HashMap<String, Swept> {
+        self.carry_out(&remove_entry)
+    }
+
+    /// What [`SweepPlan::apply`] would remove and free, changing nothing.
+    pub fn estimate(self) -> HashMap<String, Swept> {
+        self.carry_out(&|p| Ok(tree::measure(p)))
+    }
+
+    /// Carry out the plan with `remove`, which removes (or measures) one path and returns the
+    /// bytes it frees. A default session dir goes only if it is empty when its turn comes.
+    fn carry_out(self, remove: &dyn Fn(&Path) -> std::io::Result<u64>) -> HashMap<String, Swept> {
+        let mut out = HashMap::new();
+        let mut dirs = Vec::new();
+        for (top, unit) in self.units {
+            let mut swept = Swept::default();
+            for (path, kept) in unit.files {
+                if let Some(why) = kept {
+                    swept.kept.push((path, why));
+                    continue;
+                }
+                match remove(&path) {
+                    Ok(b) => {
+                        swept.bytes += b;
+                        swept.removed.push(path);
+                    }
+                    Err(e) => swept.kept.push((path, format!("cannot remove it: {e}"))),
+                }
+            }
+            dirs.push((top.clone(), unit.own_dirs, unit.route));
+            out.insert(top, swept);
+        }
+        // After every unit's files, so a dir one unit's files shared with another is empty.
+        for (top, own_dirs, route) in dirs {
+            let swept = out.get_mut(&top).expect("every unit has an entry");
+            for dir in own_dirs {
+                swept.bytes += remove_if_empty(&dir, remove);
+            }
+            if real_dir(&route) && route.parent().map(real_dir).unwrap_or(false) {
+                if let Ok(b) = remove(&route) {
+                    swept.bytes += b;
+                    swept.route = Some(route);
+                }
             }
         }
+        out
     }
-    out
 }
 
 /// Session file → the remaining run that names it: every top-level and nested run not in
@@ -229,15 +274,8 @@ fn real_dir(p: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Remove one session file (a regular file; a symlink is unlinked, never followed).
-fn remove_file(p: &Path, dry: bool) -> std::io::Result<u64> {
-    if dry {
-        Ok(tree::measure(p))
-    } else {
-        remove_entry(p)
-    }
-}
-
+/// Remove one entry without following a symlink (a session file, a route dir); returns the
+/// bytes freed.
 fn remove_entry(p: &Path) -> std::io::Result<u64> {
     let (Some(parent), Some(name)) = (p.parent(), p.file_name().and_then(|n| n.to_str())) else {
         return Err(std::io::Error::other(format!(
@@ -248,20 +286,14 @@ fn remove_entry(p: &Path) -> std::io::Result<u64> {
     tree::remove_entry(parent, name, &mut || {})
 }
 
-/// Remove a run's default session dir when it is a real, empty directory; returns the bytes
-/// freed (0 when kept).
-fn remove_if_empty(dir: &Path, dry: bool) -> u64 {
+/// Remove (with `remove`) a run's default session dir when it is a real, empty directory;
+/// returns the bytes freed (0 when kept).
+fn remove_if_empty(dir: &Path, remove: &dyn Fn(&Path) -> std::io::Result<u64>) -> u64 {
     if !real_dir(dir) {
         return 0;
     }
     match files::list_dir(dir, Hidden::Include) {
-        Ok(entries) if entries.is_empty() => {
-            if dry {
-                tree::measure(dir)
-            } else {
-                remove_entry(dir).unwrap_or(0)
-            }
-        }
+        Ok(entries) if entries.is_empty() => remove(dir).unwrap_or(0),
         _ => 0,
     }
 }

@@ -3,8 +3,9 @@
 //! Most tests need no Pi at all: they write records, lock files, routes and sessions by hand
 //! (`cohort_e2e::fixture`), and simulate a live runner by holding its lock in the test process (a flock
 //! held by another process is exactly what the reaper sees of a runner). One test races a reap
-//! against a real runner on the real Pi CLI. Crashes are real `SIGKILL`s at the points of the
-//! `COHORT_CRASH_AT=reap.<point>` crash point; pauses use `COHORT_REAP_PAUSE_AT`.
+//! against a real runner on the real Pi CLI. Crashes are real `SIGKILL`s at the reap's fault
+//! points (`COHORT_CRASH_AT=reap.<point>`); a pause uses the same variable
+//! (`reap.<point>:pause=<file>`, `cohort_common::fault`).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -13,12 +14,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
+use cohort_common::fault;
 use cohort_common::format::record::{RunState, StepRecord};
 use cohort_common::os::files;
 use cohort_common::os::lock::RunLock;
 use cohort_e2e::fixture::{self, Run};
 use cohort_e2e::harness::{alive, stderr, stdout, wait_for, TestEnv};
-use cohort_reap::reap::HOOK_POINTS;
 use serde_json::Value;
 
 const HOUR: u64 = 3_600_000;
@@ -729,7 +730,7 @@ fn crash_then_finish(point: &str) {
     let out = env
         .cmd("cohort-reap")
         .arg(&id)
-        .env(cohort_common::fault::CRASH_ENV, format!("reap.{point}"))
+        .env(fault::CRASH_ENV, format!("reap.{point}"))
         .output()
         .unwrap();
     assert_eq!(out.status.signal(), Some(9), "{point}: {out:?}");
@@ -789,8 +790,9 @@ fn crash_then_finish(point: &str) {
 
 #[test]
 fn a_kill_at_any_point_leaves_the_run_whole_or_gone_and_a_second_reap_finishes() {
-    assert_eq!(HOOK_POINTS.len(), 5);
-    for point in HOOK_POINTS {
+    let points = fault::REAP_POINTS.map(|p| p.strip_prefix("reap.").expect("a reap point"));
+    assert_eq!(points.len(), 5);
+    for point in points {
         crash_then_finish(point);
     }
 }
@@ -804,8 +806,10 @@ fn two_reaps_of_the_same_run_one_removes_and_the_other_says_so() {
     let first = env
         .cmd("cohort-reap")
         .args(["--json", &id])
-        .env("COHORT_REAP_PAUSE_AT", "before-nested-rename")
-        .env("COHORT_REAP_PAUSE_FILE", &pause)
+        .env(
+            fault::CRASH_ENV,
+            fault::pause_at("reap.before-nested-rename", &pause),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
