@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runner benchmark: feed cohort-runner GIB GiB (default 1) of synthetic Pi events and print its
 # peak RSS and CPU seconds per GiB beside the same figures for `cat` of the same stream to
-# /dev/null, measured in the same run. Targets (issue 3): peak RSS ≤ 16 MiB + longest line;
+# /dev/null, measured in the same run. Targets: peak RSS ≤ 16 MiB + longest line;
 # parse throughput ≥ 200 MiB/s (bytes per runner CPU second).
 set -euo pipefail
 cd "$(dirname "$0")/.."

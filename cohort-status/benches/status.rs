@@ -1,4 +1,4 @@
-//! Benchmark of `cohort-status` as history grows (issue 4, "scale"). Not part of `cargo test`.
+//! Benchmark of `cohort-status` as history grows. Not part of `cargo test`.
 //!
 //! Run: `cargo bench -p cohort-status --bench status` (or `scripts/bench-status.sh`); sizes with
 //! `COHORT_BENCH_SIZES=1000,10000,100000` (the default), scratch space under
