@@ -1,4 +1,4 @@
-//! Named fault points for the end-to-end tests (`tests/tests/faults.rs`, `tests/tests/reap.rs`).
+//! Named fault points for the end-to-end tests (`tests/tests/e2e/faults.rs`, `tests/tests/e2e/reap.rs`).
 //!
 //! Each program marks the moments where a crash would leave the most behind (after the
 //! staging directory exists, after `queued` is published, after a step's child started, after

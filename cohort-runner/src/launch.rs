@@ -178,7 +178,7 @@ fn end_with_runner(cmd: &mut Command) {
 /// `--model`, `--tools`, `--thinking`, `--system-prompt`).
 ///
 /// No task: the task goes to Pi on stdin from a file (Pi reads piped stdin as the message in
-/// `-p` mode; `tests/tests/pi_contract.rs`), so it never shows in `ps`, never hits the kernel's
+/// `-p` mode; `tests/tests/e2e/pi_contract.rs`), so it never shows in `ps`, never hits the kernel's
 /// argument-size limit, and a task starting with `-` or `@` is never taken for a flag or a file.
 pub fn pi_command_args(
     step: &FlatStep,

@@ -9,7 +9,7 @@
 //! bounded by the longest *kept* line.
 //!
 //! Event shapes are those of Pi 0.73.1 (`dist/modes/print-mode.js` prints the agent session's
-//! events) and Pi 1.6.0, checked on both by `tests/tests/pi_contract.rs`. 1.6 differs only where
+//! events) and Pi 1.6.0, checked on both by `tests/tests/e2e/pi_contract.rs`. 1.6 differs only where
 //! cohort does not look: a `message_update` carries `usage` before `assistantMessageEvent` and
 //! no `partial`, a `role: system` message opens the stream, and `agent_settled` follows
 //! `agent_end`.
@@ -24,10 +24,6 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use cohort_common::format::record::Usage;
-
-/// The step verdict, re-exported where the Pi contract tests (`tests/tests/pi_contract.rs`)
-/// read it beside the parser; it is defined with the other rules of a step's end.
-pub use crate::step::{decide_step, ChildExit, StepVerdict};
 
 /// Kept lines longer than this are discarded (counted in [`StreamSummary::oversized_lines`]).
 pub const MAX_KEPT_LINE: usize = 512 << 20;
@@ -567,6 +563,7 @@ pub fn text_delta(head: &[u8]) -> Option<Cow<'_, str>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::step::{decide_step, ChildExit, StepVerdict};
 
     /// Parse with the given chunk size; returns the summary, the notices (owned) and the final
     /// text.

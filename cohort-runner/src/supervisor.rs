@@ -46,9 +46,6 @@ use crate::sweep::{sweep_descendants, StepTrack};
 use crate::tracking::Tracker;
 use crate::writer::RecordWriter;
 
-/// Longest silence in `lastUpdate` while the runner lives (kept by [`crate::writer`]).
-pub use crate::writer::HEARTBEAT;
-
 /// How often new session files are looked for (one `open` each).
 const SESSION_INTERVAL: Duration = Duration::from_millis(250);
 /// The longest the loop sleeps without a message: deadlines are checked at least this often.

@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use cohort_e2e::fake_server::message_text as text;
 use cohort_e2e::harness::{stderr, stdout, wait_for, TestEnv, HERMETIC};
-use cohort_runner::stream::{decide_step, ChildExit, StepVerdict, StreamParser, UPDATE_HEAD};
+use cohort_runner::step::{decide_step, ChildExit, StepVerdict};
+use cohort_runner::stream::{StreamParser, UPDATE_HEAD};
 use serde_json::Value;
 
 /// Run `node <entry> --mode json -p <hermetic flags> ARGS` in the env's temp dir with `stdin`

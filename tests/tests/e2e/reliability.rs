@@ -367,7 +367,7 @@ fn a_full_disk_ends_a_started_run_with_a_record_that_says_why() {
     let reserve = run_dir.join(".reserve");
     assert!(reserve.exists(), "the runner holds a reserve");
     let released = cohort_e2e::harness::wait_for(
-        cohort_runner::supervisor::HEARTBEAT + Duration::from_secs(2),
+        cohort_runner::writer::HEARTBEAT + Duration::from_secs(2),
         || !reserve.exists(),
     );
     assert!(released.is_err(), "a progress write released the reserve");
