@@ -3,7 +3,8 @@
 //! - [`cmd`]: the command line, and the request it builds: the run's shape (a single task, a
 //!   parallel group, a chain file or saved chain, or a revival) chosen once, one builder per
 //!   shape (`cmd/shape.rs`), and the `--list-agents` / `--list-chains` tables (`cmd/list.rs`);
-//! - [`agents`]: agent files (builtin, user, project), precedence, `--list-agents`;
+//! - [`agents`]: agent files: parsing, precedence, `--list-agents`;
+//! - [`discover`]: where agent files come from (directories, order, settings, trust);
 //! - [`chains`]: saved chains (`NAME.chain.md`, `NAME.chain.json`), `--list-chains`;
 //! - [`frontmatter`]: the YAML frontmatter both kinds of file open with;
 //! - [`chain_file`]: the JSON chain file format and its checks;
@@ -21,6 +22,7 @@ pub mod agents;
 pub mod chain_file;
 pub mod chains;
 pub mod cmd;
+pub mod discover;
 pub mod frontmatter;
 pub mod revive;
 pub mod route;
