@@ -135,6 +135,26 @@ pub struct Problem {
     rank: u8,
 }
 
+impl Problem {
+    /// A problem found outside the file's own text (the settings laid over it do not read),
+    /// for the agent `name` of a file of `scope` and `rank` ([`Found::rank`]).
+    pub fn new(
+        name: String,
+        scope: AgentScope,
+        path: Option<PathBuf>,
+        message: String,
+        rank: u8,
+    ) -> Problem {
+        Problem {
+            name,
+            scope,
+            path,
+            message,
+            rank,
+        }
+    }
+}
+
 /// Every agent found, by name, and every file that could not be used.
 #[derive(Clone, Debug, Default)]
 pub struct Catalog {
@@ -192,6 +212,7 @@ impl Catalog {
                         .and_then(|d| d.string("name").ok().flatten())
                         .map(|n| n.trim().to_string())
                         .filter(|n| !n.is_empty())
+                        .or_else(|| name_line(text))
                         .unwrap_or_else(|| guess.clone());
                     (name, format!("{shown}:{}: {}", e.line, e.message))
                 }),
@@ -294,6 +315,23 @@ impl Catalog {
         rows.sort_by(|a, b| a.name.cmp(&b.name));
         rows
     }
+}
+
+/// The `name:` line of a file whose frontmatter does not parse (pure): the value of the first
+/// line `name: VALUE` before the closing `---`, unquoted, so that a broken file is reported
+/// when its agent is asked for by name.
+fn name_line(text: &str) -> Option<String> {
+    text.lines()
+        .skip(1)
+        .take_while(|l| l.trim_end() != "---")
+        .find_map(|l| l.strip_prefix("name:"))
+        .map(|v| {
+            v.trim()
+                .trim_matches(|c| c == '"' || c == '\'')
+                .trim()
+                .to_string()
+        })
+        .filter(|v| !v.is_empty())
 }
 
 /// "unknown KIND NAME; closest: a, b" (pure): the one-line refusal of an unknown name, with up

@@ -4,7 +4,9 @@
 //!   parallel group, a chain file or saved chain, or a revival) chosen once, one builder per
 //!   shape (`cmd/shape.rs`), and the `--list-agents` / `--list-chains` tables (`cmd/list.rs`);
 //! - [`agents`]: agent files: parsing, precedence, `--list-agents`;
-//! - [`discover`]: where agent files come from (directories, order, settings, trust);
+//! - [`discover`]: where agent files come from (directories, order, settings overlays);
+//! - [`agent_settings`]: the `subagents` keys of Pi's `settings.json` (overrides, scan dirs);
+//! - [`trust`]: whether a project-level file may be read (owner and mode along its path);
 //! - [`chains`]: saved chains (`NAME.chain.md`, `NAME.chain.json`), `--list-chains`;
 //! - [`frontmatter`]: the YAML frontmatter both kinds of file open with;
 //! - [`chain_file`]: the JSON chain file format and its checks;
@@ -18,6 +20,7 @@
 
 #![deny(missing_docs)]
 
+pub mod agent_settings;
 pub mod agents;
 pub mod chain_file;
 pub mod chains;
@@ -29,4 +32,5 @@ pub mod route;
 pub mod session;
 pub mod slurm;
 pub mod spawn;
+pub mod trust;
 pub mod wait;
