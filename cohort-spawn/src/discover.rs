@@ -631,6 +631,11 @@ fn discover_with(profile: &Path, cwd: &Path, warn: &mut Warnings) -> Result<Cata
                 true
             }
             Overlaid::Refused(name, message) => {
+                let shown = match &f.path {
+                    Some(p) => p.display().to_string(),
+                    None => format!("<builtin {name}>"),
+                };
+                let message = format!("{shown}, overridden by {message}");
                 refused.push(Problem::new(name, f.scope, f.path.clone(), message, f.rank));
                 false
             }

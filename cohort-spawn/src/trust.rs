@@ -54,15 +54,15 @@ impl fmt::Display for Untrusted {
 impl std::error::Error for Untrusted {}
 
 /// The trust decision over one path's owner and permission bits (pure): `None` when `owner`
-/// is `me` or root (0) and `mode` has neither `g+w` (0o020) nor `o+w` (0o002). Ownership is
-/// judged first, then the group bit, then the other bit.
+/// is `me` or root (0) and `mode` has neither `o+w` (0o002) nor `g+w` (0o020). Ownership is
+/// judged first, then the other bit, then the group bit.
 pub fn judge(owner: u32, mode: u32, me: u32) -> Option<Reason> {
     if owner != me && owner != 0 {
         Some(Reason::Owner(owner))
-    } else if mode & 0o020 != 0 {
-        Some(Reason::GroupWritable)
     } else if mode & 0o002 != 0 {
         Some(Reason::OtherWritable)
+    } else if mode & 0o020 != 0 {
+        Some(Reason::GroupWritable)
     } else {
         None
     }
@@ -119,7 +119,8 @@ mod tests {
             (1000, 0o40700, None),
             (1000, 0o100644, None),
             // The sticky bit does not make a world-writable directory safe to read from.
-            (0, 0o41777, Some(Reason::GroupWritable)),
+            (0, 0o41777, Some(Reason::OtherWritable)),
+            (0, 0o40770, Some(Reason::GroupWritable)),
             (1000, 0o40775, Some(Reason::GroupWritable)),
             (1000, 0o40757, Some(Reason::OtherWritable)),
             (1001, 0o40755, Some(Reason::Owner(1001))),
@@ -169,7 +170,7 @@ mod tests {
         mode(&agents, 0o755);
         mode(&file, 0o644);
         assert_eq!(check_dir_chain(&root, &file), Ok(()));
-        mode(&root.join(".pi"), 0o777);
+        mode(&root.join(".pi"), 0o775);
         let e = check_dir_chain(&root, &file).unwrap_err();
         assert_eq!(e.dir, root.join(".pi"));
         assert_eq!(e.reason, Reason::GroupWritable);
@@ -178,6 +179,10 @@ mod tests {
             "{e}"
         );
         mode(&root.join(".pi"), 0o755);
+        mode(&root, 0o1777);
+        let e = check_dir_chain(&root, &file).unwrap_err();
+        assert_eq!((e.dir, e.reason), (root.clone(), Reason::OtherWritable));
+        mode(&root, 0o755);
         mode(&file, 0o646);
         assert_eq!(check_dir_chain(&root, &file).unwrap_err().dir, file);
         let gone = agents.join("gone.md");
