@@ -1,5 +1,6 @@
-//! Trust: whether cohort may read a project-level file that decides what a run does (an agent
-//! file, a project's `.pi/settings.json`, a package's `package.json`, a saved chain).
+//! Trust: whether cohort may read a project-level file that decides what a run does. Agent
+//! discovery ([`crate::discover`]) checks every project agent file, the project's
+//! `.pi/settings.json` and its packages' `package.json` with [`check_dir_chain`].
 //!
 //! The rule is the one git applies to `safe.directory` and ssh to `StrictModes`: every
 //! directory from the project root down to the file, and the file itself, must be owned by the
