@@ -300,8 +300,11 @@ pub enum Overlaid {
 }
 
 /// Lay `defaultModel` and the agent's overrides over one agent file's `text` (pure): first
-/// `defaultModel` (project's, else user's) fills an absent or empty `model`, then each
-/// override of [`overrides_for`] replaces fields; the result must read as an agent file.
+/// `defaultModel` (the project's, else the user's) fills an absent or empty `model`, then the
+/// overrides replace fields: for a builtin the project's override, else the project's
+/// `disableBuiltins: true`, else the user's override, else the user's `disableBuiltins: true`;
+/// for any other agent the user's override then the project's. The result must read as an
+/// agent file ([`Overlaid::Refused`] otherwise).
 pub fn overlay(
     text: &str,
     scope: AgentScope,
