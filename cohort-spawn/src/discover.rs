@@ -401,7 +401,7 @@ impl Warnings {
 }
 
 /// The directories a settings `agentScanDirs` pattern names (I/O): `~` is `$HOME`, a relative
-/// pattern is relative to `base`, and one `*` segment matches every subdirectory at that
+/// pattern is relative to `base` (the profile, or the project level), and one `*` segment matches every subdirectory at that
 /// level. Missing directories are left out; a pattern with more than one `*`, or a `*` inside
 /// a segment, matches nothing (with a warning).
 fn expand_scan_dir(
