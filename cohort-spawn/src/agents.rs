@@ -1,19 +1,16 @@
-//! Agents: finding agent files, parsing them, choosing among them, and listing them
-//! (`docs/agents.md`).
+//! Agents: parsing agent files, choosing among them, and listing them (`docs/agents.md`).
 //!
 //! An agent is a markdown file: YAML frontmatter (`name`, `description`, `model`, `thinking`,
 //! `tools`, `systemPromptMode`, `inheritProjectContext`, `inheritSkills`; other keys that other
-//! Pi subagent tools use are accepted and reported as ignored), then the system prompt. Agents
-//! are found in three scopes, lowest priority first: builtin (shipped inside this binary),
-//! user (`$PI_CODING_AGENT_DIR/agents/**/*.md`) and project (the nearest ancestor of the run's
-//! cwd with a `.pi/` or `.agents/` directory: its `.agents/**/*.md`, then `.pi/agents/**/*.md`).
-//! Files ending `.chain.md` are saved chains, not agents.
-//!
-//! Reading the files is [`discover`]; everything after is pure: [`parse_agent`] reads one file,
+//! Pi subagent tools use are accepted and reported as ignored), then the system prompt. Where
+//! the files come from (directories, their order, settings overlays, trust) is
+//! [`crate::discover`]; everything here is pure: [`parse_agent`] reads one file,
 //! [`Catalog::build`] applies precedence, [`Catalog::resolve`] picks the agent a name means (or
 //! refuses with the closest names, the broken file and its line, or both colliding files), and
 //! [`Catalog::listing`] is what `--list-agents` prints. Only spawn needs any of this: the
 //! runner gets the resolved agent in the launch spec ([`AgentSpec`]).
+
+pub use crate::discover::{discover, markdown_files, project_root, read_text};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,7 +18,6 @@ use std::path::{Path, PathBuf};
 use cohort_common::error::{Error, Result};
 use cohort_common::format::record::AgentScope;
 use cohort_common::format::spec::{AgentSpec, PromptMode, TaskSpec};
-use cohort_common::os::files::{self, EntryKind, Hidden};
 use serde::Serialize;
 
 use crate::frontmatter::{self, TextError};
@@ -139,6 +135,26 @@ pub struct Problem {
     rank: u8,
 }
 
+impl Problem {
+    /// A problem found outside the file's own text (the settings laid over it do not read),
+    /// for the agent `name` of a file of `scope` and `rank` ([`Found::rank`]).
+    pub fn new(
+        name: String,
+        scope: AgentScope,
+        path: Option<PathBuf>,
+        message: String,
+        rank: u8,
+    ) -> Problem {
+        Problem {
+            name,
+            scope,
+            path,
+            message,
+            rank,
+        }
+    }
+}
+
 /// Every agent found, by name, and every file that could not be used.
 #[derive(Clone, Debug, Default)]
 pub struct Catalog {
@@ -196,6 +212,7 @@ impl Catalog {
                         .and_then(|d| d.string("name").ok().flatten())
                         .map(|n| n.trim().to_string())
                         .filter(|n| !n.is_empty())
+                        .or_else(|| name_line(text))
                         .unwrap_or_else(|| guess.clone());
                     (name, format!("{shown}:{}: {}", e.line, e.message))
                 }),
@@ -300,6 +317,23 @@ impl Catalog {
     }
 }
 
+/// The `name:` line of a file whose frontmatter does not parse (pure): the value of the first
+/// line `name: VALUE` before the closing `---`, unquoted, so that a broken file is reported
+/// when its agent is asked for by name.
+fn name_line(text: &str) -> Option<String> {
+    text.lines()
+        .skip(1)
+        .take_while(|l| l.trim_end() != "---")
+        .find_map(|l| l.strip_prefix("name:"))
+        .map(|v| {
+            v.trim()
+                .trim_matches(|c| c == '"' || c == '\'')
+                .trim()
+                .to_string()
+        })
+        .filter(|v| !v.is_empty())
+}
+
 /// "unknown KIND NAME; closest: a, b" (pure): the one-line refusal of an unknown name, with up
 /// to three known names close to it (by edit distance, or containing it), else every known
 /// name when there are few.
@@ -355,90 +389,6 @@ pub fn apply(task: &mut TaskSpec, def: &AgentDef) {
         task.tools = a.tools.clone();
     }
     task.resolved_agent = Some(Box::new(a.clone()));
-}
-
-/// The project directory for `cwd`: its nearest ancestor (itself included) that has a `.pi/`
-/// or `.agents/` directory.
-pub fn project_root(cwd: &Path) -> Option<PathBuf> {
-    cwd.ancestors()
-        .find(|d| d.join(".pi").is_dir() || d.join(".agents").is_dir())
-        .map(Path::to_path_buf)
-}
-
-/// The directories agent files are looked in, with scope and rank (pure; see [`Found::rank`]).
-pub fn agent_dirs(profile: &Path, project: Option<&Path>) -> Vec<(AgentScope, u8, PathBuf)> {
-    let mut dirs = vec![(AgentScope::User, 1, profile.join("agents"))];
-    if let Some(p) = project {
-        dirs.push((AgentScope::Project, 2, p.join(".agents")));
-        dirs.push((AgentScope::Project, 3, p.join(".pi").join("agents")));
-    }
-    dirs
-}
-
-/// Read every agent: the builtins, then each of [`agent_dirs`] recursively (hidden names and
-/// symlinked directories are skipped; a symlinked file is read). A file that cannot be read is
-/// a [`Problem`], never an error: the other agents still list and run.
-pub fn discover(profile: &Path, cwd: &Path) -> Catalog {
-    let mut found: Vec<Found> = BUILTINS
-        .iter()
-        .map(|(_, text)| Found {
-            scope: AgentScope::Builtin,
-            rank: 0,
-            path: None,
-            text: Ok(text.to_string()),
-        })
-        .collect();
-    for (scope, rank, dir) in agent_dirs(profile, project_root(cwd).as_deref()) {
-        for path in markdown_files(&dir, |n| n.ends_with(".md") && !n.ends_with(".chain.md")) {
-            found.push(Found {
-                scope,
-                rank,
-                text: read_text(&path),
-                path: Some(path),
-            });
-        }
-    }
-    Catalog::build(found)
-}
-
-/// The files under `dir` (recursively, sorted) whose names `want` accepts.
-pub fn markdown_files(dir: &Path, want: impl Fn(&str) -> bool + Copy) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let Ok(entries) = files::list_dir(dir, Hidden::Skip) else {
-        return out;
-    };
-    for e in entries {
-        let path = dir.join(&e.name);
-        let is_dir = match e.kind {
-            EntryKind::Dir => true,
-            EntryKind::File => false,
-            // A symlinked file is read; a symlinked directory is not followed (no loops).
-            EntryKind::Symlink => {
-                if !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
-                    continue;
-                }
-                false
-            }
-            EntryKind::Other => continue,
-        };
-        if is_dir {
-            out.extend(markdown_files(&path, want));
-        } else if want(&e.display_name()) {
-            out.push(path);
-        }
-    }
-    out
-}
-
-/// A user's text file (an agent or a chain), following a symlink but never opening anything
-/// but a regular file (a FIFO would block). Errors are one line naming the problem.
-pub fn read_text(path: &Path) -> std::result::Result<String, String> {
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_file() => {}
-        Ok(_) => return Err("not a regular file".into()),
-        Err(e) => return Err(format!("cannot read: {e}")),
-    }
-    std::fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"))
 }
 
 #[cfg(test)]
@@ -680,36 +630,5 @@ mod tests {
         assert_eq!(t.tools, Some(vec!["read".to_string()]));
         assert_eq!(t.agent.as_deref(), Some("r"));
         assert_eq!(t.resolved_agent.unwrap().prompt, "p");
-    }
-
-    #[test]
-    fn project_root_is_the_nearest_ancestor_with_pi_or_agents() {
-        let d = tempfile::tempdir().unwrap();
-        let top = d.path();
-        std::fs::create_dir_all(top.join("a/.agents")).unwrap();
-        std::fs::create_dir_all(top.join("a/b/c")).unwrap();
-        assert_eq!(project_root(&top.join("a/b/c")), Some(top.join("a")));
-        std::fs::create_dir_all(top.join("a/b/.pi")).unwrap();
-        assert_eq!(project_root(&top.join("a/b/c")), Some(top.join("a/b")));
-        let dirs = agent_dirs(Path::new("/prof"), Some(&top.join("a/b")));
-        assert_eq!(
-            dirs[0],
-            (AgentScope::User, 1, PathBuf::from("/prof/agents"))
-        );
-        assert_eq!(dirs[2].2, top.join("a/b/.pi/agents"));
-    }
-
-    #[test]
-    fn discovery_recurses_and_skips_chain_files() {
-        let d = tempfile::tempdir().unwrap();
-        let prof = d.path().join("prof");
-        std::fs::create_dir_all(prof.join("agents/team/deep")).unwrap();
-        std::fs::write(prof.join("agents/team/deep/a.md"), agent("deep-a", "x")).unwrap();
-        std::fs::write(prof.join("agents/x.chain.md"), "---\nname: c\n---\n").unwrap();
-        std::fs::write(prof.join("agents/notes.txt"), "no").unwrap();
-        let cat = discover(&prof, d.path());
-        assert!(cat.resolve("deep-a").is_ok());
-        assert!(cat.resolve("c").is_err());
-        assert!(cat.resolve("worker").is_ok(), "the builtins are there");
     }
 }

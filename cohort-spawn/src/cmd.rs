@@ -195,9 +195,12 @@ pub const AGENTS: &str = r####"An agent is a markdown file: YAML frontmatter, th
 Fields: name (required), description, model, thinking, tools (Pi --tools), systemPromptMode
 (replace, the default: the prompt replaces Pi's own; append), inheritProjectContext (default
 false: Pi gets --no-context-files), inheritSkills (default false: --no-skills). Other keys are
-ignored. Found, lowest priority first: builtin (scout, worker, reviewer), user
-($PI_CODING_AGENT_DIR/agents/**/*.md), project (the nearest ancestor of the run's cwd with a
-.pi/ or .agents/ directory: .agents/**/*.md, then .pi/agents/**/*.md). --model, --thinking,
+ignored. Found, lowest priority first: builtin (scout, worker, reviewer, and installed
+extensions' agents), packages' package.json agents, user (settings agentScanDirs,
+$PI_CODING_AGENT_DIR/agents/, ~/.agents/), project (agentScanDirs, then from the git root down
+to the cwd every directory with .pi/ or .agents/: .agents/, then .pi/agents/; never $HOME).
+settings.json subagents.agentOverrides, disableBuiltins and defaultModel apply. A project's
+files are read only from directories you or root own that no one else can write. --model, --thinking,
 --tools and Pi args after -- beat the agent's fields.
 
 A saved chain is NAME.chain.md or NAME.chain.json in $PI_CODING_AGENT_DIR/chains/ or the

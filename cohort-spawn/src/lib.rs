@@ -3,7 +3,10 @@
 //! - [`cmd`]: the command line, and the request it builds: the run's shape (a single task, a
 //!   parallel group, a chain file or saved chain, or a revival) chosen once, one builder per
 //!   shape (`cmd/shape.rs`), and the `--list-agents` / `--list-chains` tables (`cmd/list.rs`);
-//! - [`agents`]: agent files (builtin, user, project), precedence, `--list-agents`;
+//! - [`agents`]: agent files: parsing, precedence, `--list-agents`;
+//! - [`discover`]: where agent files come from (directories, order, settings overlays);
+//! - [`agent_settings`]: the `subagents` keys of Pi's `settings.json` (overrides, scan dirs);
+//! - [`trust`]: whether a project-level file may be read (owner and mode along its path);
 //! - [`chains`]: saved chains (`NAME.chain.md`, `NAME.chain.json`), `--list-chains`;
 //! - [`frontmatter`]: the YAML frontmatter both kinds of file open with;
 //! - [`chain_file`]: the JSON chain file format and its checks;
@@ -18,14 +21,17 @@
 
 #![deny(missing_docs)]
 
+pub mod agent_settings;
 pub mod agents;
 pub mod backend;
 pub mod chain_file;
 pub mod chains;
 pub mod cmd;
+pub mod discover;
 pub mod frontmatter;
 pub mod revive;
 pub mod route;
 pub mod session;
 pub mod spawn;
+pub mod trust;
 pub mod wait;

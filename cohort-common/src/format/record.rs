@@ -270,11 +270,13 @@ pub struct ParallelGroup {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AgentScope {
-    /// Shipped inside cohort-spawn.
+    /// Shipped inside cohort-spawn, or in an installed subagent extension's builtin directory.
     Builtin,
-    /// `$PI_CODING_AGENT_DIR/agents/**/*.md`.
+    /// The user's: `$PI_CODING_AGENT_DIR/agents/`, `~/.agents/`, the user settings'
+    /// `agentScanDirs`, and the packages installed in the profile.
     User,
-    /// The project's `.agents/**/*.md` and `.pi/agents/**/*.md`.
+    /// The project's: `.agents/` and `.pi/agents/` of each project level, the project settings'
+    /// `agentScanDirs`, and the packages installed in the project.
     Project,
 }
 

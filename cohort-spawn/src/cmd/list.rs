@@ -71,7 +71,7 @@ fn listing(what: Listing, json: bool, profile: &Path, cwd: &Path) -> anyhow::Res
         Listing::Agents => {
             let table = Table::new(&AGENT_COLUMNS, CellText::AsGiven)
                 .with_notes(|r| notes(r.problem.as_deref(), &r.ignored));
-            listing_text(&agents::discover(profile, cwd).listing(), json, table)
+            listing_text(&agents::discover(profile, cwd)?.listing(), json, table)
         }
         Listing::Chains => {
             let table = Table::new(&CHAIN_COLUMNS, CellText::AsGiven)

@@ -315,7 +315,7 @@ pub(super) fn resolve_agents(
     {
         return Ok(());
     }
-    let catalog = agents::discover(profile, cwd);
+    let catalog = agents::discover(profile, cwd)?;
     for t in crate::chain_file::tasks_mut(chain) {
         if let (Some(name), None) = (t.agent.clone(), &t.resolved_agent) {
             let def = catalog.resolve(&name)?;
