@@ -11,6 +11,7 @@
 //! programs it starts instead (`TestEnv::cmd`, `Command::env`), holds locks and starts processes
 //! of its own and ends only those, by pid.
 
+mod agent_discovery;
 mod agents;
 mod bad_input;
 mod faults;
