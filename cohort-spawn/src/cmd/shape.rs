@@ -63,6 +63,8 @@ pub(super) struct Built {
     pub(super) pinned_runtime: Option<Runtime>,
     /// The run this one revives.
     pub(super) revives: Option<String>,
+    /// The chain's runtime name, for a saved chain or a chain file that names itself.
+    pub(super) chain_name: Option<String>,
 }
 
 impl Built {
@@ -75,6 +77,7 @@ impl Built {
             pi_args: args.pi_args.clone(),
             pinned_runtime: None,
             revives: None,
+            chain_name: None,
         }
     }
 }
@@ -90,7 +93,7 @@ fn base_task(args: &Args) -> TaskSpec {
         pi_args: Vec::new(),
         session_file: None,
         agent: args.agent.clone(),
-        resolved_agent: None,
+        ..Default::default()
     }
 }
 
@@ -151,6 +154,7 @@ pub(super) fn parallel(args: &Args) -> anyhow::Result<Built> {
     let group = ChainStep::Parallel(ParallelSpec {
         parallel: members,
         concurrency: None,
+        worktree: false,
     });
     Ok(Built::from_args(args, vec![group], RunMode::Parallel))
 }
@@ -222,6 +226,7 @@ pub(super) fn revive(args: &Args, root: &StateRoot, name: &str) -> anyhow::Resul
         session_file: Some(plan.session_file),
         agent: plan.agent.as_ref().map(|a| a.name.clone()),
         resolved_agent: plan.agent.map(Box::new),
+        ..Default::default()
     };
     Ok(Built {
         chain: vec![ChainStep::Task(step)],
@@ -230,6 +235,7 @@ pub(super) fn revive(args: &Args, root: &StateRoot, name: &str) -> anyhow::Resul
         pi_args,
         pinned_runtime: Some(plan.runtime),
         revives: Some(plan.original),
+        chain_name: None,
     })
 }
 
