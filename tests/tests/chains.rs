@@ -260,10 +260,8 @@ fn a_step_runs_in_its_cwd_with_its_skills() {
     assert_eq!(spec["chain"][0]["cwd"], sub.to_str().unwrap());
     assert_eq!(spec["chain"][0]["piArgs"][0], "--skill");
     let system = text(&env.server.requests()[0]["messages"][0]);
-    assert!(
-        system.contains(&format!("Current working directory: {}", sub.display())),
-        "{system}"
-    );
+    // Pi names its working directory in the system prompt (both generations, in their words).
+    assert!(system.contains(sub.to_str().unwrap()), "{system}");
     assert!(system.contains("HOUSE STYLE SKILL"), "{system}");
 }
 
