@@ -107,6 +107,7 @@ fn group_limit(step: &ChainStep, members: usize, run_concurrency: Option<usize>)
     match step {
         ChainStep::Task(_) => 1,
         ChainStep::Parallel(p) => p.concurrency.or(run_concurrency).unwrap_or(members).max(1),
+        ChainStep::Expand(e) => e.concurrency.or(run_concurrency).unwrap_or(members).max(1),
     }
 }
 
@@ -197,6 +198,13 @@ impl Supervisor {
                 .filter(|f| f.chain_index == ci)
                 .cloned()
                 .collect();
+            if let ChainStep::Expand(e) = step {
+                failure = Some(format!(
+                    "chain step {ci} (expand:{}): this runner does not run dynamic fan-out steps",
+                    e.parallel.agent.as_deref().unwrap_or("step")
+                ));
+                break;
+            }
             let limit = group_limit(step, members.len(), self.spec.options.concurrency);
             failure = self.run_group(&members, limit, &previous);
             previous = self.chain_step_text(step, &members);
@@ -253,7 +261,7 @@ impl Supervisor {
     fn chain_step_text(&self, step: &ChainStep, members: &[FlatStep]) -> String {
         match step {
             ChainStep::Task(_) => self.final_text(members[0].index),
-            ChainStep::Parallel(_) => spec::join_group_texts(
+            ChainStep::Parallel(_) | ChainStep::Expand(_) => spec::join_group_texts(
                 &members
                     .iter()
                     .map(|m| (spec::label_of(&m.spec, m.index), self.final_text(m.index)))
@@ -620,6 +628,7 @@ mod tests {
             ChainStep::Parallel(spec::ParallelSpec {
                 parallel: vec![],
                 concurrency,
+                worktree: false,
             })
         };
         assert_eq!(group_limit(&task, 1, Some(4)), 1);

@@ -9,7 +9,9 @@
 //! - [`trust`]: whether a project-level file may be read (owner and mode along its path);
 //! - [`chains`]: saved chains (`NAME.chain.md`, `NAME.chain.json`), `--list-chains`;
 //! - [`frontmatter`]: the YAML frontmatter both kinds of file open with;
-//! - [`chain_file`]: the JSON chain file format and its checks;
+//! - [`chain_file`]: the JSON chain file format (both shapes), its keys and `count`;
+//! - [`chain_check`]: the checks of a chain's names, references and fan-out shape (pure);
+//! - [`chain_resolve`]: the checks against the file system: schemas, step cwds, skills, git;
 //! - [`spawn`]: the start itself, in the order the format requires (`queued` first, a `failed`
 //!   record for every start that fails after it);
 //! - [`route`]: a nested start's inherited route variables, checked before any record exists;
@@ -24,7 +26,9 @@
 pub mod agent_settings;
 pub mod agents;
 pub mod backend;
+pub mod chain_check;
 pub mod chain_file;
+pub mod chain_resolve;
 pub mod chains;
 pub mod cmd;
 pub mod discover;

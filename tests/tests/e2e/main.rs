@@ -14,6 +14,7 @@
 mod agent_discovery;
 mod agents;
 mod bad_input;
+mod chains;
 mod faults;
 mod foundation;
 mod hardening;
