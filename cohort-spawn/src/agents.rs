@@ -9,22 +9,24 @@
 //! cwd with a `.pi/` or `.agents/` directory: its `.agents/**/*.md`, then `.pi/agents/**/*.md`).
 //! Files ending `.chain.md` are saved chains, not agents.
 //!
-//! Reading the files is [`discover`]; everything after is pure: [`parse_agent`] reads one file,
+//! Reading the files is [`discover`]; everything after is pure: [`parse_agent`]
+//! ([`crate::agent_fields`]) reads one file,
 //! [`Catalog::build`] applies precedence, [`Catalog::resolve`] picks the agent a name means (or
 //! refuses with the closest names, the broken file and its line, or both colliding files), and
 //! [`Catalog::listing`] is what `--list-agents` prints. Only spawn needs any of this: the
-//! runner gets the resolved agent in the launch spec ([`AgentSpec`]).
+//! runner gets the resolved agent in the launch spec ([`cohort_common::format::spec::AgentSpec`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use cohort_common::error::{Error, Result};
 use cohort_common::format::record::AgentScope;
-use cohort_common::format::spec::{AgentSpec, PromptMode, TaskSpec};
+use cohort_common::format::spec::TaskSpec;
 use cohort_common::os::files::{self, EntryKind, Hidden};
 use serde::Serialize;
 
-use crate::frontmatter::{self, TextError};
+use crate::frontmatter;
+pub use crate::agent_fields::{parse_agent, AgentDef, KNOWN_KEYS};
 
 /// The builtin agents, as (file name, text): `cohort-spawn/agents/*.md`, compiled in.
 pub const BUILTINS: [(&str, &str); 3] = [
@@ -32,81 +34,6 @@ pub const BUILTINS: [(&str, &str); 3] = [
     ("worker.md", include_str!("../agents/worker.md")),
     ("reviewer.md", include_str!("../agents/reviewer.md")),
 ];
-
-/// The frontmatter keys that shape the Pi child.
-pub const KNOWN_KEYS: [&str; 8] = [
-    "name",
-    "description",
-    "model",
-    "thinking",
-    "tools",
-    "systemPromptMode",
-    "inheritProjectContext",
-    "inheritSkills",
-];
-
-/// One agent as read from its file.
-#[derive(Clone, Debug, PartialEq)]
-pub struct AgentDef {
-    /// What the runner needs (fields and prompt) and where it came from.
-    pub spec: AgentSpec,
-    /// `description`, for listings.
-    pub description: Option<String>,
-    /// Frontmatter keys cohort does not use (`output`, `defaultReads`, `skills`, …), in file
-    /// order: accepted, and listed as ignored.
-    pub ignored: Vec<String>,
-}
-
-/// Parse an agent file's text (pure). `scope` and `path` say where it was found. Errors carry
-/// the line: broken frontmatter (no opening or closing `---`, invalid YAML), a missing or
-/// empty `name`, a field of the wrong type, a `systemPromptMode` other than `replace` or
-/// `append`.
-pub fn parse_agent(
-    text: &str,
-    scope: AgentScope,
-    path: Option<&Path>,
-) -> std::result::Result<AgentDef, TextError> {
-    let doc = frontmatter::split(text)?;
-    let name = doc
-        .string("name")?
-        .map(|n| n.trim().to_string())
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| TextError::at(doc.line_of("name"), "missing `name`"))?;
-    let system_prompt_mode = match doc.string("systemPromptMode")?.as_deref() {
-        None | Some("replace") => PromptMode::Replace,
-        Some("append") => PromptMode::Append,
-        Some(other) => {
-            return Err(TextError::at(
-                doc.line_of("systemPromptMode"),
-                format!("`systemPromptMode` is {other:?}; expected replace or append"),
-            ))
-        }
-    };
-    let ignored = doc
-        .keys()
-        .into_iter()
-        .filter(|k| !KNOWN_KEYS.contains(&k.as_str()))
-        .collect();
-    Ok(AgentDef {
-        spec: AgentSpec {
-            name,
-            scope,
-            path: path.map(Path::to_path_buf),
-            model: doc.string("model")?.filter(|s| !s.trim().is_empty()),
-            thinking: doc.string("thinking")?.filter(|s| !s.trim().is_empty()),
-            tools: doc.list("tools")?,
-            system_prompt_mode,
-            inherit_project_context: doc.boolean("inheritProjectContext")?.unwrap_or(false),
-            inherit_skills: doc.boolean("inheritSkills")?.unwrap_or(false),
-            prompt: doc.body.trim().to_string(),
-        },
-        description: doc
-            .string("description")?
-            .map(|d| d.trim().to_string())
-            .filter(|d| !d.is_empty()),
-        ignored,
-    })
-}
 
 /// One file found in a scope, read or not.
 #[derive(Clone, Debug)]
@@ -444,6 +371,7 @@ pub fn read_text(path: &Path) -> std::result::Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cohort_common::format::spec::PromptMode;
 
     fn found(scope: AgentScope, rank: u8, path: &str, text: &str) -> Found {
         Found {

@@ -3,6 +3,7 @@
 //! - [`cmd`]: the command line, and the request it builds: the run's shape (a single task, a
 //!   parallel group, a chain file or saved chain, or a revival) chosen once, one builder per
 //!   shape (`cmd/shape.rs`), and the `--list-agents` / `--list-chains` tables (`cmd/list.rs`);
+//! - [`agent_fields`]: what an agent file's fields mean, checked and refused field by field;
 //! - [`agents`]: agent files (builtin, user, project), precedence, `--list-agents`;
 //! - [`chains`]: saved chains (`NAME.chain.md`, `NAME.chain.json`), `--list-chains`;
 //! - [`frontmatter`]: the YAML frontmatter both kinds of file open with;
@@ -17,6 +18,7 @@
 
 #![deny(missing_docs)]
 
+pub mod agent_fields;
 pub mod agents;
 pub mod chain_file;
 pub mod chains;
