@@ -1,12 +1,12 @@
 //! Agents: finding agent files, parsing them, choosing among them, and listing them
 //! (`docs/agents.md`).
 //!
-//! An agent is a markdown file: YAML frontmatter (`name`, `description`, `model`, `thinking`,
-//! `tools`, `systemPromptMode`, `inheritProjectContext`, `inheritSkills`; other keys that other
-//! Pi subagent tools use are accepted and reported as ignored), then the system prompt. Agents
+//! An agent is a markdown file: YAML frontmatter, then the system prompt; what its fields mean
+//! is [`crate::agent_fields`]. Agents
 //! are found in three scopes, lowest priority first: builtin (shipped inside this binary),
 //! user (`$PI_CODING_AGENT_DIR/agents/**/*.md`) and project (the nearest ancestor of the run's
 //! cwd with a `.pi/` or `.agents/` directory: its `.agents/**/*.md`, then `.pi/agents/**/*.md`).
+//! An agent with a `package` is named `PACKAGE.NAME`; `aliases` are other names for it.
 //! Files ending `.chain.md` are saved chains, not agents.
 //!
 //! Reading the files is [`discover`]; everything after is pure: [`parse_agent`]
@@ -21,18 +21,26 @@ use std::path::{Path, PathBuf};
 
 use cohort_common::error::{Error, Result};
 use cohort_common::format::record::AgentScope;
-use cohort_common::format::spec::TaskSpec;
+use cohort_common::format::spec::{AgentSpec, TaskSpec};
 use cohort_common::os::files::{self, EntryKind, Hidden};
 use serde::Serialize;
 
+pub use crate::agent_fields::{parse_agent, AgentDef};
 use crate::frontmatter;
-pub use crate::agent_fields::{parse_agent, AgentDef, KNOWN_KEYS};
 
 /// The builtin agents, as (file name, text): `cohort-spawn/agents/*.md`, compiled in.
-pub const BUILTINS: [(&str, &str); 3] = [
+pub const BUILTINS: [(&str, &str); 8] = [
     ("scout.md", include_str!("../agents/scout.md")),
+    ("planner.md", include_str!("../agents/planner.md")),
     ("worker.md", include_str!("../agents/worker.md")),
     ("reviewer.md", include_str!("../agents/reviewer.md")),
+    ("oracle.md", include_str!("../agents/oracle.md")),
+    ("delegate.md", include_str!("../agents/delegate.md")),
+    ("researcher.md", include_str!("../agents/researcher.md")),
+    (
+        "context-builder.md",
+        include_str!("../agents/context-builder.md"),
+    ),
 ];
 
 /// One file found in a scope, read or not.
@@ -118,12 +126,21 @@ impl Catalog {
             let parsed = match &f.text {
                 Ok(text) => parse_agent(text, f.scope, f.path.as_deref()).map_err(|e| {
                     // The name it was meant to have: from the frontmatter when it reads.
-                    let name = frontmatter::split(text)
-                        .ok()
+                    let doc = frontmatter::split(text).ok();
+                    let local = doc
+                        .as_ref()
                         .and_then(|d| d.string("name").ok().flatten())
                         .map(|n| n.trim().to_string())
                         .filter(|n| !n.is_empty())
                         .unwrap_or_else(|| guess.clone());
+                    let package = doc
+                        .as_ref()
+                        .and_then(|d| d.string("package").ok().flatten())
+                        .and_then(|p| crate::agent_fields::normalise_package(&p));
+                    let name = match package {
+                        Some(p) => format!("{p}.{local}"),
+                        None => local,
+                    };
                     (name, format!("{shown}:{}: {}", e.line, e.message))
                 }),
                 Err(e) => Err((guess.clone(), format!("{shown}: {e}"))),
@@ -151,11 +168,38 @@ impl Catalog {
         self.agents.keys().map(String::as_str).collect()
     }
 
-    /// The agent `name` means (pure): the one of the highest rank. Errors
+    /// The agent `name` means (pure): the agent of that name (`PACKAGE.NAME` for an agent
+    /// with a `package`; a bare name never means a packaged agent), else the one agent that
+    /// lists `name` among its `aliases`. Errors ([`Error::Usage`], exit 2), each one line: see
+    /// [`Catalog::resolve_name`]; an alias two agents claim (both files).
+    pub fn resolve(&self, name: &str) -> Result<&AgentDef> {
+        if self.agents.contains_key(name) || self.problems.iter().any(|p| p.name == name) {
+            return self.resolve_name(name);
+        }
+        let owners: Vec<&AgentDef> = self
+            .agents
+            .keys()
+            .filter_map(|n| self.resolve_name(n).ok())
+            .filter(|d| d.aliases.iter().any(|a| a == name))
+            .collect();
+        match owners.as_slice() {
+            [one] => Ok(one),
+            [a, b, ..] => Err(Error::Usage(format!(
+                "agent alias {name:?} is claimed by two agents: {} ({}) and {} ({}); ask for one by its name",
+                a.spec.name,
+                describe(&a.spec.path, a.spec.scope, &a.spec.name),
+                b.spec.name,
+                describe(&b.spec.path, b.spec.scope, &b.spec.name),
+            ))),
+            [] => Err(Error::Usage(unknown("agent", name, &self.names()))),
+        }
+    }
+
+    /// The agent named `name` (pure): the one of the highest rank. Errors
     /// ([`Error::Usage`], exit 2), each one line: no agent of that name (with the closest
     /// names); a broken file meant to be that agent at the winning rank or above (its path,
     /// line and problem); two files of the winning rank naming it (both paths).
-    pub fn resolve(&self, name: &str) -> Result<&AgentDef> {
+    pub fn resolve_name(&self, name: &str) -> Result<&AgentDef> {
         let candidates = self.agents.get(name);
         let top = candidates.and_then(|c| c.last()).map(|(r, _)| *r);
         if let Some(p) = self
@@ -266,11 +310,11 @@ pub fn closest_names(name: &str, known: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// Give a task the agent it names (pure): its resolved agent, the agent's name as the label's
-/// default (the record's `agent`), and the agent's model, thinking and tools where the task
-/// (its step, or the command line) names none, because those win.
-pub fn apply(task: &mut TaskSpec, def: &AgentDef) {
-    let a = &def.spec;
+/// Give a task the agent it names (pure): its resolved agent `a` (settled for this spawn,
+/// [`crate::agent_fields::settle`]), the agent's name as the label's default (the record's
+/// `agent`), and the agent's model, thinking and tools where the task (its step, or the
+/// command line) names none, because those win.
+pub fn apply(task: &mut TaskSpec, a: &AgentSpec) {
     task.agent = Some(a.name.clone());
     if task.model.is_none() {
         task.model = a.model.clone();
@@ -357,21 +401,37 @@ pub fn markdown_files(dir: &Path, want: impl Fn(&str) -> bool + Copy) -> Vec<Pat
     out
 }
 
+/// The most bytes an agent or chain file may have: 1 MiB. A bigger file is refused unread.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
 /// A user's text file (an agent or a chain), following a symlink but never opening anything
-/// but a regular file (a FIFO would block). Errors are one line naming the problem.
+/// but a regular file (a FIFO would block), and never reading more than [`MAX_FILE_BYTES`]
+/// (plus one byte, to tell a file that grew). Errors are one line naming the problem.
 pub fn read_text(path: &Path) -> std::result::Result<String, String> {
+    use std::io::Read;
+    let too_big = |n: u64| {
+        format!("{n} bytes, over the {MAX_FILE_BYTES}-byte (1 MiB) bound for agent and chain files: shorten it")
+    };
     match std::fs::metadata(path) {
+        Ok(m) if m.is_file() && m.len() > MAX_FILE_BYTES => return Err(too_big(m.len())),
         Ok(m) if m.is_file() => {}
         Ok(_) => return Err("not a regular file".into()),
         Err(e) => return Err(format!("cannot read: {e}")),
     }
-    std::fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"))
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_big(bytes.len() as u64));
+    }
+    String::from_utf8(bytes).map_err(|_| "cannot read: it is not UTF-8 text".to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cohort_common::format::spec::PromptMode;
 
     fn found(scope: AgentScope, rank: u8, path: &str, text: &str) -> Found {
         Found {
@@ -387,35 +447,13 @@ mod tests {
     }
 
     #[test]
-    fn parses_every_field_and_reports_other_keys_as_ignored() {
-        let text = "---\nname: reviewer\ndescription: Reviews\nmodel: a/b\nthinking: low\n\
-                    tools: read, grep\nsystemPromptMode: append\ninheritProjectContext: true\n\
-                    output: review.md\ndefaultReads: [a]\n---\n\nYou review.\n";
-        let d = parse_agent(text, AgentScope::User, Some(Path::new("/u/r.md"))).unwrap();
-        assert_eq!(d.spec.name, "reviewer");
-        assert_eq!(d.spec.model.as_deref(), Some("a/b"));
-        assert_eq!(d.spec.thinking.as_deref(), Some("low"));
-        assert_eq!(d.spec.tools, Some(vec!["read".into(), "grep".into()]));
-        assert_eq!(d.spec.system_prompt_mode, PromptMode::Append);
-        assert!(d.spec.inherit_project_context && !d.spec.inherit_skills);
-        assert_eq!(d.spec.prompt, "You review.");
-        assert_eq!(d.ignored, vec!["output", "defaultReads"]);
-        assert_eq!(d.description.as_deref(), Some("Reviews"));
-        // Defaults: replace, no project context, no skills, no tools list.
-        let d = parse_agent(&agent("x", "p"), AgentScope::User, None).unwrap();
-        assert_eq!(d.spec.system_prompt_mode, PromptMode::Replace);
-        assert!(!d.spec.inherit_project_context && !d.spec.inherit_skills);
-        assert_eq!(d.spec.tools, None);
-    }
-
-    #[test]
     fn the_documented_example_parses() {
         let text = crate::chains::tests::doc_example("A complete example");
         let d = parse_agent(&text, AgentScope::Project, None).unwrap();
         assert_eq!(d.spec.name, "reviewer");
         assert_eq!(d.spec.model.as_deref(), Some("anthropic/claude-sonnet-4"));
         assert!(d.spec.inherit_project_context);
-        assert_eq!(d.ignored, vec!["output"]);
+        assert!(d.ignored.is_empty());
         assert!(d.spec.prompt.starts_with("You review code changes."));
     }
 
@@ -443,7 +481,7 @@ mod tests {
     }
 
     #[test]
-    fn the_builtins_parse_and_are_the_three_promised() {
+    fn the_builtins_parse_and_read_only_roles_cannot_write() {
         let cat = Catalog::build(
             BUILTINS
                 .iter()
@@ -456,23 +494,126 @@ mod tests {
                 .collect(),
         );
         assert!(cat.problems.is_empty(), "{:?}", cat.problems);
-        assert_eq!(cat.names(), vec!["reviewer", "scout", "worker"]);
+        assert_eq!(
+            cat.names(),
+            vec![
+                "context-builder",
+                "delegate",
+                "oracle",
+                "planner",
+                "researcher",
+                "reviewer",
+                "scout",
+                "worker"
+            ]
+        );
         for row in cat.listing() {
             assert!(
                 row.description.is_some() && row.ignored.is_empty(),
                 "{row:?}"
             );
         }
-        let scout = cat.resolve("scout").unwrap();
+        let read_only = ["read", "grep", "find", "ls"];
+        for name in [
+            "scout",
+            "planner",
+            "reviewer",
+            "oracle",
+            "researcher",
+            "context-builder",
+        ] {
+            let tools = cat.resolve(name).unwrap().spec.tools.clone().unwrap();
+            assert_eq!(tools, read_only, "{name}");
+        }
+        for name in ["worker", "delegate"] {
+            let tools = cat.resolve(name).unwrap().spec.tools.clone().unwrap();
+            assert_eq!(tools.len(), 7, "{name}: every Pi tool");
+        }
+        assert_eq!(cat.resolve("advisor").unwrap().spec.name, "oracle");
+    }
+
+    #[test]
+    fn aliases_resolve_and_packages_never_shadow() {
+        let cat = Catalog::build(vec![
+            Found {
+                scope: AgentScope::Builtin,
+                rank: 0,
+                path: None,
+                text: Ok(agent("scout", "builtin")),
+            },
+            found(
+                AgentScope::User,
+                1,
+                "/u/pkg-scout.md",
+                "---\nname: scout\npackage: code-analysis\naliases: finder\n---\npkg\n",
+            ),
+            found(
+                AgentScope::User,
+                1,
+                "/u/a.md",
+                "---\nname: a\naliases: helper, both\n---\na\n",
+            ),
+            found(
+                AgentScope::User,
+                1,
+                "/u/b.md",
+                "---\nname: b\naliases: [both, a]\n---\nb\n",
+            ),
+        ]);
+        assert_eq!(cat.resolve("scout").unwrap().spec.prompt, "builtin");
         assert_eq!(
-            scout.spec.tools,
-            Some(vec![
-                "read".into(),
-                "grep".into(),
-                "find".into(),
-                "ls".into()
-            ])
+            cat.resolve("code-analysis.scout").unwrap().spec.prompt,
+            "pkg"
         );
+        assert_eq!(
+            cat.resolve("finder").unwrap().spec.name,
+            "code-analysis.scout"
+        );
+        assert_eq!(cat.resolve("helper").unwrap().spec.name, "a");
+        assert_eq!(
+            cat.resolve("a").unwrap().spec.prompt,
+            "a",
+            "a name beats an alias"
+        );
+        let e = cat.resolve("both").unwrap_err().to_string();
+        assert!(e.contains("/u/a.md") && e.contains("/u/b.md"), "{e}");
+        // Two files of one package and name collide, naming both.
+        let cat = Catalog::build(vec![
+            found(
+                AgentScope::User,
+                1,
+                "/u/x.md",
+                "---\nname: s\npackage: p\n---\n1\n",
+            ),
+            found(
+                AgentScope::User,
+                1,
+                "/u/y.md",
+                "---\nname: s\npackage: p\n---\n2\n",
+            ),
+            found(
+                AgentScope::User,
+                1,
+                "/u/z.md",
+                "---\nname: t\npackage: p\ntools: Read\n---\n",
+            ),
+        ]);
+        let e = cat.resolve("p.s").unwrap_err().to_string();
+        assert!(e.contains("/u/x.md") && e.contains("/u/y.md"), "{e}");
+        let e = cat.resolve("p.t").unwrap_err().to_string();
+        assert!(e.contains("/u/z.md:4:") && e.contains("write read"), "{e}");
+    }
+
+    #[test]
+    fn a_file_over_the_bound_is_refused_unread() {
+        let d = tempfile::tempdir().unwrap();
+        let big = d.path().join("big.md");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(MAX_FILE_BYTES + 1).unwrap();
+        let e = read_text(&big).unwrap_err();
+        assert!(e.contains("1 MiB"), "{e}");
+        std::fs::write(&big, agent("ok", "x")).unwrap();
+        assert!(read_text(&big).is_ok());
     }
 
     #[test]
@@ -602,7 +743,7 @@ mod tests {
             model: Some("flag/m".into()),
             ..Default::default()
         };
-        apply(&mut t, &def);
+        apply(&mut t, &def.spec);
         assert_eq!(t.model.as_deref(), Some("flag/m"));
         assert_eq!(t.thinking.as_deref(), Some("low"));
         assert_eq!(t.tools, Some(vec!["read".to_string()]));
