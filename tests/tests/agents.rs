@@ -267,10 +267,7 @@ fn project_beats_user_beats_builtin() {
         "builtin"
     );
     // The builtin's tools, since nothing overrides them.
-    assert_eq!(
-        tools(&last_request(&env)),
-        ["find", "grep", "ls", "read"]
-    );
+    assert_eq!(tools(&last_request(&env)), ["find", "grep", "ls", "read"]);
 }
 
 #[test]
