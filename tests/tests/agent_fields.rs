@@ -314,3 +314,43 @@ fn every_builtin_runs_with_the_tools_it_declares() {
         );
     }
 }
+
+#[test]
+fn model_inherit_in_a_nested_run_is_the_parent_steps_model() {
+    let env = TestEnv::new();
+    agent(&env, "inh", "model: inherit\n");
+    // The parent step (model fake/tool) runs a nested agent run from its bash tool; the
+    // nested agent inherits fake/tool and so runs `echo hi` itself.
+    let nested = format!(
+        "{} --wait --agent inh x -- {}",
+        cohort_e2e::harness::bin_dir()
+            .join("cohort-spawn")
+            .display(),
+        PI_ARGS.join(" ")
+    );
+    let out = spawn(
+        &env,
+        env.tmp.path(),
+        &["--model", "fake/tool", &format!("RUN: {nested}")],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // The parent's bash tool saw the nested spawn's stderr line and its answer.
+    assert!(
+        stdout(&out).trim().ends_with("\nTOOL DONE: hi"),
+        "{}",
+        stdout(&out)
+    );
+    let nested_reqs: Vec<Value> = env
+        .server
+        .requests()
+        .into_iter()
+        .filter(|r| system_prompt(r).starts_with("You are inh-PROMPT."))
+        .collect();
+    assert!(
+        !nested_reqs.is_empty(),
+        "the nested agent reached the model"
+    );
+    for r in &nested_reqs {
+        assert_eq!(r["model"], "tool", "the parent step's model");
+    }
+}
