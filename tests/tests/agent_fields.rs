@@ -354,3 +354,76 @@ fn model_inherit_in_a_nested_run_is_the_parent_steps_model() {
         assert_eq!(r["model"], "tool", "the parent step's model");
     }
 }
+
+#[test]
+fn on_pi_1_an_agents_child_gets_no_mcp_and_empty_tools_are_no_tools() {
+    let env = TestEnv::new();
+    agent(&env, "quiet", "model: fake/slow\ntools: []\n");
+    let mut c = env.cmd("cohort-spawn");
+    c.args(["--agent", "quiet", "x", "--"]).args(PI_ARGS);
+    let out = c.output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    let pid = env.child_pid(&id, 0);
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let argv: Vec<String> = String::from_utf8_lossy(&cmdline)
+        .split('\0')
+        .map(String::from)
+        .collect();
+    env.stop(&id);
+    assert!(argv.iter().any(|a| a == "--no-tools"), "{argv:?}");
+    assert!(!argv.iter().any(|a| a == "--tools"), "{argv:?}");
+    assert_eq!(
+        argv.iter().any(|a| a == "--no-mcp"),
+        cohort_e2e::pi::generation().is_1x(),
+        "{argv:?}"
+    );
+}
+
+/// Agent files shaped like the ones pi-subagents 0.67 (`ps-…`) and pi-cohort (`pc-…`) ship,
+/// written for this test from the upstream docs (fields as documented, prompts our own), and
+/// the field each is refused for, the first one cohort cannot honour (`None`: it runs).
+const UPSTREAM_LIKE: [(&str, &str, Option<&str>); 20] = [
+    ("ps-scout", "tools: read, grep, find, ls, bash, write, contact_supervisor\nthinking: low\noutput: context.md\ndefaultProgress: true\n", Some("`output`")),
+    ("ps-researcher", "tools: read, write, web_search, fetch_content, get_search_content, source_check\nthinking: medium\noutput: research.md\n", Some("`output`")),
+    ("ps-evidence-auditor", "tools: read, web_search, fetch_content, get_search_content, source_check\nthinking: high\n", Some("web_search")),
+    ("ps-worker", "aliases: developer, coder\ntools: read, grep, find, ls, bash, edit, write, contact_supervisor\nthinking: high\ndefaultContext: fork\ndefaultReads: context.md, plan.md\n", Some("`defaultReads`")),
+    ("ps-reviewer", "tools: read, grep, find, ls, contact_supervisor\nthinking: high\n", Some("contact_supervisor")),
+    ("ps-oracle", "aliases: ps-advisor\ntools: read, grep, find, ls, bash\nthinking: high\ndefaultContext: fork\n", Some("`defaultContext: fork`")),
+    ("ps-delegate", "tools: read, grep, find, ls, bash, edit, write, contact_supervisor\nsystemPromptMode: append\n", Some("contact_supervisor")),
+    ("ps-claude-code", "runner:\n  type: external-cli\n  command: claude\nasync: true\n", Some("`runner`")),
+    ("ps-codex-exec", "runner:\n  type: external-cli\n  command: codex\nasync: true\n", Some("`runner`")),
+    ("ps-cursor-agent", "runner:\n  type: external-cli\n  command: cursor-agent\nasync: true\n", Some("`runner`")),
+    ("ps-claude-code-writer", "runner:\n  type: external-cli\n  command: claude\nasync: true\n", Some("`runner`")),
+    ("ps-codex-exec-writer", "runner:\n  type: external-cli\n  command: codex\nasync: true\n", Some("`runner`")),
+    ("ps-cursor-agent-writer", "runner:\n  type: external-cli\n  command: cursor-agent\nasync: true\n", Some("`runner`")),
+    ("pc-scout", "tools: read, grep, find, ls, bash, write\nthinking: low\noutput: context.md\ndefaultProgress: true\n", Some("`output`")),
+    ("pc-planner", "tools: read, grep, find, ls, write\nthinking: high\noutput: plan.md\ndefaultReads: context.md\ndefaultContext: fork\n", Some("`output`")),
+    ("pc-context-builder", "tools: read, grep, find, ls, bash, write, fetch\nthinking: medium\noutput: context.md\n", Some("`output`")),
+    ("pc-worker", "tools: read, grep, find, ls, bash, edit, write, contact_supervisor\nthinking: high\ndefaultContext: fork\n", Some("`defaultContext: fork`")),
+    ("pc-reviewer", "tools: read, grep, find, ls, bash, edit, write, intercom\nthinking: high\ndefaultReads: plan.md, progress.md\n", Some("`defaultReads`")),
+    ("pc-oracle", "tools: read, grep, find, ls, bash\nthinking: high\ndefaultContext: fork\n", Some("`defaultContext: fork`")),
+    ("pc-delegate", "tools: read, grep, find, ls, bash, edit, write\nsystemPromptMode: append\ninheritProjectContext: true\n", None),
+];
+
+#[test]
+fn upstream_shaped_agents_run_as_declared_or_are_refused_naming_the_field() {
+    let env = TestEnv::new();
+    let cwd = env.tmp.path().to_path_buf();
+    for (name, fields, refusal) in UPSTREAM_LIKE {
+        let file = agent(&env, name, fields);
+        match refusal {
+            Some(field) => refused(&env, name, &file, &[field]),
+            None => {
+                let req = run_agent(&env, &cwd, name, true);
+                assert_eq!(
+                    tools(&req),
+                    ["bash", "edit", "find", "grep", "ls", "read", "write"],
+                    "{name}"
+                );
+                let sys = system_prompt(&req);
+                assert!(sys.contains(&format!("You are {name}-PROMPT.")), "{sys}");
+            }
+        }
+    }
+}
