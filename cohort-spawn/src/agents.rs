@@ -97,6 +97,8 @@ pub struct AgentRow {
     pub description: Option<String>,
     /// Its model (null: Pi's default, or the command line's).
     pub model: Option<String>,
+    /// Other names it answers to (`aliases`).
+    pub aliases: Vec<String>,
     /// Frontmatter keys cohort ignores.
     pub ignored: Vec<String>,
     /// Why this agent cannot be used, when it cannot (a broken file, two files of one scope
@@ -249,6 +251,7 @@ impl Catalog {
                 path: def.spec.path.clone(),
                 description: def.description.clone(),
                 model: def.spec.model.clone(),
+                aliases: def.aliases.clone(),
                 ignored: def.ignored.clone(),
                 problem,
             });
@@ -261,6 +264,7 @@ impl Catalog {
                     path: p.path.clone(),
                     description: None,
                     model: None,
+                    aliases: Vec::new(),
                     ignored: Vec::new(),
                     problem: Some(p.message.clone()),
                 });
