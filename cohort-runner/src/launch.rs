@@ -84,12 +84,13 @@ pub fn start(
         .and_then(|p| p.version)
         .and_then(|v| v.split('.').next()?.parse().ok())
         .unwrap_or(0);
-    let (replace_context, context_path) =
-        write_context(l, step, pi_major).map_err(|e| e.to_string())?;
+    let context = write_context(l, step, pi_major).map_err(|e| e.to_string())?;
     let child = Child {
         pi_major,
-        replace_context,
-        context_file: context_path.as_deref(),
+        context: match &context {
+            None => ContextFiles::Pi,
+            Some(file) => ContextFiles::Runner(file.as_deref()),
+        },
     };
     let args = pi_command_args(
         step,
@@ -141,26 +142,37 @@ fn write_inputs(dir: &RunDir, step: &FlatStep, previous: &str) -> Result<(File, 
 }
 
 /// When step `step`'s agent inherits the project's context but not the profile's, and the
-/// profile has a context file: `true`, and the project's context files written to
-/// `context-<i>.md` (0600; none when the project has none) for the child instead of Pi's own
-/// loading ([`crate::context`]). Else `false`: Pi loads context files itself, or none.
-fn write_context(l: &Launch, step: &FlatStep, pi_major: u64) -> Result<(bool, Option<PathBuf>)> {
+/// profile has a context file: `Some`, with the project's context files written to
+/// `context-<i>.md` (0600; `None` inside when the project has none) for the child instead of
+/// Pi's own loading ([`crate::context`]). Else `None`: Pi loads context files itself, or none.
+fn write_context(l: &Launch, step: &FlatStep, pi_major: u64) -> Result<Option<Option<PathBuf>>> {
     let Some(agent) = &step.spec.resolved_agent else {
-        return Ok((false, None));
+        return Ok(None);
     };
     if !agent.inherit_project_context || agent.inherit_global_context {
-        return Ok((false, None));
+        return Ok(None);
     }
     let Some(found) = crate::context::collect(&l.spec.cwd, &l.spec.profile_dir, pi_major) else {
-        return Ok((false, None));
+        return Ok(None);
     };
     let text = crate::context::render(&found);
     if text.is_empty() {
-        return Ok((true, None));
+        return Ok(Some(None));
     }
     let path = l.dir.path().join(format!("context-{}.md", step.index));
     files::write_atomic(&path, text.as_bytes())?;
-    Ok((true, Some(path)))
+    Ok(Some(Some(path)))
+}
+
+/// Who gives a step's Pi child its context files.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ContextFiles<'a> {
+    /// Pi loads them itself (or none, under `--no-context-files`).
+    #[default]
+    Pi,
+    /// The runner does, because the agent must not see the profile's: `--no-context-files`,
+    /// then the project's files (this file, if any) with `--append-system-prompt`.
+    Runner(Option<&'a Path>),
 }
 
 /// What a step's Pi child needs beside the step: facts of the runtime and files the runner
@@ -169,11 +181,8 @@ fn write_context(l: &Launch, step: &FlatStep, pi_major: u64) -> Result<(bool, Op
 pub struct Child<'a> {
     /// The Pi runtime's major version (0 for 0.x).
     pub pi_major: u64,
-    /// The runner gives the child its context files (`--no-context-files`, then
-    /// `context_file` appended), because its agent must not see the profile's.
-    pub replace_context: bool,
-    /// The project's context files, for `--append-system-prompt`.
-    pub context_file: Option<&'a Path>,
+    /// Who gives the child its context files.
+    pub context: ContextFiles<'a>,
 }
 
 /// The command of step `i`'s Pi child: `node <entry> <args>` in the run's cwd and its own
@@ -264,9 +273,9 @@ pub fn pi_command_args(
     }
     if let (Some(agent), Some(file)) = (&s.resolved_agent, prompt_file) {
         args.extend(agent.pi_flags(file));
-        if child.replace_context {
+        if let ContextFiles::Runner(file) = child.context {
             args.push("--no-context-files".into());
-            if let Some(c) = child.context_file {
+            if let Some(c) = file {
                 args.extend(["--append-system-prompt".into(), c.display().to_string()]);
             }
         }
@@ -405,7 +414,12 @@ mod tests {
         );
         assert_eq!(
             &args[5..],
-            ["--append-system-prompt", "/r/p-1.md", "--no-skills"]
+            [
+                "--append-system-prompt",
+                "/r/p-1.md",
+                "--no-skills",
+                "--no-extensions"
+            ]
         );
         assert!(!args.iter().any(|a| a.contains("SECRET")));
         let replace = spec::AgentSpec {
@@ -416,15 +430,19 @@ mod tests {
         };
         assert_eq!(
             replace.pi_flags(Path::new("/p")),
-            ["--system-prompt", "/p", "--no-context-files"]
+            [
+                "--system-prompt",
+                "/p",
+                "--no-context-files",
+                "--no-extensions"
+            ]
         );
         // Pi 1.x: no MCP; the runner's context file in place of Pi's own; no tools.
         let mut step = step;
         step.spec.tools = Some(vec![]);
         let child = Child {
             pi_major: 1,
-            replace_context: true,
-            context_file: Some(Path::new("/r/context-1.md")),
+            context: ContextFiles::Runner(Some(Path::new("/r/context-1.md"))),
         };
         let args = pi_command_args(&step, Path::new("/s"), &[], Some(Path::new("/p")), &child);
         assert_eq!(
@@ -434,6 +452,7 @@ mod tests {
                 "--append-system-prompt",
                 "/p",
                 "--no-skills",
+                "--no-extensions",
                 "--no-context-files",
                 "--append-system-prompt",
                 "/r/context-1.md",

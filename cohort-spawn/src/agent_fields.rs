@@ -216,11 +216,7 @@ pub fn parse_agent(
         None => doc.list("skills")?.unwrap_or_default(),
     };
     let skills = paths(&doc, "skillPath", base)?;
-    let extensions = if doc.fields.contains_key("extensions") {
-        Some(paths(&doc, "extensions", base)?)
-    } else {
-        None
-    };
+    let extensions = Some(paths(&doc, "extensions", base)?).filter(|e| !e.is_empty());
     let tools = resolve_tools(&doc)?;
     Ok(AgentDef {
         spec: AgentSpec {
@@ -792,7 +788,7 @@ mod tests {
         assert_eq!(d.spec.skills, vec![PathBuf::from("/u/agents/skills/s")]);
         assert_eq!(
             parse(&fm("extensions: []\n")).unwrap().spec.extensions,
-            Some(vec![])
+            None
         );
         let e = parse_agent(&fm("extensions: ./x.ts\n"), AgentScope::Builtin, None).unwrap_err();
         assert!(e.message.contains("absolute"), "{e:?}");

@@ -356,7 +356,7 @@ fn model_inherit_in_a_nested_run_is_the_parent_steps_model() {
 }
 
 #[test]
-fn on_pi_1_an_agents_child_gets_no_mcp_and_empty_tools_are_no_tools() {
+fn an_agents_child_gets_no_extensions_no_mcp_on_pi_1_and_empty_tools_are_no_tools() {
     let env = TestEnv::new();
     agent(&env, "quiet", "model: fake/slow\ntools: []\n");
     let mut c = env.cmd("cohort-spawn");
@@ -372,6 +372,8 @@ fn on_pi_1_an_agents_child_gets_no_mcp_and_empty_tools_are_no_tools() {
         .collect();
     env.stop(&id);
     assert!(argv.iter().any(|a| a == "--no-tools"), "{argv:?}");
+    // No `extensions` field: no extensions (the test's Pi args do not ask for none).
+    assert!(argv.iter().any(|a| a == "--no-extensions"), "{argv:?}");
     assert!(!argv.iter().any(|a| a == "--tools"), "{argv:?}");
     assert_eq!(
         argv.iter().any(|a| a == "--no-mcp"),

@@ -112,8 +112,8 @@ pub struct AgentSpec {
     /// loads them even with `--no-skills`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skills: Vec<PathBuf>,
-    /// `extensions`, resolved to paths: absent, Pi's own extension discovery; present, Pi
-    /// `--no-extensions` and one `-e PATH` each (an empty list: no extensions at all).
+    /// `extensions`, resolved to paths: one `-e PATH` each, after `--no-extensions` (an agent's
+    /// child loads no extension it does not list; absent and empty both mean none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extensions: Option<Vec<PathBuf>>,
     /// `subagentOnlyExtensions`, resolved to paths: one `-e PATH` each, beside whatever else
@@ -136,8 +136,8 @@ impl AgentSpec {
 
     /// The Pi flags this agent adds for a prompt written to `prompt_file` (pure): the prompt
     /// flag of its [`PromptMode`] (none for an empty prompt), then `--no-context-files` and
-    /// `--no-skills` unless it inherits them, `--skill` per skill file, `--no-extensions` when
-    /// it lists its extensions, and `-e` per extension. The profile's context file, when the
+    /// `--no-skills` unless it inherits them, `--skill` per skill file, `--no-extensions`, and
+    /// `-e` per extension it lists. The profile's context file, when the
     /// agent inherits the project's but not the global one, is the runner's
     /// (`cohort-runner/src/context.rs`). Model, thinking and tools are not here: spawn merges them into the step
     /// ([`TaskSpec::model`], …) so that the command line and the step can override them.
@@ -160,13 +160,13 @@ impl AgentSpec {
         for s in &self.skills {
             args.extend(["--skill".to_string(), s.display().to_string()]);
         }
-        if let Some(exts) = &self.extensions {
-            args.push("--no-extensions".into());
-            for e in exts {
-                args.extend(["-e".to_string(), e.display().to_string()]);
-            }
-        }
-        for e in &self.extra_extensions {
+        args.push("--no-extensions".into());
+        for e in self
+            .extensions
+            .iter()
+            .flatten()
+            .chain(&self.extra_extensions)
+        {
             args.extend(["-e".to_string(), e.display().to_string()]);
         }
         args
