@@ -79,7 +79,26 @@ pub fn start(
         .unwrap_or_else(|| layout::default_session_file(&l.spec.session_dir, i));
     let session_lock = session::lock_session(&session_file)?;
     let (task_in, prompt_path) = write_inputs(l.dir, step, previous).map_err(|e| e.to_string())?;
-    let args = pi_command_args(step, &session_file, &l.spec.pi_args, prompt_path.as_deref());
+    let pi_major = runtime::package_info(&rt.pi_package_root)
+        .ok()
+        .and_then(|p| p.version)
+        .and_then(|v| v.split('.').next()?.parse().ok())
+        .unwrap_or(0);
+    let context = write_context(l, step, pi_major).map_err(|e| e.to_string())?;
+    let child = Child {
+        pi_major,
+        context: match &context {
+            None => ContextFiles::Pi,
+            Some(file) => ContextFiles::Runner(file.as_deref()),
+        },
+    };
+    let args = pi_command_args(
+        step,
+        &session_file,
+        &l.spec.pi_args,
+        prompt_path.as_deref(),
+        &child,
+    );
     let log = OutputLog::open(&l.dir.output_log(i), l.spec.options.output_cap_bytes)
         .map_err(|e| e.to_string())?;
     let tmp = private_tmp(l.dir).map_err(|e| e.to_string())?;
@@ -121,6 +140,50 @@ fn write_inputs(dir: &RunDir, step: &FlatStep, previous: &str) -> Result<(File, 
         None => None,
     };
     Ok((files::open_regular(&task_path)?, prompt_path))
+}
+
+/// When step `step`'s agent inherits the project's context but not the profile's, and the
+/// profile has a context file: `Some`, with the project's context files written to
+/// `context-<i>.md` (0600; `None` inside when the project has none) for the child instead of
+/// Pi's own loading ([`crate::context`]). Else `None`: Pi loads context files itself, or none.
+fn write_context(l: &Launch, step: &FlatStep, pi_major: u64) -> Result<Option<Option<PathBuf>>> {
+    let Some(agent) = &step.spec.resolved_agent else {
+        return Ok(None);
+    };
+    if !agent.inherit_project_context || agent.inherit_global_context {
+        return Ok(None);
+    }
+    let Some(found) = crate::context::collect(&l.spec.cwd, &l.spec.profile_dir, pi_major) else {
+        return Ok(None);
+    };
+    let text = crate::context::render(&found);
+    if text.is_empty() {
+        return Ok(Some(None));
+    }
+    let path = l.dir.path().join(format!("context-{}.md", step.index));
+    files::write_atomic(&path, text.as_bytes())?;
+    Ok(Some(Some(path)))
+}
+
+/// Who gives a step's Pi child its context files.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ContextFiles<'a> {
+    /// Pi loads them itself (or none, under `--no-context-files`).
+    #[default]
+    Pi,
+    /// The runner does, because the agent must not see the profile's: `--no-context-files`,
+    /// then the project's files (this file, if any) with `--append-system-prompt`.
+    Runner(Option<&'a Path>),
+}
+
+/// What a step's Pi child needs beside the step: facts of the runtime and files the runner
+/// wrote for it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Child<'a> {
+    /// The Pi runtime's major version (0 for 0.x).
+    pub pi_major: u64,
+    /// Who gives the child its context files.
+    pub context: ContextFiles<'a>,
 }
 
 /// The command of step `i`'s Pi child: `node <entry> <args>` in `cwd` (the step's own, else
@@ -175,10 +238,12 @@ fn end_with_runner(cmd: &mut Command) {
 }
 
 /// The arguments of a step's Pi child after the CLI entry (pure): `--mode json -p --session
-/// FILE`, the step's model, thinking and tools (spawn has merged its agent's into them), the
-/// agent's flags for a prompt written to `prompt_file` ([`spec::AgentSpec::pi_flags`]), then
-/// the run-wide and the step's own Pi args, so that the latter win (Pi keeps the last
-/// `--model`, `--tools`, `--thinking`, `--system-prompt`).
+/// FILE`, the step's model, thinking and tools (spawn has merged its agent's into them; an
+/// empty tool list is `--no-tools`), the agent's flags for a prompt written to `prompt_file`
+/// ([`spec::AgentSpec::pi_flags`]), the context files the runner gives it ([`Child`]), and
+/// for an agent on Pi 1.x `--no-mcp` (no agent field can ask for MCP tools, and Pi 1.x keeps
+/// them reachable beside `--tools`); then the run-wide and the step's own Pi args, so that
+/// the latter win (Pi keeps the last `--model`, `--tools`, `--thinking`, `--system-prompt`).
 ///
 /// No task: the task goes to Pi on stdin from a file (Pi reads piped stdin as the message in
 /// `-p` mode; `tests/tests/e2e/pi_contract.rs`), so it never shows in `ps`, never hits the kernel's
@@ -188,6 +253,7 @@ pub fn pi_command_args(
     session_file: &Path,
     run_pi_args: &[String],
     prompt_file: Option<&Path>,
+    child: &Child,
 ) -> Vec<String> {
     let mut args = vec![
         "--mode".to_string(),
@@ -203,11 +269,22 @@ pub fn pi_command_args(
     if let Some(t) = &s.thinking {
         args.extend(["--thinking".into(), t.clone()]);
     }
-    if let Some(tools) = &s.tools {
-        args.extend(["--tools".into(), tools.join(",")]);
+    match &s.tools {
+        Some(tools) if tools.is_empty() => args.push("--no-tools".into()),
+        Some(tools) => args.extend(["--tools".into(), tools.join(",")]),
+        None => {}
     }
     if let (Some(agent), Some(file)) = (&s.resolved_agent, prompt_file) {
         args.extend(agent.pi_flags(file));
+        if let ContextFiles::Runner(file) = child.context {
+            args.push("--no-context-files".into());
+            if let Some(c) = file {
+                args.extend(["--append-system-prompt".into(), c.display().to_string()]);
+            }
+        }
+        if child.pi_major >= 1 {
+            args.push("--no-mcp".into());
+        }
     }
     args.extend(run_pi_args.iter().cloned());
     args.extend(s.pi_args.iter().cloned());
@@ -284,6 +361,7 @@ mod tests {
             Path::new("/s/step-0.jsonl"),
             &["--run-arg".into()],
             None,
+            &Child::default(),
         );
         assert_eq!(
             args,
@@ -314,7 +392,11 @@ mod tests {
             tools: None,
             system_prompt_mode: spec::PromptMode::Append,
             inherit_project_context: true,
+            inherit_global_context: false,
             inherit_skills: false,
+            skills: vec![],
+            extensions: None,
+            extra_extensions: vec![],
             prompt: "SECRET PROMPT".into(),
         };
         let step = FlatStep {
@@ -326,10 +408,21 @@ mod tests {
                 ..Default::default()
             },
         };
-        let args = pi_command_args(&step, Path::new("/s"), &[], Some(Path::new("/r/p-1.md")));
+        let args = pi_command_args(
+            &step,
+            Path::new("/s"),
+            &[],
+            Some(Path::new("/r/p-1.md")),
+            &Child::default(),
+        );
         assert_eq!(
             &args[5..],
-            ["--append-system-prompt", "/r/p-1.md", "--no-skills"]
+            [
+                "--append-system-prompt",
+                "/r/p-1.md",
+                "--no-skills",
+                "--no-extensions"
+            ]
         );
         assert!(!args.iter().any(|a| a.contains("SECRET")));
         let replace = spec::AgentSpec {
@@ -340,7 +433,55 @@ mod tests {
         };
         assert_eq!(
             replace.pi_flags(Path::new("/p")),
-            ["--system-prompt", "/p", "--no-context-files"]
+            [
+                "--system-prompt",
+                "/p",
+                "--no-context-files",
+                "--no-extensions"
+            ]
+        );
+        // Pi 1.x: no MCP; the runner's context file in place of Pi's own; no tools.
+        let mut step = step;
+        step.spec.tools = Some(vec![]);
+        let child = Child {
+            pi_major: 1,
+            context: ContextFiles::Runner(Some(Path::new("/r/context-1.md"))),
+        };
+        let args = pi_command_args(&step, Path::new("/s"), &[], Some(Path::new("/p")), &child);
+        assert_eq!(
+            &args[5..],
+            [
+                "--no-tools",
+                "--append-system-prompt",
+                "/p",
+                "--no-skills",
+                "--no-extensions",
+                "--no-context-files",
+                "--append-system-prompt",
+                "/r/context-1.md",
+                "--no-mcp"
+            ]
+        );
+        let with_files = spec::AgentSpec {
+            skills: vec!["/s/SKILL.md".into()],
+            extensions: Some(vec!["/e/a.ts".into()]),
+            extra_extensions: vec!["/e/b.ts".into()],
+            inherit_skills: true,
+            inherit_project_context: true,
+            prompt: String::new(),
+            ..replace
+        };
+        assert_eq!(
+            with_files.pi_flags(Path::new("/p")),
+            [
+                "--skill",
+                "/s/SKILL.md",
+                "--no-extensions",
+                "-e",
+                "/e/a.ts",
+                "-e",
+                "/e/b.ts"
+            ]
         );
     }
 }

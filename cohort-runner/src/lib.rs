@@ -5,6 +5,7 @@
 //! - [`start`]: from a `queued` record to a `running` one with its spec, event log and route;
 //! - [`launch`]: building and starting a step's Pi child (arguments, environment, private
 //!   `tmp/`, the parent-death signal);
+//! - [`context`]: the project's context files, for an agent that must not see the profile's;
 //! - [`readers`]: the stdout and stderr reader threads of a child, and its capped output log;
 //! - [`tracking`]: the run's tracked processes, the looks at its tree, `processes.json`;
 //! - [`writer`]: the record writes: coalesced progress, the heartbeat, the terminal write;
@@ -24,6 +25,7 @@
 #![deny(clippy::print_stderr, clippy::print_stdout)]
 
 pub mod cmd;
+pub mod context;
 pub mod hook;
 pub mod launch;
 pub mod nested;

@@ -1,108 +1,42 @@
 //! Agents: parsing agent files, choosing among them, and listing them (`docs/agents.md`).
 //!
-//! An agent is a markdown file: YAML frontmatter (`name`, `description`, `model`, `thinking`,
-//! `tools`, `systemPromptMode`, `inheritProjectContext`, `inheritSkills`; other keys that other
-//! Pi subagent tools use are accepted and reported as ignored), then the system prompt. Where
-//! the files come from (directories, their order, settings overlays, trust) is
-//! [`crate::discover`]; everything here is pure: [`parse_agent`] reads one file,
+//! An agent is a markdown file: YAML frontmatter, then the system prompt; what its fields mean
+//! is [`crate::agent_fields`]. An agent with a `package` is named `PACKAGE.NAME`; `aliases` are
+//! other names for it. Where the files come from (directories, their order, settings overlays,
+//! trust) is [`crate::discover`]; everything here is pure: [`parse_agent`]
+//! ([`crate::agent_fields`]) reads one file,
 //! [`Catalog::build`] applies precedence, [`Catalog::resolve`] picks the agent a name means (or
 //! refuses with the closest names, the broken file and its line, or both colliding files), and
 //! [`Catalog::listing`] is what `--list-agents` prints. Only spawn needs any of this: the
-//! runner gets the resolved agent in the launch spec ([`AgentSpec`]).
+//! runner gets the resolved agent in the launch spec ([`cohort_common::format::spec::AgentSpec`]).
 
 pub use crate::discover::{discover, markdown_files, project_root, read_text};
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use cohort_common::error::{Error, Result};
 use cohort_common::format::record::AgentScope;
-use cohort_common::format::spec::{AgentSpec, PromptMode, TaskSpec};
+use cohort_common::format::spec::{AgentSpec, TaskSpec};
 use serde::Serialize;
 
-use crate::frontmatter::{self, TextError};
+pub use crate::agent_fields::{parse_agent, AgentDef};
+use crate::frontmatter;
 
 /// The builtin agents, as (file name, text): `cohort-spawn/agents/*.md`, compiled in.
-pub const BUILTINS: [(&str, &str); 3] = [
+pub const BUILTINS: [(&str, &str); 8] = [
     ("scout.md", include_str!("../agents/scout.md")),
+    ("planner.md", include_str!("../agents/planner.md")),
     ("worker.md", include_str!("../agents/worker.md")),
     ("reviewer.md", include_str!("../agents/reviewer.md")),
+    ("oracle.md", include_str!("../agents/oracle.md")),
+    ("delegate.md", include_str!("../agents/delegate.md")),
+    ("researcher.md", include_str!("../agents/researcher.md")),
+    (
+        "context-builder.md",
+        include_str!("../agents/context-builder.md"),
+    ),
 ];
-
-/// The frontmatter keys that shape the Pi child.
-pub const KNOWN_KEYS: [&str; 8] = [
-    "name",
-    "description",
-    "model",
-    "thinking",
-    "tools",
-    "systemPromptMode",
-    "inheritProjectContext",
-    "inheritSkills",
-];
-
-/// One agent as read from its file.
-#[derive(Clone, Debug, PartialEq)]
-pub struct AgentDef {
-    /// What the runner needs (fields and prompt) and where it came from.
-    pub spec: AgentSpec,
-    /// `description`, for listings.
-    pub description: Option<String>,
-    /// Frontmatter keys cohort does not use (`output`, `defaultReads`, `skills`, …), in file
-    /// order: accepted, and listed as ignored.
-    pub ignored: Vec<String>,
-}
-
-/// Parse an agent file's text (pure). `scope` and `path` say where it was found. Errors carry
-/// the line: broken frontmatter (no opening or closing `---`, invalid YAML), a missing or
-/// empty `name`, a field of the wrong type, a `systemPromptMode` other than `replace` or
-/// `append`.
-pub fn parse_agent(
-    text: &str,
-    scope: AgentScope,
-    path: Option<&Path>,
-) -> std::result::Result<AgentDef, TextError> {
-    let doc = frontmatter::split(text)?;
-    let name = doc
-        .string("name")?
-        .map(|n| n.trim().to_string())
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| TextError::at(doc.line_of("name"), "missing `name`"))?;
-    let system_prompt_mode = match doc.string("systemPromptMode")?.as_deref() {
-        None | Some("replace") => PromptMode::Replace,
-        Some("append") => PromptMode::Append,
-        Some(other) => {
-            return Err(TextError::at(
-                doc.line_of("systemPromptMode"),
-                format!("`systemPromptMode` is {other:?}; expected replace or append"),
-            ))
-        }
-    };
-    let ignored = doc
-        .keys()
-        .into_iter()
-        .filter(|k| !KNOWN_KEYS.contains(&k.as_str()))
-        .collect();
-    Ok(AgentDef {
-        spec: AgentSpec {
-            name,
-            scope,
-            path: path.map(Path::to_path_buf),
-            model: doc.string("model")?.filter(|s| !s.trim().is_empty()),
-            thinking: doc.string("thinking")?.filter(|s| !s.trim().is_empty()),
-            tools: doc.list("tools")?,
-            system_prompt_mode,
-            inherit_project_context: doc.boolean("inheritProjectContext")?.unwrap_or(false),
-            inherit_skills: doc.boolean("inheritSkills")?.unwrap_or(false),
-            prompt: doc.body.trim().to_string(),
-        },
-        description: doc
-            .string("description")?
-            .map(|d| d.trim().to_string())
-            .filter(|d| !d.is_empty()),
-        ignored,
-    })
-}
 
 /// One file found in a scope, read or not.
 #[derive(Clone, Debug)]
@@ -178,6 +112,8 @@ pub struct AgentRow {
     pub description: Option<String>,
     /// Its model (null: Pi's default, or the command line's).
     pub model: Option<String>,
+    /// Other names it answers to (`aliases`).
+    pub aliases: Vec<String>,
     /// Frontmatter keys cohort ignores.
     pub ignored: Vec<String>,
     /// Why this agent cannot be used, when it cannot (a broken file, two files of one scope
@@ -207,13 +143,22 @@ impl Catalog {
             let parsed = match &f.text {
                 Ok(text) => parse_agent(text, f.scope, f.path.as_deref()).map_err(|e| {
                     // The name it was meant to have: from the frontmatter when it reads.
-                    let name = frontmatter::split(text)
-                        .ok()
+                    let doc = frontmatter::split(text).ok();
+                    let local = doc
+                        .as_ref()
                         .and_then(|d| d.string("name").ok().flatten())
                         .map(|n| n.trim().to_string())
                         .filter(|n| !n.is_empty())
                         .or_else(|| name_line(text))
                         .unwrap_or_else(|| guess.clone());
+                    let package = doc
+                        .as_ref()
+                        .and_then(|d| d.string("package").ok().flatten())
+                        .and_then(|p| crate::agent_fields::normalise_package(&p));
+                    let name = match package {
+                        Some(p) => format!("{p}.{local}"),
+                        None => local,
+                    };
                     (name, format!("{shown}:{}: {}", e.line, e.message))
                 }),
                 Err(e) => Err((guess.clone(), format!("{shown}: {e}"))),
@@ -241,11 +186,38 @@ impl Catalog {
         self.agents.keys().map(String::as_str).collect()
     }
 
-    /// The agent `name` means (pure): the one of the highest rank. Errors
+    /// The agent `name` means (pure): the agent of that name (`PACKAGE.NAME` for an agent
+    /// with a `package`; a bare name never means a packaged agent), else the one agent that
+    /// lists `name` among its `aliases`. Errors ([`Error::Usage`], exit 2), each one line: see
+    /// [`Catalog::resolve_name`]; an alias two agents claim (both files).
+    pub fn resolve(&self, name: &str) -> Result<&AgentDef> {
+        if self.agents.contains_key(name) || self.problems.iter().any(|p| p.name == name) {
+            return self.resolve_name(name);
+        }
+        let owners: Vec<&AgentDef> = self
+            .agents
+            .keys()
+            .filter_map(|n| self.resolve_name(n).ok())
+            .filter(|d| d.aliases.iter().any(|a| a == name))
+            .collect();
+        match owners.as_slice() {
+            [one] => Ok(one),
+            [a, b, ..] => Err(Error::Usage(format!(
+                "agent alias {name:?} is claimed by two agents: {} ({}) and {} ({}); ask for one by its name",
+                a.spec.name,
+                describe(&a.spec.path, a.spec.scope, &a.spec.name),
+                b.spec.name,
+                describe(&b.spec.path, b.spec.scope, &b.spec.name),
+            ))),
+            [] => Err(Error::Usage(unknown("agent", name, &self.names()))),
+        }
+    }
+
+    /// The agent named `name` (pure): the one of the highest rank. Errors
     /// ([`Error::Usage`], exit 2), each one line: no agent of that name (with the closest
     /// names); a broken file meant to be that agent at the winning rank or above (its path,
     /// line and problem); two files of the winning rank naming it (both paths).
-    pub fn resolve(&self, name: &str) -> Result<&AgentDef> {
+    pub fn resolve_name(&self, name: &str) -> Result<&AgentDef> {
         let candidates = self.agents.get(name);
         let top = candidates.and_then(|c| c.last()).map(|(r, _)| *r);
         if let Some(p) = self
@@ -295,6 +267,7 @@ impl Catalog {
                 path: def.spec.path.clone(),
                 description: def.description.clone(),
                 model: def.spec.model.clone(),
+                aliases: def.aliases.clone(),
                 ignored: def.ignored.clone(),
                 problem,
             });
@@ -307,6 +280,7 @@ impl Catalog {
                     path: p.path.clone(),
                     description: None,
                     model: None,
+                    aliases: Vec::new(),
                     ignored: Vec::new(),
                     problem: Some(p.message.clone()),
                 });
@@ -373,11 +347,11 @@ pub fn closest_names(name: &str, known: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// Give a task the agent it names (pure): its resolved agent, the agent's name as the label's
-/// default (the record's `agent`), and the agent's model, thinking and tools where the task
-/// (its step, or the command line) names none, because those win.
-pub fn apply(task: &mut TaskSpec, def: &AgentDef) {
-    let a = &def.spec;
+/// Give a task the agent it names (pure): its resolved agent `a` (settled for this spawn,
+/// [`crate::agent_fields::settle`]), the agent's name as the label's default (the record's
+/// `agent`), and the agent's model, thinking and tools where the task (its step, or the
+/// command line) names none, because those win.
+pub fn apply(task: &mut TaskSpec, a: &AgentSpec) {
     task.agent = Some(a.name.clone());
     if task.model.is_none() {
         task.model = a.model.clone();
@@ -394,6 +368,8 @@ pub fn apply(task: &mut TaskSpec, def: &AgentDef) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::discover::MAX_FILE_BYTES;
+    use std::path::Path;
 
     fn found(scope: AgentScope, rank: u8, path: &str, text: &str) -> Found {
         Found {
@@ -409,35 +385,13 @@ mod tests {
     }
 
     #[test]
-    fn parses_every_field_and_reports_other_keys_as_ignored() {
-        let text = "---\nname: reviewer\ndescription: Reviews\nmodel: a/b\nthinking: low\n\
-                    tools: read, grep\nsystemPromptMode: append\ninheritProjectContext: true\n\
-                    output: review.md\ndefaultReads: [a]\n---\n\nYou review.\n";
-        let d = parse_agent(text, AgentScope::User, Some(Path::new("/u/r.md"))).unwrap();
-        assert_eq!(d.spec.name, "reviewer");
-        assert_eq!(d.spec.model.as_deref(), Some("a/b"));
-        assert_eq!(d.spec.thinking.as_deref(), Some("low"));
-        assert_eq!(d.spec.tools, Some(vec!["read".into(), "grep".into()]));
-        assert_eq!(d.spec.system_prompt_mode, PromptMode::Append);
-        assert!(d.spec.inherit_project_context && !d.spec.inherit_skills);
-        assert_eq!(d.spec.prompt, "You review.");
-        assert_eq!(d.ignored, vec!["output", "defaultReads"]);
-        assert_eq!(d.description.as_deref(), Some("Reviews"));
-        // Defaults: replace, no project context, no skills, no tools list.
-        let d = parse_agent(&agent("x", "p"), AgentScope::User, None).unwrap();
-        assert_eq!(d.spec.system_prompt_mode, PromptMode::Replace);
-        assert!(!d.spec.inherit_project_context && !d.spec.inherit_skills);
-        assert_eq!(d.spec.tools, None);
-    }
-
-    #[test]
     fn the_documented_example_parses() {
         let text = crate::chains::tests::doc_example("A complete example");
         let d = parse_agent(&text, AgentScope::Project, None).unwrap();
         assert_eq!(d.spec.name, "reviewer");
         assert_eq!(d.spec.model.as_deref(), Some("anthropic/claude-sonnet-4"));
         assert!(d.spec.inherit_project_context);
-        assert_eq!(d.ignored, vec!["output"]);
+        assert!(d.ignored.is_empty());
         assert!(d.spec.prompt.starts_with("You review code changes."));
     }
 
@@ -465,7 +419,7 @@ mod tests {
     }
 
     #[test]
-    fn the_builtins_parse_and_are_the_three_promised() {
+    fn the_builtins_parse_and_read_only_roles_cannot_write() {
         let cat = Catalog::build(
             BUILTINS
                 .iter()
@@ -478,23 +432,126 @@ mod tests {
                 .collect(),
         );
         assert!(cat.problems.is_empty(), "{:?}", cat.problems);
-        assert_eq!(cat.names(), vec!["reviewer", "scout", "worker"]);
+        assert_eq!(
+            cat.names(),
+            vec![
+                "context-builder",
+                "delegate",
+                "oracle",
+                "planner",
+                "researcher",
+                "reviewer",
+                "scout",
+                "worker"
+            ]
+        );
         for row in cat.listing() {
             assert!(
                 row.description.is_some() && row.ignored.is_empty(),
                 "{row:?}"
             );
         }
-        let scout = cat.resolve("scout").unwrap();
+        let read_only = ["read", "grep", "find", "ls"];
+        for name in [
+            "scout",
+            "planner",
+            "reviewer",
+            "oracle",
+            "researcher",
+            "context-builder",
+        ] {
+            let tools = cat.resolve(name).unwrap().spec.tools.clone().unwrap();
+            assert_eq!(tools, read_only, "{name}");
+        }
+        for name in ["worker", "delegate"] {
+            let tools = cat.resolve(name).unwrap().spec.tools.clone().unwrap();
+            assert_eq!(tools.len(), 7, "{name}: every Pi tool");
+        }
+        assert_eq!(cat.resolve("advisor").unwrap().spec.name, "oracle");
+    }
+
+    #[test]
+    fn aliases_resolve_and_packages_never_shadow() {
+        let cat = Catalog::build(vec![
+            Found {
+                scope: AgentScope::Builtin,
+                rank: 0,
+                path: None,
+                text: Ok(agent("scout", "builtin")),
+            },
+            found(
+                AgentScope::User,
+                1,
+                "/u/pkg-scout.md",
+                "---\nname: scout\npackage: code-analysis\naliases: finder\n---\npkg\n",
+            ),
+            found(
+                AgentScope::User,
+                1,
+                "/u/a.md",
+                "---\nname: a\naliases: helper, both\n---\na\n",
+            ),
+            found(
+                AgentScope::User,
+                1,
+                "/u/b.md",
+                "---\nname: b\naliases: [both, a]\n---\nb\n",
+            ),
+        ]);
+        assert_eq!(cat.resolve("scout").unwrap().spec.prompt, "builtin");
         assert_eq!(
-            scout.spec.tools,
-            Some(vec![
-                "read".into(),
-                "grep".into(),
-                "find".into(),
-                "ls".into()
-            ])
+            cat.resolve("code-analysis.scout").unwrap().spec.prompt,
+            "pkg"
         );
+        assert_eq!(
+            cat.resolve("finder").unwrap().spec.name,
+            "code-analysis.scout"
+        );
+        assert_eq!(cat.resolve("helper").unwrap().spec.name, "a");
+        assert_eq!(
+            cat.resolve("a").unwrap().spec.prompt,
+            "a",
+            "a name beats an alias"
+        );
+        let e = cat.resolve("both").unwrap_err().to_string();
+        assert!(e.contains("/u/a.md") && e.contains("/u/b.md"), "{e}");
+        // Two files of one package and name collide, naming both.
+        let cat = Catalog::build(vec![
+            found(
+                AgentScope::User,
+                1,
+                "/u/x.md",
+                "---\nname: s\npackage: p\n---\n1\n",
+            ),
+            found(
+                AgentScope::User,
+                1,
+                "/u/y.md",
+                "---\nname: s\npackage: p\n---\n2\n",
+            ),
+            found(
+                AgentScope::User,
+                1,
+                "/u/z.md",
+                "---\nname: t\npackage: p\ntools: Read\n---\n",
+            ),
+        ]);
+        let e = cat.resolve("p.s").unwrap_err().to_string();
+        assert!(e.contains("/u/x.md") && e.contains("/u/y.md"), "{e}");
+        let e = cat.resolve("p.t").unwrap_err().to_string();
+        assert!(e.contains("/u/z.md:4:") && e.contains("write read"), "{e}");
+    }
+
+    #[test]
+    fn a_file_over_the_bound_is_refused_unread() {
+        let d = tempfile::tempdir().unwrap();
+        let big = d.path().join("big.md");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(MAX_FILE_BYTES + 1).unwrap();
+        let e = read_text(&big).unwrap_err();
+        assert!(e.contains("1 MiB"), "{e}");
+        std::fs::write(&big, agent("ok", "x")).unwrap();
+        assert!(read_text(&big).is_ok());
     }
 
     #[test]
@@ -624,7 +681,7 @@ mod tests {
             model: Some("flag/m".into()),
             ..Default::default()
         };
-        apply(&mut t, &def);
+        apply(&mut t, &def.spec);
         assert_eq!(t.model.as_deref(), Some("flag/m"));
         assert_eq!(t.thinking.as_deref(), Some("low"));
         assert_eq!(t.tools, Some(vec!["read".to_string()]));

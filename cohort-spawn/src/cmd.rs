@@ -339,7 +339,19 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         Shape::Chain(source) => shape::chain(&args, source, root.profile(), &lookup)?,
         Shape::Revive(run) => shape::revive(&args, &root, run)?,
     };
-    shape::resolve_agents(&mut built.chain, root.profile(), &lookup)?;
+    let runtime_request = RuntimeRequest {
+        node: args.node.clone(),
+        pi_entry: args.pi_entry.clone(),
+    };
+    let project = crate::agents::project_root(&lookup);
+    let machine = crate::agent_fields::Machine {
+        profile: root.profile(),
+        project: project.as_deref(),
+        nested: placement.as_ref().map(|p| (&root, p)),
+        runtime: &runtime_request,
+        major: Default::default(),
+    };
+    shape::resolve_agents(&mut built.chain, &lookup, &machine)?;
     let started = start(&root, request(&args, built, placement, backend))?;
     if args.wait {
         eprintln!("cohort-spawn: run {} started", started.run_id);

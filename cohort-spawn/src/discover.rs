@@ -763,15 +763,32 @@ fn walk(
     }
 }
 
+/// The most bytes an agent or chain file may have: 1 MiB. A bigger file is refused unread.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
 /// A user's text file (an agent or a chain), following a symlink but never opening anything
-/// but a regular file (a FIFO would block). Errors are one line naming the problem.
+/// but a regular file (a FIFO would block), and never reading more than [`MAX_FILE_BYTES`]
+/// (plus one byte, to tell a file that grew). Errors are one line naming the problem.
 pub fn read_text(path: &Path) -> std::result::Result<String, String> {
+    use std::io::Read;
+    let too_big = |n: u64| {
+        format!("{n} bytes, over the {MAX_FILE_BYTES}-byte (1 MiB) bound for agent and chain files: shorten it")
+    };
     match std::fs::metadata(path) {
+        Ok(m) if m.is_file() && m.len() > MAX_FILE_BYTES => return Err(too_big(m.len())),
         Ok(m) if m.is_file() => {}
         Ok(_) => return Err("not a regular file".into()),
         Err(e) => return Err(format!("cannot read: {e}")),
     }
-    std::fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"))
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_big(bytes.len() as u64));
+    }
+    String::from_utf8(bytes).map_err(|_| "cannot read: it is not UTF-8 text".to_string())
 }
 
 #[cfg(test)]

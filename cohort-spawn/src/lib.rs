@@ -3,6 +3,7 @@
 //! - [`cmd`]: the command line, and the request it builds: the run's shape (a single task, a
 //!   parallel group, a chain file or saved chain, or a revival) chosen once, one builder per
 //!   shape (`cmd/shape.rs`), and the `--list-agents` / `--list-chains` tables (`cmd/list.rs`);
+//! - [`agent_fields`]: what an agent file's fields mean, checked and refused field by field;
 //! - [`agents`]: agent files: parsing, precedence, `--list-agents`;
 //! - [`discover`]: where agent files come from (directories, order, settings overlays);
 //! - [`agent_settings`]: the `subagents` keys of Pi's `settings.json` (overrides, scan dirs);
@@ -23,6 +24,7 @@
 
 #![deny(missing_docs)]
 
+pub mod agent_fields;
 pub mod agent_settings;
 pub mod agents;
 pub mod backend;

@@ -199,7 +199,8 @@ pub struct AgentSpec {
     /// `thinking` (Pi `--thinking`), unless the step or the command line names one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking: Option<String>,
-    /// `tools` (Pi `--tools`), unless the step or the command line names them.
+    /// The tool set after `tools` and `excludeTools` (Pi `--tools`; an empty list is
+    /// `--no-tools`; absent: Pi's default set), unless the step or the command line names them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
     /// `systemPromptMode`.
@@ -208,9 +209,26 @@ pub struct AgentSpec {
     /// `inheritProjectContext`: false gives Pi `--no-context-files` (no `AGENTS.md`).
     #[serde(default)]
     pub inherit_project_context: bool,
+    /// `inheritGlobalContext`: with `inheritProjectContext`, the profile's own `AGENTS.md`
+    /// reaches the child too; without it the runner gives the child only the project's context
+    /// files.
+    #[serde(default)]
+    pub inherit_global_context: bool,
     /// `inheritSkills`: false gives Pi `--no-skills`.
     #[serde(default)]
     pub inherit_skills: bool,
+    /// `skills` / `skill` / `skillPath`, resolved to files: one Pi `--skill PATH` each (Pi
+    /// loads them even with `--no-skills`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<PathBuf>,
+    /// `extensions`, resolved to paths: one `-e PATH` each, after `--no-extensions` (an agent's
+    /// child loads no extension it does not list; absent and empty both mean none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extensions: Option<Vec<PathBuf>>,
+    /// `subagentOnlyExtensions`, resolved to paths: one `-e PATH` each, beside whatever else
+    /// the child loads.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_extensions: Vec<PathBuf>,
     /// The system prompt: the file's body after the frontmatter.
     pub prompt: String,
 }
@@ -226,8 +244,11 @@ impl AgentSpec {
     }
 
     /// The Pi flags this agent adds for a prompt written to `prompt_file` (pure): the prompt
-    /// flag of its [`PromptMode`] (none for an empty prompt), then `--no-context-files` and `--no-skills` unless it
-    /// inherits them. Model, thinking and tools are not here: spawn merges them into the step
+    /// flag of its [`PromptMode`] (none for an empty prompt), then `--no-context-files` and
+    /// `--no-skills` unless it inherits them, `--skill` per skill file, `--no-extensions`, and
+    /// `-e` per extension it lists. The profile's context file, when the
+    /// agent inherits the project's but not the global one, is the runner's
+    /// (`cohort-runner/src/context.rs`). Model, thinking and tools are not here: spawn merges them into the step
     /// ([`TaskSpec::model`], …) so that the command line and the step can override them.
     pub fn pi_flags(&self, prompt_file: &std::path::Path) -> Vec<String> {
         let flag = match self.system_prompt_mode {
@@ -244,6 +265,18 @@ impl AgentSpec {
         }
         if !self.inherit_skills {
             args.push("--no-skills".into());
+        }
+        for s in &self.skills {
+            args.extend(["--skill".to_string(), s.display().to_string()]);
+        }
+        args.push("--no-extensions".into());
+        for e in self
+            .extensions
+            .iter()
+            .flatten()
+            .chain(&self.extra_extensions)
+        {
+            args.extend(["-e".to_string(), e.display().to_string()]);
         }
         args
     }

@@ -361,18 +361,23 @@ pub fn fill_task(chain: &mut [ChainStep], given: Option<&str>) -> anyhow::Result
 /// exists. Tasks that carry a resolved agent already (a revival) keep it.
 pub(super) fn resolve_agents(
     chain: &mut [ChainStep],
-    profile: &Path,
     cwd: &Path,
+    machine: &crate::agent_fields::Machine,
 ) -> anyhow::Result<()> {
     if !crate::chain_file::tasks_mut(chain).any(|t| t.agent.is_some() && t.resolved_agent.is_none())
     {
         return Ok(());
     }
-    let catalog = agents::discover(profile, cwd)?;
+    let catalog = agents::discover(machine.profile, cwd)?;
     for t in crate::chain_file::tasks_mut(chain) {
         if let (Some(name), None) = (t.agent.clone(), &t.resolved_agent) {
-            let def = catalog.resolve(&name)?;
-            agents::apply(t, def);
+            let mut def = catalog.resolve(&name)?.clone();
+            // A model given for the step beats the agent's, `inherit` included.
+            def.model_inherit &= t.model.is_none();
+            let spec = crate::agent_fields::settle(&def, machine).map_err(|e| {
+                cohort_common::Error::Usage(format!("agent {name:?} cannot be used: {e}"))
+            })?;
+            agents::apply(t, &spec);
         }
     }
     Ok(())

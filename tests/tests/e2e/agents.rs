@@ -101,7 +101,7 @@ fn an_agent_shapes_the_prompt_tools_and_model_and_flags_win() {
         &agents,
         "team/rep.md",
         "---\nname: rep\ndescription: replaces\nmodel: fake/plain\ntools:\n  - read\n  - grep\n\
-         output: out.md\n---\n\nYou are REPLACE-AGENT.\n",
+         ---\n\nYou are REPLACE-AGENT.\n",
     );
     write(
         &agents,
@@ -261,10 +261,7 @@ fn project_beats_user_beats_builtin() {
         "builtin"
     );
     // The builtin's tools, since nothing overrides them.
-    assert_eq!(
-        tools(&last_request(&env)),
-        ["bash", "find", "grep", "ls", "read"]
-    );
+    assert_eq!(tools(&last_request(&env)), ["find", "grep", "ls", "read"]);
 }
 
 #[test]

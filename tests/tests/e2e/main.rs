@@ -12,6 +12,7 @@
 //! of its own and ends only those, by pid.
 
 mod agent_discovery;
+mod agent_fields;
 mod agents;
 mod bad_input;
 mod chains;
