@@ -83,7 +83,7 @@ pub fn start(
     let log = OutputLog::open(&l.dir.output_log(i), l.spec.options.output_cap_bytes)
         .map_err(|e| e.to_string())?;
     let tmp = private_tmp(l.dir).map_err(|e| e.to_string())?;
-    let mut cmd = pi_command(l, &rt, &args, task_in, &tmp, i);
+    let mut cmd = pi_command(l, &rt, &args, task_in, &tmp, step);
     end_with_runner(&mut cmd);
     let mut child = cmd
         .spawn()
@@ -125,15 +125,17 @@ fn write_inputs(dir: &RunDir, step: &FlatStep, previous: &str) -> Result<(File, 
 /// The command of step `i`'s Pi child: `node <entry> <args>` in the run's cwd and its own
 /// process group, `task_in` on stdin, stdout and stderr piped, and its environment: the
 /// profile, `TMPDIR` = `tmp`, the compile cache ([`compile_cache_env`]), the runtime, the
-/// tree's route, and no on-exit hook of its own.
+/// tree's route with the step's depth limit ([`route::step_max_depth`]: its agent's
+/// `maxSubagentDepth` lowers the run's), and no on-exit hook of its own.
 fn pi_command(
     l: &Launch,
     rt: &Runtime,
     args: &[String],
     task_in: File,
     tmp: &Path,
-    i: usize,
+    step: &FlatStep,
 ) -> Command {
+    let i = step.index;
     let mut cmd = Command::new(&rt.node_exec_path);
     cmd.arg(&rt.pi_entry_path)
         .args(args)
@@ -148,7 +150,19 @@ fn pi_command(
         .env_remove(spec::ON_EXIT_ENV)
         .env(NODE_ENV, &rt.node_exec_path)
         .env(PI_ENTRY_ENV, &rt.pi_entry_path)
-        .envs(route::child_env(l.tree, l.run_id, i, l.depth));
+        .envs(route::child_env(
+            l.tree,
+            l.run_id,
+            i,
+            l.depth,
+            route::step_max_depth(
+                l.tree.max_depth,
+                step.spec
+                    .resolved_agent
+                    .as_ref()
+                    .and_then(|a| a.max_subagent_depth),
+            ),
+        ));
     cmd
 }
 
@@ -313,6 +327,9 @@ mod tests {
             inherit_project_context: true,
             inherit_skills: false,
             prompt: "SECRET PROMPT".into(),
+            fallback_models: Vec::new(),
+            timeout_ms: None,
+            max_subagent_depth: None,
         };
         let step = FlatStep {
             index: 1,

@@ -34,7 +34,7 @@ pub const BUILTINS: [(&str, &str); 3] = [
 ];
 
 /// The frontmatter keys that shape the Pi child.
-pub const KNOWN_KEYS: [&str; 8] = [
+pub const KNOWN_KEYS: [&str; 11] = [
     "name",
     "description",
     "model",
@@ -43,6 +43,9 @@ pub const KNOWN_KEYS: [&str; 8] = [
     "systemPromptMode",
     "inheritProjectContext",
     "inheritSkills",
+    "fallbackModels",
+    "timeoutMs",
+    "maxSubagentDepth",
 ];
 
 /// One agent as read from its file.
@@ -82,6 +85,7 @@ pub fn parse_agent(
             ))
         }
     };
+    let supervision = crate::supervision::parse(&doc)?;
     let ignored = doc
         .keys()
         .into_iter()
@@ -99,6 +103,9 @@ pub fn parse_agent(
             inherit_project_context: doc.boolean("inheritProjectContext")?.unwrap_or(false),
             inherit_skills: doc.boolean("inheritSkills")?.unwrap_or(false),
             prompt: doc.body.trim().to_string(),
+            fallback_models: supervision.fallback_models,
+            timeout_ms: supervision.timeout_ms,
+            max_subagent_depth: supervision.max_subagent_depth,
         },
         description: doc
             .string("description")?

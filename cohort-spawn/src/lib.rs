@@ -6,6 +6,8 @@
 //! - [`agents`]: agent files (builtin, user, project), precedence, `--list-agents`;
 //! - [`chains`]: saved chains (`NAME.chain.md`, `NAME.chain.json`), `--list-chains`;
 //! - [`frontmatter`]: the YAML frontmatter both kinds of file open with;
+//! - [`supervision`]: the agent fields the runner applies (`fallbackModels`, `timeoutMs`,
+//!   `maxSubagentDepth`);
 //! - [`chain_file`]: the JSON chain file format and its checks;
 //! - [`spawn`]: the start itself, in the order the format requires (`queued` first, a `failed`
 //!   record for every start that fails after it);
@@ -28,4 +30,5 @@ pub mod revive;
 pub mod route;
 pub mod session;
 pub mod spawn;
+pub mod supervision;
 pub mod wait;
