@@ -146,6 +146,38 @@ fn a_rate_limited_model_falls_back_to_the_next_and_records_both_attempts() {
 }
 
 #[test]
+fn a_continued_session_falls_back_from_where_it_was() {
+    let env = TestEnv::new();
+    agent(
+        &env,
+        "fb",
+        "model: fake/ratelimit\nfallbackModels: fake/plain\n",
+    );
+    let (code, first, _) = run(&env, &["--model", "fake/plain", "one"]);
+    assert_eq!(code, Some(0));
+    let session = env.record(&first)["steps"][0]["sessionFile"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (code, id, answer) = run(&env, &["--agent", "fb", "--session", &session, "two"]);
+    assert_eq!(code, Some(0), "{answer}");
+    assert_eq!(answer.trim(), "ECHO: two");
+    // The answering attempt saw the session as it was, then its own task once.
+    let last = env.server.last_request();
+    assert_eq!(last["model"], "plain");
+    let users: Vec<String> = last["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(message_text)
+        .collect();
+    assert_eq!(users, ["one", "two"], "{last:#}");
+    assert!(!read(Path::new(&session)).contains("Rate limit"));
+    assert!(env.run_dir(&id).join("session-0.jsonl").is_file());
+}
+
+#[test]
 fn an_exhausted_fallback_list_fails_naming_every_attempt() {
     let env = TestEnv::new();
     agent(
