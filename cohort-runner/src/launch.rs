@@ -102,8 +102,7 @@ pub fn start(
     let log = OutputLog::open(&l.dir.output_log(i), l.spec.options.output_cap_bytes)
         .map_err(|e| e.to_string())?;
     let tmp = private_tmp(l.dir).map_err(|e| e.to_string())?;
-    let cwd = step.spec.cwd.as_deref().unwrap_or(&l.spec.cwd);
-    let mut cmd = pi_command(l, &rt, &args, task_in, &tmp, cwd, i);
+    let mut cmd = pi_command(l, &rt, &args, task_in, &tmp, step);
     end_with_runner(&mut cmd);
     let mut child = cmd
         .spawn()
@@ -190,16 +189,18 @@ pub struct Child<'a> {
 /// the run's) and its own
 /// process group, `task_in` on stdin, stdout and stderr piped, and its environment: the
 /// profile, `TMPDIR` = `tmp`, the compile cache ([`compile_cache_env`]), the runtime, the
-/// tree's route, and no on-exit hook of its own.
+/// tree's route with the step's depth limit ([`route::step_max_depth`]: its agent's
+/// `maxSubagentDepth` lowers the run's), and no on-exit hook of its own.
 fn pi_command(
     l: &Launch,
     rt: &Runtime,
     args: &[String],
     task_in: File,
     tmp: &Path,
-    cwd: &Path,
-    i: usize,
+    step: &FlatStep,
 ) -> Command {
+    let i = step.index;
+    let cwd = step.spec.cwd.as_deref().unwrap_or(&l.spec.cwd);
     let mut cmd = Command::new(&rt.node_exec_path);
     cmd.arg(&rt.pi_entry_path)
         .args(args)
@@ -214,7 +215,19 @@ fn pi_command(
         .env_remove(spec::ON_EXIT_ENV)
         .env(NODE_ENV, &rt.node_exec_path)
         .env(PI_ENTRY_ENV, &rt.pi_entry_path)
-        .envs(route::child_env(l.tree, l.run_id, i, l.depth));
+        .envs(route::child_env(
+            l.tree,
+            l.run_id,
+            i,
+            l.depth,
+            route::step_max_depth(
+                l.tree.max_depth,
+                step.spec
+                    .resolved_agent
+                    .as_ref()
+                    .and_then(|a| a.max_subagent_depth),
+            ),
+        ));
     cmd
 }
 
@@ -398,6 +411,9 @@ mod tests {
             extensions: None,
             extra_extensions: vec![],
             prompt: "SECRET PROMPT".into(),
+            fallback_models: Vec::new(),
+            timeout_ms: None,
+            max_subagent_depth: None,
         };
         let step = FlatStep {
             index: 1,

@@ -98,17 +98,26 @@ pub struct OutputLog {
 }
 
 impl OutputLog {
-    /// Open the log at `path` for appending, to hold at most `cap` bytes.
+    /// Open the log at `path` for appending, to hold at most `cap` bytes, what it holds
+    /// already (an earlier attempt of the step) included.
     ///
     /// Errors: the file cannot be opened (a typed error naming the path).
     pub fn open(path: &Path, cap: u64) -> Result<OutputLog> {
+        let file = files::open_append(path)?;
+        let written = file.metadata().map(|m| m.len()).unwrap_or(0);
         Ok(OutputLog {
-            file: files::open_append(path)?,
-            written: 0,
+            file,
+            written,
             cap,
-            truncated: false,
+            // An earlier attempt that reached the cap has written the marker already.
+            truncated: written > cap,
             open_fragment: false,
         })
+    }
+
+    /// Append a line of the runner's own (`[cohort: …]`) before the child writes anything.
+    pub fn note(&mut self, line: &str) {
+        self.write_line(line);
     }
 
     /// Append `line` and a newline (ending a streamed fragment first, if one is open).

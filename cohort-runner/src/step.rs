@@ -22,18 +22,23 @@
 //! - [`StderrDigest`]: what a failed step's error keeps of its stderr;
 //! - [`step_outcome`]: how a finished step is recorded, the runner's reason to end it first,
 //!   and [`record_finished`]: what its record keeps of its stream and exit;
+//! - [`attempt_models`], [`falls_back`], [`attempts_error`]: the models a step with fallback
+//!   models tries, whether a failed attempt goes on with the next one, and how a step that
+//!   tried several names them; [`step_timeout_ms`]: which deadline a step has;
 //! - [`step_failure`]: how a failed step names itself as the run's failure;
 //! - [`run_outcome`]: how the run is recorded once its chain has ended, and what steps that never
 //!   started are recorded as ([`RunOutcome::close_unstarted`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
+
+use regex::RegexSet;
 
 use cohort_cli::duration;
 use cohort_common::format::events::EventKind;
-use cohort_common::format::record::{Failure, RunState, StepRecord, StepStatus};
+use cohort_common::format::record::{Failure, ModelAttempt, RunState, StepRecord, StepStatus};
 
 use crate::stream::{preview, StreamSummary};
 
@@ -498,6 +503,134 @@ pub fn record_finished(
     s.escaped = escaped.to_vec();
 }
 
+/// The models a step tries, in order (pure): its own model (`None`: Pi's default), then each
+/// of its agent's `fallbackModels` not already in the list.
+pub fn attempt_models(model: Option<&str>, fallbacks: &[String]) -> Vec<Option<String>> {
+    let mut out: Vec<Option<String>> = vec![model.map(str::to_string)];
+    for f in fallbacks {
+        let f = f.trim();
+        if !f.is_empty() && !out.iter().any(|m| m.as_deref() == Some(f)) {
+            out.push(Some(f.to_string()));
+        }
+    }
+    out
+}
+
+/// Errors that say the provider or the model could not serve the request (pi-subagents 0.67's
+/// list, `src/runs/shared/model-fallback.ts`): rate and usage limits, quota and billing,
+/// authentication, a model or provider that is unknown, disabled or unavailable, 5xx and
+/// overload, network failures, timeouts of the request, an empty response.
+pub const PROVIDER_FAILURE: [&str; 41] = [
+    r"^REQUEST_LIMIT_EXCEEDED$",
+    r"(?i)rate\s*limit",
+    r"(?i)usage\s*limit",
+    r"(?i)too many requests",
+    r"\b429\b",
+    r"(?i)quota",
+    r"(?i)billing",
+    r"(?i)credit",
+    r"^\s*401\s*:",
+    r"(?i)auth(?:entication)?",
+    r"(?i)unauthori[sz]ed",
+    r"(?i)forbidden",
+    r"(?i)api key",
+    r"(?i)token expired",
+    r"(?i)invalid key",
+    r"(?i)provider.*unavailable",
+    r"(?i)model.*unavailable",
+    r"(?i)model.*disabled",
+    r"(?i)model.*not found",
+    r"(?i)unknown model",
+    r"(?i)overloaded",
+    r"(?i)service unavailable",
+    r"(?i)temporar(?:ily)? unavailable",
+    r"(?i)connection\s+(?:error|reset|closed|aborted)",
+    r"(?i)connection refused",
+    r"(?i)fetch failed",
+    r"(?i)network error",
+    r"(?i)socket hang up",
+    r"(?i)stream ended without finish_reason",
+    r"(?i)upstream",
+    r"(?i)timed? out",
+    r"(?i)timeout",
+    r"\b500\b",
+    r"\b502\b",
+    r"\b503\b",
+    r"\b504\b",
+    r"(?i)internal server error",
+    r"(?i)cold.?start",
+    r"(?i)empty response",
+    r"(?i)no output",
+    r"(?i)model.*(?:load|fail|error)",
+];
+
+/// Errors that say the request was too long for the model: never a reason to try another one
+/// (the same list's exceptions).
+pub const CONTEXT_OVERFLOW: [&str; 11] = [
+    r"(?i)context(?: length| window| limit)? (?:exceed|overflow|too long)",
+    r"(?i)maximum context length",
+    r"(?i)too many tokens",
+    r"(?i)token limit",
+    r"(?i)context_length_exceeded",
+    r"(?i)length_required",
+    r"(?i)maximum.*tokens",
+    r"(?i)prompt.*too long",
+    r"(?i)input.*too long",
+    r"(?i)exceeded.*context",
+    r"(?i)context.*overflow",
+];
+
+static PROVIDER_FAILURE_SET: LazyLock<RegexSet> =
+    LazyLock::new(|| RegexSet::new(PROVIDER_FAILURE).expect("valid patterns"));
+static CONTEXT_OVERFLOW_SET: LazyLock<RegexSet> =
+    LazyLock::new(|| RegexSet::new(CONTEXT_OVERFLOW).expect("valid patterns"));
+
+/// Whether a failed attempt of a step is tried again on the next model (pure): only when the
+/// runner did not end it (no stop, deadline or `--fail-fast`: `ending` is `None`), the model
+/// had not answered (no assistant text, streamed or whole) and no tool had run, and its
+/// `error` says the provider or the model could not serve the request ([`PROVIDER_FAILURE`])
+/// without saying the request was too long for it ([`CONTEXT_OVERFLOW`]).
+pub fn falls_back(ending: Option<Ending>, summary: &StreamSummary, error: &str) -> bool {
+    ending.is_none()
+        && summary.tool_count == 0
+        && summary.final_text_len == 0
+        && !summary.streamed_text
+        && !CONTEXT_OVERFLOW_SET.is_match(error)
+        && PROVIDER_FAILURE_SET.is_match(error)
+}
+
+/// A step's deadline, ms (pure): the run's `--step-timeout` when given, else the agent's
+/// `timeoutMs`. The run's own deadline (`--timeout`) is separate and ends the step too when it
+/// passes first.
+pub fn step_timeout_ms(
+    run_step_timeout_ms: Option<u64>,
+    agent_timeout_ms: Option<u64>,
+) -> Option<u64> {
+    run_step_timeout_ms.or(agent_timeout_ms)
+}
+
+/// A model as messages name it: `provider/id`, or "Pi's default model" when the step names
+/// none.
+pub fn model_name(model: Option<&str>) -> &str {
+    model.unwrap_or("Pi's default model")
+}
+
+/// The error of a step that tried several models and failed (pure): every attempt's model and
+/// why it ended, in order ("tried 2 models: fake/a: 429 …; fake/b: 500 …").
+pub fn attempts_error(attempts: &[ModelAttempt]) -> String {
+    let each: Vec<String> = attempts
+        .iter()
+        .map(|a| {
+            format!(
+                "{}: {}",
+                model_name(a.model.as_deref()),
+                a.error.as_deref().unwrap_or(a.status.as_str())
+            )
+        })
+        .collect();
+    format!("tried {} models: {}", attempts.len(), each.join("; "))
+}
+
 /// "step 1 (review): boom": a failed step as the failure of its run, from its index, its label
 /// and its error.
 pub fn step_failure(index: usize, label: &str, error: &str) -> String {
@@ -858,6 +991,113 @@ mod tests {
         assert_eq!(
             steps[1].error.as_deref(),
             Some("the run was stopped before this step started")
+        );
+    }
+
+    #[test]
+    fn which_failed_attempts_fall_back() {
+        let quiet = StreamSummary {
+            saw_agent_end: true,
+            last_stop_reason: Some("error".into()),
+            ..Default::default()
+        };
+        let answered = StreamSummary {
+            final_text_len: 14,
+            ..quiet.clone()
+        };
+        let streamed = StreamSummary {
+            streamed_text: true,
+            ..quiet.clone()
+        };
+        let tooled = StreamSummary {
+            tool_count: 1,
+            ..quiet.clone()
+        };
+        let rate = "429 Rate limit reached for fake model; try again later";
+        // (why the runner ended it, what the stream said, the error) -> falls back?
+        let table: [(Option<Ending>, &StreamSummary, &str, bool); 19] = [
+            (None, &quiet, rate, true),
+            (None, &quiet, "500 server error from fake model", true),
+            (None, &quiet, "503 Service Unavailable", true),
+            (None, &quiet, "You exceeded your current quota", true),
+            (None, &quiet, "usage limit reached for this month", true),
+            (None, &quiet, "Model \"fake/nope\" not found", true),
+            (
+                None,
+                &quiet,
+                "404 The model `x` does not exist or is unknown model",
+                true,
+            ),
+            (None, &quiet, "Provider finish_reason: overloaded", true),
+            (None, &quiet, "Connection error.", true),
+            (None, &quiet, "REQUEST_LIMIT_EXCEEDED", true),
+            // A request the model refused for its own shape, or a cause no model changes.
+            (None, &quiet, "400 bad request from fake model", false),
+            (None, &quiet, "Pi exited with code 1: boom", false),
+            (
+                None,
+                &quiet,
+                "400 This model's maximum context length is 8192 tokens; 429",
+                false,
+            ),
+            // After the model answered, or a tool ran: never.
+            (None, &answered, rate, false),
+            (None, &streamed, rate, false),
+            (None, &tooled, rate, false),
+            // The runner ended it: never.
+            (
+                Some(Ending::StepTimeout),
+                &quiet,
+                "request timed out",
+                false,
+            ),
+            (Some(Ending::RunTimeout), &quiet, rate, false),
+            (Some(Ending::Stop), &quiet, rate, false),
+        ];
+        for (ending, summary, error, expected) in table {
+            assert_eq!(
+                falls_back(ending, summary, error),
+                expected,
+                "{ending:?} {error:?} {summary:?}"
+            );
+        }
+        assert!(!falls_back(Some(Ending::FailFast), &quiet, rate));
+    }
+
+    #[test]
+    fn a_step_tries_its_model_then_each_new_fallback() {
+        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            attempt_models(Some("p/a"), &f(&["p/b", "p/a", " ", "p/c", "p/b"])),
+            [Some("p/a".into()), Some("p/b".into()), Some("p/c".into())]
+        );
+        assert_eq!(attempt_models(None, &[]), [None]);
+        assert_eq!(
+            attempt_models(None, &f(&["p/b"])),
+            [None, Some("p/b".into())]
+        );
+    }
+
+    #[test]
+    fn the_step_timeout_is_the_runs_else_the_agents() {
+        assert_eq!(step_timeout_ms(Some(5), Some(9)), Some(5));
+        assert_eq!(step_timeout_ms(None, Some(9)), Some(9));
+        assert_eq!(step_timeout_ms(None, None), None);
+    }
+
+    #[test]
+    fn a_step_that_tried_several_models_names_every_attempt() {
+        let attempt = |m: Option<&str>, e: &str| ModelAttempt {
+            model: m.map(str::to_string),
+            status: StepStatus::Failed,
+            error: Some(e.into()),
+        };
+        assert_eq!(
+            attempts_error(&[
+                attempt(None, "429 slow down"),
+                attempt(Some("p/b"), "500 x")
+            ]),
+            "tried 2 models: Pi's default model: 429 slow down; p/b: 500 x"
         );
     }
 

@@ -89,6 +89,8 @@ pub struct StreamSummary {
     pub last_error: Option<String>,
     /// Length in bytes of the last non-empty assistant text (the step's final text).
     pub final_text_len: usize,
+    /// Assistant text streamed (a text delta was seen), whether or not its message ended.
+    pub streamed_text: bool,
     /// `turn_end` events.
     pub turn_count: u64,
     /// `tool_execution_start` events.
@@ -247,6 +249,7 @@ impl StreamParser {
                     self.count_skipped(kind);
                     if kind == Skip::Update {
                         if let Some(text) = text_delta(head) {
+                            self.summary.streamed_text |= !text.is_empty();
                             on_notice(&self.summary, Notice::TextDelta { text });
                         }
                     }

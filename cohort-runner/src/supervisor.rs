@@ -16,7 +16,9 @@
 //! [`crate::writer`], stopping nested runs to [`crate::nested`], what a step leaves behind to
 //! [`crate::sweep`], and how a step and the run end to [`crate::step`].
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,7 +32,7 @@ use cohort_common::error::{Error, Result};
 use cohort_common::fault;
 use cohort_common::format::events::{EventKind, EventLog};
 use cohort_common::format::layout::RunDir;
-use cohort_common::format::record::{now_ms, RunRecord, RunState, StepStatus};
+use cohort_common::format::record::{now_ms, ModelAttempt, RunRecord, RunState, StepStatus};
 use cohort_common::format::spec::{self, ChainStep, FlatStep, LaunchSpec, Placement};
 use cohort_common::os::files;
 
@@ -120,6 +122,40 @@ fn signal_group(pid: u32, sig: step::Signal) {
     let _ = signal::killpg(Pid::from_raw(pid as i32), sig);
 }
 
+/// What the runner decided for a step at its first launch, kept across its attempts.
+#[derive(Debug)]
+struct StepPlan {
+    /// The models it tries, in order ([`step::attempt_models`]); one unless its agent has
+    /// fallback models.
+    models: Vec<Option<String>>,
+    /// The attempt running or last run (an index into `models`).
+    current: usize,
+    /// Its deadline, ms ([`step::step_timeout_ms`]).
+    timeout_ms: Option<u64>,
+    /// When that deadline passes, from the first attempt's start: later attempts share it.
+    deadline: Option<Instant>,
+    /// The copy of the session file the step continues, as it was before the first attempt
+    /// (only for a step with fallback models that continues an existing session).
+    snapshot: Option<PathBuf>,
+    /// Why the previous attempt failed, for the output log's note on the next one.
+    last_error: Option<String>,
+}
+
+impl StepPlan {
+    /// Whether the step tries more than one model, and so records its attempts.
+    fn has_fallbacks(&self) -> bool {
+        self.models.len() > 1
+    }
+}
+
+/// How a finished step's child is recorded.
+enum StepEnd {
+    /// The step has ended: the run's failure when it failed.
+    Done(Option<String>),
+    /// The attempt failed before its model answered and the step goes on with its next model.
+    Retry,
+}
+
 /// One run while its chain runs, owned by the loop's thread: the record and the event log, the
 /// live steps, and the parts that own each of the loop's other jobs.
 struct Supervisor {
@@ -133,6 +169,8 @@ struct Supervisor {
     rx: Receiver<Msg>,
     /// The steps launched and not yet recorded as ended, by flat index.
     active: HashMap<usize, StepRun>,
+    /// The plan of every step launched so far, by flat index.
+    plans: HashMap<usize, StepPlan>,
     /// The run's processes and `processes.json`.
     tracker: Tracker,
     /// The nested runs the run stops when it is stopped.
@@ -170,6 +208,7 @@ impl Supervisor {
             tx,
             rx,
             active: HashMap::new(),
+            plans: HashMap::new(),
             sole_member: false,
             last_session_look: Instant::now(),
             stop: None,
@@ -313,10 +352,21 @@ impl Supervisor {
                 .collect();
             for i in done {
                 let a = self.active.remove(&i).expect("finished step");
-                if let Some(f) = self.finish_step(i, a) {
+                let may_retry = self.stop.is_none() && (failure.is_none() || !fail_fast);
+                let f = match self.finish_step(i, a, may_retry) {
+                    StepEnd::Done(f) => f,
+                    StepEnd::Retry => {
+                        let step = members.iter().find(|m| m.index == i).expect("a member");
+                        self.launch(step, previous).err().map(|reason| {
+                            self.end_step(i, StepStatus::Failed, Some(reason.clone()), None);
+                            step::step_failure(i, &spec::label_of(&step.spec, i), &reason)
+                        })
+                    }
+                };
+                if let Some(f) = f {
                     if failure.is_none() {
                         failure = Some(f);
-                        if self.spec.options.fail_fast {
+                        if fail_fast {
                             self.signal_all(Ending::FailFast);
                         }
                     }
@@ -334,9 +384,34 @@ impl Supervisor {
         failure
     }
 
-    /// Start `step`'s Pi child and its readers, track it, and record it `running`.
+    /// Start `step`'s Pi child and its readers, track it, and record it `running`: its first
+    /// attempt (planned here, [`Supervisor::plan`]), or the next one of its plan.
     fn launch(&mut self, step: &FlatStep, previous: &str) -> std::result::Result<(), String> {
         let i = step.index;
+        let retry = self.plans.contains_key(&i);
+        if !retry {
+            let plan = self.plan(step)?;
+            self.plans.insert(i, plan);
+        }
+        let plan = &self.plans[&i];
+        let attempt = plan.models[plan.current].clone();
+        // A later attempt runs the same task on its own model.
+        let step: Cow<FlatStep> = if plan.current == 0 {
+            Cow::Borrowed(step)
+        } else {
+            let mut s = step.clone();
+            s.spec.model = attempt.clone();
+            Cow::Owned(s)
+        };
+        let note = retry.then(|| {
+            format!(
+                "[cohort: attempt {} of {} with model {}: the previous attempt failed before its model answered: {}]",
+                plan.current + 1,
+                plan.models.len(),
+                step::model_name(attempt.as_deref()),
+                plan.last_error.as_deref().unwrap_or("?")
+            )
+        });
         let l = Launch {
             dir: &self.dir,
             spec: &self.spec,
@@ -344,19 +419,22 @@ impl Supervisor {
             run_id: &self.rec.run_id,
             depth: self.rec.depth,
         };
-        let child = launch::start(
+        let mut child = launch::start(
             &l,
-            step,
+            &step,
             self.rec.steps[i].session_file.as_deref(),
             previous,
         )?;
         let now = Instant::now();
-        let deadline = self
-            .spec
-            .options
-            .step_timeout_ms
-            .map(|ms| now + Duration::from_millis(ms));
-        let run = StepRun::started(child.pid, deadline, child.session_lock);
+        let plan = self.plans.get_mut(&i).expect("planned above");
+        if !retry {
+            plan.deadline = plan.timeout_ms.map(|ms| now + Duration::from_millis(ms));
+        }
+        let run = StepRun::started(child.pid, plan.deadline, child.session_lock);
+        let has_fallbacks = plan.has_fallbacks();
+        if let Some(n) = &note {
+            child.log.note(n);
+        }
         let log = Arc::new(Mutex::new(child.log));
         let tx = self.tx.clone();
         readers::spawn_stdout_reader(
@@ -372,8 +450,18 @@ impl Supervisor {
 
         let s = &mut self.rec.steps[i];
         s.status = StepStatus::Running;
-        s.started_at = Some(now_ms());
+        s.started_at.get_or_insert_with(now_ms);
         s.session_file = Some(child.session_file.clone());
+        if has_fallbacks {
+            if attempt.is_some() {
+                s.model = attempt.clone();
+            }
+            s.attempted_models.push(ModelAttempt {
+                model: attempt,
+                status: StepStatus::Running,
+                error: None,
+            });
+        }
         let _ = self.events.append(
             EventKind::StepStarted,
             json!({"step": i, "pid": child.pid, "sessionFile": child.session_file}),
@@ -382,6 +470,93 @@ impl Supervisor {
         self.writer.changed();
         self.active.insert(i, run);
         Ok(())
+    }
+
+    /// Plan `step` before its first attempt: its models, its deadline and, for a step with
+    /// fallback models that continues an existing session file, a copy of that file
+    /// (`session-<i>.jsonl` in the run directory) for later attempts to start from.
+    ///
+    /// Errors: the copy cannot be made (a one-line reason for the step's error).
+    fn plan(&self, step: &FlatStep) -> std::result::Result<StepPlan, String> {
+        let i = step.index;
+        let agent = step.spec.resolved_agent.as_deref();
+        let fallbacks = agent.map(|a| a.fallback_models.as_slice()).unwrap_or(&[]);
+        let mut plan = StepPlan {
+            models: step::attempt_models(step.spec.model.as_deref(), fallbacks),
+            current: 0,
+            timeout_ms: step::step_timeout_ms(
+                self.spec.options.step_timeout_ms,
+                agent.and_then(|a| a.timeout_ms),
+            ),
+            deadline: None,
+            snapshot: None,
+            last_error: None,
+        };
+        if plan.has_fallbacks() {
+            if let Some(session) = self.rec.steps[i].session_file.as_deref() {
+                if session.exists() {
+                    let copy = self.dir.session_snapshot(i);
+                    files::read_regular(session)
+                        .and_then(|b| files::write_atomic(&copy, &b))
+                        .map_err(|e| format!("cannot keep a copy of the session file for the fallback models: {e}"))?;
+                    plan.snapshot = Some(copy);
+                }
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Decide whether step `i`'s failed attempt goes on with the next model of its plan
+    /// ([`step::falls_back`]); when it does, record the attempt, append `step.fallback` and put
+    /// the session file back as it was before the first attempt (a new session's file is
+    /// removed; a continued one is restored from its copy), so the next attempt does not see
+    /// the failed one's conversation.
+    fn fall_back(
+        &mut self,
+        i: usize,
+        ending: Option<Ending>,
+        summary: &crate::stream::StreamSummary,
+        error: &str,
+    ) -> bool {
+        let Some(plan) = self.plans.get_mut(&i) else {
+            return false;
+        };
+        if plan.current + 1 >= plan.models.len() || !step::falls_back(ending, summary, error) {
+            return false;
+        }
+        let session = self.rec.steps[i].session_file.clone();
+        let reset = match (&plan.snapshot, session) {
+            (Some(copy), Some(path)) => files::read_regular(copy)
+                .and_then(|b| files::write_atomic(&path, &b))
+                .map_err(|e| e.to_string()),
+            (None, Some(path)) => match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(format!("cannot remove {}: {e}", path.display()))
+                }
+                _ => Ok(()),
+            },
+            (_, None) => Ok(()),
+        };
+        if let Err(e) = reset {
+            crate::process::log(format_args!(
+                "step {i}: no fallback: the session file cannot be reset: {e}"
+            ));
+            return false;
+        }
+        let failed = plan.models[plan.current].clone();
+        plan.current += 1;
+        plan.last_error = Some(error.to_string());
+        let next = plan.models[plan.current].clone();
+        if let Some(last) = self.rec.steps[i].attempted_models.last_mut() {
+            last.status = StepStatus::Failed;
+            last.error = Some(error.to_string());
+        }
+        let _ = self.events.append(
+            EventKind::StepFallback,
+            json!({"step": i, "model": failed, "error": error, "next": next}),
+        );
+        self.writer.changed();
+        true
     }
 
     /// Wait for one message or the next deadline, and act on it.
@@ -547,8 +722,10 @@ impl Supervisor {
         }
     }
 
-    /// Record a finished step; returns the failure message when it failed.
-    fn finish_step(&mut self, i: usize, a: StepRun) -> Option<String> {
+    /// Record a finished step's child: the step's end (with the run's failure when it failed),
+    /// or, when `may_retry` and its attempt failed before the model answered, the next attempt
+    /// to launch.
+    fn finish_step(&mut self, i: usize, a: StepRun, may_retry: bool) -> StepEnd {
         if let Some(f) = &self.rec.steps[i].session_file {
             session::make_private(f);
         }
@@ -567,13 +744,14 @@ impl Supervisor {
                 json!({"step": i, "processes": escaped}),
             );
         }
-        let outcome = step::step_outcome(
-            a.ending,
-            exit,
-            &summary,
-            &stderr,
-            self.spec.options.step_timeout_ms,
-        );
+        let timeout_ms = self.plans.get(&i).and_then(|p| p.timeout_ms);
+        let mut outcome = step::step_outcome(a.ending, exit, &summary, &stderr, timeout_ms);
+        if outcome.status == StepStatus::Failed {
+            let error = outcome.error.as_deref().unwrap_or_default();
+            if may_retry && self.fall_back(i, a.ending, &summary, error) {
+                return StepEnd::Retry;
+            }
+        }
         if outcome.timed_out {
             self.rec.steps[i].timed_out = Some(true);
         }
@@ -583,14 +761,21 @@ impl Supervisor {
             outcome.error.clone(),
             Some(outcome.event),
         );
-        match outcome.status {
+        let attempts = &self.rec.steps[i].attempted_models;
+        if outcome.status == StepStatus::Failed && attempts.len() > 1 {
+            // The step's error names every model it tried, and why each attempt ended.
+            let all = step::attempts_error(attempts);
+            self.rec.steps[i].error = Some(all.clone());
+            outcome.error = Some(all);
+        }
+        StepEnd::Done(match outcome.status {
             StepStatus::Failed => Some(step::step_failure(
                 i,
                 &label,
                 &outcome.error.unwrap_or_default(),
             )),
             _ => None,
-        }
+        })
     }
 
     fn end_step(
@@ -604,6 +789,12 @@ impl Supervisor {
         s.status = status;
         s.error = error.clone();
         s.ended_at = Some(now_ms());
+        if let Some(last) = s.attempted_models.last_mut() {
+            if last.status == StepStatus::Running {
+                last.status = status;
+                last.error = error.clone();
+            }
+        }
         let kind = kind.unwrap_or_else(|| step::event_for(status));
         let _ = self.events.append(
             kind,

@@ -70,10 +70,7 @@ pub const FIELDS: [(&str, Treatment); 41] = [
         ),
     ),
     ("model", Treatment::Honoured),
-    (
-        "fallbackModels",
-        Treatment::Refused("cohort does not retry a step with other models; remove the field"),
-    ),
+    ("fallbackModels", Treatment::Honoured),
     (
         "fast",
         Treatment::Refused("cohort has no fast mode; remove the field"),
@@ -85,10 +82,7 @@ pub const FIELDS: [(&str, Treatment); 41] = [
     ("inheritSkills", Treatment::Honoured),
     ("defaultContext", Treatment::Honoured),
     ("async", Treatment::Honoured),
-    (
-        "timeoutMs",
-        Treatment::Refused("give the run cohort-spawn --step-timeout instead"),
-    ),
+    ("timeoutMs", Treatment::Honoured),
     ("toolTimeoutMs", Treatment::Refused(REMOVE_POLICY)),
     ("acceptance", Treatment::Refused(REMOVE_POLICY)),
     ("acceptanceRole", Treatment::Refused(REMOVE_POLICY)),
@@ -103,10 +97,7 @@ pub const FIELDS: [(&str, Treatment); 41] = [
     ("defaultReads", Treatment::Refused(NEEDS_CHAIN_DIR)),
     ("defaultProgress", Treatment::Refused(NEEDS_CHAIN_DIR)),
     ("interactive", Treatment::NoEffect),
-    (
-        "maxSubagentDepth",
-        Treatment::Refused("give the top-level run cohort-spawn --max-depth instead"),
-    ),
+    ("maxSubagentDepth", Treatment::Honoured),
     ("completionGuard", Treatment::Refused(REMOVE_POLICY)),
     ("toolBudget", Treatment::Refused(REMOVE_POLICY)),
     ("permission", Treatment::Refused(REMOVE_POLICY)),
@@ -218,6 +209,7 @@ pub fn parse_agent(
     let skills = paths(&doc, "skillPath", base)?;
     let extensions = Some(paths(&doc, "extensions", base)?).filter(|e| !e.is_empty());
     let tools = resolve_tools(&doc)?;
+    let supervision = crate::supervision::parse(&doc)?;
     Ok(AgentDef {
         spec: AgentSpec {
             name,
@@ -234,6 +226,9 @@ pub fn parse_agent(
             extensions,
             extra_extensions: paths(&doc, "subagentOnlyExtensions", base)?,
             prompt: doc.body.trim().to_string(),
+            fallback_models: supervision.fallback_models,
+            timeout_ms: supervision.timeout_ms,
+            max_subagent_depth: supervision.max_subagent_depth,
         },
         description: doc
             .string("description")?

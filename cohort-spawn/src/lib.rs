@@ -10,6 +10,8 @@
 //! - [`trust`]: whether a project-level file may be read (owner and mode along its path);
 //! - [`chains`]: saved chains (`NAME.chain.md`, `NAME.chain.json`), `--list-chains`;
 //! - [`frontmatter`]: the YAML frontmatter both kinds of file open with;
+//! - [`supervision`]: the agent fields the runner applies (`fallbackModels`, `timeoutMs`,
+//!   `maxSubagentDepth`);
 //! - [`chain_file`]: the JSON chain file format (both shapes), its keys and `count`;
 //! - [`chain_check`]: the checks of a chain's names, references and fan-out shape (pure);
 //! - [`chain_resolve`]: the checks against the file system: schemas, step cwds, skills, git;
@@ -39,5 +41,6 @@ pub mod revive;
 pub mod route;
 pub mod session;
 pub mod spawn;
+pub mod supervision;
 pub mod trust;
 pub mod wait;

@@ -15,7 +15,7 @@ use cohort_common::format::events::{self, EventKind};
 use cohort_common::format::id::RunId;
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::route::*;
-use cohort_common::format::spec::Placement;
+use cohort_common::format::spec::{flatten, LaunchSpec, Placement};
 use cohort_common::os::files;
 
 /// The route variables as inherited, parsed but not yet checked against the disk.
@@ -122,12 +122,6 @@ pub fn validate(root: &StateRoot, r: &InheritedRoute) -> Result<Placement> {
             r.root_run_id
         )));
     }
-    if r.max_depth != file.max_depth {
-        return Err(invalid(format!(
-            "{MAX_DEPTH_ENV}={} differs from the tree's maximum depth {}",
-            r.max_depth, file.max_depth
-        )));
-    }
     let parent_dir = if r.parent_run_id == r.root_run_id {
         root.run_dir(&r.root_run_id)
     } else {
@@ -166,11 +160,30 @@ pub fn validate(root: &StateRoot, r: &InheritedRoute) -> Result<Placement> {
             r.parent_step, r.parent_run_id
         )));
     }
+    // The calling step's limit comes from the parent's launch spec (written by spawn, never
+    // changed), not from what the environment claims.
+    let (run_limit, agent_limit) =
+        parent_limits(&parent_dir.spec(), r.parent_step, file.max_depth)?;
+    let limit = step_max_depth(run_limit, agent_limit);
+    if r.max_depth != limit {
+        return Err(invalid(format!(
+            "{MAX_DEPTH_ENV}={} differs from the depth limit {limit} of step {} of parent run {}",
+            r.max_depth, r.parent_step, r.parent_run_id
+        )));
+    }
     let depth = parent.depth + 1;
-    if depth > file.max_depth {
+    if depth > limit {
+        let why = match agent_limit {
+            Some(a) if a < run_limit => format!(
+                "{limit}, the maxSubagentDepth of the agent that step {} of run {} runs as",
+                r.parent_step, r.parent_run_id
+            ),
+            _ => {
+                format!("the tree's maximum {limit} (set with --max-depth on the top-level spawn)")
+            }
+        };
         return Err(Error::Usage(format!(
-            "nested run refused: it would have depth {depth}, deeper than the tree's maximum {} (set with --max-depth on the top-level spawn)",
-            file.max_depth
+            "nested run refused: it would have depth {depth}, deeper than {why}"
         )));
     }
     Ok(Placement {
@@ -178,10 +191,28 @@ pub fn validate(root: &StateRoot, r: &InheritedRoute) -> Result<Placement> {
         parent_run_id: r.parent_run_id.clone(),
         parent_step_index: r.parent_step,
         depth,
-        max_depth: file.max_depth,
+        max_depth: limit,
         route_dir: expected,
         capability_token: file.capability_token,
     })
+}
+
+/// The depth limit of the parent run (`tree_limit`, the route's, lowered to what the parent
+/// inherited when it is nested itself) and the `maxSubagentDepth` of the agent its flat step
+/// `step` runs as, from the parent's launch spec at `spec_path`.
+fn parent_limits(spec_path: &Path, step: usize, tree_limit: u32) -> Result<(u32, Option<u32>)> {
+    let spec: LaunchSpec = files::read_json(spec_path)
+        .map_err(|e| invalid(format!("the parent run's launch spec cannot be read ({e})")))?;
+    let run_limit = spec
+        .placement
+        .as_ref()
+        .map_or(tree_limit, |p| p.max_depth.min(tree_limit));
+    let (flat, _) = flatten(&spec.chain);
+    let agent_limit = flat
+        .get(step)
+        .and_then(|f| f.spec.resolved_agent.as_ref())
+        .and_then(|a| a.max_subagent_depth);
+    Ok((run_limit, agent_limit))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -318,6 +349,58 @@ mod tests {
         }
     }
 
+    /// Write the parent's launch spec: a chain of two tasks, the second run as an agent with
+    /// `maxSubagentDepth` `limit`.
+    fn write_parent_spec(dir: &cohort_common::format::layout::RunDir, limit: Option<u32>) {
+        use cohort_common::format::spec::{AgentSpec, ChainStep, PromptMode, TaskSpec};
+        let agent = AgentSpec {
+            name: "a".into(),
+            scope: cohort_common::format::record::AgentScope::User,
+            path: None,
+            model: None,
+            thinking: None,
+            tools: None,
+            system_prompt_mode: PromptMode::Replace,
+            inherit_project_context: false,
+            inherit_global_context: false,
+            inherit_skills: false,
+            skills: Vec::new(),
+            extensions: None,
+            extra_extensions: Vec::new(),
+            prompt: String::new(),
+            fallback_models: Vec::new(),
+            timeout_ms: None,
+            max_subagent_depth: limit,
+        };
+        let spec = LaunchSpec {
+            format_version: cohort_common::format::spec::SPEC_VERSION,
+            run_id: ROOT.into(),
+            mode: cohort_common::format::record::RunMode::Chain,
+            cwd: "/".into(),
+            runtime: cohort_common::identity::runtime::Runtime {
+                node_exec_path: "/n".into(),
+                pi_entry_path: "/e".into(),
+                pi_package_root: "/p".into(),
+            },
+            profile_dir: "/p".into(),
+            session_dir: "/s".into(),
+            chain: vec![
+                ChainStep::Task(TaskSpec::default()),
+                ChainStep::Task(TaskSpec {
+                    resolved_agent: Some(Box::new(agent)),
+                    ..Default::default()
+                }),
+            ],
+            pi_args: Vec::new(),
+            options: Default::default(),
+            placement: None,
+            max_depth: 2,
+            backend: None,
+            chain_name: None,
+        };
+        files::write_atomic(&dir.spec(), &serde_json::to_vec(&spec).unwrap()).unwrap();
+    }
+
     #[test]
     fn validates_against_the_route_file() {
         let t = tempfile::tempdir().unwrap();
@@ -340,6 +423,7 @@ mod tests {
             std::time::Duration::from_millis(10),
         )
         .unwrap();
+        write_parent_spec(&dir, None);
         let mut r = InheritedRoute {
             root_run_id: ROOT.into(),
             parent_run_id: ROOT.into(),
@@ -352,6 +436,25 @@ mod tests {
         let p = validate(&root, &r).unwrap();
         assert_eq!(p.depth, 1);
         assert_eq!(p.parent_step_index, 1);
+        assert_eq!(p.max_depth, 2);
+        // The calling step's agent lowers the limit its nested runs get and inherit.
+        write_parent_spec(&dir, Some(1));
+        let e = validate(&root, &r).unwrap_err().to_string();
+        assert!(
+            e.contains("differs from the depth limit 1 of step 1"),
+            "{e}"
+        );
+        r.max_depth = 1;
+        assert_eq!(validate(&root, &r).unwrap().max_depth, 1);
+        write_parent_spec(&dir, Some(0));
+        r.max_depth = 0;
+        let e = validate(&root, &r).unwrap_err().to_string();
+        assert!(
+            e.contains("depth 1, deeper than 0, the maxSubagentDepth of the agent that step 1"),
+            "{e}"
+        );
+        write_parent_spec(&dir, Some(7));
+        r.max_depth = 2;
         // The environment cannot lie about depth or step.
         r.depth = 2;
         let e = validate(&root, &r).unwrap_err().to_string();

@@ -274,6 +274,22 @@ pub fn backend_line(r: &RunRecord, job: Option<&JobReport>) -> Option<String> {
     backend::describe(r.backend.as_ref(), stop, job)
 }
 
+/// One attempt of a step with fallback models, for the single-run view: `attempt 1: fake/a
+/// failed: 429 …` (values escaped; the model is "Pi's default" when the step named none).
+fn attempt_line(n: usize, a: &cohort_common::format::record::ModelAttempt) -> String {
+    let model = a.model.as_deref().unwrap_or("Pi's default");
+    let mut line = format!(
+        "attempt {}: {} {}",
+        n + 1,
+        untrusted(model),
+        a.status.as_str()
+    );
+    if let Some(e) = &a.error {
+        line.push_str(&format!(": {}", untrusted(e)));
+    }
+    line
+}
+
 /// The single-run view: header, runtime, steps, nested children (rows from
 /// [`crate::listing::subtree_rows`]), paths.
 pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> String {
@@ -405,6 +421,9 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
         }
         if let Some(e) = &st.error {
             s.push_str(&format!("      error: {}\n", untrusted(e)));
+        }
+        for (n, a) in st.attempted_models.iter().enumerate() {
+            s.push_str(&format!("      {}\n", attempt_line(n, a)));
         }
         if !st.escaped.is_empty() {
             s.push_str(&format!(
@@ -585,5 +604,25 @@ mod tests {
             path: None,
         });
         assert_eq!(agent_cell(&st), "reviewer");
+    }
+
+    #[test]
+    fn an_attempt_line_names_its_model_how_it_ended_and_why() {
+        use cohort_common::format::record::{ModelAttempt, StepStatus};
+        let failed = ModelAttempt {
+            model: Some("fake/ratelimit".into()),
+            status: StepStatus::Failed,
+            error: Some("429 Rate limit\x1b[2J".into()),
+        };
+        assert_eq!(
+            attempt_line(0, &failed),
+            "attempt 1: fake/ratelimit failed: 429 Rate limit\\x1b[2J"
+        );
+        let done = ModelAttempt {
+            model: None,
+            status: StepStatus::Complete,
+            error: None,
+        };
+        assert_eq!(attempt_line(1, &done), "attempt 2: Pi's default complete");
     }
 }

@@ -10,6 +10,8 @@
 //! | `tool` | first asks for a `bash` tool call (the command is the text after `RUN:` in the last user message, else `echo hi`), then replies `TOOL DONE: <tool output>` |
 //! | `err400` | HTTP 400 with an OpenAI-style error `bad request from fake model` |
 //! | `err500` | HTTP 500 |
+//! | `ratelimit` | HTTP 429 with an OpenAI-style error `Rate limit reached for fake model` (type `requests`, code `rate_limit_exceeded`) and `x-should-retry: false`, so the OpenAI client in Pi does not retry it itself: one request per attempt |
+//! | `partial` | streams `PARTIAL ANSWER` and ends with `finish_reason` `overloaded` (Pi records a model error after text: an answer cut short) |
 //! | `slow` | streams `tick ` every 200 ms for 60 s |
 //! | `big` | replies with 10 MiB of text in 1 MiB chunks (Pi 0.73.1 on Node 20 dies with ENOBUFS writing much larger lines to a pipe) |
 //!
@@ -27,7 +29,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 /// The model ids the server knows.
-pub const MODELS: [&str; 6] = ["plain", "tool", "err400", "err500", "slow", "big"];
+pub const MODELS: [&str; 8] = [
+    "plain",
+    "tool",
+    "err400",
+    "err500",
+    "slow",
+    "big",
+    "ratelimit",
+    "partial",
+];
 
 /// A running server.
 pub struct FakeServer {
@@ -238,6 +249,13 @@ fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()>
             write!(out, "HTTP/1.1 {code} {text}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())?;
             return out.flush();
         }
+        "ratelimit" => {
+            let body = json!({"error": {"message": "Rate limit reached for fake model; try again later", "type": "requests", "code": "rate_limit_exceeded"}}).to_string();
+            // `x-should-retry: false`: the OpenAI client Pi uses retries a 429 twice on its own
+            // otherwise, whatever Pi's retry setting says.
+            write!(out, "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nx-should-retry: false\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())?;
+            return out.flush();
+        }
         _ => {}
     }
     write!(out, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n")?;
@@ -285,6 +303,15 @@ fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()>
                 chunk(out, model, json!({"content": piece}), None)?;
             }
             finish(out, model, "stop")
+        }
+        "partial" => {
+            chunk(
+                out,
+                model,
+                json!({"role": "assistant", "content": "PARTIAL ANSWER"}),
+                None,
+            )?;
+            finish(out, model, "overloaded")
         }
         _ => reply(out, model, &format!("ECHO: {last_user}")),
     }

@@ -59,6 +59,9 @@ pub enum EventKind {
     StepTimedOut,
     /// Processes of a step survived TERM and KILL; `{step, processes: ["<pid> <cmdline>"]}`.
     StepEscaped,
+    /// An attempt of a step failed before its model answered and the step goes on with the
+    /// next of its agent's fallback models; `{step, model, error, next}`.
+    StepFallback,
     /// A new session file Pi created is locked by another run; `{step, sessionFile, error}`.
     SessionContended,
     /// The runner sent SIGTERM to a nested run's runner; `{runId, pid}`.
@@ -80,7 +83,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind, in the order `docs/format.md` lists them.
-    pub const ALL: [EventKind; 25] = [
+    pub const ALL: [EventKind; 26] = [
         EventKind::RunQueued,
         EventKind::RunSubmitted,
         EventKind::RunStarted,
@@ -99,6 +102,7 @@ impl EventKind {
         EventKind::StepStopped,
         EventKind::StepTimedOut,
         EventKind::StepEscaped,
+        EventKind::StepFallback,
         EventKind::SessionContended,
         EventKind::NestedStopping,
         EventKind::NestedStarted,
@@ -129,6 +133,7 @@ impl EventKind {
             EventKind::StepStopped => "step.stopped",
             EventKind::StepTimedOut => "step.timedOut",
             EventKind::StepEscaped => "step.escaped",
+            EventKind::StepFallback => "step.fallback",
             EventKind::SessionContended => "session.contended",
             EventKind::NestedStopping => "nested.stopping",
             EventKind::NestedStarted => "nested.started",

@@ -312,6 +312,13 @@ impl RunDir {
         self.path.join(format!("prompt-{step}.md"))
     }
 
+    /// `session-<i>.jsonl`: the session file flat step `i` continues, as it was before the
+    /// step's first attempt; kept only for a step with fallback models, so that a later
+    /// attempt starts from it and not from the conversation a failed attempt left.
+    pub fn session_snapshot(&self, step: usize) -> PathBuf {
+        self.path.join(format!("session-{step}.jsonl"))
+    }
+
     /// `task-<i>.md`: the task of flat step `i` (after `{previous}` is substituted), which the
     /// runner writes before the step starts and gives Pi on stdin.
     pub fn task_file(&self, step: usize) -> PathBuf {

@@ -349,6 +349,26 @@ pub struct StepRecord {
     /// Descendant processes that survived the end of the step, as `pid command` strings.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub escaped: Vec<String>,
+    /// The models the step tried, in order, when it runs as an agent with `fallbackModels`:
+    /// one entry per attempt, the running or last one last. Empty for other steps and in
+    /// records written before the field existed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attempted_models: Vec<ModelAttempt>,
+}
+
+/// One attempt of a step at one model (`steps[].attemptedModels[]`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ModelAttempt {
+    /// The model asked for (`provider/id`); absent when the step names none and Pi chose its
+    /// default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// How the attempt ended: `running`, `complete`, `failed` or `stopped`.
+    pub status: StepStatus,
+    /// Why it failed or stopped (the step's error for that attempt).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// The record of one run: the content of `status.json`.
@@ -801,6 +821,40 @@ mod tests {
             serde_json::to_string(&RunState::Unknown).unwrap(),
             "\"unknown\""
         );
+    }
+
+    #[test]
+    fn a_steps_attempts_are_optional_and_round_trip() {
+        let old: StepRecord =
+            serde_json::from_str(r#"{"agent":"a","task":"t","status":"failed"}"#).unwrap();
+        assert!(old.attempted_models.is_empty());
+        assert!(!serde_json::to_string(&old)
+            .unwrap()
+            .contains("attemptedModels"));
+        let new: StepRecord = serde_json::from_str(
+            r#"{"agent":"a","task":"t","status":"complete","attemptedModels":[
+                {"model":"fake/ratelimit","status":"failed","error":"429 slow down"},
+                {"model":"fake/plain","status":"complete"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            new.attempted_models,
+            [
+                ModelAttempt {
+                    model: Some("fake/ratelimit".into()),
+                    status: StepStatus::Failed,
+                    error: Some("429 slow down".into()),
+                },
+                ModelAttempt {
+                    model: Some("fake/plain".into()),
+                    status: StepStatus::Complete,
+                    error: None,
+                },
+            ]
+        );
+        let again: StepRecord =
+            serde_json::from_str(&serde_json::to_string(&new).unwrap()).unwrap();
+        assert_eq!(again, new);
     }
 
     #[test]

@@ -98,21 +98,44 @@ pub fn create(root: &StateRoot, root_run_id: &str, max_depth: u32) -> Result<Rou
     Ok(file)
 }
 
+/// The deepest depth a run started inside a step may have (pure): the limit of the step's own
+/// run (`run_limit`: the tree's `--max-depth`, or what the run inherited), lowered to the
+/// step's agent's `maxSubagentDepth` when it has one. Nested runs inherit the result as their
+/// own run limit, so a limit only ever goes down along a tree.
+pub fn step_max_depth(run_limit: u32, agent_limit: Option<u32>) -> u32 {
+    agent_limit.map_or(run_limit, |a| a.min(run_limit))
+}
+
 /// The route variables for a child of flat step `step` of run `run_id` at `depth` in the tree
-/// described by `route` (`root_run_id`, route dir, token, max depth).
+/// described by `route` (`root_run_id`, route dir, token), with `max_depth` the step's limit
+/// ([`step_max_depth`]).
 pub fn child_env(
     route: &Placement,
     run_id: &str,
     step: usize,
     depth: u32,
+    max_depth: u32,
 ) -> Vec<(&'static str, String)> {
     vec![
         (ROOT_RUN_ENV, route.root_run_id.clone()),
         (PARENT_RUN_ENV, run_id.to_string()),
         (PARENT_STEP_ENV, step.to_string()),
         (DEPTH_ENV, depth.to_string()),
-        (MAX_DEPTH_ENV, route.max_depth.to_string()),
+        (MAX_DEPTH_ENV, max_depth.to_string()),
         (ROUTE_DIR_ENV, route.route_dir.display().to_string()),
         (TOKEN_ENV, route.capability_token.clone()),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_steps_depth_limit_only_goes_down() {
+        assert_eq!(step_max_depth(2, None), 2);
+        assert_eq!(step_max_depth(2, Some(0)), 0);
+        assert_eq!(step_max_depth(2, Some(1)), 1);
+        assert_eq!(step_max_depth(2, Some(5)), 2);
+    }
 }

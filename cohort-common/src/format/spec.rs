@@ -231,6 +231,18 @@ pub struct AgentSpec {
     pub extra_extensions: Vec<PathBuf>,
     /// The system prompt: the file's body after the frontmatter.
     pub prompt: String,
+    /// `fallbackModels`: the models the runner tries, in order, when the step's model fails
+    /// before it has answered (`docs/agents.md`, "Fallback models"). Empty: no fallback.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallback_models: Vec<String>,
+    /// `timeoutMs`: the step's deadline, ms from its first attempt's start, unless the run
+    /// names one (`--step-timeout`). Positive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// `maxSubagentDepth`: the deepest depth a nested run started inside this step (or below
+    /// it) may have, as `--max-depth` counts; the tree's own limit still applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_subagent_depth: Option<u32>,
 }
 
 impl AgentSpec {

@@ -31,3 +31,4 @@ mod shell;
 mod slurm;
 mod spawn_wait;
 mod status;
+mod supervision;
