@@ -28,17 +28,17 @@ IFS=$'\t' read -r PI_GEN NODE ENTRY <<< "$PICKED"
 echo "== Pi $PI_GEN: $ENTRY on $NODE ($("$NODE" --version))"
 
 WORK=$(mktemp -d)
-trap 'kill "$SERVER_PID" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+SERVER_PID=""
+trap '[ -z "$SERVER_PID" ] || kill "$SERVER_PID" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 export HOME="$WORK/home" PI_CODING_AGENT_DIR="$WORK/profile"
 mkdir -p "$HOME" "$PI_CODING_AGENT_DIR" "$WORK/bin"
 ln -s "$ENTRY" "$WORK/bin/pi"          # `pi` and its `node` on PATH, as a user would have them
 ln -s "$NODE" "$WORK/bin/node"
 export PATH="$BIN:$WORK/bin:$PATH"
 
-"$BIN/fake-model-server" --log "$WORK/requests.jsonl" --profile "$PI_CODING_AGENT_DIR" > "$WORK/port" &
-SERVER_PID=$!
-for _ in $(seq 100); do [ -s "$WORK/port" ] && break; sleep 0.05; done
-echo "== fake model server on 127.0.0.1:$(cat "$WORK/port")"
+# --detach returns once the server listens and the profile is written, printing its pid.
+SERVER_PID=$("$BIN/fake-model-server" --detach --log "$WORK/requests.jsonl" --profile "$PI_CODING_AGENT_DIR")
+echo "== fake model server (pid $SERVER_PID) on 127.0.0.1, its Pi profile in $PI_CODING_AGENT_DIR"
 
 HERMETIC=(--no-extensions --no-skills --no-prompt-templates --no-themes --no-context-files)
 echo "== cohort-spawn --model fake/tool 'RUN: uname -s'"

@@ -3,8 +3,8 @@
 //! A Pi package declares the Node versions it runs on as an npm semver range in
 //! `package.json` `engines.node` (`>=20.6.0` for `@mariozechner/pi-coding-agent` 0.73.1,
 //! `>=22.19.0` for `@earendil-works/pi-coding-agent` 1.6.0). npm only warns when it is not met,
-//! so an install succeeds and every Pi child then dies at start (Pi 1.6.0 on Node 20: `node:fs`
-//! has no `globSync`). cohort itself does not refuse such a runtime — the range is the package's
+//! so an install succeeds and every Pi child then dies at start (Pi 1.6.0 on Node 20.20: a
+//! `SyntaxError`, `node:module` has no export `enableCompileCache`). cohort itself does not refuse such a runtime — the range is the package's
 //! claim, not a test — but `--doctor` says so.
 //!
 //! [`check`] is the decision, pure; [`node_version`] asks the Node executable (the only way to
