@@ -40,7 +40,11 @@ use shape::{Built, Shape};
     after_long_help = format!("Chain files (--chain FILE):\n\n{CHAIN_FILES}\n\n{}", cli::exit_codes_help(MAN.exit_codes))
 )]
 pub struct Args {
-    /// The task; `-` reads it from stdin. With --parallel, one task per member.
+    /// The task; `-` reads it from stdin. With --parallel, one task per member. Beside one
+    /// TASK (a single run, a chain's TASK, a revival's), text on stdin is sent with it as
+    /// `pi -p TASK < FILE` sends it (the text trimmed, then TASK, one message) when stdin is a
+    /// regular file, or a pipe or socket with data (or closed) within 100 ms; a terminal,
+    /// /dev/null or a silent pipe is never waited on. In a `while read` loop, give < /dev/null.
     tasks: Vec<String>,
     /// Arguments passed to each Pi child verbatim.
     #[arg(last = true)]
@@ -247,7 +251,7 @@ pub const MAN: cli::ManPage = cli::ManPage {
         ),
         (
             "cohort-spawn --wait \"Summarise these notes\" < notes.md | next-step",
-            "Wait for the run and hand its answer on; exit 1 if it failed.",
+            "Send notes.md and the task as one message (as pi -p does), wait for the run and hand its answer on; exit 1 if it failed.",
         ),
         (
             "cohort-spawn --chain review.json",

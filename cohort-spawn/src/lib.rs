@@ -13,6 +13,8 @@
 //! - [`revive`]: continuing a finished run's session on its recorded runtime;
 //! - [`slurm`]: submitting a run to Slurm (`--backend slurm`): the batch script, `sbatch`;
 //! - [`session`]: the session-file rules (a Pi session, not in use by a live run);
+//! - [`stdin`]: the text on stdin sent with a TASK (`cohort-spawn TASK < notes.md`), read only
+//!   when it cannot hang;
 //! - [`wait`]: `--wait`, waiting for the run and printing its answer.
 
 #![deny(missing_docs)]
@@ -27,4 +29,5 @@ pub mod route;
 pub mod session;
 pub mod slurm;
 pub mod spawn;
+pub mod stdin;
 pub mod wait;

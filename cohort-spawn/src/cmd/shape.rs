@@ -105,7 +105,7 @@ pub(super) fn single(args: &Args) -> anyhow::Result<Built> {
             "more than one TASK; quote the task, or use --parallel for several".into()
         )),
     };
-    let task = read_task(t)?;
+    let task = read_task(t, Beside::Stdin)?;
     let session_file = match &args.session {
         Some(s) => Some(
             std::path::absolute(s).with_context(|| format!("cannot resolve {}", s.display()))?,
@@ -142,7 +142,7 @@ pub(super) fn parallel(args: &Args) -> anyhow::Result<Built> {
         .zip(labels)
         .map(|(t, label)| {
             Ok(TaskSpec {
-                task: read_task(t)?,
+                task: read_task(t, Beside::Nothing)?,
                 label,
                 ..base.clone()
             })
@@ -170,7 +170,7 @@ pub(super) fn chain(
     }
     let given = match args.tasks.as_slice() {
         [] => None,
-        [t] => Some(read_task(t)?),
+        [t] => Some(read_task(t, Beside::Stdin)?),
         _ => bail!(cohort_common::Error::Usage(
             "--chain takes at most one TASK (it replaces {task} in the steps)".into()
         )),
@@ -187,7 +187,7 @@ pub(super) fn chain(
 pub(super) fn revive(args: &Args, root: &StateRoot, name: &str) -> anyhow::Result<Built> {
     let task = match args.tasks.as_slice() {
         [] => revive::DEFAULT_TASK.to_string(),
-        [t] => read_task(t)?,
+        [t] => read_task(t, Beside::Stdin)?,
         _ => bail!(cohort_common::Error::Usage(
             "--revive takes at most one TASK".into()
         )),
@@ -233,14 +233,28 @@ pub(super) fn revive(args: &Args, root: &StateRoot, name: &str) -> anyhow::Resul
     })
 }
 
-/// A TASK argument's text: stdin when it is `-`. An empty or blank task is a usage error.
-fn read_task(t: &str) -> anyhow::Result<String> {
+/// Whether stdin's text goes with a TASK argument ([`read_task`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Beside {
+    /// The run's one TASK: stdin's text, when the rule reads it, is sent with it
+    /// ([`crate::stdin`]).
+    Stdin,
+    /// One of several TASKs (`--parallel`): stdin is read only for a TASK `-`.
+    Nothing,
+}
+
+/// A TASK argument's text: stdin when it is `-`; otherwise, for [`Beside::Stdin`], the text on
+/// stdin (when [`crate::stdin`]'s rule reads it) and the TASK joined as Pi joins them. An empty
+/// or blank result is a usage error.
+fn read_task(t: &str, beside: Beside) -> anyhow::Result<String> {
     let task = if t == "-" {
         let mut s = String::new();
         std::io::stdin()
             .read_to_string(&mut s)
             .context("cannot read the task from stdin")?;
         s
+    } else if beside == Beside::Stdin {
+        crate::stdin::with_stdin(t.to_string())?
     } else {
         t.to_string()
     };
