@@ -3,7 +3,8 @@
 # CLI (once, into .pi-cli/), start a background run in a temp Pi profile, watch it go
 # queued → running → complete, print the model's reply, and reap the finished run.
 # Pi: the current generation (@earendil-works/pi-coding-agent 1.6.0) when the system's Node
-# meets its engines.node (22.19+), else @mariozechner/pi-coding-agent 0.73.1 (Node 20.6+).
+# meets its engines.node (22.19+, checked before anything is downloaded), else
+# @mariozechner/pi-coding-agent 0.73.1 (Node 20.6+).
 # DEMO_PI=1.6 forces the current one (a Node 22 is then installed from npm into .pi-cli/ when
 # needed); DEMO_PI=0.73 the older one.
 # Touches nothing outside the repo and a temp dir; the fake server listens on 127.0.0.1 only.

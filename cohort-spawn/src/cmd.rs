@@ -84,10 +84,15 @@ pub struct Args {
     /// Node executable to run Pi with (default: $COHORT_NODE, else `node` on PATH).
     #[arg(long)]
     node: Option<PathBuf>,
-    /// Pi CLI entry script, the package's dist/cli.js (default: $COHORT_PI_ENTRY, else `pi` on
-    /// PATH).
+    /// Pi CLI entry script, the package's declared CLI: dist/bundle/cli.js for Pi 1.x
+    /// (@earendil-works/pi-coding-agent), dist/cli.js for 0.x (@mariozechner/pi-coding-agent)
+    /// (default: $COHORT_PI_ENTRY, else `pi` on PATH).
     #[arg(long)]
     pi_entry: Option<PathBuf>,
+    /// Start the run even when the Node is outside the Pi package's engines.node (by default
+    /// such a start is refused with exit 3: Pi 1.x dies at start on an older Node).
+    #[arg(long)]
+    ignore_engines: bool,
     /// Continue a finished run's Pi session in a new run, on the original's recorded runtime
     /// (TASK defaults to "Continue where you left off.").
     #[arg(long, value_name = "RUN", conflicts_with_all = ["chain", "parallel", "session", "cwd"])]
@@ -229,7 +234,10 @@ pub const MAN: cli::ManPage = cli::ManPage {
             exit::ERROR,
             "usage or start error (a start that fails after the run exists leaves a failed record saying why)",
         ),
-        (exit::RUNTIME, "the Pi runtime is missing or invalid"),
+        (
+            exit::RUNTIME,
+            "the Pi runtime is missing or invalid, or its Node is outside the Pi package's engines.node (--ignore-engines forces the start)",
+        ),
         (exit::TIMEOUT, "with --wait: --timeout ended the run"),
         (
             crate::wait::INTERRUPTED,
@@ -414,6 +422,11 @@ fn request(
         session_root: args.session_root.clone(),
         runner: spawn::default_runner_path(),
         backend,
+        engines: if args.ignore_engines {
+            spawn::EnginesCheck::Ignore
+        } else {
+            spawn::EnginesCheck::Enforce
+        },
     }
 }
 

@@ -411,3 +411,13 @@ fn a_task_file_on_stdin_arrives_whole_whatever_it_starts_with() {
         assert_eq!(text(&user), task);
     }
 }
+
+#[test]
+fn the_pinned_engines_range_is_the_packages() {
+    // The harness and the demo judge a Node by the pinned range before downloading Pi.
+    let g = cohort_e2e::pi::generation();
+    let _ = TestEnv::new();
+    let info = cohort_common::identity::runtime::package_info(&g.package_root_in(&g.install_dir()))
+        .unwrap();
+    assert_eq!(info.node_engines.as_deref(), Some(g.node_engines), "{g:?}");
+}
