@@ -350,8 +350,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     };
     if let Some(what) = Listing::of(&args) {
         if !args.tasks.is_empty() {
-            bail!(cohort_common::Error::Usage(
-                "--list-agents and --list-chains take no TASK".into()
+            bail!(cohort_cli::usage_error(
+                "--list-agents and --list-chains take no TASK"
             ));
         }
         return list::list(what, &args, root.profile(), &lookup);
@@ -378,9 +378,7 @@ fn placement(root: &StateRoot, args: &Args) -> anyhow::Result<Option<Placement>>
     match crate::route::parse_env(|k| std::env::var_os(k))? {
         Some(inherited) => {
             if args.max_depth.is_some() {
-                bail!(cohort_common::Error::Usage(
-                    "--max-depth is set by the top-level spawn and inherited; a nested spawn cannot change it".into()
-                ));
+                bail!(cohort_cli::usage_error("--max-depth is set by the top-level spawn and inherited; a nested spawn cannot change it"));
             }
             Ok(Some(crate::route::validate(root, &inherited)?))
         }

@@ -98,11 +98,11 @@ fn base_task(args: &Args) -> TaskSpec {
 pub(super) fn single(args: &Args) -> anyhow::Result<Built> {
     let t = match args.tasks.as_slice() {
         [t] => t,
-        [] => bail!(cohort_common::Error::Usage(
-            "no task given (pass TASK, or - to read it from stdin)".into()
+        [] => bail!(cohort_cli::usage_error(
+            "no task given (pass TASK, or - to read it from stdin)"
         )),
-        _ => bail!(cohort_common::Error::Usage(
-            "more than one TASK; quote the task, or use --parallel for several".into()
+        _ => bail!(cohort_cli::usage_error(
+            "more than one TASK; quote the task, or use --parallel for several"
         )),
     };
     let task = read_task(t, Beside::Stdin)?;
@@ -127,8 +127,8 @@ pub(super) fn single(args: &Args) -> anyhow::Result<Built> {
 /// [`Shape::Parallel`]: one member per TASK, labelled apart ([`member_labels`]).
 pub(super) fn parallel(args: &Args) -> anyhow::Result<Built> {
     if args.tasks.is_empty() {
-        bail!(cohort_common::Error::Usage(
-            "--parallel needs at least one TASK".into()
+        bail!(cohort_cli::usage_error(
+            "--parallel needs at least one TASK"
         ));
     }
     let base = base_task(args);
@@ -164,15 +164,15 @@ pub(super) fn chain(
     lookup: &Path,
 ) -> anyhow::Result<Built> {
     if args.label.is_some() {
-        bail!(cohort_common::Error::Usage(
-            "--chain takes its labels from the file (`label` of each step); give no --label".into()
+        bail!(cohort_cli::usage_error(
+            "--chain takes its labels from the file (`label` of each step); give no --label"
         ));
     }
     let given = match args.tasks.as_slice() {
         [] => None,
         [t] => Some(read_task(t, Beside::Stdin)?),
-        _ => bail!(cohort_common::Error::Usage(
-            "--chain takes at most one TASK (it replaces {task} in the steps)".into()
+        _ => bail!(cohort_cli::usage_error(
+            "--chain takes at most one TASK (it replaces {task} in the steps)"
         )),
     };
     let mut chain = load_chain(file, profile, lookup)?;
@@ -188,9 +188,7 @@ pub(super) fn revive(args: &Args, root: &StateRoot, name: &str) -> anyhow::Resul
     let task = match args.tasks.as_slice() {
         [] => revive::DEFAULT_TASK.to_string(),
         [t] => read_task(t, Beside::Stdin)?,
-        _ => bail!(cohort_common::Error::Usage(
-            "--revive takes at most one TASK".into()
-        )),
+        _ => bail!(cohort_cli::usage_error("--revive takes at most one TASK")),
     };
     let plan = revive::plan(&revive::gather(root, name, args.step)?)?;
     // Say so when the runtime used is not the one flags or PATH would give today.
@@ -259,7 +257,7 @@ fn read_task(t: &str, beside: Beside) -> anyhow::Result<String> {
         t.to_string()
     };
     if task.trim().is_empty() {
-        return Err(cohort_common::Error::Usage("the task is empty".into()).into());
+        return Err(cohort_cli::usage_error("the task is empty"));
     }
     Ok(task)
 }
@@ -286,7 +284,7 @@ fn load_chain(arg: &Path, profile: &Path, cwd: &Path) -> anyhow::Result<Vec<Chai
     }
     let name = arg.to_string_lossy();
     if name.contains('/') || name.ends_with(".json") || name.ends_with(".md") {
-        bail!(cohort_common::Error::Usage(format!(
+        bail!(cohort_cli::usage_error(format!(
             "chain file {} does not exist",
             arg.display()
         )));
@@ -307,12 +305,11 @@ pub fn fill_task(chain: &mut [ChainStep], given: Option<&str>) -> anyhow::Result
             Ok(())
         }
         (None, false) => Ok(()),
-        (None, true) => bail!(cohort_common::Error::Usage(
-            "the chain uses {task}; give the TASK after the chain".into()
+        (None, true) => bail!(cohort_cli::usage_error(
+            "the chain uses {task}; give the TASK after the chain"
         )),
-        (Some(_), false) => bail!(cohort_common::Error::Usage(
+        (Some(_), false) => bail!(cohort_cli::usage_error(
             "the chain has no {task} for the TASK to fill; give no TASK, or put {task} in a step"
-                .into()
         )),
     }
 }
