@@ -148,7 +148,9 @@ pub struct Args {
     #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
     sbatch_arg: Vec<String>,
     /// Print one JSON object ({"runId", "shortId", "runDir", "runtime"}, and "backend" with the
-    /// Slurm job id for a Slurm run) instead of the id.
+    /// Slurm job id for a Slurm run) instead of the id. With --wait: the final record, with
+    /// "shortId", "runDir" and "answer" (null unless the run completed with text), once the run
+    /// has ended.
     #[arg(long)]
     json: bool,
     /// A shell command to run once when the run has ended (default: $COHORT_ON_EXIT; an empty
@@ -164,7 +166,7 @@ pub struct Args {
     /// Wait for the run to end and print its answer (what cohort-status --output prints) on
     /// stdout; the run id goes to stderr. Exit 0 complete, 1 failed or stopped, 124 when
     /// --timeout ended it. Ctrl-C stops waiting and leaves the run running.
-    #[arg(long, conflicts_with = "json")]
+    #[arg(long)]
     wait: bool,
     #[command(flatten)]
     generate: cli::GenerateArg,
@@ -366,7 +368,12 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let started = start(&root, request(&args, built, placement, backend))?;
     if args.wait {
         eprintln!("cohort-spawn: run {} started", started.run_id);
-        return crate::wait::wait_and_answer(&root, &started.run_id.to_string());
+        let output = if args.json {
+            crate::wait::Output::Json
+        } else {
+            crate::wait::Output::Answer
+        };
+        return crate::wait::wait_and_answer(&root, &started.run_id.to_string(), output);
     }
     cli::out(&format!("{}\n", started_line(&args, &started)))?;
     Ok(exit::SUCCESS)
