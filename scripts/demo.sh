@@ -3,7 +3,8 @@
 # CLI (once, into .pi-cli/), start a background run in a temp Pi profile, watch it go
 # queued → running → complete, print the model's reply, and reap the finished run.
 # Pi: the current generation (@earendil-works/pi-coding-agent 1.6.0) when the system's Node
-# meets its engines.node (22.19+), else @mariozechner/pi-coding-agent 0.73.1 (Node 20.6+).
+# meets its engines.node (22.19+, checked before anything is downloaded), else
+# @mariozechner/pi-coding-agent 0.73.1 (Node 20.6+).
 # DEMO_PI=1.6 forces the current one (a Node 22 is then installed from npm into .pi-cli/ when
 # needed); DEMO_PI=0.73 the older one.
 # Touches nothing outside the repo and a temp dir; the fake server listens on 127.0.0.1 only.
@@ -28,17 +29,17 @@ IFS=$'\t' read -r PI_GEN NODE ENTRY <<< "$PICKED"
 echo "== Pi $PI_GEN: $ENTRY on $NODE ($("$NODE" --version))"
 
 WORK=$(mktemp -d)
-trap 'kill "$SERVER_PID" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+SERVER_PID=""
+trap '[ -z "$SERVER_PID" ] || kill "$SERVER_PID" 2>/dev/null || true; rm -rf "$WORK"' EXIT
 export HOME="$WORK/home" PI_CODING_AGENT_DIR="$WORK/profile"
 mkdir -p "$HOME" "$PI_CODING_AGENT_DIR" "$WORK/bin"
 ln -s "$ENTRY" "$WORK/bin/pi"          # `pi` and its `node` on PATH, as a user would have them
 ln -s "$NODE" "$WORK/bin/node"
 export PATH="$BIN:$WORK/bin:$PATH"
 
-"$BIN/fake-model-server" --log "$WORK/requests.jsonl" --profile "$PI_CODING_AGENT_DIR" > "$WORK/port" &
-SERVER_PID=$!
-for _ in $(seq 100); do [ -s "$WORK/port" ] && break; sleep 0.05; done
-echo "== fake model server on 127.0.0.1:$(cat "$WORK/port")"
+# --detach returns once the server listens and the profile is written, printing its pid.
+SERVER_PID=$("$BIN/fake-model-server" --detach --log "$WORK/requests.jsonl" --profile "$PI_CODING_AGENT_DIR")
+echo "== fake model server (pid $SERVER_PID) on 127.0.0.1, its Pi profile in $PI_CODING_AGENT_DIR"
 
 HERMETIC=(--no-extensions --no-skills --no-prompt-templates --no-themes --no-context-files)
 echo "== cohort-spawn --model fake/tool 'RUN: uname -s'"

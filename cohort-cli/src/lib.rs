@@ -73,7 +73,8 @@ pub fn parse_args<A: clap::Parser>(bin: &str, operands: Operands) -> Result<A, E
 
 /// The one line a usage error prints (pure over the error): `<bin>: error: <what clap found>;
 /// try '<bin> --help'`, with clap's tips and usage dropped and a multi-line message (a list of
-/// missing arguments) joined with spaces. For [`Operands::Tasks`], an unexpected argument that
+/// missing arguments) joined with spaces; a near miss (`--modle`) adds clap's suggestion,
+/// `did you mean '--model'?`. For [`Operands::Tasks`], an unexpected argument that
 /// starts with a single `-` or holds a space — a task, not a mistyped flag — is followed by how
 /// to pass it: from stdin with `-`.
 pub fn usage_line(bin: &str, err: &clap::Error, operands: Operands) -> String {
@@ -87,6 +88,14 @@ pub fn usage_line(bin: &str, err: &clap::Error, operands: Operands) -> String {
         .join(" ");
     if let Some(rest) = msg.strip_prefix("error: ") {
         msg = rest.to_string();
+    }
+    // clap's near-miss suggestion (its "tip: a similar argument exists") sits below the head.
+    if let Some(ContextValue::String(similar)) = err.get(ContextKind::SuggestedArg) {
+        msg.push_str(&format!(" (did you mean '{similar}'?)"));
+    } else if let Some(ContextValue::Strings(values)) = err.get(ContextKind::SuggestedValue) {
+        if let Some(v) = values.first() {
+            msg.push_str(&format!(" (did you mean '{v}'?)"));
+        }
     }
     let invalid = match err.get(ContextKind::InvalidArg) {
         Some(ContextValue::String(s)) => Some(s.as_str()),
@@ -104,6 +113,25 @@ pub fn usage_line(bin: &str, err: &clap::Error, operands: Operands) -> String {
         }
         _ => format!("{bin}: error: {msg}; try '{bin} --help'"),
     }
+}
+
+/// A usage error a binary finds after clap has parsed its command line (`no task given`,
+/// `--output takes exactly one run`): exit 2, and [`fail`] ends its line with the same
+/// `try '<bin> --help'` hint as a parse error. Made with [`usage_error`].
+#[derive(Debug)]
+pub struct CommandLineError(pub String);
+
+impl std::fmt::Display for CommandLineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl StdError for CommandLineError {}
+
+/// A [`CommandLineError`] saying `msg`, as an `anyhow::Error` to return from a binary's `run`.
+pub fn usage_error(msg: impl Into<String>) -> anyhow::Error {
+    CommandLineError(msg.into()).into()
 }
 
 /// What `--generate KIND` prints on stdout, the ripgrep way: a completion script for a shell,
@@ -232,6 +260,7 @@ fn man_page(cmd: clap::Command, page: &ManPage) -> Vec<u8> {
 /// wanted.
 pub fn fail(bin: &str, err: &(dyn StdError + 'static)) -> ExitCode {
     let mut code = None;
+    let mut hint = false;
     let mut parts: Vec<String> = Vec::new();
     let mut cur = Some(err);
     while let Some(e) = cur {
@@ -245,6 +274,10 @@ pub fn fail(bin: &str, err: &(dyn StdError + 'static)) -> ExitCode {
                 .downcast_ref::<cohort_common::Error>()
                 .map(cohort_common::Error::exit_code);
         }
+        if code.is_none() && e.downcast_ref::<CommandLineError>().is_some() {
+            code = Some(exit::ERROR);
+            hint = true;
+        }
         let m = e.to_string();
         // A wrapper that already prints its source inline is not printed twice.
         if !parts.last().map(|p| p.contains(&m)).unwrap_or(false) {
@@ -253,9 +286,14 @@ pub fn fail(bin: &str, err: &(dyn StdError + 'static)) -> ExitCode {
         cur = e.source();
     }
     // Messages quote names, paths and errors that may have come from a run: escaped, one line.
+    let hint = if hint {
+        format!("; try '{bin} --help'")
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         io::stderr(),
-        "{bin}: error: {}",
+        "{bin}: error: {}{hint}",
         crate::text::untrusted(&parts.join(": "))
     );
     ExitCode::from(code.unwrap_or(exit::ERROR))
@@ -412,6 +450,19 @@ mod tests {
             String::from_utf8(generate(T::command(), Generate::CompleteBash, &PAGE)).unwrap();
         assert!(bash.contains("complete -F _t"), "{bash}");
         assert!(bash.contains("--since"), "{bash}");
+    }
+
+    #[test]
+    fn a_near_miss_gets_clap_s_suggestion() {
+        let l = line(&["--need", "x", "--sinse", "2h"], Operands::Names);
+        assert!(
+            l.contains("unexpected argument '--sinse' found (did you mean '--since'?)"),
+            "{l}"
+        );
+        assert!(l.ends_with("try 't --help'"), "{l}");
+        // Nothing near: no suggestion.
+        let l = line(&["--need", "x", "--zzzzzz"], Operands::Names);
+        assert!(!l.contains("did you mean"), "{l}");
     }
 
     #[test]

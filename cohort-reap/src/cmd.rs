@@ -46,9 +46,10 @@ pub struct Args {
     /// Print the report as JSON Lines, one object per run.
     #[arg(long)]
     json: bool,
-    /// How long to wait for another cohort-reap working on the same state root.
-    #[arg(long, value_parser = duration::parse, allow_hyphen_values = true, value_name = "DURATION", default_value = "30s")]
-    wait: Duration,
+    /// How long to wait for the lock of another cohort-reap working on the same state root
+    /// (the earlier spelling --wait is still accepted).
+    #[arg(long, alias = "wait", value_parser = duration::parse, allow_hyphen_values = true, value_name = "DURATION", default_value = "30s")]
+    lock_timeout: Duration,
     #[command(flatten)]
     generate: cli::GenerateArg,
 }
@@ -111,15 +112,23 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         all_terminal: args.all_terminal,
     };
     let opts = Options {
-        reaper_wait: args.wait,
+        reaper_wait: args.lock_timeout,
         sessions: args.sessions,
     };
+    // What reap refuses as usage is about the selection on the command line.
+    let usage = |e: cohort_common::Error| -> anyhow::Error {
+        match e {
+            cohort_common::Error::Usage(m) => cli::usage_error(m),
+            e => e.into(),
+        }
+    };
     let report = if args.dry_run {
-        reap::dry_run(&root, &sel, &opts)?
+        reap::dry_run(&root, &sel, &opts).map_err(usage)?
     } else {
         reap::reap(&root, &sel, &opts, &mut || {
             eprintln!("cohort-reap: waiting for another cohort-reap to finish…")
-        })?
+        })
+        .map_err(usage)?
     };
     for note in report.notes() {
         eprintln!("cohort-reap: {note}");
@@ -139,4 +148,21 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     } else {
         exit::SUCCESS
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[test]
+    fn the_lock_timeout_keeps_its_earlier_spelling_hidden() {
+        for flag in ["--lock-timeout", "--wait"] {
+            let a = Args::try_parse_from(["cohort-reap", flag, "2s", "--all-terminal"]).unwrap();
+            assert_eq!(a.lock_timeout, Duration::from_secs(2), "{flag}");
+        }
+        let help = Args::command().render_long_help().to_string();
+        assert!(help.contains("--lock-timeout <DURATION>"), "{help}");
+        assert!(!help.contains("--wait <"), "{help}");
+    }
 }

@@ -504,7 +504,8 @@ pub struct ChainRow {
     pub path: PathBuf,
     /// Its description (null when it has none).
     pub description: Option<String>,
-    /// Number of steps (a parallel group counts once); null when it cannot be used.
+    /// Number of steps as a run counts them (Pi children: each member of a parallel group
+    /// counts); null when it cannot be used.
     pub steps: Option<usize>,
     /// Step config keys cohort ignores.
     pub ignored: Vec<String>,
@@ -532,7 +533,8 @@ pub fn listing(found: &[SavedChain]) -> Vec<ChainRow> {
                 scope: top.scope,
                 path: top.path.clone(),
                 description: ok.and_then(|c| c.description.clone()),
-                steps: ok.map(|c| c.steps.len()),
+                // Pi children, as the run table's STEPS counts them (a parallel group's members).
+                steps: ok.map(|c| cohort_common::format::spec::flatten(&c.steps).0.len()),
                 ignored: ok.map(|c| c.ignored.clone()).unwrap_or_default(),
                 problem: resolved.err().map(|e| e.to_string()),
             }

@@ -40,7 +40,11 @@ use shape::{Built, Shape};
     after_long_help = format!("Chain files (--chain NAME, --chain-file PATH):\n\n{CHAIN_FILES}\n\n{}", cli::exit_codes_help(MAN.exit_codes))
 )]
 pub struct Args {
-    /// The task; `-` reads it from stdin. With --parallel, one task per member.
+    /// The task; `-` reads it from stdin. With --parallel, one task per member. Beside one
+    /// TASK (a single run, a chain's TASK, a revival's), text on stdin is sent with it as
+    /// `pi -p TASK < FILE` sends it (the text trimmed, then TASK, one message) when stdin is a
+    /// regular file, or a pipe or socket with data (or closed) within 100 ms; a terminal,
+    /// /dev/null or a silent pipe is never waited on. In a `while read` loop, give < /dev/null.
     tasks: Vec<String>,
     /// Arguments passed to each Pi child verbatim.
     #[arg(last = true)]
@@ -80,10 +84,15 @@ pub struct Args {
     /// Node executable to run Pi with (default: $COHORT_NODE, else `node` on PATH).
     #[arg(long)]
     node: Option<PathBuf>,
-    /// Pi CLI entry script, the package's dist/cli.js (default: $COHORT_PI_ENTRY, else `pi` on
-    /// PATH).
+    /// Pi CLI entry script, the package's declared CLI: dist/bundle/cli.js for Pi 1.x
+    /// (@earendil-works/pi-coding-agent), dist/cli.js for 0.x (@mariozechner/pi-coding-agent)
+    /// (default: $COHORT_PI_ENTRY, else `pi` on PATH).
     #[arg(long)]
     pi_entry: Option<PathBuf>,
+    /// Start the run even when the Node is outside the Pi package's engines.node (by default
+    /// such a start is refused with exit 3: Pi 1.x dies at start on an older Node).
+    #[arg(long)]
+    ignore_engines: bool,
     /// Continue a finished run's Pi session in a new run, on the original's recorded runtime
     /// (TASK defaults to "Continue where you left off.").
     #[arg(long, value_name = "RUN", conflicts_with_all = ["chain", "chain_file", "parallel", "session", "cwd"])]
@@ -137,7 +146,9 @@ pub struct Args {
     #[command(flatten)]
     backend: crate::backend::BackendArgs,
     /// Print one JSON object ({"runId", "shortId", "runDir", "runtime"}, and "backend" with the
-    /// Slurm job id for a Slurm run) instead of the id.
+    /// Slurm job id for a Slurm run) instead of the id. With --wait: the final record, with
+    /// "shortId", "runDir" and "answer" (null unless the run completed with text), once the run
+    /// has ended.
     #[arg(long)]
     json: bool,
     /// A shell command to run once when the run has ended (default: $COHORT_ON_EXIT; an empty
@@ -153,7 +164,7 @@ pub struct Args {
     /// Wait for the run to end and print its answer (what cohort-status --output prints) on
     /// stdout; the run id goes to stderr. Exit 0 complete, 1 failed or stopped, 124 when
     /// --timeout ended it. Ctrl-C stops waiting and leaves the run running.
-    #[arg(long, conflicts_with = "json")]
+    #[arg(long)]
     wait: bool,
     #[command(flatten)]
     generate: cli::GenerateArg,
@@ -252,7 +263,10 @@ pub const MAN: cli::ManPage = cli::ManPage {
             exit::ERROR,
             "usage or start error (a start that fails after the run exists leaves a failed record saying why)",
         ),
-        (exit::RUNTIME, "the Pi runtime is missing or invalid"),
+        (
+            exit::RUNTIME,
+            "the Pi runtime is missing or invalid, or its Node is outside the Pi package's engines.node (--ignore-engines forces the start)",
+        ),
         (exit::TIMEOUT, "with --wait: --timeout ended the run"),
         (
             crate::wait::INTERRUPTED,
@@ -274,7 +288,7 @@ pub const MAN: cli::ManPage = cli::ManPage {
         ),
         (
             "cohort-spawn --wait \"Summarise these notes\" < notes.md | next-step",
-            "Wait for the run and hand its answer on; exit 1 if it failed.",
+            "Send notes.md and the task as one message (as pi -p does), wait for the run and hand its answer on; exit 1 if it failed.",
         ),
         (
             "cohort-spawn --chain-file review.json",
@@ -327,8 +341,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     };
     if let Some(what) = Listing::of(&args) {
         if !args.tasks.is_empty() {
-            bail!(cohort_common::Error::Usage(
-                "--list-agents and --list-chains take no TASK".into()
+            bail!(cohort_cli::usage_error(
+                "--list-agents and --list-chains take no TASK"
             ));
         }
         return list::list(what, &args, root.profile(), &lookup);
@@ -355,7 +369,12 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let started = start(&root, request(&args, built, placement, backend))?;
     if args.wait {
         eprintln!("cohort-spawn: run {} started", started.run_id);
-        return crate::wait::wait_and_answer(&root, &started.run_id.to_string());
+        let output = if args.json {
+            crate::wait::Output::Json
+        } else {
+            crate::wait::Output::Answer
+        };
+        return crate::wait::wait_and_answer(&root, &started.run_id.to_string(), output);
     }
     cli::out(&format!("{}\n", started_line(&args, &started)))?;
     Ok(exit::SUCCESS)
@@ -367,9 +386,7 @@ fn placement(root: &StateRoot, args: &Args) -> anyhow::Result<Option<Placement>>
     match crate::route::parse_env(|k| std::env::var_os(k))? {
         Some(inherited) => {
             if args.max_depth.is_some() {
-                bail!(cohort_common::Error::Usage(
-                    "--max-depth is set by the top-level spawn and inherited; a nested spawn cannot change it".into()
-                ));
+                bail!(cohort_cli::usage_error("--max-depth is set by the top-level spawn and inherited; a nested spawn cannot change it"));
             }
             Ok(Some(crate::route::validate(root, &inherited)?))
         }
@@ -412,6 +429,11 @@ fn request(
         runner: spawn::default_runner_path(),
         backend,
         chain_name: built.chain_name,
+        engines: if args.ignore_engines {
+            spawn::EnginesCheck::Ignore
+        } else {
+            spawn::EnginesCheck::Enforce
+        },
     }
 }
 

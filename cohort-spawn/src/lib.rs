@@ -22,6 +22,8 @@
 //! - [`backend`]: starting the runner, one module per execution backend (natively the detached
 //!   runner; under a scheduler a submitted job), chosen through one registry;
 //! - [`session`]: the session-file rules (a Pi session, not in use by a live run);
+//! - [`stdin`]: the text on stdin sent with a TASK (`cohort-spawn TASK < notes.md`), read only
+//!   when it cannot hang;
 //! - [`wait`]: `--wait`, waiting for the run and printing its answer.
 
 #![deny(missing_docs)]
@@ -41,6 +43,7 @@ pub mod revive;
 pub mod route;
 pub mod session;
 pub mod spawn;
+pub mod stdin;
 pub mod supervision;
 pub mod trust;
 pub mod wait;

@@ -70,6 +70,20 @@ pub struct SpawnRequest {
     pub runner: PathBuf,
     /// The chain's runtime name, for a chain that has one ([`LaunchSpec::chain_name`]).
     pub chain_name: Option<String>,
+    /// Whether a top-level start refuses a Node outside the Pi package's `engines.node`.
+    pub engines: EnginesCheck,
+}
+
+/// Whether a start checks the runtime's Node against its Pi package's `engines.node`
+/// ([`cohort_common::identity::engines::refuse_outside_engines`]). A nested start inherits its
+/// root's runtime, and with it the root's decision: it is never checked again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EnginesCheck {
+    /// Refuse (exit 3) a Node outside the range.
+    #[default]
+    Enforce,
+    /// Start anyway (`--ignore-engines`).
+    Ignore,
 }
 
 /// A started run.
@@ -360,6 +374,9 @@ fn prepare(
         Some(rt) => runtime::revalidate(rt)?,
         None => runtime::capture(&req.runtime)?.0,
     };
+    if req.engines == EnginesCheck::Enforce && req.placement.is_none() {
+        cohort_common::identity::engines::refuse_outside_engines(&rt, &root.node_versions_dir())?;
+    }
     rec.runtime = Some(rt.clone());
 
     // Made once the run is published (`check_published`): a spawn killed before leaves none.

@@ -29,13 +29,40 @@ pub fn exit_code(rec: &RunRecord) -> u8 {
 /// convention for a program ended by SIGINT.
 pub const INTERRUPTED: u8 = 130;
 
-/// Wait for run `run_id` under `root` to end; print its answer on stdout when it completed,
-/// and one line on stderr when it did not. Returns the exit code ([`exit_code`]). From the
-/// first call on, SIGINT (Ctrl-C) ends this process with [`INTERRUPTED`] after saying on
-/// stderr that the run goes on and how to stop it.
+/// What `--wait` prints on stdout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// The answer's text (nothing when the run did not complete).
+    Answer,
+    /// One JSON object: the final record ([`final_json`]).
+    Json,
+}
+
+/// The object `cohort-spawn --wait --json` prints (pure): the final `record` as stored, plus
+/// `shortId`, `runDir` and `answer` (the text `cohort-status --output` prints; `null` when
+/// the run did not complete or left no text).
+pub fn final_json(
+    rec: &RunRecord,
+    dir: &std::path::Path,
+    answer: Option<&str>,
+) -> serde_json::Value {
+    let mut v = serde_json::to_value(rec).unwrap_or_else(|_| serde_json::json!({}));
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("shortId".into(), id::short_of(&rec.run_id).into());
+        obj.insert("runDir".into(), dir.to_string_lossy().into_owned().into());
+        obj.insert("answer".into(), answer.into());
+    }
+    v
+}
+
+/// Wait for run `run_id` under `root` to end; print its answer on stdout when it completed
+/// (with [`Output::Json`]: the final record and the answer as one JSON object, whatever the
+/// end), and one line on stderr when it did not complete. Returns the exit code
+/// ([`exit_code`]). From the first call on, SIGINT (Ctrl-C) ends this process with
+/// [`INTERRUPTED`] after saying on stderr that the run goes on and how to stop it.
 ///
 /// Errors: the run cannot be found or read (I/O, JSON, a lock that cannot be taken).
-pub fn wait_and_answer(root: &StateRoot, run_id: &str) -> anyhow::Result<u8> {
+pub fn wait_and_answer(root: &StateRoot, run_id: &str, output: Output) -> anyhow::Result<u8> {
     let short = id::short_of(run_id).to_string();
     on_interrupt(move || {
         eprintln!(
@@ -46,6 +73,15 @@ pub fn wait_and_answer(root: &StateRoot, run_id: &str) -> anyhow::Result<u8> {
     wait::wait(vec![found.clone()], None)?;
     let rec = observe::observe_found(&found)?.record;
     let code = exit_code(&rec);
+    if output == Output::Json {
+        let text = match answer::answer(&found.dir, &rec, None) {
+            Ok(text) if code == exit::SUCCESS => Some(text),
+            Ok(_) | Err(AnswerError::NoText(_)) => None,
+            Err(AnswerError::Store(e)) => return Err(e.into()),
+        };
+        let v = final_json(&rec, found.dir.path(), text.as_deref());
+        cli::out(&format!("{v}\n"))?;
+    }
     if code != exit::SUCCESS {
         let why = rec
             .error
@@ -58,6 +94,9 @@ pub fn wait_and_answer(root: &StateRoot, run_id: &str) -> anyhow::Result<u8> {
             rec.state.as_str(),
             cohort_cli::text::untrusted(&why)
         );
+        return Ok(code);
+    }
+    if output == Output::Json {
         return Ok(code);
     }
     match answer::answer(&found.dir, &rec, None) {

@@ -135,7 +135,7 @@ fn parse_limit(s: &str) -> Result<usize, String> {
 }
 
 fn usage(msg: &str) -> anyhow::Error {
-    cohort_common::Error::Usage(msg.into()).into()
+    cohort_cli::usage_error(msg)
 }
 
 /// What one invocation does, chosen once from the command line ([`Mode::of`]) and dispatched
@@ -213,8 +213,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
 /// ids before anything is read: such a mode must not silently drop the ids it was given.
 fn every_run_root(args: &Args) -> anyhow::Result<StateRoot> {
     if !args.ids.is_empty() {
-        anyhow::bail!(cohort_common::Error::Usage(
-            "--check and --doctor look at every run; they take no run ids".into()
+        anyhow::bail!(cohort_cli::usage_error(
+            "--check and --doctor look at every run; they take no run ids"
         ));
     }
     Ok(StateRoot::from_env()?)

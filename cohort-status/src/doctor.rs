@@ -115,19 +115,9 @@ pub fn runtime_warnings(
     let Some(pkg) = pkg else {
         return Vec::new();
     };
-    match engines::check(pkg.node_engines.as_deref(), version) {
-        engines::Verdict::NotMet => vec![format!(
-            "{} {} needs Node {} (engines.node) but {} is {version}: Pi will fail to start on it; \
-             install a Node that meets the range and put it first on PATH (or pass --node)",
-            pkg.name,
-            pkg.version.as_deref().unwrap_or("(no version)"),
-            pkg.node_engines.as_deref().unwrap_or_default(),
-            rt.node_exec_path.display(),
-        )],
-        engines::Verdict::Met | engines::Verdict::NoRange | engines::Verdict::Unreadable(_) => {
-            Vec::new()
-        }
-    }
+    engines::unmet_sentence(pkg, &rt.node_exec_path, version)
+        .into_iter()
+        .collect()
 }
 
 /// The state-root part of the report.

@@ -22,7 +22,7 @@ pub mod backends;
 pub mod check;
 pub mod cmd;
 pub mod doctor;
-pub mod engines;
+pub use cohort_common::identity::engines;
 pub mod follow;
 pub mod listing;
 pub mod logind;

@@ -134,7 +134,7 @@ impl Listed<'_> {
 }
 
 /// The table's columns, left to right; a new column is one entry here.
-fn columns<'a>() -> [Column<Listed<'a>>; 8] {
+fn columns<'a>() -> [Column<Listed<'a>>; 9] {
     [
         Column::new("ID", id_cell),
         Column::new("STATE", |l: &Listed| match &l.row.observed {
@@ -144,7 +144,15 @@ fn columns<'a>() -> [Column<Listed<'a>>; 8] {
         .coloured(state_colour),
         Column::new("MODE", |l| l.of_record(mode_word)),
         Column::new("AGENT", |l| {
-            l.of_record(|r| r.steps.first().map(agent_cell).unwrap_or_default())
+            l.of_record(|r| r.steps.first().map(agent_cell).unwrap_or("-".into()))
+        }),
+        Column::new("LABEL", |l| {
+            l.of_record(|r| {
+                r.steps
+                    .first()
+                    .map(|s| label_cell(s, 0))
+                    .unwrap_or("-".into())
+            })
         }),
         Column::new("AGE", |l| l.of_record(|r| age_of(r, l.now))),
         Column::new("DURATION", |l| l.of_record(|r| duration_of(r, l.now))),
@@ -196,7 +204,7 @@ fn task_cell(l: &Listed) -> String {
     }
 }
 
-/// The table: ID, STATE, MODE, AGENT, AGE, DURATION, STEPS, TASK (`columns()`). Error rows show
+/// The table: ID, STATE, MODE, AGENT, LABEL, AGE, DURATION, STEPS, TASK (`columns()`). Error rows show
 /// `error` and the reason in the TASK column. Nested rows under a tree root are indented in the
 /// ID column and name their parent step; legacy and (flat) nested rows are marked in the TASK
 /// column. Every cell but the header holds text from a run and is shown escaped
@@ -207,11 +215,23 @@ pub fn table(rows: &[Row], colour: bool) -> String {
     Table::new(&columns(), CellText::Untrusted).render(&listed, colour)
 }
 
-/// The AGENT cell of a step (pure): the name of the agent it runs as, else its label.
+/// The AGENT cell of a step (pure): the name of the agent it runs as; `-` for a bare task.
 fn agent_cell(s: &cohort_common::format::record::StepRecord) -> String {
     match &s.agent_source {
         Some(a) => a.name.clone(),
-        None => s.label.clone(),
+        None => "-".into(),
+    }
+}
+
+/// The LABEL cell of flat step `i` (pure): its label, or `-` when the label only repeats
+/// what the row already says (the default `step-<i>`, or the agent's name).
+fn label_cell(s: &cohort_common::format::record::StepRecord, i: usize) -> String {
+    let default = s.label == format!("step-{i}");
+    let agent = s.agent_source.as_ref().is_some_and(|a| a.name == s.label);
+    if default || agent {
+        "-".into()
+    } else {
+        s.label.clone()
     }
 }
 
@@ -477,6 +497,36 @@ mod tests {
     use std::ffi::OsStr;
 
     #[test]
+    fn agent_and_label_cells_say_each_thing_once() {
+        use cohort_common::format::record::{AgentScope, AgentSource, StepRecord};
+        let agent = |name: &str| {
+            Some(AgentSource {
+                name: name.into(),
+                scope: AgentScope::Builtin,
+                path: None,
+            })
+        };
+        let step = |label: &str, source| StepRecord {
+            label: label.into(),
+            agent_source: source,
+            ..StepRecord::default()
+        };
+        // (step, its flat index, AGENT, LABEL)
+        let cases = [
+            (step("step-0", None), 0, "-", "-"),
+            (step("step-2", None), 2, "-", "-"),
+            (step("step-2", None), 0, "-", "step-2"),
+            (step("bugs", None), 0, "-", "bugs"),
+            (step("scout", agent("scout")), 0, "scout", "-"),
+            (step("map", agent("scout")), 0, "scout", "map"),
+        ];
+        for (s, i, a, l) in cases {
+            assert_eq!(agent_cell(&s), a, "{s:?}");
+            assert_eq!(label_cell(&s, i), l, "{s:?}");
+        }
+    }
+
+    #[test]
     fn colour_only_on_a_terminal_without_no_color() {
         assert!(colour_allowed(None, true));
         assert!(colour_allowed(Some(OsStr::new("")), true));
@@ -588,22 +638,6 @@ mod tests {
             (Some("x"), Some("bad"))
         );
         assert!(table(&[err], true).contains("\x1b[31merror\x1b[0m"));
-    }
-
-    #[test]
-    fn the_agent_column_shows_the_agent_over_the_label() {
-        use cohort_common::format::record::{AgentScope, AgentSource, StepRecord};
-        let mut st = StepRecord {
-            label: "bugs".into(),
-            ..Default::default()
-        };
-        assert_eq!(agent_cell(&st), "bugs");
-        st.agent_source = Some(AgentSource {
-            name: "reviewer".into(),
-            scope: AgentScope::Project,
-            path: None,
-        });
-        assert_eq!(agent_cell(&st), "reviewer");
     }
 
     #[test]

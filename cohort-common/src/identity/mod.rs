@@ -3,8 +3,11 @@
 //!
 //! - [`runtime`]: capturing and revalidating the Pi runtime (Node binary, Pi CLI entry, package
 //!   root) a run launches its children with;
+//! - [`engines`]: whether a runtime's Node meets its Pi package's `engines.node` (the doctor
+//!   warns, spawn refuses);
 //! - [`procinfo`]: process identity from `/proc` (pid, start time, boot id), so a reused pid is
 //!   never taken for the process cohort recorded.
 
+pub mod engines;
 pub mod procinfo;
 pub mod runtime;

@@ -73,6 +73,13 @@ pub enum RuntimeError {
         /// Why.
         reason: String,
     },
+    /// The runtime's Node is outside its Pi package's `engines.node`: Pi would die at start
+    /// (see [`crate::identity::engines`]).
+    #[error("{sentence}")]
+    NodeOutsideEngines {
+        /// What the package needs, what the Node is, and how to get a suitable one.
+        sentence: String,
+    },
     /// A run's recorded runtime is no longer there or no longer valid. There is no fallback to
     /// another installation.
     #[error("the runtime recorded by run {run} is gone ({cause}); restore it at {} or start a new run", path.display())]

@@ -124,14 +124,14 @@ fn base_task(args: &Args) -> TaskSpec {
 pub(super) fn single(args: &Args) -> anyhow::Result<Built> {
     let t = match args.tasks.as_slice() {
         [t] => t,
-        [] => bail!(cohort_common::Error::Usage(
-            "no task given (pass TASK, or - to read it from stdin)".into()
+        [] => bail!(cohort_cli::usage_error(
+            "no task given (pass TASK, or - to read it from stdin)"
         )),
-        _ => bail!(cohort_common::Error::Usage(
-            "more than one TASK; quote the task, or use --parallel for several".into()
+        _ => bail!(cohort_cli::usage_error(
+            "more than one TASK; quote the task, or use --parallel for several"
         )),
     };
-    let task = read_task(t)?;
+    let task = read_task(t, Beside::Stdin)?;
     let session_file = match &args.session {
         Some(s) => Some(
             std::path::absolute(s).with_context(|| format!("cannot resolve {}", s.display()))?,
@@ -153,8 +153,8 @@ pub(super) fn single(args: &Args) -> anyhow::Result<Built> {
 /// [`Shape::Parallel`]: one member per TASK, labelled apart ([`member_labels`]).
 pub(super) fn parallel(args: &Args) -> anyhow::Result<Built> {
     if args.tasks.is_empty() {
-        bail!(cohort_common::Error::Usage(
-            "--parallel needs at least one TASK".into()
+        bail!(cohort_cli::usage_error(
+            "--parallel needs at least one TASK"
         ));
     }
     let base = base_task(args);
@@ -168,7 +168,7 @@ pub(super) fn parallel(args: &Args) -> anyhow::Result<Built> {
         .zip(labels)
         .map(|(t, label)| {
             Ok(TaskSpec {
-                task: read_task(t)?,
+                task: read_task(t, Beside::Nothing)?,
                 label,
                 ..base.clone()
             })
@@ -192,15 +192,15 @@ pub(super) fn chain(
     lookup: &Path,
 ) -> anyhow::Result<Built> {
     if args.label.is_some() {
-        bail!(cohort_common::Error::Usage(
-            "--chain takes its labels from the file (`label` of each step); give no --label".into()
+        bail!(cohort_cli::usage_error(
+            "--chain takes its labels from the file (`label` of each step); give no --label"
         ));
     }
     let given = match args.tasks.as_slice() {
         [] => None,
-        [t] => Some(read_task(t)?),
-        _ => bail!(cohort_common::Error::Usage(
-            "--chain takes at most one TASK (it replaces {task} in the steps)".into()
+        [t] => Some(read_task(t, Beside::Stdin)?),
+        _ => bail!(cohort_cli::usage_error(
+            "--chain takes at most one TASK (it replaces {task} in the steps)"
         )),
     };
     let (parsed, path) = load_chain(source, profile, lookup)?;
@@ -232,10 +232,8 @@ pub(super) fn chain(
 pub(super) fn revive(args: &Args, root: &StateRoot, name: &str) -> anyhow::Result<Built> {
     let task = match args.tasks.as_slice() {
         [] => revive::DEFAULT_TASK.to_string(),
-        [t] => read_task(t)?,
-        _ => bail!(cohort_common::Error::Usage(
-            "--revive takes at most one TASK".into()
-        )),
+        [t] => read_task(t, Beside::Stdin)?,
+        _ => bail!(cohort_cli::usage_error("--revive takes at most one TASK")),
     };
     let plan = revive::plan(&revive::gather(root, name, args.step)?)?;
     // Say so when the runtime used is not the one flags or PATH would give today.
@@ -280,19 +278,33 @@ pub(super) fn revive(args: &Args, root: &StateRoot, name: &str) -> anyhow::Resul
     })
 }
 
-/// A TASK argument's text: stdin when it is `-`. An empty or blank task is a usage error.
-fn read_task(t: &str) -> anyhow::Result<String> {
+/// Whether stdin's text goes with a TASK argument ([`read_task`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Beside {
+    /// The run's one TASK: stdin's text, when the rule reads it, is sent with it
+    /// ([`crate::stdin`]).
+    Stdin,
+    /// One of several TASKs (`--parallel`): stdin is read only for a TASK `-`.
+    Nothing,
+}
+
+/// A TASK argument's text: stdin when it is `-`; otherwise, for [`Beside::Stdin`], the text on
+/// stdin (when [`crate::stdin`]'s rule reads it) and the TASK joined as Pi joins them. An empty
+/// or blank result is a usage error.
+fn read_task(t: &str, beside: Beside) -> anyhow::Result<String> {
     let task = if t == "-" {
         let mut s = String::new();
         std::io::stdin()
             .read_to_string(&mut s)
             .context("cannot read the task from stdin")?;
         s
+    } else if beside == Beside::Stdin {
+        crate::stdin::with_stdin(t.to_string())?
     } else {
         t.to_string()
     };
     if task.trim().is_empty() {
-        return Err(cohort_common::Error::Usage("the task is empty".into()).into());
+        return Err(cohort_cli::usage_error("the task is empty"));
     }
     Ok(task)
 }
@@ -315,7 +327,7 @@ fn load_chain(
     match source {
         ChainSource::File(path) => {
             if !path.is_file() {
-                bail!(cohort_common::Error::Usage(format!(
+                bail!(cohort_cli::usage_error(format!(
                     "chain file {} does not exist (a saved chain is named without a `/`: --chain NAME)",
                     path.display()
                 )));
@@ -346,12 +358,11 @@ pub fn fill_task(chain: &mut [ChainStep], given: Option<&str>) -> anyhow::Result
             Ok(())
         }
         (None, false) => Ok(()),
-        (None, true) => bail!(cohort_common::Error::Usage(
-            "the chain uses {task}; give the TASK after the chain".into()
+        (None, true) => bail!(cohort_cli::usage_error(
+            "the chain uses {task}; give the TASK after the chain"
         )),
-        (Some(_), false) => bail!(cohort_common::Error::Usage(
+        (Some(_), false) => bail!(cohort_cli::usage_error(
             "the chain has no {task} for the TASK to fill; give no TASK, or put {task} in a step"
-                .into()
         )),
     }
 }

@@ -1,6 +1,7 @@
-//! `pi-install [--system-node] GENERATION…`: install pinned Pi generations (`0.73`, `1.6`)
+//! `pi-install [--system-node] [GENERATION…]`: install pinned Pi generations (`0.73`, `1.6`)
 //! into the workspace's `.pi-cli/` the way the test suite does (`cohort_e2e::pi`), for
-//! `.ci/run` and the demo. Prints one line per generation, `KEY NODE ENTRY` (tab-separated):
+//! `.ci/run`, the demo and the README. Without a GENERATION, the one the test suite runs
+//! against (`COHORT_TEST_PI`, default `0.73`): already installed after `cargo test`. Prints one line per generation, `KEY NODE ENTRY` (tab-separated):
 //! the Node it runs on and its declared CLI. With `--system-node`, only the system's `node` is
 //! acceptable (no Node is installed from npm): exit 1 when it does not meet the package's
 //! `engines.node`. Exit 2 on a usage error.
@@ -16,10 +17,13 @@ fn main() -> std::process::ExitCode {
             k if pi::generation_named(k).is_some() => keys.push(k.to_string()),
             other => {
                 let known: Vec<_> = pi::GENERATIONS.iter().map(|g| g.key).collect();
-                eprintln!("pi-install: unknown argument {other:?} (usage: pi-install [--system-node] GENERATION…; generations: {known:?})");
+                eprintln!("pi-install: unknown argument {other:?} (usage: pi-install [--system-node] [GENERATION…]; generations: {known:?})");
                 return std::process::ExitCode::from(2);
             }
         }
+    }
+    if keys.is_empty() {
+        keys.push(pi::generation().key.to_string());
     }
     for k in keys {
         let g = pi::generation_named(&k).expect("checked above");

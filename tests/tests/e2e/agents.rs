@@ -300,10 +300,15 @@ fn chains_pass_task_and_previous_through_agent_steps() {
             row["scope"].as_str(),
             row["steps"].as_u64()
         ),
-        (Some("relay"), Some("user"), Some(3))
+        (Some("relay"), Some("user"), Some(4))
     );
     let before = env.server.requests().len();
     let (id, answer) = run(&env, &["--chain", "relay", "SUBJECT"]);
+    // --list-chains counts steps as the run's record (and the table's STEPS) does.
+    assert_eq!(
+        env.record(&id)["steps"].as_array().unwrap().len() as u64,
+        row["steps"].as_u64().unwrap()
+    );
     let reqs = env.server.requests()[before..].to_vec();
     let users: Vec<String> = reqs.iter().map(last_user).collect();
     assert_eq!(users[0], "open SUBJECT");

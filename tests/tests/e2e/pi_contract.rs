@@ -304,19 +304,38 @@ fn piped_stdin_is_the_message_in_print_mode() {
     assert_eq!(text(&user), task);
     let (_, v, _) = verdict(&out);
     assert_eq!(v, StepVerdict::Complete);
-    // With a message argument too, Pi puts stdin first and the argument right after it, with
-    // no separator; cohort therefore never passes both.
-    let out = pi(
-        &env,
-        &["--no-session", "--model", "fake/plain", "ARG"],
-        Some("STDIN"),
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let req = last_request(&env);
-    assert_eq!(
-        text(req["messages"].as_array().unwrap().last().unwrap()),
-        "STDINARG"
-    );
+    // With a message argument too, Pi trims stdin's text and puts the argument right after it,
+    // with no separator, in one message (from a pipe or a file alike); blank stdin adds
+    // nothing. cohort-spawn joins a TASK and its stdin this way (cohort_spawn::stdin::join) and
+    // hands the runner's child the joined text alone.
+    let notes = env.tmp.path().join("notes.md");
+    for (input, from_file, want) in [
+        ("STDIN", false, "STDINARG"),
+        ("\n  STDIN \n\n", false, "STDINARG"),
+        (" \n\t", false, "ARG"),
+        (
+            "\n  notes, line one\nline two \n\n",
+            true,
+            "notes, line one\nline twoARG",
+        ),
+    ] {
+        std::fs::write(&notes, input).unwrap();
+        let stdin = if from_file {
+            Stdin::File(&notes)
+        } else {
+            Stdin::Pipe(input)
+        };
+        let out = pi_with(
+            &env,
+            &["--no-session", "--model", "fake/plain", "ARG"],
+            Some(stdin),
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let req = last_request(&env);
+        let sent = text(req["messages"].as_array().unwrap().last().unwrap());
+        assert_eq!(sent, want, "{input:?}");
+        assert_eq!(cohort_spawn::stdin::join(input, "ARG"), sent, "{input:?}");
+    }
 }
 
 /// A phrase of Pi's own base prompt on both generations (0.73: "You are an expert coding
@@ -392,4 +411,14 @@ fn a_task_file_on_stdin_arrives_whole_whatever_it_starts_with() {
         let user = req["messages"].as_array().unwrap().last().unwrap().clone();
         assert_eq!(text(&user), task);
     }
+}
+
+#[test]
+fn the_pinned_engines_range_is_the_packages() {
+    // The harness and the demo judge a Node by the pinned range before downloading Pi.
+    let g = cohort_e2e::pi::generation();
+    let _ = TestEnv::new();
+    let info = cohort_common::identity::runtime::package_info(&g.package_root_in(&g.install_dir()))
+        .unwrap();
+    assert_eq!(info.node_engines.as_deref(), Some(g.node_engines), "{g:?}");
 }

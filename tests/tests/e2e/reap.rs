@@ -817,7 +817,7 @@ fn two_reaps_of_the_same_run_one_removes_and_the_other_says_so() {
     wait_for(Duration::from_secs(20), || pause.exists()).expect("first reap reaches the pause");
 
     // A reap that will not wait says the other one is busy, and removes nothing.
-    let out = reap(&env, &["--wait", "100ms", &id]);
+    let out = reap(&env, &["--lock-timeout", "100ms", &id]);
     assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
     assert!(
         stderr(&out).contains("another cohort-reap is still working"),

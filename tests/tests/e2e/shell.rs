@@ -86,6 +86,44 @@ fn usage_errors_are_one_line_with_exit_2() {
 }
 
 #[test]
+fn near_misses_get_a_suggestion_and_every_usage_error_the_help_hint() {
+    for (bin, flag, near) in [
+        ("cohort-spawn", "--modle", "--model"),
+        ("cohort-status", "--stat", "--state"),
+        ("cohort-reap", "--dry-rn", "--dry-run"),
+    ] {
+        let line = one_line_usage_error(bin, &[flag, "x"], &format!("'{flag}'"));
+        assert!(
+            line.contains(&format!("(did you mean '{near}'?)")),
+            "{line}"
+        );
+        assert!(
+            line.trim_end().ends_with(&format!("; try '{bin} --help'")),
+            "{line}"
+        );
+    }
+    // Errors found after parsing end with the same hint.
+    for (bin, args, needle) in [
+        ("cohort-spawn", &[][..], "no task given"),
+        ("cohort-spawn", &["  "][..], "the task is empty"),
+        ("cohort-spawn", &["a", "b"][..], "more than one TASK"),
+        (
+            "cohort-status",
+            &["--output", "a", "b"][..],
+            "--output takes exactly one run",
+        ),
+        ("cohort-status", &["--check", "a"][..], "take no run ids"),
+        ("cohort-reap", &[][..], "nothing selected"),
+    ] {
+        let line = one_line_usage_error(bin, args, needle);
+        assert!(
+            line.trim_end().ends_with(&format!("; try '{bin} --help'")),
+            "{line}"
+        );
+    }
+}
+
+#[test]
 fn a_task_that_starts_with_a_dash_is_pointed_at_stdin() {
     let line = one_line_usage_error("cohort-spawn", &["-v means verbose"], "unexpected argument");
     assert!(

@@ -162,3 +162,31 @@ fn parallel_members_of_a_label_are_told_apart() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("give no --label"), "{}", stderr(&out));
 }
+
+#[test]
+fn wait_json_prints_the_final_record_with_the_answer() {
+    let env = TestEnv::new();
+    let out = spawn_wait(&env, &["--json", "--model", "fake/plain", "hello"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 1, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let id = v["runId"].as_str().unwrap().to_string();
+    assert_eq!(id, announced_id(&stderr(&out)));
+    assert_eq!(v["state"], "complete");
+    assert_eq!(v["answer"], "ECHO: hello");
+    assert_eq!(v["shortId"].as_str().unwrap(), &id[id.len() - 12..]);
+    assert_eq!(
+        v["runDir"].as_str().unwrap(),
+        env.run_dir(&id).to_str().unwrap()
+    );
+    // The record's own fields are the stored record's.
+    assert_eq!(v["steps"], env.record(&id)["steps"]);
+
+    // A failed run: the record says so, the answer is null, the exit code is the run's.
+    let out = spawn_wait(&env, &["--json", "--model", "fake/err400", "hello"], "");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["state"], "failed");
+    assert!(v["answer"].is_null(), "{v:#}");
+}

@@ -748,12 +748,13 @@ fn format_version_1_fixtures_read_and_list() {
         ids.push(rec.run_id);
     }
     let t = ok_stdout(&env, &["--tree"]);
-    let words = |l: &str| l.split_whitespace().take(4).collect::<Vec<_>>().join(" ");
+    let words = |l: &str| l.split_whitespace().take(5).collect::<Vec<_>>().join(" ");
     let lines: Vec<String> = t.lines().map(words).collect();
-    assert_eq!(lines[1], "9d4e5f6a7b8c failed single step-0", "{t}");
-    assert_eq!(lines[2], "2f7d8e6b1a04 complete chain scout", "{t}");
+    // AGENT then LABEL: these v1 records name no agent; a default label (step-0) shows as -.
+    assert_eq!(lines[1], "9d4e5f6a7b8c failed single - -", "{t}");
+    assert_eq!(lines[2], "2f7d8e6b1a04 complete chain - scout", "{t}");
     // The queued nested run has no lock file and no process: its start is settled abandoned.
-    assert_eq!(lines[3], "└ c4d5e6f70819 failed single", "{t}");
+    assert_eq!(lines[3], "└ c4d5e6f70819 failed single -", "{t}");
     let v = ok_stdout(&env, &[&ids[0]]);
     assert!(
         v.contains("tokens=5732") && v.contains("anthropic/claude-sonnet-4"),
