@@ -2,6 +2,8 @@
 //!
 //! - [`cmd`]: the command line (a run directory) and the detach sequence;
 //! - [`supervisor`]: the event loop that owns the record, and the scheduling of the chain;
+//! - [`chain`]: what a chain hands from step to step (the filled task, `{previous}`, the
+//!   chain directory);
 //! - [`start`]: from a `queued` record to a `running` one with its spec, event log and route;
 //! - [`launch`]: building and starting a step's Pi child (arguments, environment, private
 //!   `tmp/`, the parent-death signal);
@@ -23,6 +25,7 @@
 // disk is full and would take the runner down; log with `process::log`, which never panics.
 #![deny(clippy::print_stderr, clippy::print_stdout)]
 
+pub mod chain;
 pub mod cmd;
 pub mod hook;
 pub mod launch;

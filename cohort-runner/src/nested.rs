@@ -58,7 +58,10 @@ impl NestedRuns {
             return 0;
         };
         let mut starting = 0;
-        for scan::Peeked { found, record: rec, .. } in scan::peek(found) {
+        for scan::Peeked {
+            found, record: rec, ..
+        } in scan::peek(found)
+        {
             let run = found.dir;
             if rec.parent_run_id.as_deref() != Some(self.run_id.as_str())
                 || rec.state.is_terminal()

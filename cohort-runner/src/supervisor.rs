@@ -30,10 +30,11 @@ use cohort_common::error::{Error, Result};
 use cohort_common::fault;
 use cohort_common::format::events::{EventKind, EventLog};
 use cohort_common::format::layout::RunDir;
-use cohort_common::format::record::{now_ms, RunRecord, RunState, StepStatus};
+use cohort_common::format::record::{now_ms, RunMode, RunRecord, RunState, StepStatus};
 use cohort_common::format::spec::{self, ChainStep, FlatStep, LaunchSpec, Placement};
 use cohort_common::os::files;
 
+use crate::chain::{self, Handoff};
 use crate::hook;
 use crate::launch::{self, Launch};
 use crate::nested::NestedRuns;
@@ -141,6 +142,8 @@ struct Supervisor {
     nested: NestedRuns,
     /// The record's writes and the disk reserve for the last one.
     writer: RecordWriter,
+    /// What the chain hands from step to step.
+    handoff: Handoff,
     /// The chain step being run is a single task: its sweep also takes the orphans.
     sole_member: bool,
     last_session_look: Instant,
@@ -164,6 +167,7 @@ impl Supervisor {
             tracker: Tracker::new(dir, nested_runs, rec.run_id.clone(), since),
             nested: NestedRuns::new(state_root, tree.root_run_id.clone(), rec.run_id.clone()),
             writer: RecordWriter::new(dir),
+            handoff: Handoff::default(),
             dir: dir.clone(),
             spec,
             tree,
@@ -187,8 +191,8 @@ impl Supervisor {
             .map(|ms| Instant::now() + Duration::from_millis(ms));
         let chain = self.spec.chain.clone();
         let (flat, _) = spec::flatten(&chain);
-        let mut previous = String::new();
-        let mut failure: Option<String> = None;
+        self.handoff.task = self.spec.task.clone();
+        let mut failure: Option<String> = self.open_chain_dir();
         for (ci, step) in chain.iter().enumerate() {
             if self.stop.is_some() || failure.is_some() {
                 break;
@@ -201,8 +205,10 @@ impl Supervisor {
                 .cloned()
                 .collect();
             let limit = group_limit(step, members.len(), self.spec.options.concurrency);
-            failure = self.run_group(&members, limit, &previous);
-            previous = self.chain_step_text(step, &members);
+            failure = self.run_group(&members, limit);
+            let answers = self.answers(&members);
+            self.handoff
+                .step_ended(&answers, matches!(step, ChainStep::Parallel(_)));
         }
         self.end_run(failure)
     }
@@ -251,18 +257,32 @@ impl Supervisor {
         });
     }
 
-    /// What the next chain step gets as its previous text: a task's final text, or a parallel
-    /// group's final texts joined under their labels.
-    fn chain_step_text(&self, step: &ChainStep, members: &[FlatStep]) -> String {
-        match step {
-            ChainStep::Task(_) => self.final_text(members[0].index),
-            ChainStep::Parallel(_) => spec::join_group_texts(
-                &members
-                    .iter()
-                    .map(|m| (spec::label_of(&m.spec, m.index), self.final_text(m.index)))
-                    .collect::<Vec<_>>(),
-            ),
+    /// Create the run's chain directory before a chain's first step; a failure to do so is
+    /// the run's failure (returned). Runs of one task or one group have none.
+    fn open_chain_dir(&mut self) -> Option<String> {
+        if self.spec.mode != RunMode::Chain {
+            return None;
         }
+        let dir = self.dir.chain_dir();
+        match chain::create_chain_dir(&dir) {
+            Ok(()) => {
+                self.handoff.chain_dir = Some(dir);
+                None
+            }
+            Err(e) => Some(e.to_string()),
+        }
+    }
+
+    /// The answers of a chain step's members, in order: each one's label and final text.
+    fn answers(&self, members: &[FlatStep]) -> Vec<chain::Answer> {
+        members
+            .iter()
+            .map(|m| chain::Answer {
+                label: self.rec.steps[m.index].label.clone(),
+                key: None,
+                text: self.final_text(m.index),
+            })
+            .collect()
     }
 
     fn final_text(&self, i: usize) -> String {
@@ -276,7 +296,7 @@ impl Supervisor {
     }
 
     /// Run one chain step's members with at most `limit` alive; returns the failure, if any.
-    fn run_group(&mut self, members: &[FlatStep], limit: usize, previous: &str) -> Option<String> {
+    fn run_group(&mut self, members: &[FlatStep], limit: usize) -> Option<String> {
         let mut queue: VecDeque<&FlatStep> = members.iter().collect();
         // A chain step of one task: when its child has exited nothing else of the run is alive,
         // so the step's own sweep takes the orphans too and no second sweep follows.
@@ -289,7 +309,7 @@ impl Supervisor {
                 && self.active.len() < limit
             {
                 let Some(step) = queue.pop_front() else { break };
-                if let Err(reason) = self.launch(step, previous) {
+                if let Err(reason) = self.launch(step) {
                     self.end_step(step.index, StepStatus::Failed, Some(reason.clone()), None);
                     let label = spec::label_of(&step.spec, step.index);
                     failure = Some(step::step_failure(step.index, &label, &reason));
@@ -329,9 +349,11 @@ impl Supervisor {
         failure
     }
 
-    /// Start `step`'s Pi child and its readers, track it, and record it `running`.
-    fn launch(&mut self, step: &FlatStep, previous: &str) -> std::result::Result<(), String> {
+    /// Start `step`'s Pi child with its task filled from the handoff, and its readers; track
+    /// it, and record it `running`.
+    fn launch(&mut self, step: &FlatStep) -> std::result::Result<(), String> {
         let i = step.index;
+        let task = self.handoff.task_of(&step.spec, None)?;
         let l = Launch {
             dir: &self.dir,
             spec: &self.spec,
@@ -339,12 +361,8 @@ impl Supervisor {
             run_id: &self.rec.run_id,
             depth: self.rec.depth,
         };
-        let child = launch::start(
-            &l,
-            step,
-            self.rec.steps[i].session_file.as_deref(),
-            previous,
-        )?;
+        let child = launch::start(&l, step, self.rec.steps[i].session_file.as_deref(), &task)?;
+        drop(task);
         let now = Instant::now();
         let deadline = self
             .spec
