@@ -111,6 +111,7 @@ fn group_limit(step: &ChainStep, members: usize, run_concurrency: Option<usize>)
     match step {
         ChainStep::Task(_) => 1,
         ChainStep::Parallel(p) => p.concurrency.or(run_concurrency).unwrap_or(members).max(1),
+        ChainStep::Expand(e) => e.concurrency.or(run_concurrency).unwrap_or(members).max(1),
     }
 }
 
@@ -204,6 +205,13 @@ impl Supervisor {
                 .filter(|f| f.chain_index == ci)
                 .cloned()
                 .collect();
+            if let ChainStep::Expand(e) = step {
+                failure = Some(format!(
+                    "chain step {ci} (expand:{}): this runner does not run dynamic fan-out steps",
+                    e.parallel.agent.as_deref().unwrap_or("step")
+                ));
+                break;
+            }
             let limit = group_limit(step, members.len(), self.spec.options.concurrency);
             failure = self.run_group(&members, limit);
             let answers = self.answers(&members);
@@ -641,6 +649,7 @@ mod tests {
             ChainStep::Parallel(spec::ParallelSpec {
                 parallel: vec![],
                 concurrency,
+                worktree: false,
             })
         };
         assert_eq!(group_limit(&task, 1, Some(4)), 1);

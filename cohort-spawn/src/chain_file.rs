@@ -107,6 +107,7 @@ pub fn tasks_mut(chain: &mut [ChainStep]) -> impl Iterator<Item = &mut TaskSpec>
     chain.iter_mut().flat_map(|s| match s {
         ChainStep::Task(t) => std::slice::from_mut(t).iter_mut(),
         ChainStep::Parallel(p) => p.parallel.iter_mut(),
+        ChainStep::Expand(e) => std::slice::from_mut(&mut e.parallel).iter_mut(),
     })
 }
 

@@ -247,6 +247,7 @@ fn parse_group(
     Ok(ParallelSpec {
         parallel,
         concurrency,
+        worktree: false,
     })
 }
 

@@ -411,6 +411,7 @@ fn request(
         session_root: args.session_root.clone(),
         runner: spawn::default_runner_path(),
         backend,
+        chain_name: built.chain_name,
     }
 }
 
@@ -461,11 +462,12 @@ mod tests {
             pi_args: vec!["--x".into()],
             session_file: Some("/s.jsonl".into()),
             agent: Some("a".into()),
-            resolved_agent: None,
+            ..Default::default()
         };
         let g = ParallelSpec {
             parallel: vec![t.clone()],
             concurrency: Some(1),
+            worktree: false,
         };
         let mut keys: Vec<String> = Vec::new();
         for v in [

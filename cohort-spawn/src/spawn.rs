@@ -74,6 +74,8 @@ pub struct SpawnRequest {
     pub backend: LaunchBackend,
     /// The path of `cohort-runner`.
     pub runner: PathBuf,
+    /// The chain's runtime name, for a chain that has one ([`LaunchSpec::chain_name`]).
+    pub chain_name: Option<String>,
 }
 
 /// A started run.
@@ -395,6 +397,7 @@ fn prepare(
             .map(|p| p.max_depth)
             .unwrap_or(req.max_depth),
         backend: (req.backend.kind != BackendKind::Native).then(|| req.backend.clone()),
+        chain_name: req.chain_name.clone(),
     };
     rec.last_update = Some(record::now_ms());
     Ok((rt, spec))

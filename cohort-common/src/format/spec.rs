@@ -58,6 +58,115 @@ pub struct TaskSpec {
     /// spawn; refused in a chain file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolved_agent: Option<Box<AgentSpec>>,
+    /// `phase`: a name grouping steps for display only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// `as`: the name under which later steps read this step's answer as `{outputs.NAME}`
+    /// (syntax [`OUTPUT_NAME_SYNTAX`]; unique in the chain; checked by spawn).
+    #[serde(default, rename = "as", skip_serializing_if = "Option::is_none")]
+    pub as_name: Option<String>,
+    /// `output`: the file the step's answer goes to, relative to the chain directory (or
+    /// absolute); `false` turns off the agent's `output`; absent: the agent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Setting<String>>,
+    /// `reads`: files the step is told to read first, relative to the chain directory (or
+    /// absolute); `false` turns off the agent's `defaultReads`; absent: the agent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reads: Option<Setting<Vec<String>>>,
+    /// `progress`: whether the step keeps the chain directory's `progress.md`; absent: the
+    /// agent's `defaultProgress`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<bool>,
+    /// `outputMode`: how later steps get this step's answer; absent means [`OutputMode::Inline`].
+    /// Spawn refuses [`OutputMode::FileOnly`] without an `output` path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_mode: Option<OutputMode>,
+    /// `outputSchema`: the JSON Schema the step's answer must satisfy. In the launch spec always
+    /// the schema itself (a JSON object or boolean), never a path: spawn reads a path given in a
+    /// chain file and checks that the schema compiles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<serde_json::Value>,
+    /// `cwd`: this step's working directory, absolute and canonical (spawn resolves a relative
+    /// one against the run's cwd and refuses a missing one); absent: the run's cwd.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<PathBuf>,
+    /// `skills` (`skill` in upstream JSON chains): the skill names the chain gave this step, as
+    /// written; `false`: none. Spawn resolves each to its `SKILL.md` and adds `--skill PATH` to
+    /// [`TaskSpec::pi_args`], so the runner needs nothing more.
+    #[serde(default, alias = "skill", skip_serializing_if = "Option::is_none")]
+    pub skills: Option<Setting<Vec<String>>>,
+}
+
+/// The syntax of an `as` / `collect.as` name and of the `NAME` in `{outputs.NAME}`:
+/// `^[A-Za-z_][A-Za-z0-9_]*$`.
+pub const OUTPUT_NAME_SYNTAX: &str = "^[A-Za-z_][A-Za-z0-9_]*$";
+
+/// Whether `name` is a valid output name ([`OUTPUT_NAME_SYNTAX`]).
+pub fn is_output_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A step setting with the upstream's three states: absent (the field is `None`: the agent's
+/// value), a value, or `false` (none, not even the agent's). In JSON: `false` or the value;
+/// `true` is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Setting<T> {
+    /// `false`: turned off.
+    Off,
+    /// A value.
+    Value(T),
+}
+
+impl<T> Setting<T> {
+    /// The value, unless turned off.
+    pub fn value(&self) -> Option<&T> {
+        match self {
+            Setting::Off => None,
+            Setting::Value(v) => Some(v),
+        }
+    }
+}
+
+impl<T: Serialize> Serialize for Setting<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            Setting::Off => s.serialize_bool(false),
+            Setting::Value(v) => v.serialize(s),
+        }
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Setting<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw<T> {
+            Bool(bool),
+            Value(T),
+        }
+        match Raw::<T>::deserialize(d)? {
+            Raw::Bool(false) => Ok(Setting::Off),
+            Raw::Bool(true) => Err(serde::de::Error::custom(
+                "`true` is not a value here: give the value, or false to turn it off",
+            )),
+            Raw::Value(v) => Ok(Setting::Value(v)),
+        }
+    }
+}
+
+/// `outputMode`: how later steps get a step's answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutputMode {
+    /// `inline`: the answer's text itself (the default).
+    #[default]
+    Inline,
+    /// `file-only`: a reference to the `output` file instead of the text.
+    FileOnly,
 }
 
 /// How an agent's prompt combines with Pi's own system prompt (the agent file's
@@ -141,7 +250,7 @@ impl AgentSpec {
 }
 
 /// A parallel group: tasks that run at once, at most `concurrency` alive together.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ParallelSpec {
     /// The members.
@@ -149,6 +258,102 @@ pub struct ParallelSpec {
     /// Most members alive at once (default: the run's `--concurrency`, else all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<usize>,
+    /// `worktree`: each member runs in its own git worktree of the cwd's repository at `HEAD`
+    /// (spawn refuses it when the cwd is not in a git repository).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub worktree: bool,
+}
+
+/// A dynamic fan-out step (the upstream's `expand` / `parallel` template / `collect`): an
+/// earlier structured answer's list becomes one parallel member per item, each from
+/// [`ExpandStep::parallel`] with the item filled in; the members' answers are collected in item
+/// order under [`CollectSpec::as_name`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExpandStep {
+    /// Where the list comes from and how many items it may have.
+    pub expand: ExpandSpec,
+    /// The member template: a task whose `task` and `label` may use `{ITEM}` and
+    /// `{ITEM.a.b}` (ITEM is [`ExpandSpec::item`]). It has no `as`; spawn checks it.
+    pub parallel: TaskSpec,
+    /// Where the members' answers go.
+    pub collect: CollectSpec,
+    /// Most members alive at once (default: the run's `--concurrency`, else all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<usize>,
+    /// `phase` of the step (display only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// `label` of the step (display only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
+/// `expand` of an [`ExpandStep`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExpandSpec {
+    /// The list's source.
+    pub from: ExpandFrom,
+    /// The template variable an item is known by (default `item`; syntax
+    /// [`OUTPUT_NAME_SYNTAX`]).
+    #[serde(default = "default_item")]
+    pub item: String,
+    /// A JSON Pointer into each item giving its key (a string, number or bool, unique among
+    /// the items); absent: the item's index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The most items the list may have; a longer list fails the step (never truncated). A
+    /// chain file may omit it: spawn then writes [`DEFAULT_EXPAND_MAX_ITEMS`], so the launch
+    /// spec always has it.
+    pub max_items: usize,
+    /// What an empty list does.
+    #[serde(default)]
+    pub on_empty: OnEmpty,
+}
+
+/// The default of `expand.maxItems` when a chain file gives none.
+pub const DEFAULT_EXPAND_MAX_ITEMS: usize = 20;
+
+fn default_item() -> String {
+    "item".into()
+}
+
+/// `expand.from`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExpandFrom {
+    /// An earlier step's `as`; that step has an `outputSchema` (checked by spawn).
+    pub output: String,
+    /// A JSON Pointer (`""` or `/a/0`, with `~0` / `~1` escapes) into that step's structured
+    /// answer, naming the list; default `""` (the answer itself).
+    #[serde(default)]
+    pub path: String,
+}
+
+/// `expand.onEmpty`: what an empty list does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnEmpty {
+    /// `skip`: no members; `collect.as` is `[]` (the default).
+    #[default]
+    Skip,
+    /// `fail`: the step fails.
+    Fail,
+}
+
+/// `collect` of an [`ExpandStep`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CollectSpec {
+    /// The name the JSON array of the members' answers (in item order) is known by in
+    /// `{outputs.NAME}` (syntax [`OUTPUT_NAME_SYNTAX`], unique among the chain's names).
+    #[serde(rename = "as")]
+    pub as_name: String,
+    /// A JSON Schema the collected array must satisfy (in the launch spec always the schema
+    /// itself, as [`TaskSpec::output_schema`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<serde_json::Value>,
 }
 
 /// One chain step: a task or a parallel group.
@@ -159,6 +364,8 @@ pub enum ChainStep {
     Task(TaskSpec),
     /// A parallel group.
     Parallel(ParallelSpec),
+    /// A dynamic fan-out: a parallel group whose members the runner makes from a list.
+    Expand(ExpandStep),
 }
 
 /// Run-wide options.
@@ -272,6 +479,10 @@ pub struct LaunchSpec {
     /// runs the run the same way).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<crate::format::backend::LaunchBackend>,
+    /// The chain's runtime name (`P.NAME` for a chain with a `package`), for a run of a saved
+    /// chain or of a chain file that names itself; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain_name: Option<String>,
 }
 
 /// A flat step: one Pi child, with the chain step it belongs to.
@@ -285,7 +496,8 @@ pub struct FlatStep {
     pub spec: TaskSpec,
 }
 
-/// Flatten a chain into flat steps and the parallel groups' ranges.
+/// Flatten a chain into flat steps and the parallel groups' ranges. An [`ChainStep::Expand`]
+/// step has no flat steps here: its members are made by the runner from the list it expands.
 pub fn flatten(chain: &[ChainStep]) -> (Vec<FlatStep>, Vec<ParallelGroup>) {
     let mut flat = Vec::new();
     let mut groups = Vec::new();
@@ -296,6 +508,8 @@ pub fn flatten(chain: &[ChainStep]) -> (Vec<FlatStep>, Vec<ParallelGroup>) {
                 chain_index: ci,
                 spec: t.clone(),
             }),
+            // Its members exist only once the runner has the list.
+            ChainStep::Expand(_) => {}
             ChainStep::Parallel(p) => {
                 groups.push(ParallelGroup {
                     start: flat.len(),
@@ -349,6 +563,50 @@ mod tests {
             .all(|f| f.spec.agent.is_none() && f.spec.resolved_agent.is_none()));
         // And a new one does not write the fields when there is no agent.
         assert_eq!(serde_json::to_string(&chain).unwrap(), old);
+    }
+
+    #[test]
+    fn the_chain_fields_round_trip_and_default_to_absent() {
+        let step = r#"{"task":"t","phase":"Context","as":"ctx","output":"context.md","reads":false,"progress":true,"outputMode":"file-only","outputSchema":{"type":"object"},"cwd":"/w","skills":["a"]}"#;
+        let t: TaskSpec = serde_json::from_str(step).unwrap();
+        assert_eq!(t.as_name.as_deref(), Some("ctx"));
+        assert_eq!(t.output, Some(Setting::Value("context.md".into())));
+        assert_eq!(t.reads, Some(Setting::Off));
+        assert_eq!(t.output_mode, Some(OutputMode::FileOnly));
+        assert_eq!(serde_json::to_string(&t).unwrap(), step);
+        assert!(
+            serde_json::from_str::<TaskSpec>(r#"{"task":"t","output":true}"#)
+                .unwrap_err()
+                .to_string()
+                .contains("`true` is not a value here")
+        );
+        let expand = r#"{"expand":{"from":{"output":"targets","path":"/items"},"key":"/path","maxItems":12},"parallel":{"task":"Review {target.path}"},"collect":{"as":"reviews"},"concurrency":4}"#;
+        let chain: Vec<ChainStep> = serde_json::from_str(&format!("[{expand}]")).unwrap();
+        let ChainStep::Expand(e) = &chain[0] else {
+            panic!("{chain:?}")
+        };
+        assert_eq!(
+            (e.expand.item.as_str(), e.expand.on_empty),
+            ("item", OnEmpty::Skip)
+        );
+        assert_eq!(e.collect.as_name, "reviews");
+        assert!(flatten(&chain).0.is_empty());
+        let group: ChainStep =
+            serde_json::from_str(r#"{"parallel":[{"task":"a"}],"worktree":true}"#).unwrap();
+        assert!(matches!(
+            group,
+            ChainStep::Parallel(ParallelSpec { worktree: true, .. })
+        ));
+    }
+
+    #[test]
+    fn output_names() {
+        for ok in ["a", "_x", "ctx_2", "A9"] {
+            assert!(is_output_name(ok), "{ok}");
+        }
+        for bad in ["", "9a", "a-b", "a.b", "ä"] {
+            assert!(!is_output_name(bad), "{bad}");
+        }
     }
 
     #[test]

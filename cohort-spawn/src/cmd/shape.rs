@@ -66,6 +66,8 @@ pub(super) struct Built {
     pub(super) pinned_runtime: Option<Runtime>,
     /// The run this one revives.
     pub(super) revives: Option<String>,
+    /// The chain's runtime name, for a saved chain or a chain file that names itself.
+    pub(super) chain_name: Option<String>,
 }
 
 impl Built {
@@ -79,6 +81,7 @@ impl Built {
             pi_args: args.pi_args.clone(),
             pinned_runtime: None,
             revives: None,
+            chain_name: None,
         }
     }
 }
@@ -94,7 +97,7 @@ fn base_task(args: &Args) -> TaskSpec {
         pi_args: Vec::new(),
         session_file: None,
         agent: args.agent.clone(),
-        resolved_agent: None,
+        ..Default::default()
     }
 }
 
@@ -155,6 +158,7 @@ pub(super) fn parallel(args: &Args) -> anyhow::Result<Built> {
     let group = ChainStep::Parallel(ParallelSpec {
         parallel: members,
         concurrency: None,
+        worktree: false,
     });
     Ok(Built::from_args(args, vec![group], RunMode::Parallel))
 }
@@ -229,6 +233,7 @@ pub(super) fn revive(args: &Args, root: &StateRoot, name: &str) -> anyhow::Resul
         session_file: Some(plan.session_file),
         agent: plan.agent.as_ref().map(|a| a.name.clone()),
         resolved_agent: plan.agent.map(Box::new),
+        ..Default::default()
     };
     Ok(Built {
         chain: vec![ChainStep::Task(step)],
@@ -238,6 +243,7 @@ pub(super) fn revive(args: &Args, root: &StateRoot, name: &str) -> anyhow::Resul
         pi_args,
         pinned_runtime: Some(plan.runtime),
         revives: Some(plan.original),
+        chain_name: None,
     })
 }
 
