@@ -13,6 +13,7 @@
 //! - [`nested`]: stopping the nested runs of a stopped run;
 //! - [`step`]: a step's lifecycle as a state type, and every rule of how a step and a run end
 //!   (Pi's verdict, the stderr digest, the recorded outcome);
+//! - [`structured`]: a step's `outputSchema`: parsing its answer as JSON and validating it;
 //! - [`stream`]: reading a Pi child's `--mode json` event stream in bounded memory;
 //! - [`hook`]: the on-exit hook, run once after the terminal record is durable;
 //! - [`sweep`]: finding and ending the processes a step left behind;
@@ -37,6 +38,7 @@ pub mod session;
 pub mod start;
 pub mod step;
 pub mod stream;
+pub mod structured;
 pub mod supervisor;
 pub mod sweep;
 pub mod tracking;
