@@ -83,7 +83,8 @@ pub fn start(
     let log = OutputLog::open(&l.dir.output_log(i), l.spec.options.output_cap_bytes)
         .map_err(|e| e.to_string())?;
     let tmp = private_tmp(l.dir).map_err(|e| e.to_string())?;
-    let mut cmd = pi_command(l, &rt, &args, task_in, &tmp, i);
+    let cwd = step.spec.cwd.as_deref().unwrap_or(&l.spec.cwd);
+    let mut cmd = pi_command(l, &rt, &args, task_in, &tmp, cwd, i);
     end_with_runner(&mut cmd);
     let mut child = cmd
         .spawn()
@@ -120,7 +121,8 @@ fn write_inputs(dir: &RunDir, step: &FlatStep, task: &str) -> Result<(File, Opti
     Ok((files::open_regular(&task_path)?, prompt_path))
 }
 
-/// The command of step `i`'s Pi child: `node <entry> <args>` in the run's cwd and its own
+/// The command of step `i`'s Pi child: `node <entry> <args>` in `cwd` (the step's own, else
+/// the run's) and its own
 /// process group, `task_in` on stdin, stdout and stderr piped, and its environment: the
 /// profile, `TMPDIR` = `tmp`, the compile cache ([`compile_cache_env`]), the runtime, the
 /// tree's route, and no on-exit hook of its own.
@@ -130,12 +132,13 @@ fn pi_command(
     args: &[String],
     task_in: File,
     tmp: &Path,
+    cwd: &Path,
     i: usize,
 ) -> Command {
     let mut cmd = Command::new(&rt.node_exec_path);
     cmd.arg(&rt.pi_entry_path)
         .args(args)
-        .current_dir(&l.spec.cwd)
+        .current_dir(cwd)
         .stdin(Stdio::from(task_in))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

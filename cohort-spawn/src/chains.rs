@@ -1,13 +1,14 @@
 //! Saved chains: `NAME.chain.md` and `NAME.chain.json` files that `cohort-spawn --chain NAME`
-//! runs by name (`docs/agents.md`, "Saved chains").
+//! runs by name (`docs/agents.md`, "Saved chains"; `docs/chain.md`).
 //!
 //! They live in `$PI_CODING_AGENT_DIR/chains/` (user) and the project's `.pi/chains/`
-//! (project, which wins). A `.chain.json` is a chain file (`docs/chain.md`) named by its file
-//! name. A `.chain.md` has frontmatter `name` and `description`, then one `## AGENT` section per
-//! step: `key: value` config lines right under the heading (`label`, `model`, `thinking`,
-//! `tools`), a blank line, the step's task. A `## parallel` section (its only config line: `concurrency`) holds the members
-//! of a parallel group as `### AGENT` sections. An empty task is `{task}` in the first step and
-//! `{previous}` after it, as in pi-subagents' chains.
+//! (project, which wins). A `.chain.json` is a chain file ([`crate::chain_file`]). A `.chain.md`
+//! has frontmatter `name`, `description` and optionally `package` (the chain is then run as
+//! `PACKAGE.NAME`), then one `## AGENT` section per step: `key: value` config lines right under
+//! the heading (keys as upstream, matched without regard to case: [`MD_STEP_KEYS`]), a blank
+//! line, the step's task. A `## parallel` section (config lines: `concurrency`, `worktree`)
+//! holds the members of a parallel group as `### AGENT` sections. An empty task is `{task}` in
+//! the first step and `{previous}` after it, as in pi-subagents' chains.
 //!
 //! [`parse_chain_md`] and [`resolve`] are pure; [`discover`] reads the directories.
 
@@ -15,42 +16,50 @@ use std::path::{Path, PathBuf};
 
 use cohort_common::error::{Error, Result};
 use cohort_common::format::record::AgentScope;
-use cohort_common::format::spec::{ChainStep, ParallelSpec, TaskSpec};
+use cohort_common::format::spec::{ChainStep, OutputMode, ParallelSpec, Setting, TaskSpec};
 use serde::Serialize;
 
 use crate::agents::{self, markdown_files, read_text};
+pub use crate::chain_file::ParsedChain;
+use crate::chain_file::REFUSED_KEYS;
 use crate::frontmatter::{self, split_list, TextError};
 
 /// Step config keys of pi-subagents' `.chain.md` files that cohort accepts and ignores.
-pub const IGNORED_STEP_KEYS: [&str; 10] = [
+pub const IGNORED_STEP_KEYS: [&str; 5] = [
     "artifact",
+    "env",
+    "thinkingMin",
+    "thinkingMax",
+    "outputFrom",
+];
+
+/// The step config keys of a `.chain.md` (matched without regard to case).
+pub const MD_STEP_KEYS: [&str; 16] = [
+    "label",
+    "model",
+    "thinking",
+    "tools",
+    "phase",
+    "as",
+    "output",
+    "outputMode",
+    "outputSchema",
     "reads",
     "progress",
     "skills",
     "skill",
-    "env",
-    "thinkingMin",
-    "thinkingMax",
-    "output",
-    "outputFrom",
+    "cwd",
+    "count",
+    "piArgs",
 ];
 
-/// A `.chain.md` file, parsed.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ChainMd {
-    /// Frontmatter `name`.
-    pub name: String,
-    /// Frontmatter `description`.
-    pub description: Option<String>,
-    /// The steps; each task names its agent.
-    pub steps: Vec<ChainStep>,
-    /// Step config keys that were ignored ([`IGNORED_STEP_KEYS`]), once each.
-    pub ignored: Vec<String>,
-}
+/// A `.chain.md` file, parsed (the same as a JSON chain file).
+pub type ChainMd = ParsedChain;
 
 /// Parse a `.chain.md` file's text (pure). Errors carry the line: broken frontmatter, a missing
-/// `name`, no steps, an unknown step key, a bad `concurrency`, text directly under `## parallel`,
-/// an empty group, two members with one label.
+/// `name`, a bad `package`, no steps, an unknown or refused step key, a bad value, text
+/// directly under `## parallel`, an empty group, two members with one label, and what
+/// [`crate::chain_check::check`] refuses (on the step's heading line).
 pub fn parse_chain_md(text: &str) -> std::result::Result<ChainMd, TextError> {
     let doc = frontmatter::split(text)?;
     let name = doc
@@ -59,6 +68,11 @@ pub fn parse_chain_md(text: &str) -> std::result::Result<ChainMd, TextError> {
         .filter(|n| !n.is_empty())
         .ok_or_else(|| TextError::at(doc.line_of("name"), "missing `name`"))?;
     let description = doc.string("description")?.map(|d| d.trim().to_string());
+    let package = doc.string("package")?.map(|p| p.trim().to_string());
+    if let Some(p) = &package {
+        crate::chain_file::check_package(p)
+            .map_err(|m| TextError::at(doc.line_of("package"), m))?;
+    }
     let lines: Vec<(usize, &str)> = doc
         .body
         .lines()
@@ -67,6 +81,7 @@ pub fn parse_chain_md(text: &str) -> std::result::Result<ChainMd, TextError> {
         .collect();
     let mut ignored = Vec::new();
     let mut steps = Vec::new();
+    let mut step_lines = Vec::new();
     // Sections start at `## ` lines; text before the first is an introduction.
     let starts: Vec<usize> = (0..lines.len())
         .filter(|&i| heading(lines[i].1, 2).is_some())
@@ -82,6 +97,7 @@ pub fn parse_chain_md(text: &str) -> std::result::Result<ChainMd, TextError> {
         let (line, title) = (lines[s].0, heading(lines[s].1, 2).unwrap_or(""));
         let body = &lines[s + 1..end];
         let index = steps.len();
+        step_lines.push(line);
         if title == "parallel" {
             steps.push(ChainStep::Parallel(parse_group(
                 line,
@@ -90,21 +106,35 @@ pub fn parse_chain_md(text: &str) -> std::result::Result<ChainMd, TextError> {
                 &mut ignored,
             )?));
         } else {
-            steps.push(ChainStep::Task(parse_step(
-                line,
-                title,
-                body,
-                index,
-                &mut ignored,
-            )?));
+            let (t, count) = parse_step(line, title, body, index, &mut ignored)?;
+            if count > 1 {
+                let parallel = crate::chain_file::copies(t, count);
+                if let Some(dup) = crate::chain_file::duplicate_label(&parallel) {
+                    return Err(TextError::at(
+                        line,
+                        format!("two copies are labelled {dup:?}"),
+                    ));
+                }
+                steps.push(ChainStep::Parallel(ParallelSpec {
+                    parallel,
+                    ..Default::default()
+                }));
+            } else {
+                steps.push(ChainStep::Task(t));
+            }
         }
     }
-    Ok(ChainMd {
+    let chain = ParsedChain {
         name,
         description,
+        package,
         steps,
+        lines: step_lines,
         ignored,
-    })
+    };
+    crate::chain_check::check(&chain.steps)
+        .map_err(|(step, m)| TextError::at(chain.line_of(step), format!("step {step}: {m}")))?;
+    Ok(chain)
 }
 
 /// The title of a markdown heading of exactly `level` (`## x` for 2), trimmed.
@@ -124,13 +154,14 @@ fn config_line(line: &str) -> Option<(&str, &str)> {
     ok.then(|| (key, value.trim()))
 }
 
+/// One `## AGENT` (or `### AGENT`) section: its config lines and task, and its `count`.
 fn parse_step(
     line: usize,
     agent: &str,
     body: &[(usize, &str)],
     chain_index: usize,
     ignored: &mut Vec<String>,
-) -> std::result::Result<TaskSpec, TextError> {
+) -> std::result::Result<(TaskSpec, usize), TextError> {
     if agent.is_empty() {
         return Err(TextError::at(line, "a step heading must name its agent"));
     }
@@ -144,6 +175,7 @@ fn parse_step(
         agent: Some(agent.to_string()),
         ..Default::default()
     };
+    let mut count = 1;
     // Config lines follow the heading directly; a blank line right after it means none.
     let mut i = 0;
     while i < body.len() && !body[i].1.trim().is_empty() {
@@ -154,26 +186,7 @@ fn parse_step(
                 "expected `key: value` config lines, then a blank line, then the task",
             ));
         };
-        let value = (!value.is_empty()).then(|| value.to_string());
-        match key {
-            "label" => t.label = value,
-            "model" => t.model = value,
-            "thinking" => t.thinking = value,
-            "tools" => t.tools = value.map(|v| split_list(&v)),
-            k if IGNORED_STEP_KEYS.contains(&k) => {
-                if !ignored.iter().any(|x| x == k) {
-                    ignored.push(k.to_string());
-                }
-            }
-            other => {
-                return Err(TextError::at(
-                    n,
-                    format!(
-                        "unknown step key `{other}` (known: label, model, thinking, tools); a blank line separates the config from the task"
-                    ),
-                ))
-            }
-        }
+        step_key(&mut t, &mut count, key, value, ignored).map_err(|m| TextError::at(n, m))?;
         i += 1;
     }
     let task: Vec<&str> = body[i..].iter().map(|(_, l)| *l).collect();
@@ -185,7 +198,103 @@ fn parse_step(
     } else {
         "{previous}".into()
     };
-    Ok(t)
+    Ok((t, count))
+}
+
+/// Apply one config line `key: value` to `t` (pure). Keys match without regard to case.
+fn step_key(
+    t: &mut TaskSpec,
+    count: &mut usize,
+    key: &str,
+    value: &str,
+    ignored: &mut Vec<String>,
+) -> std::result::Result<(), String> {
+    let v = (!value.is_empty()).then(|| value.to_string());
+    let off_or = |f: &dyn Fn(&str) -> Setting<Vec<String>>| {
+        v.as_deref()
+            .map(|v| if v == "false" { Setting::Off } else { f(v) })
+    };
+    if let Some((k, why)) = REFUSED_KEYS
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(key))
+    {
+        let _ = k;
+        return Err(why.to_string());
+    }
+    let Some(known) = MD_STEP_KEYS.iter().find(|k| k.eq_ignore_ascii_case(key)) else {
+        if let Some(k) = IGNORED_STEP_KEYS
+            .iter()
+            .find(|k| k.eq_ignore_ascii_case(key))
+        {
+            if !ignored.iter().any(|x| x == k) {
+                ignored.push(k.to_string());
+            }
+            return Ok(());
+        }
+        return Err(format!(
+            "unknown step key `{key}` (known: {}); a blank line separates the config from the task",
+            MD_STEP_KEYS.join(", ")
+        ));
+    };
+    match *known {
+        "label" => t.label = v,
+        "model" => t.model = v,
+        "thinking" => t.thinking = v,
+        "tools" => t.tools = v.map(|v| split_list(&v)),
+        "phase" => t.phase = v,
+        "as" => t.as_name = v,
+        "output" => {
+            t.output = v.map(|v| {
+                if v == "false" {
+                    Setting::Off
+                } else {
+                    Setting::Value(v)
+                }
+            })
+        }
+        "outputMode" => {
+            t.output_mode = match value {
+                "" => None,
+                "inline" => Some(OutputMode::Inline),
+                "file-only" => Some(OutputMode::FileOnly),
+                other => {
+                    return Err(format!(
+                        "`outputMode` is inline or file-only, not {other:?}"
+                    ))
+                }
+            }
+        }
+        "outputSchema" => {
+            if value.starts_with(['{', '[']) {
+                return Err("`outputSchema` in a .chain.md is a path to a JSON Schema file (relative to the chain file); inline schemas go in a .chain.json".into());
+            }
+            t.output_schema = v.map(serde_json::Value::from);
+        }
+        "reads" => t.reads = off_or(&|v| Setting::Value(split_list(v))),
+        "skills" | "skill" => t.skills = off_or(&|v| Setting::Value(split_list(v))),
+        "progress" => {
+            t.progress = match value {
+                "" => None,
+                "true" => Some(true),
+                "false" => Some(false),
+                other => return Err(format!("`progress` is true or false, not {other:?}")),
+            }
+        }
+        "cwd" => t.cwd = v.map(PathBuf::from),
+        "count" => {
+            *count = match value.parse::<usize>() {
+                Ok(c) if c >= 1 => c,
+                _ => {
+                    return Err(format!(
+                        "`count` must be a whole number of at least 1, not {value:?}"
+                    ))
+                }
+            }
+        }
+        "piArgs" => t.pi_args = value.split_whitespace().map(str::to_string).collect(),
+        _ => unreachable!("every key of MD_STEP_KEYS has an arm"),
+    }
+    Ok(())
 }
 
 fn parse_group(
@@ -199,8 +308,16 @@ fn parse_group(
         .collect();
     let head = &body[..members_at.first().copied().unwrap_or(body.len())];
     let mut concurrency = None;
+    let mut worktree = false;
     for &(n, text) in head.iter().filter(|(_, l)| !l.trim().is_empty()) {
         match config_line(text) {
+            Some((k, v)) if k.eq_ignore_ascii_case("worktree") => {
+                worktree = match v {
+                    "true" => true,
+                    "false" => false,
+                    _ => return Err(TextError::at(n, format!("`worktree` is true or false, not {v:?}"))),
+                }
+            }
             Some(("concurrency", v)) => match v.parse::<usize>() {
                 Ok(c) if c >= 1 => concurrency = Some(c),
                 _ => {
@@ -213,7 +330,7 @@ fn parse_group(
             _ => {
                 return Err(TextError::at(
                     n,
-                    "under `## parallel` only `concurrency: N` and `### AGENT` member sections may follow",
+                    "under `## parallel` only `concurrency: N`, `worktree: true` and `### AGENT` member sections may follow",
                 ))
             }
         }
@@ -228,13 +345,8 @@ fn parse_group(
     for (k, &s) in members_at.iter().enumerate() {
         let end = members_at.get(k + 1).copied().unwrap_or(body.len());
         let title = heading(body[s].1, 3).unwrap_or("");
-        parallel.push(parse_step(
-            body[s].0,
-            title,
-            &body[s + 1..end],
-            chain_index,
-            ignored,
-        )?);
+        let (t, count) = parse_step(body[s].0, title, &body[s + 1..end], chain_index, ignored)?;
+        parallel.extend(crate::chain_file::copies(t, count));
     }
     if let Some(dup) = crate::chain_file::duplicate_label(&parallel) {
         return Err(TextError::at(
@@ -247,7 +359,7 @@ fn parse_group(
     Ok(ParallelSpec {
         parallel,
         concurrency,
-        worktree: false,
+        worktree,
     })
 }
 
@@ -277,37 +389,42 @@ pub fn file_stem(path: &Path) -> String {
 }
 
 /// Parse a chain file's text by its kind (pure): `.chain.md` with [`parse_chain_md`], anything
-/// else as JSON ([`crate::chain_file::parse_chain`]). Errors are one line naming `path` (and the line).
+/// else as JSON ([`crate::chain_file::parse_json`], named by its file name when it has no
+/// `name`). Errors are one line, `PATH:LINE: what is wrong`.
 pub fn parse_file(path: &Path, text: &str) -> std::result::Result<ChainMd, String> {
     let shown = path.display();
-    if path.to_string_lossy().ends_with(".md") {
-        parse_chain_md(text).map_err(|e| format!("{shown}:{}: {}", e.line, e.message))
+    let parsed = if path.to_string_lossy().ends_with(".md") {
+        parse_chain_md(text)
     } else {
-        crate::chain_file::parse_chain(text)
-            .map(|steps| ChainMd {
-                name: file_stem(path),
-                description: None,
-                steps,
-                ignored: Vec::new(),
-            })
-            .map_err(|e| format!("{shown}: {e}"))
-    }
+        crate::chain_file::parse_json(text, &file_stem(path))
+    };
+    parsed.map_err(|e| format!("{shown}:{}: {}", e.line, e.message))
 }
 
-/// The directories saved chains are looked in, lowest priority first (pure).
-pub fn chain_dirs(profile: &Path, project: Option<&Path>) -> Vec<(AgentScope, PathBuf)> {
+/// The directories saved chains are looked in, lowest priority first (pure): the user's
+/// `chains/` in the profile, then each of `project_dirs`.
+pub fn chain_dirs(profile: &Path, project_dirs: Vec<PathBuf>) -> Vec<(AgentScope, PathBuf)> {
     let mut dirs = vec![(AgentScope::User, profile.join("chains"))];
-    if let Some(p) = project {
-        dirs.push((AgentScope::Project, p.join(".pi").join("chains")));
-    }
+    dirs.extend(project_dirs.into_iter().map(|d| (AgentScope::Project, d)));
     dirs
 }
 
+/// The project chain directories of a run in `cwd`: the nearest project root's `.pi/chains/`.
+///
+/// This is the one place project chain directories are listed: the trust rule for project
+/// files (`cohort_spawn::trust`) applies here.
+pub fn project_chain_dirs(cwd: &Path) -> Vec<PathBuf> {
+    agents::project_root(cwd)
+        .map(|p| p.join(".pi").join("chains"))
+        .into_iter()
+        .collect()
+}
+
 /// Every saved chain file under [`chain_dirs`], read and parsed; a file that cannot be read or
-/// parsed is kept with its error.
+/// parsed is kept with its error. A chain is known by its runtime name (`PACKAGE.NAME`).
 pub fn discover(profile: &Path, cwd: &Path) -> Vec<SavedChain> {
     let mut out = Vec::new();
-    for (scope, dir) in chain_dirs(profile, agents::project_root(cwd).as_deref()) {
+    for (scope, dir) in chain_dirs(profile, project_chain_dirs(cwd)) {
         for path in markdown_files(&dir, |n| {
             n.ends_with(".chain.md") || n.ends_with(".chain.json")
         }) {
@@ -315,7 +432,7 @@ pub fn discover(profile: &Path, cwd: &Path) -> Vec<SavedChain> {
                 .map_err(|e| format!("{}: {e}", path.display()))
                 .and_then(|t| parse_file(&path, &t));
             let name = match &chain {
-                Ok(c) => c.name.clone(),
+                Ok(c) => c.runtime_name(),
                 Err(_) => file_stem(&path),
             };
             out.push(SavedChain {
@@ -333,6 +450,15 @@ pub fn discover(profile: &Path, cwd: &Path) -> Vec<SavedChain> {
 /// ([`Error::Usage`], exit 2), one line: none of that name (with the closest names); the file
 /// of the winning scope does not parse (its path and line); two files of one scope (both).
 pub fn resolve<'a>(found: &'a [SavedChain], name: &str) -> Result<&'a ChainMd> {
+    let saved = resolve_saved(found, name)?;
+    saved
+        .chain
+        .as_ref()
+        .map_err(|e| Error::Usage(format!("chain {name:?} cannot be used: {e}")))
+}
+
+/// The saved chain file `name` means (pure), as [`resolve`], whether or not it parses.
+pub fn resolve_saved<'a>(found: &'a [SavedChain], name: &str) -> Result<&'a SavedChain> {
     let top = found
         .iter()
         .filter(|c| c.name == name)
@@ -344,10 +470,15 @@ pub fn resolve<'a>(found: &'a [SavedChain], name: &str) -> Result<&'a ChainMd> {
         names.dedup();
         return Err(Error::Usage(agents::unknown("chain", name, &names)));
     };
-    let same: Vec<&SavedChain> = found
+    let mut same: Vec<&SavedChain> = found
         .iter()
         .filter(|c| c.name == name && c.scope == top)
         .collect();
+    // As upstream, a `.chain.json` beats a `.chain.md` of the same name in one scope.
+    let is_json = |c: &&SavedChain| c.path.to_string_lossy().ends_with(".json");
+    if same.iter().filter(|c| is_json(c)).count() == 1 {
+        same.retain(is_json);
+    }
     if let [a, b, ..] = same.as_slice() {
         return Err(Error::Usage(format!(
             "chain {name:?} is defined twice in the {} scope: {} and {}; rename or remove one",
@@ -356,10 +487,7 @@ pub fn resolve<'a>(found: &'a [SavedChain], name: &str) -> Result<&'a ChainMd> {
             b.path.display()
         )));
     }
-    same[0]
-        .chain
-        .as_ref()
-        .map_err(|e| Error::Usage(format!("chain {name:?} cannot be used: {e}")))
+    Ok(same[0])
 }
 
 /// One row of `cohort-spawn --list-chains` (`--json`: one JSON object per line).
@@ -427,11 +555,12 @@ Intro text is ignored.\n\n## scout\nmodel: fake/plain\nreads: context.md\n\nMap 
             c.description.as_deref(),
             Some("Scout, two reviews, a summary")
         );
-        assert_eq!(c.ignored, vec!["reads"]);
+        assert!(c.ignored.is_empty());
         assert_eq!(c.steps.len(), 3);
         let ChainStep::Task(s) = &c.steps[0] else {
             panic!()
         };
+        assert_eq!(s.reads, Some(Setting::Value(vec!["context.md".into()])));
         assert_eq!(
             (s.agent.as_deref(), s.model.as_deref(), s.task.as_str()),
             (Some("scout"), Some("fake/plain"), "Map {task}.")
@@ -505,6 +634,137 @@ Intro text is ignored.\n\n## scout\nmodel: fake/plain\nreads: context.md\n\nMap 
         }
     }
 
+    /// The upstream `scout-planner.chain.md`, re-created from its documentation.
+    pub(crate) const SCOUT_PLANNER: &str = "---\nname: scout-planner\n\
+description: Gather context, then plan the change\n---\n\n## scout\nphase: Context\n\
+label: Map auth flow\nas: context\noutput: context.md\n\nAnalyse the codebase for {task}.\n\n\
+## planner\nphase: Planning\nlabel: Implementation plan\nreads: context.md\n\
+model: anthropic/claude-sonnet-4-5:high\nprogress: true\n\n\
+Write an implementation plan based on {outputs.context}.\n";
+
+    #[test]
+    fn the_upstream_scout_planner_parses_with_every_key() {
+        let c = parse_chain_md(SCOUT_PLANNER).unwrap();
+        assert_eq!(
+            (c.name.as_str(), c.lines.as_slice()),
+            ("scout-planner", &[6, 14][..])
+        );
+        let [ChainStep::Task(s), ChainStep::Task(p)] = c.steps.as_slice() else {
+            panic!("{:?}", c.steps)
+        };
+        assert_eq!(
+            (s.phase.as_deref(), s.as_name.as_deref(), &s.output),
+            (
+                Some("Context"),
+                Some("context"),
+                &Some(Setting::Value("context.md".into()))
+            )
+        );
+        assert_eq!(s.label.as_deref(), Some("Map auth flow"));
+        assert_eq!(p.reads, Some(Setting::Value(vec!["context.md".into()])));
+        assert_eq!(p.progress, Some(true));
+        assert_eq!(p.model.as_deref(), Some("anthropic/claude-sonnet-4-5:high"));
+        assert_eq!(
+            p.task,
+            "Write an implementation plan based on {outputs.context}."
+        );
+    }
+
+    #[test]
+    fn the_other_md_keys_package_and_count() {
+        let c = parse_chain_md(
+            "---\nname: fix\npackage: team\n---\n## worker\nOUTPUTMODE: file-only\noutput: out.md\n\
+outputSchema: schemas/s.json\nskills: lint, fmt\ncwd: sub\ncount: 2\nlabel: w\n\nDo it.\n\
+## parallel\nworktree: true\n\n### reviewer\ncount: 2\nreads: false\n\nReview.\n",
+        )
+        .unwrap();
+        assert_eq!(c.runtime_name(), "team.fix");
+        let ChainStep::Parallel(g) = &c.steps[0] else {
+            panic!()
+        };
+        let labels: Vec<_> = g
+            .parallel
+            .iter()
+            .map(|t| t.label.clone().unwrap())
+            .collect();
+        assert_eq!(labels, ["w-0", "w-1"]);
+        let t = &g.parallel[1];
+        assert_eq!(t.output_mode, Some(OutputMode::FileOnly));
+        assert_eq!(
+            t.output_schema,
+            Some(serde_json::Value::from("schemas/s.json"))
+        );
+        assert_eq!(
+            t.skills,
+            Some(Setting::Value(vec!["lint".into(), "fmt".into()]))
+        );
+        assert_eq!(t.cwd.as_deref(), Some(Path::new("sub")));
+        let ChainStep::Parallel(r) = &c.steps[1] else {
+            panic!()
+        };
+        assert!(r.worktree);
+        assert_eq!(r.parallel.len(), 2);
+        assert_eq!(r.parallel[0].label.as_deref(), Some("reviewer-0"));
+        assert_eq!(r.parallel[0].reads, Some(Setting::Off));
+    }
+
+    #[test]
+    fn new_md_errors_name_the_line() {
+        for (text, line, needle) in [
+            (
+                "---\nname: x\n---\n## a\nacceptance: checked\n",
+                5,
+                "does not enforce acceptance",
+            ),
+            (
+                "---\nname: x\n---\n## a\ntoolBudget: 3\n",
+                5,
+                "tool-call budgets",
+            ),
+            (
+                "---\nname: x\n---\n## a\noutputMode: both\n",
+                5,
+                "inline or file-only",
+            ),
+            (
+                "---\nname: x\n---\n## a\noutputSchema: {\"type\": \"object\"}\n",
+                5,
+                "is a path",
+            ),
+            (
+                "---\nname: x\n---\n## a\nprogress: yes\n",
+                5,
+                "true or false",
+            ),
+            ("---\nname: x\n---\n## a\ncount: 0\n", 5, "`count` must be"),
+            (
+                "---\nname: x\n---\n## parallel\nworktree: 1\n### a\n",
+                5,
+                "`worktree`",
+            ),
+            ("---\nname: x\npackage: a/b\n---\n## a\n", 3, "`package`"),
+            (
+                "---\nname: x\n---\n## a\nas: x\n\nt\n\n## b\nas: x\n",
+                9,
+                "step 1: output name \"x\" is given twice",
+            ),
+            (
+                "---\nname: x\n---\n## a\n\n{outputs.later}\n\n## b\nas: later\n",
+                4,
+                "step 0: {outputs.later} is produced only",
+            ),
+            (
+                "---\nname: x\n---\n## a\noutputMode: file-only\n",
+                4,
+                "needs an `output`",
+            ),
+        ] {
+            let e = parse_chain_md(text).unwrap_err();
+            assert!(e.message.contains(needle), "{text:?}: {e:?}");
+            assert_eq!(e.line, line, "{text:?}: {e:?}");
+        }
+    }
+
     fn saved(name: &str, scope: AgentScope, path: &str, ok: bool) -> SavedChain {
         SavedChain {
             name: name.into(),
@@ -514,7 +774,9 @@ Intro text is ignored.\n\n## scout\nmodel: fake/plain\nreads: context.md\n\nMap 
                 Ok(ChainMd {
                     name: name.into(),
                     description: Some(path.into()),
+                    package: None,
                     steps: vec![],
+                    lines: vec![],
                     ignored: vec![],
                 })
             } else {
@@ -531,6 +793,8 @@ Intro text is ignored.\n\n## scout\nmodel: fake/plain\nreads: context.md\n\nMap 
             saved("b", AgentScope::User, "/u/b.chain.md", false),
             saved("d", AgentScope::User, "/u/d.chain.md", true),
             saved("d", AgentScope::User, "/u/d.chain.json", true),
+            saved("e", AgentScope::User, "/u/e.chain.md", true),
+            saved("e", AgentScope::User, "/u/sub/e.chain.md", true),
         ];
         assert_eq!(
             resolve(&found, "r").unwrap().description.as_deref(),
@@ -540,17 +804,24 @@ Intro text is ignored.\n\n## scout\nmodel: fake/plain\nreads: context.md\n\nMap 
             .unwrap_err()
             .to_string()
             .contains("/u/b.chain.md:3"));
-        let e = resolve(&found, "d").unwrap_err().to_string();
+        assert_eq!(
+            resolve(&found, "d").unwrap().description.as_deref(),
+            Some("/u/d.chain.json"),
+            "a .chain.json beats a .chain.md in one scope"
+        );
+        let e = resolve(&found, "e").unwrap_err().to_string();
         assert!(
-            e.contains("/u/d.chain.md") && e.contains("/u/d.chain.json"),
+            e.contains("/u/e.chain.md") && e.contains("/u/sub/e.chain.md"),
             "{e}"
         );
         let e = resolve(&found, "rr").unwrap_err().to_string();
         assert!(e.contains("unknown chain \"rr\"; closest: r"), "{e}");
         let rows = listing(&found);
-        assert_eq!(rows.len(), 3);
-        assert_eq!(rows[2].path, PathBuf::from("/p/r.chain.md"));
-        assert!(rows[0].problem.is_some() && rows[1].problem.is_some());
+        assert_eq!(rows.len(), 4);
+        assert_eq!(rows[3].path, PathBuf::from("/p/r.chain.md"));
+        assert!(
+            rows[0].problem.is_some() && rows[1].problem.is_none() && rows[2].problem.is_some()
+        );
     }
 
     /// The first ```markdown block after `after` in `docs/agents.md`.
@@ -588,9 +859,6 @@ Intro text is ignored.\n\n## scout\nmodel: fake/plain\nreads: context.md\n\nMap 
         .unwrap();
         assert_eq!(c.name, "fix");
         let e = parse_file(Path::new("/u/bad.chain.json"), "{").unwrap_err();
-        assert!(
-            e.starts_with("/u/bad.chain.json: chain file: not valid JSON"),
-            "{e}"
-        );
+        assert!(e.starts_with("/u/bad.chain.json:1: not valid JSON"), "{e}");
     }
 }

@@ -32,7 +32,7 @@ use shape::{Built, Shape};
 ///
 /// Everything after `--` is passed to each Pi child verbatim.
 #[derive(Parser)]
-#[command(group(clap::ArgGroup::new("shape").args(["parallel", "chain"])))]
+#[command(group(clap::ArgGroup::new("shape").args(["parallel", "chain", "chain_file"])))]
 #[command(group(clap::ArgGroup::new("list").args(["list_agents", "list_chains"])))]
 #[command(
     version,
@@ -52,15 +52,15 @@ pub struct Args {
     /// Run the task as this agent: its prompt, model, thinking, tools and context settings
     /// (`cohort-spawn --list-agents` lists them). --model, --thinking, --tools and Pi args after
     /// -- beat the agent's fields.
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["chain", "revive"])]
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["chain", "chain_file", "revive"])]
     agent: Option<String>,
     /// List the agents --agent and chain steps can name (name, scope, model, path,
     /// description; ignored keys and problems below each), then exit.
-    #[arg(long, conflicts_with_all = ["chain", "parallel", "revive", "wait"])]
+    #[arg(long, conflicts_with_all = ["chain", "chain_file", "parallel", "revive", "wait"])]
     list_agents: bool,
     /// List the saved chains --chain NAME can run (name, scope, steps, path, description),
     /// then exit.
-    #[arg(long, conflicts_with_all = ["chain", "parallel", "revive", "wait"])]
+    #[arg(long, conflicts_with_all = ["chain", "chain_file", "parallel", "revive", "wait"])]
     list_chains: bool,
     /// Model, as Pi's --model (provider/id).
     #[arg(long)]
@@ -86,17 +86,22 @@ pub struct Args {
     pi_entry: Option<PathBuf>,
     /// Continue a finished run's Pi session in a new run, on the original's recorded runtime
     /// (TASK defaults to "Continue where you left off.").
-    #[arg(long, value_name = "RUN", conflicts_with_all = ["chain", "parallel", "session", "cwd"])]
+    #[arg(long, value_name = "RUN", conflicts_with_all = ["chain", "chain_file", "parallel", "session", "cwd"])]
     revive: Option<String>,
     /// With --revive: the flat step whose session to continue (default: the last step with a
     /// session file).
     #[arg(long, requires = "revive")]
     step: Option<usize>,
-    /// Run the chain in this file (JSON, its format: "Chain files" in --help, CHAIN FILES in
-    /// the man page; or a .chain.md), or, when no such file exists, the saved chain of that
-    /// name (`--list-chains`). A TASK replaces `{task}` in its steps.
-    #[arg(long, value_name = "FILE|NAME", conflicts_with_all = ["parallel", "session"])]
-    chain: Option<PathBuf>,
+    /// Run the saved chain NAME (`--list-chains` lists them; PACKAGE.NAME for a chain with a
+    /// package). NAME is a path only when it contains a `/` (./review.json); a file of that
+    /// name in the current directory is never run for a plain NAME. A TASK replaces `{task}`
+    /// in its steps.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["parallel", "session", "chain_file"])]
+    chain: Option<String>,
+    /// Run the chain in this file, whatever its name: JSON (its format: "Chain files" in
+    /// --help, CHAIN FILES in the man page) or a .chain.md. A TASK replaces `{task}`.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["parallel", "session"])]
+    chain_file: Option<PathBuf>,
     /// Run the TASKs as one parallel group.
     #[arg(long)]
     parallel: bool,
@@ -347,7 +352,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let mut built = match Shape::of(&args) {
         Shape::Single => shape::single(&args)?,
         Shape::Parallel => shape::parallel(&args)?,
-        Shape::Chain(file) => shape::chain(&args, file, root.profile(), &lookup)?,
+        Shape::Chain(source) => shape::chain(&args, source, root.profile(), &lookup)?,
         Shape::Revive(run) => shape::revive(&args, &root, run)?,
     };
     shape::resolve_agents(&mut built.chain, root.profile(), &lookup)?;

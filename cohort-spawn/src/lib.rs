@@ -6,7 +6,9 @@
 //! - [`agents`]: agent files (builtin, user, project), precedence, `--list-agents`;
 //! - [`chains`]: saved chains (`NAME.chain.md`, `NAME.chain.json`), `--list-chains`;
 //! - [`frontmatter`]: the YAML frontmatter both kinds of file open with;
-//! - [`chain_file`]: the JSON chain file format and its checks;
+//! - [`chain_file`]: the JSON chain file format (both shapes), its keys and `count`;
+//! - [`chain_check`]: the checks of a chain's names, references and fan-out shape (pure);
+//! - [`chain_resolve`]: the checks against the file system: schemas, step cwds, skills, git;
 //! - [`spawn`]: the start itself, in the order the format requires (`queued` first, a `failed`
 //!   record for every start that fails after it);
 //! - [`route`]: a nested start's inherited route variables, checked before any record exists;
@@ -18,7 +20,9 @@
 #![deny(missing_docs)]
 
 pub mod agents;
+pub mod chain_check;
 pub mod chain_file;
+pub mod chain_resolve;
 pub mod chains;
 pub mod cmd;
 pub mod frontmatter;

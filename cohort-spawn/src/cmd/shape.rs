@@ -27,8 +27,8 @@ pub(super) enum Shape<'a> {
     Single,
     /// `--parallel`: the TASKs as one parallel group.
     Parallel,
-    /// `--chain FILE|NAME`: a chain file, else the saved chain of that name.
-    Chain(&'a Path),
+    /// `--chain NAME` (a saved chain; a path when it has a `/`) or `--chain-file PATH`.
+    Chain(ChainSource<'a>),
     /// `--revive RUN`: continue a finished run's Pi session in a new run.
     Revive(&'a str),
 }
@@ -39,12 +39,35 @@ impl<'a> Shape<'a> {
     pub(super) fn of(args: &'a Args) -> Shape<'a> {
         if let Some(run) = &args.revive {
             Shape::Revive(run)
-        } else if let Some(file) = &args.chain {
-            Shape::Chain(file)
+        } else if let Some(file) = &args.chain_file {
+            Shape::Chain(ChainSource::File(file))
+        } else if let Some(arg) = &args.chain {
+            Shape::Chain(ChainSource::of(arg))
         } else if args.parallel {
             Shape::Parallel
         } else {
             Shape::Single
+        }
+    }
+}
+
+/// Which chain `--chain` / `--chain-file` names.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum ChainSource<'a> {
+    /// A saved chain, by its runtime name (`NAME` or `PACKAGE.NAME`).
+    Saved(&'a str),
+    /// A chain file.
+    File(&'a Path),
+}
+
+impl<'a> ChainSource<'a> {
+    /// What `--chain ARG` means (pure): a path when ARG contains a `/`, else a saved chain's
+    /// name — never a file of that name in the current directory.
+    pub(super) fn of(arg: &'a str) -> ChainSource<'a> {
+        if arg.contains('/') {
+            ChainSource::File(Path::new(arg))
+        } else {
+            ChainSource::Saved(arg)
         }
     }
 }
@@ -163,11 +186,12 @@ pub(super) fn parallel(args: &Args) -> anyhow::Result<Built> {
     Ok(Built::from_args(args, vec![group], RunMode::Parallel))
 }
 
-/// [`Shape::Chain`]: the chain `file` names ([`load_chain`]), at most one TASK for its
-/// `{task}` ([`fill_task`]); labels come from the chain, never `--label`.
+/// [`Shape::Chain`]: the chain `source` names ([`load_chain`]), checked against the file system
+/// ([`crate::chain_resolve`]), at most one TASK for its `{task}` ([`fill_task`]); labels come
+/// from the chain, never `--label`.
 pub(super) fn chain(
     args: &Args,
-    file: &Path,
+    source: ChainSource,
     profile: &Path,
     lookup: &Path,
 ) -> anyhow::Result<Built> {
@@ -183,12 +207,27 @@ pub(super) fn chain(
             "--chain takes at most one TASK (it replaces {task} in the steps)".into()
         )),
     };
-    let mut chain = load_chain(file, profile, lookup)?;
+    let (parsed, path) = load_chain(source, profile, lookup)?;
+    let mut chain = parsed.steps.clone();
+    let run_cwd = std::path::absolute(lookup)
+        .with_context(|| format!("cannot resolve {}", lookup.display()))?;
+    let places = crate::chain_resolve::Places {
+        chain_dir: path.parent().unwrap_or(Path::new(".")),
+        run_cwd: &run_cwd,
+        profile,
+    };
+    crate::chain_resolve::resolve(&mut chain, &places).map_err(|(step, m)| {
+        cohort_common::Error::Usage(format!(
+            "{}:{}: step {step}: {m}",
+            path.display(),
+            parsed.line_of(step)
+        ))
+    })?;
     let task = fill_task(&mut chain, given.as_deref())?;
-    Ok(Built {
-        task,
-        ..Built::from_args(args, chain, RunMode::Chain)
-    })
+    let mut built = Built::from_args(args, chain, RunMode::Chain);
+    built.task = task;
+    built.chain_name = Some(parsed.runtime_name());
+    Ok(built)
 }
 
 /// [`Shape::Revive`]: one step continuing the session of run `name` ([`revive::plan`]), on its
@@ -271,28 +310,34 @@ pub fn member_labels(label: Option<&str>, n: usize) -> Vec<Option<String>> {
     (0..n).map(|i| label.map(|l| format!("{l}-{i}"))).collect()
 }
 
-/// The chain `--chain ARG` names: the file at ARG when there is one (a `.chain.md`, else JSON),
-/// else the saved chain named ARG ([`chains::resolve`]). Errors are one line (exit 2).
-fn load_chain(arg: &Path, profile: &Path, cwd: &Path) -> anyhow::Result<Vec<ChainStep>> {
-    if arg.is_file() {
-        let text = std::fs::read_to_string(arg)
-            .with_context(|| format!("cannot read chain file {}", arg.display()))?;
-        if arg.to_string_lossy().ends_with(".md") {
-            return chains::parse_file(arg, &text)
-                .map(|c| c.steps)
-                .map_err(|e| cohort_common::Error::Usage(e).into());
+/// The chain `source` names, and the file it is in: a chain file (a `.chain.md`/`.md`, else
+/// JSON), or the saved chain of that name ([`chains::resolve`]), never a file of the cwd.
+/// Errors are one line (exit 2).
+fn load_chain(
+    source: ChainSource,
+    profile: &Path,
+    cwd: &Path,
+) -> anyhow::Result<(chains::ParsedChain, PathBuf)> {
+    match source {
+        ChainSource::File(path) => {
+            if !path.is_file() {
+                bail!(cohort_common::Error::Usage(format!(
+                    "chain file {} does not exist (a saved chain is named without a `/`: --chain NAME)",
+                    path.display()
+                )));
+            }
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read chain file {}", path.display()))?;
+            let parsed = chains::parse_file(path, &text).map_err(cohort_common::Error::Usage)?;
+            Ok((parsed, path.to_path_buf()))
         }
-        return Ok(crate::chain_file::parse_chain(&text)?);
+        ChainSource::Saved(name) => {
+            let found = chains::discover(profile, cwd);
+            let parsed = chains::resolve(&found, name)?.clone();
+            let path = chains::resolve_saved(&found, name)?.path.clone();
+            Ok((parsed, path))
+        }
     }
-    let name = arg.to_string_lossy();
-    if name.contains('/') || name.ends_with(".json") || name.ends_with(".md") {
-        bail!(cohort_common::Error::Usage(format!(
-            "chain file {} does not exist",
-            arg.display()
-        )));
-    }
-    let found = chains::discover(profile, cwd);
-    Ok(chains::resolve(&found, &name)?.steps.clone())
 }
 
 /// What `{task}` stands for in `chain` (pure): the TASK given with `--chain`, checked against
@@ -356,7 +401,16 @@ mod tests {
             (&["t"][..], "Single"),
             (&["--session", "s.jsonl", "t"][..], "Single"),
             (&["--parallel", "a", "b"][..], "Parallel"),
-            (&["--chain", "review", "t"][..], r#"Chain("review")"#),
+            (&["--chain", "review", "t"][..], r#"Chain(Saved("review"))"#),
+            (
+                &["--chain", "./review", "t"][..],
+                r#"Chain(File("./review"))"#,
+            ),
+            (&["--chain", "a.b", "t"][..], r#"Chain(Saved("a.b"))"#),
+            (
+                &["--chain-file", "review", "t"][..],
+                r#"Chain(File("review"))"#,
+            ),
             (
                 &["--revive", "0e5b8ad1c3f2"][..],
                 r#"Revive("0e5b8ad1c3f2")"#,
