@@ -11,6 +11,7 @@
 //! | `err400` | HTTP 400 with an OpenAI-style error `bad request from fake model` |
 //! | `err500` | HTTP 500 |
 //! | `slow` | streams `tick ` every 200 ms for 60 s |
+//! | `say` | replies with the text after the first `SAY:` in the last user message, up to a line `---` (where cohort's handoff instructions start) or its end, trimmed (`SAY:` absent: the whole message) |
 //! | `big` | replies with 10 MiB of text in 1 MiB chunks (Pi 0.73.1 on Node 20 dies with ENOBUFS writing much larger lines to a pipe) |
 //!
 //! Every request is appended to the request log (JSON Lines: `ts`, `model`, `messages` (the
@@ -27,7 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 /// The model ids the server knows.
-pub const MODELS: [&str; 6] = ["plain", "tool", "err400", "err500", "slow", "big"];
+pub const MODELS: [&str; 7] = ["plain", "tool", "err400", "err500", "slow", "big", "say"];
 
 /// A running server.
 pub struct FakeServer {
@@ -286,6 +287,15 @@ fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()>
             }
             finish(out, model, "stop")
         }
+        "say" => reply(out, model, say_text(&last_user)),
         _ => reply(out, model, &format!("ECHO: {last_user}")),
     }
+}
+
+/// What model `say` answers to `message`: the text after the first `SAY:`, up to a line `---`
+/// or the end, trimmed.
+pub fn say_text(message: &str) -> &str {
+    let after = message.split_once("SAY:").map_or(message, |(_, a)| a);
+    let body = after.split_once("\n---\n").map_or(after, |(b, _)| b);
+    body.trim()
 }
