@@ -210,15 +210,17 @@ fn step_key(
     ignored: &mut Vec<String>,
 ) -> std::result::Result<(), String> {
     let v = (!value.is_empty()).then(|| value.to_string());
-    let off_or = |f: &dyn Fn(&str) -> Setting<Vec<String>>| {
-        v.as_deref()
-            .map(|v| if v == "false" { Setting::Off } else { f(v) })
+    // A list, or `false` for none.
+    let list_or_off = || {
+        v.as_deref().map(|v| match v {
+            "false" => Setting::Off,
+            v => Setting::Value(split_list(v)),
+        })
     };
-    if let Some((k, why)) = REFUSED_KEYS
+    if let Some((_, why)) = REFUSED_KEYS
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case(key))
     {
-        let _ = k;
         return Err(why.to_string());
     }
     let Some(known) = MD_STEP_KEYS.iter().find(|k| k.eq_ignore_ascii_case(key)) else {
@@ -270,8 +272,8 @@ fn step_key(
             }
             t.output_schema = v.map(serde_json::Value::from);
         }
-        "reads" => t.reads = off_or(&|v| Setting::Value(split_list(v))),
-        "skills" | "skill" => t.skills = off_or(&|v| Setting::Value(split_list(v))),
+        "reads" => t.reads = list_or_off(),
+        "skills" | "skill" => t.skills = list_or_off(),
         "progress" => {
             t.progress = match value {
                 "" => None,

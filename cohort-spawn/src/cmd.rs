@@ -37,7 +37,7 @@ use shape::{Built, Shape};
 #[command(
     version,
     after_help = cli::exit_codes_help(MAN.exit_codes),
-    after_long_help = format!("Chain files (--chain FILE):\n\n{CHAIN_FILES}\n\n{}", cli::exit_codes_help(MAN.exit_codes))
+    after_long_help = format!("Chain files (--chain NAME, --chain-file PATH):\n\n{CHAIN_FILES}\n\n{}", cli::exit_codes_help(MAN.exit_codes))
 )]
 pub struct Args {
     /// The task; `-` reads it from stdin. With --parallel, one task per member.
@@ -168,30 +168,54 @@ pub struct Args {
 
 /// The chain file format, for `--help` and the man page (the same as `docs/chain.md`, which an
 /// installed binary cannot point at).
-pub const CHAIN_FILES: &str = r###"A chain file is a JSON object with a list of steps, run in order. A step is a task or a
-parallel group:
+pub const CHAIN_FILES: &str = r###"--chain NAME runs the saved chain NAME (--list-chains); it is a path only when it contains a
+"/". --chain-file PATH runs the chain in PATH. A file ending in .md is a .chain.md (the
+Agents section), anything else JSON:
 
-  { "steps": [
-      { "task": "List the modules in src/", "label": "scout", "model": "provider/id" },
-      { "parallel": [ { "task": "Review {previous} for bugs", "label": "bugs" },
-                      { "task": "Review {previous} for style", "label": "style" } ],
+  { "name": "review", "description": "Map, review twice, fix",
+    "chain": [
+      { "agent": "scout", "task": "Map {task}", "as": "map", "phase": "Context" },
+      { "parallel": [ { "task": "Review {outputs.map} for bugs", "label": "bugs" },
+                      { "task": "Review {outputs.map} for style", "label": "style" } ],
         "concurrency": 2 },
       { "task": "Summarize: {previous}", "thinking": "high", "tools": ["read"] }
   ] }
 
-Keys of a task: task (the prompt, required; {previous} is replaced by the previous step's
-final text, {task} by the TASK given on the command line), agent (run the step as this agent;
-the step's own model, thinking and tools beat the agent's), label (shown in listings; heads
-the member's text after a group; default: the agent's name, else step-<i>), model (Pi
---model), thinking (Pi --thinking), tools (Pi --tools, a list), piArgs (extra Pi arguments for
-this step, after the run-wide ones given after --). Keys of a group:
-parallel (the member tasks, non-empty), concurrency (most members alive at once; default
---concurrency, else all).
+The root has name (default: the file name), description, package (the chain runs as
+PACKAGE.NAME) and chain; {"steps": [...]} is read the same way. A step is a task, a parallel
+group or a dynamic fan-out.
 
-Unknown keys are an error, and so are sessionFile (a chain starts new sessions: continue one
-with --session, or --revive a finished run) and resolvedAgent (written by cohort-spawn). Members of one group need distinct labels. After a
-group, {previous} is each member's text headed by "## <label>", separated by blank lines. A
-failed step ends the run; the steps after it end stopped."###;
+Keys of a task: task (the prompt; {task} is the TASK given on the command line, {previous} the
+previous step's answer, {outputs.NAME} a named earlier answer, {chain_dir} the run's chain
+directory; absent: {task} first, {previous} after), agent (run the step as this agent; the
+step's own model, thinking and tools beat the agent's), label (one line; shown in listings;
+heads the member's answer after a group; default: the agent's name, else step-<i>), phase
+(groups steps for display), as (the step's answer becomes {outputs.NAME} for later steps),
+output (the file the answer goes to, relative to {chain_dir}; false: none), outputMode (inline
+or file-only, which needs output), reads (files the step reads first; false: none), progress
+(true: keep {chain_dir}/progress.md), outputSchema (a JSON Schema the answer must satisfy:
+inline, or a path relative to the chain file), cwd (the step's directory, relative to the
+run's cwd; must exist), skills or skill (skill names, passed to Pi as --skill PATH; must
+exist), count (N copies as a parallel group, labelled L-0...), model (Pi --model), thinking
+(Pi --thinking), tools (Pi --tools, a list), piArgs (extra Pi arguments for this step, after
+the run-wide ones given after --).
+
+Keys of a group: parallel (the member tasks, non-empty), concurrency (most members alive at
+once; default --concurrency, else all), worktree (true: each member in its own git worktree;
+the cwd must be in a git repository).
+
+Keys of a dynamic fan-out: expand ({from: {output: an earlier structured step's as, path: a
+JSON Pointer to a list}, item: the item's name in the template (default item), key: a JSON
+Pointer to each item's key, maxItems: default 20, a longer list fails the step, onEmpty: skip
+or fail}), parallel (the member template, a task object without as or count), collect ({as:
+the name of the members' answers in item order, outputSchema}), concurrency, phase, label.
+
+Unknown keys are an error naming the file and line, and so are acceptance and toolBudget
+(cohort does not enforce them), sessionFile (a chain starts new sessions: continue one with
+--session, or --revive a finished run) and resolvedAgent (written by cohort-spawn). Names,
+{outputs.NAME} references, schemas, cwds, skills and git are checked before anything runs.
+Members of one group need distinct labels. A failed step ends the run; the steps after it
+end stopped."###;
 
 /// Agents and saved chains, for the man page (the full text is `docs/agents.md`).
 pub const AGENTS: &str = r####"An agent is a markdown file: YAML frontmatter, then its system prompt.
@@ -213,10 +237,12 @@ ignored. Found, lowest priority first: builtin (scout, worker, reviewer), user
 --tools and Pi args after -- beat the agent's fields.
 
 A saved chain is NAME.chain.md or NAME.chain.json in $PI_CODING_AGENT_DIR/chains/ or the
-project's .pi/chains/; --chain NAME runs it when NAME is not a file. A .chain.md has frontmatter
-name and description, then one "## AGENT" section per step (config lines label, model,
-thinking, tools; a blank line; the task), and "## parallel" with "### AGENT" members for a
-parallel group. {task} is the TASK given after the chain, {previous} the previous step's text."####;
+project's .pi/chains/ (which wins; in one scope a .chain.json beats a .chain.md); --chain NAME
+runs it. A .chain.md has frontmatter name, description and package, then one "## AGENT" section
+per step (config lines: the keys of a task in CHAIN FILES, except agent and task, matched
+without regard to case; outputSchema is a path; a blank line; the task), and "## parallel"
+(config lines concurrency, worktree) with "### AGENT" members for a parallel group. {task} is
+the TASK given after the chain, {previous} the previous step's answer."####;
 
 /// The man page's additions: the chain file format, exit codes (also in `--help`) and examples.
 pub const MAN: cli::ManPage = cli::ManPage {
@@ -255,8 +281,8 @@ pub const MAN: cli::ManPage = cli::ManPage {
             "Wait for the run and hand its answer on; exit 1 if it failed.",
         ),
         (
-            "cohort-spawn --chain review.json",
-            "Run a chain of steps (see CHAIN FILES).",
+            "cohort-spawn --chain-file review.json",
+            "Run the chain of steps in a file (see CHAIN FILES).",
         ),
         (
             "cohort-spawn --agent reviewer \"Review the last commit\"",
@@ -457,7 +483,24 @@ mod tests {
 
     #[test]
     fn the_chain_help_names_every_key_the_parser_knows() {
-        // Every key of a task and a group, as serialized; and the one refused key.
+        use crate::chain_file::{
+            COLLECT_KEYS, EXPAND_KEYS, EXPAND_STEP_KEYS, FROM_KEYS, GROUP_KEYS, REFUSED_KEYS,
+            TASK_KEYS,
+        };
+        let refused = REFUSED_KEYS.iter().map(|(k, _)| *k);
+        for k in TASK_KEYS
+            .iter()
+            .chain(GROUP_KEYS)
+            .chain(EXPAND_STEP_KEYS)
+            .chain(EXPAND_KEYS)
+            .chain(FROM_KEYS)
+            .chain(COLLECT_KEYS)
+            .copied()
+            .chain(refused)
+        {
+            assert!(CHAIN_FILES.contains(k), "the chain help lacks {k}");
+        }
+        // And every key of a launch-spec task the parser accepts is one of TASK_KEYS.
         let t = TaskSpec {
             task: "t".into(),
             label: Some("l".into()),
@@ -465,26 +508,31 @@ mod tests {
             thinking: Some("h".into()),
             tools: Some(vec!["read".into()]),
             pi_args: vec!["--x".into()],
-            session_file: Some("/s.jsonl".into()),
             agent: Some("a".into()),
+            phase: Some("p".into()),
+            as_name: Some("x".into()),
+            output: Some(spec::Setting::Off),
+            reads: Some(spec::Setting::Off),
+            progress: Some(true),
+            output_mode: Some(spec::OutputMode::Inline),
+            output_schema: Some(serde_json::json!({})),
+            cwd: Some("/".into()),
+            skills: Some(spec::Setting::Off),
             ..Default::default()
         };
         let g = ParallelSpec {
             parallel: vec![t.clone()],
             concurrency: Some(1),
-            worktree: false,
+            worktree: true,
         };
-        let mut keys: Vec<String> = Vec::new();
-        for v in [
-            serde_json::to_value(&t).unwrap(),
-            serde_json::to_value(&g).unwrap(),
+        for (v, known) in [
+            (serde_json::to_value(&t).unwrap(), TASK_KEYS),
+            (serde_json::to_value(&g).unwrap(), GROUP_KEYS),
         ] {
-            keys.extend(v.as_object().unwrap().keys().cloned());
+            for k in v.as_object().unwrap().keys() {
+                assert!(known.contains(&k.as_str()), "{k} is not a known key");
+            }
         }
-        for k in keys {
-            assert!(CHAIN_FILES.contains(&k), "the chain help lacks {k}");
-        }
-        assert!(CHAIN_FILES.contains("resolvedAgent"));
     }
 
     #[test]

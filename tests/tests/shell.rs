@@ -98,7 +98,10 @@ fn a_task_that_starts_with_a_dash_is_pointed_at_stdin() {
 fn spawn_help_gives_the_chain_file_format() {
     let out = run("cohort-spawn", &["--help"]);
     let text = stdout(&out);
-    assert!(text.contains("Chain files (--chain FILE):"), "{text}");
+    assert!(
+        text.contains("Chain files (--chain NAME, --chain-file PATH):"),
+        "{text}"
+    );
     for key in [
         "\"parallel\"",
         "concurrency",
@@ -110,7 +113,10 @@ fn spawn_help_gives_the_chain_file_format() {
     }
     // The short help stays short.
     let short = stdout(&run("cohort-spawn", &["-h"]));
-    assert!(!short.contains("Chain files (--chain FILE):"), "{short}");
+    assert!(
+        !short.contains("Chain files (--chain NAME, --chain-file PATH):"),
+        "{short}"
+    );
 }
 
 #[test]
