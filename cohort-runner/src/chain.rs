@@ -257,11 +257,16 @@ impl Handoff {
     /// Take a chain step's answers as the next `{previous}` (pure but for the boundary's
     /// random seed): a single task's answer as it is; a parallel group's as delimited blocks
     /// ([`group_previous`]).
-    pub fn step_ended(&mut self, answers: &[Answer], parallel: bool) {
+    pub fn step_ended(&mut self, answers: Vec<Answer>, parallel: bool) {
         self.previous = if parallel {
-            group_previous(answers, RandomState::new().build_hasher().finish())
+            group_previous(&answers, RandomState::new().build_hasher().finish())
         } else {
-            answers.first().map(|a| a.text.clone()).unwrap_or_default()
+            // Moved, not copied: an answer may be many MiB.
+            answers
+                .into_iter()
+                .next()
+                .map(|a| a.text)
+                .unwrap_or_default()
         };
     }
 }
@@ -398,7 +403,7 @@ mod tests {
             ..Handoff::default()
         };
         h.step_ended(
-            &[Answer {
+            vec![Answer {
                 label: "a".into(),
                 key: None,
                 text: "out {task}".into(),

@@ -270,9 +270,12 @@ impl Supervisor {
             if failure.is_some() {
                 break;
             }
-            let answers = self.answers(&members);
-            self.handoff
-                .step_ended(&answers, !matches!(step, ChainStep::Task(_)));
+            // The last chain step hands nothing on: its answer (maybe many MiB) is not read.
+            if ci + 1 < chain.len() || matches!(step, ChainStep::Expand(_)) {
+                let answers = self.answers(&members);
+                self.handoff
+                    .step_ended(answers, !matches!(step, ChainStep::Task(_)));
+            }
             if let ChainStep::Expand(e) = step {
                 failure = self.collect(ci, e, &members).err();
             }
@@ -478,7 +481,10 @@ impl Supervisor {
                         .clone()
                         .unwrap_or_else(|| {
                             serde_json::Value::String(
-                                self.handed.get(&m.index).cloned().unwrap_or_default(),
+                                self.handed
+                                    .get(&m.index)
+                                    .cloned()
+                                    .unwrap_or_else(|| self.final_text(m.index)),
                             )
                         })
                 })
@@ -512,6 +518,11 @@ impl Supervisor {
         let Some(plan) = self.plans.remove(&i) else {
             return Ok(());
         };
+        let s = &plan.spec;
+        if plan.files.output.is_none() && s.output_schema.is_none() && s.as_name.is_none() {
+            // Nothing to apply: the next step reads the final text itself.
+            return Ok(());
+        }
         let mut text = self.final_text(i);
         if let Some(p) = &plan.files.output {
             text = chain::take_output(p, plan.stamp, text)?;
