@@ -59,9 +59,9 @@ pub struct Started {
 }
 
 /// Start the Pi child of `step`: revalidate the runtime, lock a continued session file (the
-/// step's `recorded` one, else the default one of the run's session dir), write the task
-/// (with `previous`, the last chain step's text, substituted) and the agent's prompt to their
-/// files, open the output log and the private `tmp/`, and spawn.
+/// step's `recorded` one, else the default one of the run's session dir), write `task` (the
+/// step's template as [`crate::chain`] filled it) and the agent's prompt to their files, open
+/// the output log and the private `tmp/`, and spawn.
 ///
 /// Errors: a one-line reason for the step's error (the runtime moved, the session is in use,
 /// a file cannot be written, the child cannot start).
@@ -69,7 +69,7 @@ pub fn start(
     l: &Launch,
     step: &FlatStep,
     recorded: Option<&Path>,
-    previous: &str,
+    task: &str,
 ) -> std::result::Result<Started, String> {
     let i = step.index;
     let rt: Runtime = runtime::revalidate(&l.spec.runtime)
@@ -78,7 +78,7 @@ pub fn start(
         .map(Path::to_path_buf)
         .unwrap_or_else(|| layout::default_session_file(&l.spec.session_dir, i));
     let session_lock = session::lock_session(&session_file)?;
-    let (task_in, prompt_path) = write_inputs(l.dir, step, previous).map_err(|e| e.to_string())?;
+    let (task_in, prompt_path) = write_inputs(l.dir, step, task).map_err(|e| e.to_string())?;
     let pi_major = runtime::package_info(&rt.pi_package_root)
         .ok()
         .and_then(|p| p.version)
@@ -121,15 +121,13 @@ pub fn start(
     })
 }
 
-/// Write step `step`'s task (with `previous` substituted) and its agent's prompt, if it has
-/// one, to their 0600 files in `dir`: they travel there, never in argv. Returns the task file
-/// opened for the child's stdin, and the prompt file's path.
-fn write_inputs(dir: &RunDir, step: &FlatStep, previous: &str) -> Result<(File, Option<PathBuf>)> {
+/// Write step `step`'s `task` and its agent's prompt, if it has one, to their 0600 files in
+/// `dir`: they travel there, never in argv. Returns the task file opened for the child's
+/// stdin, and the prompt file's path.
+fn write_inputs(dir: &RunDir, step: &FlatStep, task: &str) -> Result<(File, Option<PathBuf>)> {
     let i = step.index;
-    let task = spec::substitute_previous(&step.spec.task, previous);
     let task_path = dir.task_file(i);
     files::write_atomic(&task_path, task.as_bytes())?;
-    drop(task);
     let prompt_path = match &step.spec.resolved_agent {
         Some(agent) => {
             let p = dir.prompt_file(i);

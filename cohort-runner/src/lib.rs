@@ -2,6 +2,8 @@
 //!
 //! - [`cmd`]: the command line (a run directory) and the detach sequence;
 //! - [`supervisor`]: the event loop that owns the record, and the scheduling of the chain;
+//! - [`chain`]: what a chain hands from step to step (the filled task, `{previous}`, the
+//!   chain directory);
 //! - [`start`]: from a `queued` record to a `running` one with its spec, event log and route;
 //! - [`launch`]: building and starting a step's Pi child (arguments, environment, private
 //!   `tmp/`, the parent-death signal);
@@ -12,6 +14,7 @@
 //! - [`nested`]: stopping the nested runs of a stopped run;
 //! - [`step`]: a step's lifecycle as a state type, and every rule of how a step and a run end
 //!   (Pi's verdict, the stderr digest, the recorded outcome);
+//! - [`structured`]: a step's `outputSchema`: parsing its answer as JSON and validating it;
 //! - [`stream`]: reading a Pi child's `--mode json` event stream in bounded memory;
 //! - [`hook`]: the on-exit hook, run once after the terminal record is durable;
 //! - [`sweep`]: finding and ending the processes a step left behind;
@@ -24,6 +27,7 @@
 // disk is full and would take the runner down; log with `process::log`, which never panics.
 #![deny(clippy::print_stderr, clippy::print_stdout)]
 
+pub mod chain;
 pub mod cmd;
 pub mod context;
 pub mod hook;
@@ -36,6 +40,7 @@ pub mod session;
 pub mod start;
 pub mod step;
 pub mod stream;
+pub mod structured;
 pub mod supervisor;
 pub mod sweep;
 pub mod tracking;

@@ -18,6 +18,7 @@
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
+use std::ops::Not;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -32,10 +33,14 @@ use cohort_common::error::{Error, Result};
 use cohort_common::fault;
 use cohort_common::format::events::{EventKind, EventLog};
 use cohort_common::format::layout::RunDir;
-use cohort_common::format::record::{now_ms, ModelAttempt, RunRecord, RunState, StepStatus};
+use cohort_common::format::record::{
+    now_ms, ModelAttempt, ParallelGroup, RunMode, RunRecord, RunState, StepRecord, StepStatus,
+};
 use cohort_common::format::spec::{self, ChainStep, FlatStep, LaunchSpec, Placement};
+use cohort_common::format::template;
 use cohort_common::os::files;
 
+use crate::chain::{self, Handoff};
 use crate::hook;
 use crate::launch::{self, Launch};
 use crate::nested::NestedRuns;
@@ -44,6 +49,7 @@ use crate::readers::{self, Report};
 use crate::session;
 use crate::start::{self, Running};
 use crate::step::{self, ChildExit, Ending, Phase, StepRun};
+use crate::structured;
 use crate::sweep::{sweep_descendants, StepTrack};
 use crate::tracking::Tracker;
 use crate::writer::RecordWriter;
@@ -113,6 +119,23 @@ fn group_limit(step: &ChainStep, members: usize, run_concurrency: Option<usize>)
     }
 }
 
+/// Flat step `index` of chain step `chain_index`, running `spec`.
+fn flat_step(index: usize, chain_index: usize, spec: spec::TaskSpec) -> FlatStep {
+    FlatStep {
+        index,
+        chain_index,
+        spec,
+    }
+}
+
+/// A launched step's handoff: its spec, its files, and its `output:` file's stamp before it
+/// started.
+struct LaunchedStep {
+    spec: spec::TaskSpec,
+    files: chain::StepFiles,
+    stamp: chain::FileStamp,
+}
+
 /// Send `sig` to the process group of a step's child (its pid: each child leads its own group).
 fn signal_group(pid: u32, sig: step::Signal) {
     let sig = match sig {
@@ -177,6 +200,17 @@ struct Supervisor {
     nested: NestedRuns,
     /// The record's writes and the disk reserve for the last one.
     writer: RecordWriter,
+    /// What the chain hands from step to step.
+    handoff: Handoff,
+    /// The steps launched and not yet taken: their spec, handoff files and output stamp.
+    launched: HashMap<usize, LaunchedStep>,
+    /// What each completed step hands on, by flat index.
+    handed: HashMap<usize, String>,
+    /// A fan-out member's item variable and item, by flat index.
+    items: HashMap<usize, (String, serde_json::Value)>,
+    /// The chain step index and first flat index of the group being run (none for a single
+    /// task).
+    group: Option<(usize, usize)>,
     /// The chain step being run is a single task: its sweep also takes the orphans.
     sole_member: bool,
     last_session_look: Instant,
@@ -200,6 +234,11 @@ impl Supervisor {
             tracker: Tracker::new(dir, nested_runs, rec.run_id.clone(), since),
             nested: NestedRuns::new(state_root, tree.root_run_id.clone(), rec.run_id.clone()),
             writer: RecordWriter::new(dir),
+            handoff: Handoff::default(),
+            launched: HashMap::new(),
+            handed: HashMap::new(),
+            items: HashMap::new(),
+            group: None,
             dir: dir.clone(),
             spec,
             tree,
@@ -223,30 +262,59 @@ impl Supervisor {
             .timeout_ms
             .map(|ms| Instant::now() + Duration::from_millis(ms));
         let chain = self.spec.chain.clone();
+        self.handoff.task = self.spec.task.clone();
+        // Before any fan-out has run, the record's flat steps are the spec's.
         let (flat, _) = spec::flatten(&chain);
-        let mut previous = String::new();
-        let mut failure: Option<String> = None;
+        for f in &flat {
+            self.rec.steps[f.index].phase = f.spec.phase.clone();
+        }
+        let mut failure: Option<String> = self.open_chain_dir();
+        // The flat index of the chain step's first member: a fan-out adds members as it runs.
+        let mut next = 0;
         for (ci, step) in chain.iter().enumerate() {
             if self.stop.is_some() || failure.is_some() {
                 break;
             }
             self.rec.current_step = Some(ci);
             self.writer.changed();
-            let members: Vec<FlatStep> = flat
-                .iter()
-                .filter(|f| f.chain_index == ci)
-                .cloned()
-                .collect();
-            if let ChainStep::Expand(e) = step {
-                failure = Some(format!(
-                    "chain step {ci} (expand:{}): this runner does not run dynamic fan-out steps",
-                    e.parallel.agent.as_deref().unwrap_or("step")
-                ));
-                break;
+            let members: Vec<FlatStep> = match step {
+                ChainStep::Task(t) => vec![flat_step(next, ci, t.clone())],
+                ChainStep::Parallel(p) => p
+                    .parallel
+                    .iter()
+                    .enumerate()
+                    .map(|(k, t)| flat_step(next + k, ci, t.clone()))
+                    .collect(),
+                ChainStep::Expand(e) => match self.expand(ci, e, next) {
+                    Ok(m) => m,
+                    Err(why) => {
+                        failure = Some(why);
+                        break;
+                    }
+                },
+            };
+            if members.is_empty() {
+                // A fan-out over no items: `expand` has set what it hands on.
+                continue;
             }
             let limit = group_limit(step, members.len(), self.spec.options.concurrency);
-            failure = self.run_group(&members, limit, &previous);
-            previous = self.chain_step_text(step, &members);
+            self.group = matches!(step, ChainStep::Task(_))
+                .not()
+                .then_some((ci, next));
+            failure = self.run_group(&members, limit);
+            next += members.len();
+            if failure.is_some() {
+                break;
+            }
+            // The last chain step hands nothing on: its answer (maybe many MiB) is not read.
+            if ci + 1 < chain.len() || matches!(step, ChainStep::Expand(_)) {
+                let answers = self.answers(&members);
+                self.handoff
+                    .step_ended(answers, !matches!(step, ChainStep::Task(_)));
+            }
+            if let ChainStep::Expand(e) = step {
+                failure = self.collect(ci, e, &members).err();
+            }
         }
         self.end_run(failure)
     }
@@ -295,18 +363,236 @@ impl Supervisor {
         });
     }
 
-    /// What the next chain step gets as its previous text: a task's final text, or a parallel
-    /// group's final texts joined under their labels.
-    fn chain_step_text(&self, step: &ChainStep, members: &[FlatStep]) -> String {
-        match step {
-            ChainStep::Task(_) => self.final_text(members[0].index),
-            ChainStep::Parallel(_) | ChainStep::Expand(_) => spec::join_group_texts(
-                &members
-                    .iter()
-                    .map(|m| (spec::label_of(&m.spec, m.index), self.final_text(m.index)))
-                    .collect::<Vec<_>>(),
-            ),
+    /// Create the run's chain directory before a chain's first step; a failure to do so is
+    /// the run's failure (returned). Runs of one task or one group have none.
+    fn open_chain_dir(&mut self) -> Option<String> {
+        if self.spec.mode != RunMode::Chain {
+            return None;
         }
+        let dir = self.dir.chain_dir();
+        match chain::create_chain_dir(&dir) {
+            Ok(()) => {
+                self.handoff.chain_dir = Some(dir);
+                None
+            }
+            Err(e) => Some(e.to_string()),
+        }
+    }
+
+    /// The answers of a chain step's members, in order: each one's label, item key and the
+    /// answer it hands on (its final text after the `output:`, schema and `file-only` rules).
+    fn answers(&self, members: &[FlatStep]) -> Vec<chain::Answer> {
+        members
+            .iter()
+            .map(|m| chain::Answer {
+                label: self.rec.steps[m.index].label.clone(),
+                key: self.rec.steps[m.index].item_key.clone(),
+                text: self
+                    .handed
+                    .get(&m.index)
+                    .cloned()
+                    .unwrap_or_else(|| self.final_text(m.index)),
+            })
+            .collect()
+    }
+
+    /// Turn dynamic fan-out step `ci` into its members, the first at flat index `start`: its
+    /// list from the structured output named by `expand.from`, one member per item
+    /// ([`chain::plan_fanout`]), added to the record as a parallel group `expand:AGENT` (the
+    /// later steps' records move up). A fan-out over no items hands on `[]` and
+    /// [`chain::EMPTY_FANOUT`] (or fails, with `onEmpty: fail`).
+    ///
+    /// Errors: the run's failure message (no list, not a list, over `maxItems`, bad keys).
+    fn expand(
+        &mut self,
+        ci: usize,
+        e: &spec::ExpandStep,
+        start: usize,
+    ) -> std::result::Result<Vec<FlatStep>, String> {
+        let agent = e.parallel.agent.as_deref().unwrap_or("step");
+        let name = format!("expand:{agent}");
+        let fail = |why: String| format!("chain step {ci} ({name}): {why}");
+        let from = &e.expand.from;
+        let source = self.handoff.structured.get(&from.output).ok_or_else(|| {
+            fail(format!(
+                "no structured output named {:?} to expand",
+                from.output
+            ))
+        })?;
+        let list = source
+            .pointer(&from.path)
+            .and_then(|v| v.as_array())
+            .ok_or_else(|| {
+                fail(format!(
+                    "{:?} at {:?} is not a list",
+                    from.output, from.path
+                ))
+            })?
+            .clone();
+        let planned = chain::plan_fanout(e, &list).map_err(fail)?;
+        if planned.is_empty() {
+            if e.expand.on_empty == spec::OnEmpty::Fail {
+                return Err(fail("the list is empty (onEmpty: fail)".into()));
+            }
+            self.handoff
+                .outputs
+                .insert(e.collect.as_name.clone(), "[]".into());
+            self.handoff
+                .structured
+                .insert(e.collect.as_name.clone(), serde_json::Value::Array(vec![]));
+            self.handoff.previous = chain::EMPTY_FANOUT.into();
+            return Ok(Vec::new());
+        }
+        let n = planned.len();
+        let mut members = Vec::with_capacity(n);
+        let mut records = Vec::with_capacity(n);
+        for (k, m) in planned.into_iter().enumerate() {
+            let mut t = e.parallel.clone();
+            t.label = Some(m.label.clone());
+            t.phase = t.phase.or_else(|| e.phase.clone());
+            let shown = template::fill(
+                &t.task,
+                &template::Vars {
+                    task: self.handoff.task.as_deref(),
+                    item: Some((&e.expand.item, &m.item)),
+                    ..Default::default()
+                },
+            )
+            .unwrap_or_else(|_| t.task.clone());
+            records.push(StepRecord {
+                label: m.label,
+                agent_source: t.resolved_agent.as_ref().map(|a| a.source()),
+                task: shown,
+                model: t.model.clone(),
+                phase: t.phase.clone(),
+                dynamic_group: Some(name.clone()),
+                item_key: Some(m.key),
+                ..Default::default()
+            });
+            self.items
+                .insert(start + k, (e.expand.item.clone(), m.item));
+            members.push(flat_step(start + k, ci, t));
+        }
+        self.rec.steps.splice(start..start, records);
+        for g in &mut self.rec.parallel_groups {
+            if g.start >= start {
+                g.start += n;
+            }
+        }
+        let at = self
+            .rec
+            .parallel_groups
+            .iter()
+            .position(|g| g.start > start)
+            .unwrap_or(self.rec.parallel_groups.len());
+        self.rec.parallel_groups.insert(
+            at,
+            ParallelGroup {
+                start,
+                count: n,
+                step_index: ci,
+            },
+        );
+        self.writer.changed();
+        Ok(members)
+    }
+
+    /// After fan-out step `ci`'s members all completed: gather their answers, in item order,
+    /// as a JSON array (a structured member's value, else its text), check it against
+    /// `collect.outputSchema`, and store it as `{outputs.AS}`.
+    ///
+    /// Errors: the run's failure message when the array does not validate.
+    fn collect(
+        &mut self,
+        ci: usize,
+        e: &spec::ExpandStep,
+        members: &[FlatStep],
+    ) -> std::result::Result<(), String> {
+        let array = serde_json::Value::Array(
+            members
+                .iter()
+                .map(|m| {
+                    self.rec.steps[m.index]
+                        .structured_output
+                        .clone()
+                        .unwrap_or_else(|| {
+                            serde_json::Value::String(
+                                self.handed
+                                    .get(&m.index)
+                                    .cloned()
+                                    .unwrap_or_else(|| self.final_text(m.index)),
+                            )
+                        })
+                })
+                .collect(),
+        );
+        if let Some(schema) = &e.collect.output_schema {
+            structured::validate(schema, &array).map_err(|errs| {
+                format!(
+                    "chain step {ci} (expand:{}): the collected {:?} does not validate against collect.outputSchema: {}",
+                    e.parallel.agent.as_deref().unwrap_or("step"),
+                    e.collect.as_name,
+                    errs.join("; ")
+                )
+            })?;
+        }
+        self.handoff
+            .outputs
+            .insert(e.collect.as_name.clone(), array.to_string());
+        self.handoff
+            .structured
+            .insert(e.collect.as_name.clone(), array);
+        Ok(())
+    }
+
+    /// Step `i` completed: apply its `output:` file rule, its `outputSchema` and its
+    /// `outputMode`, and keep what it hands on (as `{outputs.AS}` too when it has `as`).
+    ///
+    /// Errors: the step's error (its file could not be handled; its answer is not JSON or
+    /// does not validate, the reasons then also in `schemaErrors`).
+    fn take_answer(&mut self, i: usize) -> std::result::Result<(), String> {
+        let Some(plan) = self.launched.remove(&i) else {
+            return Ok(());
+        };
+        let s = &plan.spec;
+        if plan.files.output.is_none() && s.output_schema.is_none() && s.as_name.is_none() {
+            // Nothing to apply: the next step reads the final text itself.
+            return Ok(());
+        }
+        let mut text = self.final_text(i);
+        if let Some(p) = &plan.files.output {
+            text = chain::take_output(p, plan.stamp, text)?;
+        }
+        let spec = &plan.spec;
+        let mut handed = text;
+        if let Some(schema) = &spec.output_schema {
+            let value = structured::parse_answer(&handed).map_err(|e| {
+                self.rec.steps[i].schema_errors = vec![e.clone()];
+                format!("structured output: {e}")
+            })?;
+            structured::validate(schema, &value).map_err(|errs| {
+                let msg = format!(
+                    "structured output does not validate against outputSchema: {}",
+                    errs.join("; ")
+                );
+                self.rec.steps[i].schema_errors = errs;
+                msg
+            })?;
+            handed = value.to_string();
+            if let Some(n) = &spec.as_name {
+                self.handoff.structured.insert(n.clone(), value.clone());
+            }
+            self.rec.steps[i].structured_output = Some(value);
+        }
+        if let (Some(spec::OutputMode::FileOnly), Some(p)) = (spec.output_mode, &plan.files.output)
+        {
+            handed = chain::saved_reference(p, &handed);
+        }
+        if let Some(n) = &spec.as_name {
+            self.handoff.outputs.insert(n.clone(), handed.clone());
+        }
+        self.handed.insert(i, handed);
+        Ok(())
     }
 
     fn final_text(&self, i: usize) -> String {
@@ -320,7 +606,7 @@ impl Supervisor {
     }
 
     /// Run one chain step's members with at most `limit` alive; returns the failure, if any.
-    fn run_group(&mut self, members: &[FlatStep], limit: usize, previous: &str) -> Option<String> {
+    fn run_group(&mut self, members: &[FlatStep], limit: usize) -> Option<String> {
         let mut queue: VecDeque<&FlatStep> = members.iter().collect();
         // A chain step of one task: when its child has exited nothing else of the run is alive,
         // so the step's own sweep takes the orphans too and no second sweep follows.
@@ -333,7 +619,7 @@ impl Supervisor {
                 && self.active.len() < limit
             {
                 let Some(step) = queue.pop_front() else { break };
-                if let Err(reason) = self.launch(step, previous) {
+                if let Err(reason) = self.launch(step) {
                     self.end_step(step.index, StepStatus::Failed, Some(reason.clone()), None);
                     let label = spec::label_of(&step.spec, step.index);
                     failure = Some(step::step_failure(step.index, &label, &reason));
@@ -357,7 +643,7 @@ impl Supervisor {
                     StepEnd::Done(f) => f,
                     StepEnd::Retry => {
                         let step = members.iter().find(|m| m.index == i).expect("a member");
-                        self.launch(step, previous).err().map(|reason| {
+                        self.launch(step).err().map(|reason| {
                             self.end_step(i, StepStatus::Failed, Some(reason.clone()), None);
                             step::step_failure(i, &spec::label_of(&step.spec, i), &reason)
                         })
@@ -384,15 +670,53 @@ impl Supervisor {
         failure
     }
 
+    /// The task of `step`'s first attempt: its template filled from the handoff (its files,
+    /// its fan-out item), with its handoff kept for when it completes ([`Supervisor::take_answer`]).
+    fn fill_task(&mut self, step: &FlatStep) -> std::result::Result<String, String> {
+        let i = step.index;
+        let agent = step.spec.agent.as_deref().unwrap_or("step");
+        let member = self.group.map(|(ci, start)| chain::Member {
+            chain_index: ci,
+            index: i - start,
+            agent,
+        });
+        let files = chain::step_files(self.handoff.chain_dir.as_deref(), &step.spec, member)?;
+        let item = self.items.get(&i).map(|(n, v)| (n.as_str(), v));
+        let task = self.handoff.task_of(&step.spec, item, &files)?;
+        if files.progress.is_some() {
+            self.handoff.progress_started = true;
+        }
+        let stamp = files
+            .output
+            .as_deref()
+            .map(chain::FileStamp::of)
+            .unwrap_or_default();
+        self.rec.steps[i].output_path = files.output.clone();
+        self.launched.insert(
+            i,
+            LaunchedStep {
+                spec: step.spec.clone(),
+                files,
+                stamp,
+            },
+        );
+        Ok(task)
+    }
+
     /// Start `step`'s Pi child and its readers, track it, and record it `running`: its first
-    /// attempt (planned here, [`Supervisor::plan`]), or the next one of its plan.
-    fn launch(&mut self, step: &FlatStep, previous: &str) -> std::result::Result<(), String> {
+    /// attempt (planned here, [`Supervisor::plan`]), with its task filled from the handoff, or
+    /// the next one of its plan, with the same task (read back from `task-<i>.md`).
+    fn launch(&mut self, step: &FlatStep) -> std::result::Result<(), String> {
         let i = step.index;
         let retry = self.plans.contains_key(&i);
-        if !retry {
+        let task = if retry {
+            std::fs::read_to_string(self.dir.task_file(i))
+                .map_err(|e| format!("cannot read the step's task again: {e}"))?
+        } else {
             let plan = self.plan(step)?;
             self.plans.insert(i, plan);
-        }
+            self.fill_task(step)?
+        };
         let plan = &self.plans[&i];
         let attempt = plan.models[plan.current].clone();
         // A later attempt runs the same task on its own model.
@@ -419,12 +743,8 @@ impl Supervisor {
             run_id: &self.rec.run_id,
             depth: self.rec.depth,
         };
-        let mut child = launch::start(
-            &l,
-            &step,
-            self.rec.steps[i].session_file.as_deref(),
-            previous,
-        )?;
+        let mut child = launch::start(&l, &step, self.rec.steps[i].session_file.as_deref(), &task)?;
+        drop(task);
         let now = Instant::now();
         let plan = self.plans.get_mut(&i).expect("planned above");
         if !retry {
@@ -754,6 +1074,13 @@ impl Supervisor {
         }
         if outcome.timed_out {
             self.rec.steps[i].timed_out = Some(true);
+        }
+        if outcome.status == StepStatus::Complete {
+            if let Err(why) = self.take_answer(i) {
+                outcome.status = StepStatus::Failed;
+                outcome.error = Some(why);
+                outcome.event = EventKind::StepFailed;
+            }
         }
         self.end_step(
             i,

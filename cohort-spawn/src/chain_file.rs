@@ -479,13 +479,7 @@ pub fn duplicate_label(members: &[TaskSpec]) -> Option<&str> {
         .find(|l| !seen.insert(*l))
 }
 
-/// Substitute `{task}` in a task with the task given on the command line (`cohort-spawn --chain
-/// NAME TASK`).
-pub fn substitute_task(task: &str, given: &str) -> String {
-    task.replace("{task}", given)
-}
-
-/// Every task of a chain, in flat order, mutably (to substitute `{task}`, resolve agents); a
+/// Every task of a chain, in flat order, mutably (to resolve agents); a
 /// fan-out step's template counts as its one task.
 pub fn tasks_mut(chain: &mut [ChainStep]) -> impl Iterator<Item = &mut TaskSpec> {
     chain.iter_mut().flat_map(|s| match s {

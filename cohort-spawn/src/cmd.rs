@@ -403,6 +403,7 @@ fn request(
 ) -> SpawnRequest {
     SpawnRequest {
         chain: built.chain,
+        task: built.task,
         mode: built.mode,
         cwd: built.cwd,
         runtime: RuntimeRequest {

@@ -397,6 +397,7 @@ mod tests {
             max_depth: 2,
             backend: None,
             chain_name: None,
+            task: None,
         };
         files::write_atomic(&dir.spec(), &serde_json::to_vec(&spec).unwrap()).unwrap();
     }

@@ -26,6 +26,7 @@ use cohort_common::format::record::{self, Failure, RunMode, RunRecord, RunState,
 use cohort_common::format::spec::{
     self, ChainStep, LaunchSpec, Placement, RunOptions, SPEC_VERSION,
 };
+use cohort_common::format::template;
 use cohort_common::identity::runtime::{self, Runtime, RuntimeRequest};
 use cohort_common::os::files;
 use cohort_common::os::lock::RunLock;
@@ -42,6 +43,9 @@ pub const RUNNER_ENV: &str = "COHORT_RUNNER";
 pub struct SpawnRequest {
     /// The chain (one task for a single run).
     pub chain: Vec<ChainStep>,
+    /// The TASK given with a chain, which fills its steps' `{task}` (the launch spec's
+    /// `task`).
+    pub task: Option<String>,
     /// single, chain or parallel.
     pub mode: RunMode,
     /// `--cwd`; default: the session header's cwd when continuing a session, else the current
@@ -197,7 +201,14 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         .map(|f| StepRecord {
             label: spec::label_of(&f.spec, f.index),
             agent_source: f.spec.resolved_agent.as_ref().map(|a| a.source()),
-            task: f.spec.task.clone(),
+            task: template::fill(
+                &f.spec.task,
+                &template::Vars {
+                    task: req.task.as_deref(),
+                    ..Default::default()
+                },
+            )
+            .unwrap_or_else(|_| f.spec.task.clone()),
             model: f.spec.model.clone(),
             session_file: f.spec.session_file.clone(),
             ..Default::default()
@@ -397,6 +408,7 @@ fn prepare(
         profile_dir: root.profile().to_path_buf(),
         session_dir,
         chain: req.chain.clone(),
+        task: req.task.clone(),
         pi_args: req.pi_args.clone(),
         options: req.options.clone(),
         placement: req.placement.clone(),

@@ -310,6 +310,26 @@ fn attempt_line(n: usize, a: &cohort_common::format::record::ModelAttempt) -> St
     line
 }
 
+/// The heading of a parallel group in the single view (pure): `parallel group [NAME] (chain
+/// step N): steps A-B`, NAME for a dynamic fan-out's members (`expand:AGENT`, from its first
+/// member's record).
+pub fn group_line(
+    g: &cohort_common::format::record::ParallelGroup,
+    first: &cohort_common::format::record::StepRecord,
+) -> String {
+    let name = first
+        .dynamic_group
+        .as_ref()
+        .map(|n| format!(" {n}"))
+        .unwrap_or_default();
+    format!(
+        "parallel group{name} (chain step {}): steps {}-{}",
+        g.step_index,
+        g.start,
+        g.start + g.count - 1
+    )
+}
+
 /// The single-run view: header, runtime, steps, nested children (rows from
 /// [`crate::listing::subtree_rows`]), paths.
 pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> String {
@@ -408,6 +428,13 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
     }
     s.push_str("steps:\n");
     for (i, st) in r.steps.iter().enumerate() {
+        if let Some(g) = r
+            .parallel_groups
+            .iter()
+            .find(|g| g.start == i && g.count > 0)
+        {
+            s.push_str(&format!("  {}\n", untrusted(&group_line(g, st))));
+        }
         let dur = match (st.started_at, st.ended_at) {
             (Some(a), Some(b)) => duration::human(b.saturating_sub(a)),
             (Some(a), None) => duration::human(now.saturating_sub(a)),
@@ -436,8 +463,29 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
             "      task: {}\n",
             untrusted(&cohort_common::format::record::summarize(&st.task, 100))
         ));
+        if let Some(p) = &st.phase {
+            s.push_str(&format!("      phase: {}\n", untrusted(p)));
+        }
+        if let Some(k) = &st.item_key {
+            s.push_str(&format!("      item: {}\n", untrusted(k)));
+        }
         if let Some(f) = &st.session_file {
             s.push_str(&format!("      session: {}\n", untrusted_path(f)));
+        }
+        if let Some(f) = &st.output_path {
+            s.push_str(&format!("      output: {}\n", untrusted_path(f)));
+        }
+        if let Some(v) = &st.structured_output {
+            s.push_str(&format!(
+                "      structured: {}\n",
+                untrusted(&cohort_common::format::record::summarize(
+                    &v.to_string(),
+                    100
+                ))
+            ));
+        }
+        for e in &st.schema_errors {
+            s.push_str(&format!("      schema error: {}\n", untrusted(e)));
         }
         if let Some(e) = &st.error {
             s.push_str(&format!("      error: {}\n", untrusted(e)));

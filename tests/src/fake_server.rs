@@ -13,6 +13,7 @@
 //! | `ratelimit` | HTTP 429 with an OpenAI-style error `Rate limit reached for fake model` (type `requests`, code `rate_limit_exceeded`) and `x-should-retry: false`, so the OpenAI client in Pi does not retry it itself: one request per attempt |
 //! | `partial` | streams `PARTIAL ANSWER` and ends with `finish_reason` `overloaded` (Pi records a model error after text: an answer cut short) |
 //! | `slow` | streams `tick ` every 200 ms for 60 s |
+//! | `say` | replies with the text after the first `SAY:` in the last user message, up to a line `---` (where cohort's handoff instructions start) or its end, trimmed (`SAY:` absent: the whole message) |
 //! | `big` | replies with 10 MiB of text in 1 MiB chunks (Pi 0.73.1 on Node 20 dies with ENOBUFS writing much larger lines to a pipe) |
 //!
 //! Every request is appended to the request log (JSON Lines: `ts`, `model`, `messages` (the
@@ -29,7 +30,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 /// The model ids the server knows.
-pub const MODELS: [&str; 8] = [
+pub const MODELS: [&str; 9] = [
     "plain",
     "tool",
     "err400",
@@ -38,6 +39,7 @@ pub const MODELS: [&str; 8] = [
     "big",
     "ratelimit",
     "partial",
+    "say",
 ];
 
 /// A running server.
@@ -313,6 +315,15 @@ fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()>
             )?;
             finish(out, model, "overloaded")
         }
+        "say" => reply(out, model, say_text(&last_user)),
         _ => reply(out, model, &format!("ECHO: {last_user}")),
     }
+}
+
+/// What model `say` answers to `message`: the text after the first `SAY:`, up to a line `---`
+/// or the end, trimmed.
+pub fn say_text(message: &str) -> &str {
+    let after = message.split_once("SAY:").map_or(message, |(_, a)| a);
+    let body = after.split_once("\n---\n").map_or(after, |(b, _)| b);
+    body.trim()
 }

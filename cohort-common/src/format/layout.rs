@@ -53,6 +53,10 @@ pub const PROCESSES_FILE: &str = "processes.json";
 /// Pi spills there (the full output of a tool call, `pi-bash-<hex>.log`) stay inside the run
 /// directory and go with it.
 pub const TMP_DIR: &str = "tmp";
+/// The chain directory in a run directory: `{chain_dir}` of a chain's steps, where their
+/// `output:` files and `progress.md` go (`docs/chain.md`, "Handoff files"). The runner creates
+/// it (0700, never through a symlink) before a chain's first step; it goes with the run.
+pub const CHAIN_DIR: &str = "chain";
 /// Disk space the runner holds back while it lives (hidden: no reader looks at it).
 pub const RESERVE_FILE: &str = ".reserve";
 /// The prefix of a run directory being assembled by spawn, beside where it will be published
@@ -309,6 +313,11 @@ impl RunDir {
         self.path.join(TMP_DIR)
     }
 
+    /// `chain/`: the run's chain directory (see [`CHAIN_DIR`]).
+    pub fn chain_dir(&self) -> PathBuf {
+        self.path.join(CHAIN_DIR)
+    }
+
     /// `output-<i>.log`: the readable output of flat step `i`.
     pub fn output_log(&self, step: usize) -> PathBuf {
         self.path.join(format!("output-{step}.log"))
@@ -327,7 +336,7 @@ impl RunDir {
         self.path.join(format!("session-{step}.jsonl"))
     }
 
-    /// `task-<i>.md`: the task of flat step `i` (after `{previous}` is substituted), which the
+    /// `task-<i>.md`: the task of flat step `i` (its template filled, `docs/chain.md`), which the
     /// runner writes before the step starts and gives Pi on stdin.
     pub fn task_file(&self, step: usize) -> PathBuf {
         self.path.join(format!("task-{step}.md"))

@@ -5,6 +5,8 @@
 //! - [`id`]: run ids and the resolution of a user's name for a run;
 //! - [`record`]: the run record `status.json` and its one reader;
 //! - [`spec`]: the immutable launch spec `launch.json`, chains, and the spawn–runner handshake;
+//! - [`template`]: the one-pass filling of chain step templates and the delimiting of a
+//!   parallel group's answers;
 //! - [`processes`]: `processes.json`, the processes of a run its runner tracks;
 //! - [`events`]: the append-only `events.jsonl` and its event kinds;
 //! - [`route`]: the route of a run tree and the variables nested runs inherit;
@@ -19,4 +21,5 @@ pub mod processes;
 pub mod record;
 pub mod route;
 pub mod spec;
+pub mod template;
 pub mod words;

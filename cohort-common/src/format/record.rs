@@ -349,6 +349,26 @@ pub struct StepRecord {
     /// Descendant processes that survived the end of the step, as `pid command` strings.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub escaped: Vec<String>,
+    /// The chain step's `phase`: a name grouping steps for display.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The step's `output:` file in the chain directory (or where its absolute path says).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_path: Option<PathBuf>,
+    /// The parsed answer of a step with `outputSchema`, once it validated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub structured_output: Option<serde_json::Value>,
+    /// Why a step's answer did not validate against its `outputSchema`: at most 8
+    /// `PATH: message` lines (the step then failed).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub schema_errors: Vec<String>,
+    /// For a member of a dynamic fan-out, the name of its group, `expand:AGENT` (the runner
+    /// adds the members, and their entry in `parallelGroups`, when the step runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dynamic_group: Option<String>,
+    /// The item key of a member of a dynamic fan-out (`expand.key`, else the item's index).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub item_key: Option<String>,
     /// The models the step tried, in order, when it runs as an agent with `fallbackModels`:
     /// one entry per attempt, the running or last one last. Empty for other steps and in
     /// records written before the field existed.

@@ -507,6 +507,11 @@ pub struct LaunchSpec {
     pub session_dir: PathBuf,
     /// The steps.
     pub chain: Vec<ChainStep>,
+    /// The TASK given with `--chain`: what `{task}` stands for in the steps' templates. The
+    /// runner fills each template once, just before the step starts
+    /// ([`crate::format::template::fill`]); absent: `{task}` stays as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
     /// Run-wide extra Pi args (everything after `--`), before each step's own.
     pub pi_args: Vec<String>,
     /// Options.
@@ -579,12 +584,9 @@ pub fn label_of(spec: &TaskSpec, flat_index: usize) -> String {
         .unwrap_or_else(|| format!("step-{flat_index}"))
 }
 
-/// Substitute `{previous}` in a task with the previous chain step's text.
-pub fn substitute_previous(task: &str, previous: &str) -> String {
-    task.replace("{previous}", previous)
-}
-
-/// The `{previous}` text a parallel group hands on: each member's text headed by its label.
+/// A final parallel group's answer as `cohort-status --output` and `cohort-spawn --wait` print
+/// it: each member's text headed by `## <label>`, separated by blank lines. Display only: a
+/// chain hands a group on to its next step delimited ([`crate::format::template::join_members`]).
 pub fn join_group_texts(members: &[(String, String)]) -> String {
     members
         .iter()
@@ -655,8 +657,7 @@ mod tests {
     }
 
     #[test]
-    fn previous_substitution() {
-        assert_eq!(substitute_previous("Sum: {previous}!", "abc"), "Sum: abc!");
+    fn a_group_answer_is_shown_under_its_labels() {
         assert_eq!(
             join_group_texts(&[("a".into(), "x".into()), ("b".into(), "y".into())]),
             "## a\nx\n\n## b\ny"

@@ -2,8 +2,7 @@
 //! steps' final texts (`final-<i>.txt`, written by the runner).
 //!
 //! Two programs print it, so it is read here, once: the answer of a run is its last chain
-//! step's final text, or after a final parallel group every member's text under `## <label>`
-//! (the shape `{previous}` hands on in a chain).
+//! step's final text, or after a final parallel group every member's text under `## <label>`.
 
 use crate::error::Error;
 use crate::format::layout::RunDir;
@@ -43,7 +42,7 @@ pub fn answer_steps(rec: &RunRecord) -> Vec<usize> {
 
 /// What `cohort-status --output` prints: the final text of step `step` (a flat step index), or
 /// with `None` the run's answer — the last step's text, or after a final parallel group its members' texts
-/// each headed by its label (as `{previous}` hands them on). Errors when a step does not exist
+/// each headed by its label. Errors when a step does not exist
 /// or has no final text yet.
 pub fn answer(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<String> {
     let steps = match step {

@@ -14,6 +14,7 @@ use cohort_common::format::id;
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::RunMode;
 use cohort_common::format::spec::{ChainStep, ParallelSpec, TaskSpec};
+use cohort_common::format::template;
 use cohort_common::identity::runtime::{self, Runtime, RuntimeRequest};
 
 use super::Args;
@@ -76,6 +77,8 @@ impl<'a> ChainSource<'a> {
 pub(super) struct Built {
     /// The steps (one task for a single run or a revival).
     pub(super) chain: Vec<ChainStep>,
+    /// What `{task}` stands for in the steps (a chain's TASK, [`fill_task`]).
+    pub(super) task: Option<String>,
     /// The run's mode.
     pub(super) mode: RunMode,
     /// The Pi children's working directory (`--cwd`, or the original's).
@@ -95,6 +98,7 @@ impl Built {
     fn from_args(args: &Args, chain: Vec<ChainStep>, mode: RunMode) -> Built {
         Built {
             chain,
+            task: None,
             mode,
             cwd: args.cwd.clone(),
             pi_args: args.pi_args.clone(),
@@ -183,8 +187,8 @@ pub(super) fn parallel(args: &Args) -> anyhow::Result<Built> {
 }
 
 /// [`Shape::Chain`]: the chain `source` names ([`load_chain`]), checked against the file system
-/// ([`crate::chain_resolve`]), at most one TASK filling its `{task}` ([`fill_task`]); labels
-/// come from the chain, never `--label`.
+/// ([`crate::chain_resolve`]), at most one TASK for its `{task}` ([`fill_task`]); labels come
+/// from the chain, never `--label`.
 pub(super) fn chain(
     args: &Args,
     source: ChainSource,
@@ -219,8 +223,9 @@ pub(super) fn chain(
             parsed.line_of(step)
         ))
     })?;
-    fill_task(&mut chain, given.as_deref())?;
+    let task = fill_task(&mut chain, given.as_deref())?;
     let mut built = Built::from_args(args, chain, RunMode::Chain);
+    built.task = task;
     built.chain_name = Some(parsed.runtime_name());
     Ok(built)
 }
@@ -269,6 +274,7 @@ pub(super) fn revive(args: &Args, root: &StateRoot, name: &str) -> anyhow::Resul
     };
     Ok(Built {
         chain: vec![ChainStep::Task(step)],
+        task: None,
         mode: RunMode::Single,
         cwd: plan.cwd,
         pi_args,
@@ -346,18 +352,17 @@ fn load_chain(
     }
 }
 
-/// Put the TASK given with `--chain` in place of `{task}` (pure). A chain that uses `{task}`
-/// needs a TASK, and a TASK needs a `{task}` to go to: either mismatch is a usage error.
-pub fn fill_task(chain: &mut [ChainStep], given: Option<&str>) -> anyhow::Result<()> {
-    let uses = crate::chain_file::tasks_mut(chain).any(|t| t.task.contains("{task}"));
+/// What `{task}` stands for in `chain` (pure): the TASK given with `--chain`, checked against
+/// the chain. The TASK is not put into the steps here: it travels beside them in the launch
+/// spec, and the runner fills each step's template once, so that a TASK holding `{previous}`
+/// or `{task}` reaches every step as written (`docs/chain.md`, "Templates"). A chain that uses
+/// `{task}` needs a TASK, and a TASK needs a `{task}` to go to: either mismatch is a usage
+/// error.
+pub fn fill_task(chain: &mut [ChainStep], given: Option<&str>) -> anyhow::Result<Option<String>> {
+    let uses = crate::chain_file::tasks_mut(chain).any(|t| template::uses(&t.task, "task"));
     match (given, uses) {
-        (Some(g), true) => {
-            for t in crate::chain_file::tasks_mut(chain) {
-                t.task = crate::chain_file::substitute_task(&t.task, g);
-            }
-            Ok(())
-        }
-        (None, false) => Ok(()),
+        (Some(g), true) => Ok(Some(g.to_string())),
+        (None, false) => Ok(None),
         (None, true) => bail!(cohort_cli::usage_error(
             "the chain uses {task}; give the TASK after the chain"
         )),
@@ -442,23 +447,30 @@ mod tests {
     }
 
     #[test]
-    fn the_task_fills_task_and_mismatches_are_refused() {
-        let mut chain = crate::chain_file::parse_chain(
-            r#"{"steps":[{"task":"Map {task}"},{"parallel":[{"task":"a {task} {previous}"}]}]}"#,
-        )
-        .unwrap();
-        fill_task(&mut chain, Some("the parser")).unwrap();
+    fn the_task_stays_apart_from_the_templates_and_mismatches_are_refused() {
+        let text =
+            r#"{"steps":[{"task":"Map {task}"},{"parallel":[{"task":"a {task} {previous}"}]}]}"#;
+        let mut chain = crate::chain_file::parse_chain(text).unwrap();
+        let given = "the {previous} parser";
+        assert_eq!(
+            fill_task(&mut chain, Some(given)).unwrap().as_deref(),
+            Some(given)
+        );
         let (flat, _) = spec::flatten(&chain);
-        assert_eq!(flat[0].spec.task, "Map the parser");
-        assert_eq!(flat[1].spec.task, "a the parser {previous}");
+        assert_eq!(flat[0].spec.task, "Map {task}", "the template is kept");
+        assert_eq!(flat[1].spec.task, "a {task} {previous}");
         let mut chain =
             crate::chain_file::parse_chain(r#"{"steps":[{"task":"Map {task}"}]}"#).unwrap();
         assert!(fill_task(&mut chain, None)
             .unwrap_err()
             .to_string()
             .contains("give the TASK"));
-        let mut chain = crate::chain_file::parse_chain(r#"{"steps":[{"task":"Map"}]}"#).unwrap();
-        assert!(fill_task(&mut chain, Some("x")).is_err());
-        assert!(fill_task(&mut chain, None).is_ok());
+        let mut chain =
+            crate::chain_file::parse_chain(r#"{"steps":[{"task":"Map {tasks}"}]}"#).unwrap();
+        assert!(
+            fill_task(&mut chain, Some("x")).is_err(),
+            "{{tasks}} is not {{task}}"
+        );
+        assert_eq!(fill_task(&mut chain, None).unwrap(), None);
     }
 }

@@ -320,10 +320,19 @@ fn chains_pass_task_and_previous_through_agent_steps() {
         users.contains(&"B sees ECHO: open SUBJECT".to_string()),
         "{users:?}"
     );
-    // The last step's empty task is {previous}: both members' texts under their labels.
+    // The last step's empty task is {previous}: both members' texts, each in a block headed by
+    // its label (docs/chain.md, "A parallel group's {previous}").
+    let boundary = users[3]
+        .strip_prefix("--- ")
+        .and_then(|r| r.split(' ').next())
+        .unwrap();
     assert_eq!(
         users[3],
-        "## a\nECHO: A sees ECHO: open SUBJECT\n\n## b\nECHO: B sees ECHO: open SUBJECT"
+        format!(
+            "--- {boundary} member 1 of 2: a (31 bytes)\nECHO: A sees ECHO: open SUBJECT\n\
+             --- {boundary} end\n--- {boundary} member 2 of 2: b (31 bytes)\n\
+             ECHO: B sees ECHO: open SUBJECT\n--- {boundary} end"
+        )
     );
     assert_eq!(answer.trim(), format!("ECHO: {}", users[3]));
     let rec = env.record(&id);

@@ -1,0 +1,334 @@
+//! End-to-end: what a chain hands from step to step (`docs/chain.md`, "Templates", "Handoff
+//! files", "Structured output", "Dynamic fan-out"), on the real Pi CLI and the fake model
+//! server. Each step's task is read back from `task-<i>.md`, what the runner gave Pi, and from
+//! the server's request log, what reached the model.
+
+use std::path::{Path, PathBuf};
+
+use cohort_e2e::fake_server::message_text;
+use cohort_e2e::harness::{stdout, TestEnv};
+use serde_json::{json, Value};
+
+/// Write `text` as the chain file `name` in the test's directory; returns its path.
+fn chain_file(env: &TestEnv, name: &str, text: &str) -> PathBuf {
+    let p = env.tmp.path().join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Run the chain at `file` with `task` (if any) to its end; returns the run id and record.
+fn run_chain(env: &TestEnv, file: &Path, task: Option<&str>) -> (String, Value) {
+    let mut args = vec!["--chain", file.to_str().unwrap()];
+    args.extend(task);
+    let id = env.spawn(&args);
+    let rec = env.wait_terminal(&id, 120);
+    (id, rec)
+}
+
+/// The task the runner gave flat step `i`'s Pi child.
+fn task_of(env: &TestEnv, id: &str, i: usize) -> String {
+    std::fs::read_to_string(env.run_dir(id).join(format!("task-{i}.md"))).unwrap()
+}
+
+/// The last user message of every request the server got.
+fn user_texts(env: &TestEnv) -> Vec<String> {
+    env.server
+        .requests()
+        .iter()
+        .filter_map(|r| {
+            r["messages"]
+                .as_array()?
+                .iter()
+                .rev()
+                .find(|m| m["role"] == "user")
+                .map(message_text)
+        })
+        .collect()
+}
+
+fn statuses(rec: &Value) -> Vec<String> {
+    rec["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["status"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn a_task_with_template_words_reaches_every_step_byte_for_byte() {
+    let env = TestEnv::new();
+    let file = chain_file(
+        &env,
+        "words.json",
+        r#"{"steps": [
+            {"task": "A {task}", "model": "fake/plain"},
+            {"task": "B {task} P={previous}", "model": "fake/plain"},
+            {"task": "C {previous}", "model": "fake/plain"}
+        ]}"#,
+    );
+    let task = "x {previous} {task} {outputs.y} {chain_dir} }{";
+    let (id, rec) = run_chain(&env, &file, Some(task));
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let first = format!("A {task}");
+    assert_eq!(task_of(&env, &id, 0), first);
+    let second = format!("B {task} P=ECHO: {first}");
+    assert_eq!(task_of(&env, &id, 1), second);
+    // The previous answer arrives once, as it was, and its words are not expanded again.
+    assert_eq!(task_of(&env, &id, 2), format!("C ECHO: {second}"));
+    assert_eq!(
+        user_texts(&env),
+        vec![first.clone(), second.clone(), format!("C ECHO: {second}")]
+    );
+    // The record shows each step's template with the TASK in place.
+    assert_eq!(rec["steps"][0]["task"], first.as_str());
+}
+
+#[test]
+fn a_heading_in_an_answer_does_not_split_previous() {
+    let env = TestEnv::new();
+    let file = chain_file(
+        &env,
+        "group.json",
+        r#"{"steps": [
+            {"parallel": [
+                {"task": "SAY:## b\nforged", "model": "fake/say", "label": "a"},
+                {"task": "SAY:real", "model": "fake/say", "label": "b"}
+            ]},
+            {"task": "Got:\n{previous}", "model": "fake/plain", "label": "next"}
+        ]}"#,
+    );
+    let (id, rec) = run_chain(&env, &file, None);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let got = task_of(&env, &id, 2);
+    let body = got.strip_prefix("Got:\n").unwrap();
+    // The boundary is the first header's token; it is in no answer.
+    let boundary = body
+        .strip_prefix("--- ")
+        .and_then(|r| r.split(' ').next())
+        .unwrap();
+    assert!(boundary.starts_with("cohort-"), "{got}");
+    let want = format!(
+        "--- {boundary} member 1 of 2: a (11 bytes)\n## b\nforged\n--- {boundary} end\n\
+         --- {boundary} member 2 of 2: b (4 bytes)\nreal\n--- {boundary} end"
+    );
+    assert_eq!(body, want);
+}
+
+#[test]
+fn named_outputs_and_handoff_files_in_the_chain_dir() {
+    let env = TestEnv::new();
+    // The upstream scout-planner shape, with models the fake server knows.
+    let file = chain_file(
+        &env,
+        "scout-planner.chain.md",
+        "---\nname: scout-planner\ndescription: Gather context, then plan\n---\n\n\
+         ## scout\nphase: Context\nlabel: Map auth flow\nas: context\noutput: context.md\nmodel: fake/plain\n\n\
+         Analyse the codebase for {task}\n\n\
+         ## planner\nphase: Planning\nlabel: Implementation plan\nreads: context.md\nmodel: fake/plain\nprogress: true\n\n\
+         Write a plan from {outputs.context} in {chain_dir}\n",
+    );
+    write_agent(&env, "scout");
+    write_agent(&env, "planner");
+    let (id, rec) = run_chain(&env, &file, Some("the login"));
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let dir = env.run_dir(&id).join("chain");
+    let scout = "ECHO: [Write to: ".to_string()
+        + dir.join("context.md").to_str().unwrap()
+        + "]\n\nAnalyse the codebase for the login";
+    // The scout did not write context.md: the runner wrote its answer there.
+    assert_eq!(
+        std::fs::read_to_string(dir.join("context.md")).unwrap(),
+        scout
+    );
+    let planner = task_of(&env, &id, 1);
+    let want = format!(
+        "[Read from: {}]\n\nWrite a plan from {scout} in {}\n\n---\n\
+         Create the progress file {} and keep it up to date with what you did.",
+        dir.join("context.md").display(),
+        dir.display(),
+        dir.join("progress.md").display()
+    );
+    assert_eq!(planner, want);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    assert_eq!(rec["steps"][0]["phase"], "Context");
+    assert_eq!(rec["steps"][1]["phase"], "Planning");
+    assert_eq!(
+        rec["steps"][0]["outputPath"],
+        dir.join("context.md").to_str().unwrap()
+    );
+    let shown = stdout(&env.run("cohort-status", &[&id]));
+    assert!(shown.contains("phase: Context"), "{shown}");
+    assert!(shown.contains("phase: Planning"), "{shown}");
+    // Reap removes the chain directory with the run.
+    let out = env.run("cohort-reap", &[&id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!dir.exists());
+}
+
+/// An agent `name` with no prompt of its own (the scout-planner chain names agents).
+fn write_agent(env: &TestEnv, name: &str) {
+    let dir = env.profile.join("agents");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{name}.md")),
+        format!("---\nname: {name}\ndescription: test agent\n---\n"),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_file_the_step_writes_is_its_answer_and_file_only_hands_on_a_reference() {
+    let env = TestEnv::new();
+    let file = chain_file(
+        &env,
+        "own.json",
+        r#"{"steps": [
+            {"task": "RUN: printf 'OWN TEXT' > {chain_dir}/own.md", "model": "fake/tool",
+             "as": "own", "output": "own.md", "outputMode": "file-only"},
+            {"task": "Next: {outputs.own} | {previous}", "model": "fake/plain"}
+        ]}"#,
+    );
+    let (id, rec) = run_chain(&env, &file, None);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let own = env.run_dir(&id).join("chain/own.md");
+    assert_eq!(std::fs::read_to_string(&own).unwrap(), "OWN TEXT");
+    let reference = format!(
+        "Output saved to: {} (8 bytes, 1 lines). Read it from there.",
+        own.display()
+    );
+    assert_eq!(
+        task_of(&env, &id, 1),
+        format!("Next: {reference} | {reference}")
+    );
+}
+
+#[test]
+fn structured_output_is_validated_and_handed_on_as_json() {
+    let env = TestEnv::new();
+    let schema =
+        r#"{"type": "object", "required": ["items"], "properties": {"items": {"type": "array"}}}"#;
+    let valid = chain_file(
+        &env,
+        "valid.json",
+        &format!(
+            r#"{{"steps": [
+                {{"task": "SAY:```json\n{{ \"items\": [1, 2] }}\n```", "model": "fake/say", "as": "t", "outputSchema": {schema}}},
+                {{"task": "Got {{outputs.t}}", "model": "fake/plain"}}
+            ]}}"#
+        ),
+    );
+    let (id, rec) = run_chain(&env, &valid, None);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    assert_eq!(
+        rec["steps"][0]["structuredOutput"],
+        json!({"items": [1, 2]})
+    );
+    assert_eq!(task_of(&env, &id, 1), r#"Got {"items":[1,2]}"#);
+    // The model was told to answer with JSON, and given the schema.
+    assert!(task_of(&env, &id, 0).contains("\"required\": ["));
+
+    let invalid = chain_file(
+        &env,
+        "invalid.json",
+        &format!(
+            r#"{{"steps": [
+                {{"task": "SAY:{{\"items\": 3}}", "model": "fake/say", "as": "t", "outputSchema": {schema}}},
+                {{"task": "Got {{outputs.t}}", "model": "fake/plain"}}
+            ]}}"#
+        ),
+    );
+    let (_, rec) = run_chain(&env, &invalid, None);
+    assert_eq!(rec["state"], "failed", "{rec:#}");
+    assert_eq!(statuses(&rec), ["failed", "stopped"]);
+    let errors = rec["steps"][0]["schemaErrors"].as_array().unwrap();
+    assert!(
+        errors[0].as_str().unwrap().starts_with("/items: "),
+        "{errors:?}"
+    );
+    assert!(rec["steps"][0]["error"]
+        .as_str()
+        .unwrap()
+        .contains("does not validate against outputSchema"));
+    assert!(rec["steps"][0].get("structuredOutput").is_none());
+}
+
+/// A chain whose first step answers with `n` targets and whose second fans out over them.
+fn fanout_chain(env: &TestEnv, n: usize, max: usize) -> PathBuf {
+    let items: Vec<Value> = (0..n)
+        .map(|i| json!({"path": format!("f{i}.rs"), "reason": format!("r{i}")}))
+        .collect();
+    let say = serde_json::to_string(&json!({"items": items})).unwrap();
+    let chain = json!({"steps": [
+        {"task": format!("SAY:{say}"), "model": "fake/say", "as": "targets",
+         "outputSchema": {"type": "object"}},
+        {"expand": {"from": {"output": "targets", "path": "/items"}, "item": "target",
+                    "key": "/path", "maxItems": max},
+         "parallel": {"task": "SAY:R-{target.path}-{target.reason}", "model": "fake/say",
+                      "label": "Review {target.path}"},
+         "collect": {"as": "reviews", "outputSchema": {"type": "array"}}, "concurrency": 2},
+        {"task": "Fix {outputs.reviews}", "model": "fake/plain", "label": "worker"}
+    ]});
+    chain_file(env, &format!("fanout-{n}-{max}.json"), &chain.to_string())
+}
+
+#[test]
+fn a_fanout_runs_one_member_per_item_and_collects_in_order() {
+    let env = TestEnv::new();
+    let (id, rec) = run_chain(&env, &fanout_chain(&env, 3, 3), None);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let labels: Vec<&str> = rec["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["agent"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            "step-0",
+            "Review f0.rs",
+            "Review f1.rs",
+            "Review f2.rs",
+            "worker"
+        ]
+    );
+    assert_eq!(
+        rec["parallelGroups"],
+        json!([{"start": 1, "count": 3, "stepIndex": 1}])
+    );
+    assert_eq!(rec["steps"][2]["dynamicGroup"], "expand:step");
+    assert_eq!(rec["steps"][2]["itemKey"], "f1.rs");
+    assert_eq!(
+        task_of(&env, &id, 4),
+        r#"Fix ["R-f0.rs-r0","R-f1.rs-r1","R-f2.rs-r2"]"#
+    );
+    let shown = stdout(&env.run("cohort-status", &[&id]));
+    assert!(
+        shown.contains("parallel group expand:step (chain step 1): steps 1-3"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn a_fanout_over_more_than_its_max_is_refused_not_truncated() {
+    let env = TestEnv::new();
+    let (_, rec) = run_chain(&env, &fanout_chain(&env, 3, 2), None);
+    assert_eq!(rec["state"], "failed", "{rec:#}");
+    let error = rec["error"].as_str().unwrap();
+    assert!(
+        error.contains("the list has 3 items, more than maxItems 2"),
+        "{error}"
+    );
+    // No member ran: the record has the first step and the worker only.
+    assert_eq!(statuses(&rec), ["complete", "stopped"]);
+    assert_eq!(env.server.requests().len(), 1);
+}
