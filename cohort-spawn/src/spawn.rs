@@ -156,6 +156,8 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         .then(|| index::Stamp::of_path(&parent))
         .flatten();
     files::create_dir_exclusive(staging.path())?;
+    // Until the rename publishes it, a failure removes the staging directory with what is in it.
+    let mut unpublished = Unpublished(Some(staging.clone()));
     // The run lock exists only held, and stays held until the runner has taken it over (spawn
     // hands it the descriptor): a `queued` run whose lock is free is provably abandoned.
     let lock = RunLock::create_held(&staging.lock())?;
@@ -197,6 +199,7 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         rec.fail(Failure::StartFailed, msg.clone());
     }
     publish(&staging, &dir, &rec, prepared.as_ref().ok().map(|(_, s)| s))?;
+    unpublished.0 = None;
     if let Some(before) = before {
         index::note_spawned(root, &run_id.to_string(), before);
     }
@@ -239,6 +242,22 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
                 run_id: Some(run_id),
                 error,
             })
+        }
+    }
+}
+
+/// A staging directory not yet renamed into place: dropped while it holds one (a start that
+/// failed before publication: a full disk, a path too long, a refused lock), the directory and
+/// what is in it are removed, so a failed spawn leaves nothing that is not a run.
+struct Unpublished(Option<RunDir>);
+
+impl Drop for Unpublished {
+    fn drop(&mut self) {
+        let Some(staging) = self.0.take() else { return };
+        let path = staging.path();
+        if let (Some(parent), Some(name)) = (path.parent(), path.file_name()) {
+            let _ =
+                cohort_common::os::tree::remove_entry(parent, &name.to_string_lossy(), &mut || {});
         }
     }
 }

@@ -74,12 +74,14 @@ pub fn wait_and_answer(root: &StateRoot, run_id: &str) -> anyhow::Result<u8> {
 fn on_interrupt(say: impl FnOnce() + Send + 'static) -> anyhow::Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT])
         .map_err(|e| anyhow::anyhow!("cannot handle SIGINT: {e}"))?;
-    std::thread::spawn(move || {
-        if signals.forever().next().is_some() {
-            say();
-            std::process::exit(INTERRUPTED.into());
-        }
-    });
+    std::thread::Builder::new()
+        .spawn(move || {
+            if signals.forever().next().is_some() {
+                say();
+                std::process::exit(INTERRUPTED.into());
+            }
+        })
+        .map_err(|e| cohort_common::error::Error::no_thread("handle SIGINT", e))?;
     Ok(())
 }
 

@@ -15,7 +15,8 @@
 //! - disk use of the state root (a walk that never follows symlinks), split by part;
 //! - whether logout kills runners (systemd-logind, [`crate::logind`]);
 //! - the execution backends usable here ([`crate::backends`]: native always, a scheduler
-//!   backend when its clients are on `PATH` and its controller answers).
+//!   backend when its clients are on `PATH` and its controller answers);
+//! - the open-files limit Pi children inherit ([`crate::limits`]).
 //!
 //! The text form ([`render`]) shows paths, errors and ids with control characters escaped
 //! ([`cohort_cli::text`]): they come from records and from the environment.
@@ -23,7 +24,8 @@
 //! Exit status (binary): 0 when nothing is wrong, 1 when the report holds a warning (invalid
 //! runtime now, a Node outside its Pi package's `engines.node`, a recorded runtime gone, a
 //! state root others can read or owned by someone else, logind killing the user's processes
-//! at logout, a `COHORT_BACKEND` that is unknown or not usable here).
+//! at logout, a `COHORT_BACKEND` that is unknown or not usable here, an open-files limit below
+//! [`crate::limits::MIN_OPEN_FILES`]).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -299,6 +301,8 @@ pub struct Report {
     pub logind: crate::logind::LogindReport,
     /// The execution backends usable here.
     pub backends: crate::backends::BackendsReport,
+    /// The resource limits Pi children inherit.
+    pub limits: crate::limits::LimitsReport,
 }
 
 impl Report {
@@ -310,6 +314,7 @@ impl Report {
             || self.recorded_runtimes.iter().any(|r| r.error.is_some())
             || self.logind.warning.is_some()
             || self.backends.warning.is_some()
+            || self.limits.warning.is_some()
     }
 }
 
@@ -359,6 +364,7 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         disk_bytes: disk_use(root),
         logind: crate::logind::check(),
         backends: crate::backends::check(),
+        limits: crate::limits::check(),
     })
 }
 
@@ -535,6 +541,7 @@ pub fn render(r: &Report) -> String {
         s.push_str(&format!("  WARNING: {w}\n"));
     }
     s.push_str(&crate::backends::render(&r.backends));
+    s.push_str(&crate::limits::render(&r.limits));
     s
 }
 
