@@ -11,6 +11,8 @@
 //! - [`state_root`]: the state root, whether it exists, its owner and permission bits (it
 //!   should be 0700 and ours: tasks and outputs may hold secrets);
 //! - counts per state (through the index, so only active records are read);
+//! - leftovers: abandoned starts, temp files of interrupted writes, and session dirs and
+//!   routes no run refers to ([`cohort_common::store::debris`]);
 //! - the legacy runs directory, if any;
 //! - disk use of the state root (a walk that never follows symlinks), split by part;
 //! - whether logout kills runners (systemd-logind, [`crate::logind`]);
@@ -43,8 +45,8 @@ use cohort_common::format::record::now_ms;
 use cohort_common::identity::runtime::{self, RuntimeRequest};
 use cohort_common::os::files::{self, Hidden};
 use cohort_common::os::tree;
-use cohort_common::store::discover;
 use cohort_common::store::scan::{self, Scan, Seen};
+use cohort_common::store::{debris, discover};
 
 use crate::engines;
 
@@ -293,6 +295,12 @@ pub struct Report {
     pub abandoned_starts: Vec<PathBuf>,
     /// Staging directories of starts in progress (their lock is held).
     pub starts_in_progress: usize,
+    /// Temp files of interrupted writes in the state root (`R/.tmp-*`): the next cohort-reap
+    /// removes them.
+    pub temp_files: Vec<PathBuf>,
+    /// Session dirs and routes no run refers to any more: `cohort-reap --orphan-sessions`
+    /// removes them.
+    pub orphans: Vec<debris::Orphan>,
     /// Bytes on disk under the state root, by part (`runs`, `nested`, `sessions`, `index`,
     /// `other`, `total`), and `tmp`: how much of `runs` and `nested` is the runs' private temp
     /// dirs.
@@ -354,6 +362,8 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         .map(|d| d.path().to_path_buf())
         .collect();
     Ok(Report {
+        temp_files: debris::temp_files(root),
+        orphans: debris::survey(root).unwrap_or_default(),
         starts_in_progress: staging.len().saturating_sub(abandoned.len()),
         abandoned_starts: abandoned,
         runtime: runtime_now(),
@@ -511,6 +521,28 @@ pub fn render(r: &Report) -> String {
         ));
         for p in &r.abandoned_starts {
             s.push_str(&format!("  {}\n", untrusted_path(p)));
+        }
+    }
+    if !r.temp_files.is_empty() {
+        s.push_str(&format!(
+            "interrupted writes: {} temp files (the next cohort-reap removes them)\n",
+            r.temp_files.len()
+        ));
+        for p in &r.temp_files {
+            s.push_str(&format!("  {}\n", untrusted_path(p)));
+        }
+    }
+    if !r.orphans.is_empty() {
+        s.push_str(&format!(
+            "orphans: {} session dirs and routes no run refers to (cohort-reap --orphan-sessions removes them)\n",
+            r.orphans.len()
+        ));
+        for o in &r.orphans {
+            s.push_str(&format!(
+                "  {:<11} {}\n",
+                o.kind.as_str(),
+                untrusted_path(&o.path)
+            ));
         }
     }
     s.push_str("disk use:\n");

@@ -160,6 +160,7 @@ fn replace(path: &Path, bytes: &[u8], durability: Durability) -> Result<()> {
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(FILE_MODE))
         .tempfile_in(dir)
         .at("create a temp file in", dir)?;
+    crate::fault::point("files.temp-created");
     tmp.write_all(bytes).at("write", tmp.path())?;
     if durability != Durability::Cache {
         tmp.as_file().sync_all().at("sync", tmp.path())?;

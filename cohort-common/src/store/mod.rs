@@ -7,13 +7,16 @@
 //! - [`scan`]: walking many runs: observing them with the index kept up to date, or peeking
 //!   at which are live without judging them;
 //! - [`wait`]: blocking until runs end (a blocking lock, no polling);
-//! - [`answer`]: a run's answer, read from its steps' final texts.
+//! - [`answer`]: a run's answer, read from its steps' final texts;
+//! - [`debris`]: leftovers that are not runs and that no run refers to (temp files of the
+//!   state root, orphan session dirs and routes).
 //!
 //! Built on [`crate::format`](mod@crate::format) (what the files hold), [`crate::os`] (how they
 //! are read and locked) and [`crate::backend`] (what a scheduler says about a run's job); the
 //! programs build their features on top of it.
 
 pub mod answer;
+pub mod debris;
 pub mod discover;
 pub mod index;
 pub mod observe;
