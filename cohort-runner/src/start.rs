@@ -137,7 +137,8 @@ fn tree_placement(spec: &LaunchSpec, state_root: &StateRoot, run_id: &str) -> Re
     if let Some(p) = &spec.placement {
         return Ok(p.clone());
     }
-    let file = route::create(state_root, run_id, spec.max_depth)?;
+    let max_nested = spec.max_nested.unwrap_or(route::DEFAULT_MAX_NESTED);
+    let file = route::create(state_root, run_id, spec.max_depth, max_nested)?;
     Ok(Placement {
         root_run_id: run_id.to_string(),
         parent_run_id: String::new(),

@@ -61,6 +61,9 @@ pub struct SpawnRequest {
     pub placement: Option<Placement>,
     /// For a top-level run: the deepest depth its tree allows.
     pub max_depth: u32,
+    /// For a top-level run: how many nested runs of its tree may be alive at once (`None`:
+    /// [`cohort_common::format::route::DEFAULT_MAX_NESTED`]).
+    pub max_nested: Option<u32>,
     /// `--session-root`: the root every reused session file must be inside.
     pub session_root: Option<PathBuf>,
     /// The execution backend (`--backend`, `COHORT_BACKEND`) and its options
@@ -155,12 +158,18 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         .is_none()
         .then(|| index::Stamp::of_path(&parent))
         .flatten();
+    // A nested start counts its tree's live nested runs and stages its own in one turn.
+    let turn = match &req.placement {
+        Some(p) => Some(crate::route::nested_turn(root, p)?),
+        None => None,
+    };
     files::create_dir_exclusive(staging.path())?;
     // Until the rename publishes it, a failure removes the staging directory with what is in it.
     let mut unpublished = Unpublished(Some(staging.clone()));
     // The run lock exists only held, and stays held until the runner has taken it over (spawn
     // hands it the descriptor): a `queued` run whose lock is free is provably abandoned.
     let lock = RunLock::create_held(&staging.lock())?;
+    drop(turn);
     fault::point("spawn.staged");
 
     // Validate before publishing: the record appears once, already `queued` with its runtime,
@@ -405,6 +414,7 @@ fn prepare(
             .as_ref()
             .map(|p| p.max_depth)
             .unwrap_or(req.max_depth),
+        max_nested: req.placement.is_none().then_some(req.max_nested).flatten(),
         backend: req.backend.for_spec(),
     };
     rec.last_update = Some(record::now_ms());
