@@ -61,7 +61,12 @@ pub fn wait_and_answer(root: &StateRoot, run_id: &str) -> anyhow::Result<u8> {
         return Ok(code);
     }
     match answer::answer(&found.dir, &rec, None) {
-        Ok(text) => cli::out_answer(&text)?,
+        Ok(a) => {
+            cli::out_answer(&a.text)?;
+            for why in &a.missing {
+                eprintln!("cohort-spawn: {}", cohort_cli::text::untrusted(why));
+            }
+        }
         Err(AnswerError::NoText(msg)) => {
             eprintln!("cohort-spawn: {}", cohort_cli::text::untrusted(&msg))
         }
