@@ -98,6 +98,16 @@ pub enum Error {
     /// A run is not in a state that allows the operation.
     #[error("{0}")]
     State(String),
+    /// The system refused a thread or a process (`EAGAIN`: the process limit, `RLIMIT_NPROC`,
+    /// or memory).
+    #[error("cannot start {what}: {source}")]
+    Resource {
+        /// What could not be started ("a thread to wait for run …", "the runner").
+        what: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -109,6 +119,14 @@ impl Error {
             if source.kind() == std::io::ErrorKind::StorageFull
                 || source.kind() == std::io::ErrorKind::QuotaExceeded
                 || matches!(source.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)))
+    }
+
+    /// An [`Error::Resource`] for a thread that could not be created to do `what`.
+    pub fn no_thread(what: impl std::fmt::Display, source: std::io::Error) -> Error {
+        Error::Resource {
+            what: format!("a thread to {what}"),
+            source,
+        }
     }
 
     /// The exit code for this error (`docs/architecture.md`, "Exit codes").

@@ -3,7 +3,8 @@
 //! Each program marks the moments where a crash would leave the most behind (after the
 //! staging directory exists, after `queued` is published, after a step's child started, after
 //! a reap's commit rename…) with [`point`]. The names are listed per program in
-//! [`SPAWN_POINTS`], [`RUNNER_POINTS`] and [`REAP_POINTS`].
+//! [`SPAWN_POINTS`], [`RUNNER_POINTS`] and [`REAP_POINTS`]; those where a crash leaves debris
+//! that is not a run in [`DEBRIS_POINTS`].
 //!
 //! # Arming a point
 //!
@@ -59,6 +60,13 @@ pub const REAP_POINTS: [&str; 5] = [
     "reap.during-delete",
     "reap.after-delete",
 ];
+
+/// The points where a crash leaves something that is not a run, in any program: the atomic
+/// writer (`os::files`) after its temp file exists and before it is written (a 0-byte
+/// `.tmp-*`; spawn reaches it first writing `R/.last-run-id`), and `cohort-reap --sessions`
+/// after its first session file is removed (the rest of the run's sessions, its nested runs'
+/// and its route left behind).
+pub const DEBRIS_POINTS: [&str; 2] = ["files.temp-created", "reap.during-sessions"];
 
 /// The [`CRASH_ENV`] value that pauses at `point` until `file` is deleted.
 pub fn pause_at(point: &str, file: &Path) -> OsString {
@@ -185,9 +193,13 @@ mod tests {
             .iter()
             .chain(&RUNNER_POINTS)
             .chain(&REAP_POINTS)
+            .chain(&DEBRIS_POINTS)
         {
             let (program, name) = p.split_once('.').expect("program.name");
-            assert!(["spawn", "runner", "reap"].contains(&program), "{p}");
+            assert!(
+                ["spawn", "runner", "reap", "files"].contains(&program),
+                "{p}"
+            );
             assert!(!name.is_empty() && !name.contains(':'), "{p}");
         }
     }

@@ -19,7 +19,7 @@ use crate::reap::{self, Options};
 ///
 /// A run is removed only when its record is terminal and no runner holds its lock or the lock
 /// of any run in its nested subtree. Nothing is removed unless selected: name runs, or use
-/// --state, --older-than or --all-terminal.
+/// --state, --older-than or --all-terminal (or --orphan-sessions alone).
 #[derive(Parser)]
 #[command(version, after_help = cli::exit_codes_help(MAN.exit_codes))]
 pub struct Args {
@@ -43,6 +43,10 @@ pub struct Args {
     /// their run trees; the report lists what went and what stayed.
     #[arg(long)]
     sessions: bool,
+    /// Also remove the session dirs and routes that no run refers to any more (left by runs
+    /// reaped without --sessions, or by an interrupted reap); alone, the reap does only that.
+    #[arg(long)]
+    orphan_sessions: bool,
     /// Print the report as JSON Lines, one object per run.
     #[arg(long)]
     json: bool,
@@ -81,6 +85,10 @@ pub const MAN: cli::ManPage = cli::ManPage {
             "cohort-reap 0e5b8ad1c3f2",
             "Remove one run by its short id.",
         ),
+        (
+            "cohort-reap --orphan-sessions --dry-run",
+            "List the session dirs and routes no run refers to any more, with sizes.",
+        ),
     ],
     sections: &[],
 };
@@ -114,6 +122,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let opts = Options {
         reaper_wait: args.lock_timeout,
         sessions: args.sessions,
+        orphan_sessions: args.orphan_sessions,
     };
     // What reap refuses as usage is about the selection on the command line.
     let usage = |e: cohort_common::Error| -> anyhow::Error {

@@ -11,6 +11,8 @@
 //! and around them:
 //!
 //! - [`cmd`]: the command line;
+//! - [`leftovers`]: the state root's temp files and, with `--orphan-sessions`, the session
+//!   dirs and routes no run refers to;
 //! - [`report`]: the report and its text and JSON Lines forms;
 //! - [`sessions`]: `--sessions`, the session files and routes cohort created for removed runs;
 //! - [`trash`]: the trash's entry names and its recovery plan.
@@ -20,6 +22,7 @@
 pub mod cmd;
 pub mod commit;
 pub mod decide;
+pub mod leftovers;
 pub mod plan;
 pub mod reap;
 pub mod report;

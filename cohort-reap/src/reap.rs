@@ -53,6 +53,7 @@ use cohort_common::store::discover;
 
 use crate::commit::{self, Trash};
 use crate::decide::{Refusal, Selection};
+use crate::leftovers;
 use crate::plan::{self, Action, Examiner, Locking, Named, Survey};
 use crate::report::{Mode, Outcome, Report, ReportEntry};
 use crate::sessions::SweepPlan;
@@ -74,6 +75,9 @@ pub struct Options {
     /// Also remove the session files cohort created for the removed runs and their trees'
     /// routes ([`crate::sessions`]).
     pub sessions: bool,
+    /// Also remove the session dirs and routes no run refers to any more
+    /// ([`crate::leftovers::orphans`]); with no runs selected, the reap does only that.
+    pub orphan_sessions: bool,
 }
 
 impl Default for Options {
@@ -81,6 +85,7 @@ impl Default for Options {
         Options {
             reaper_wait: REAPER_WAIT,
             sessions: false,
+            orphan_sessions: false,
         }
     }
 }
@@ -99,7 +104,7 @@ pub fn reap(
 ) -> Result<Report> {
     let clock = Now::current();
     let mut report = Report::new(Mode::Reap);
-    let Some(named) = start(root, sel, &mut report)? else {
+    let Some(named) = start(root, sel, opts, &mut report)? else {
         return Ok(report);
     };
     let _reaper = reaper_lock(root, opts.reaper_wait, on_wait)?;
@@ -110,7 +115,11 @@ pub fn reap(
         &mut report,
     );
 
-    let (candidates, gone) = survey.candidates(sel, &named);
+    leftovers::temp_files(root, false, &mut report);
+    let (candidates, gone) = match named {
+        Some(named) => survey.candidates(sel, &named),
+        None => Default::default(),
+    };
     refuse_gone(&mut report, gone);
     let examiner = Examiner::new(root, sel, &clock, &survey, Locking::Hold);
     let mut trash = Trash::new(root);
@@ -131,6 +140,9 @@ pub fn reap(
     if opts.sessions {
         report.add_swept(SweepPlan::new(root, &removed).apply());
     }
+    if opts.orphan_sessions {
+        leftovers::orphans(root, false, &mut report)?;
+    }
     Ok(report)
 }
 
@@ -143,7 +155,7 @@ pub fn reap(
 pub fn dry_run(root: &StateRoot, sel: &Selection, opts: &Options) -> Result<Report> {
     let clock = Now::current();
     let mut report = Report::new(Mode::DryRun);
-    let Some(named) = start(root, sel, &mut report)? else {
+    let Some(named) = start(root, sel, opts, &mut report)? else {
         return Ok(report);
     };
     let mut survey = Survey::take(root)?;
@@ -152,8 +164,15 @@ pub fn dry_run(root: &StateRoot, sel: &Selection, opts: &Options) -> Result<Repo
     for staging in discover::abandoned_staging(root, clock.wall_ms)? {
         report.staging_removed.push(staging.path().to_path_buf());
     }
+    leftovers::temp_files(root, true, &mut report);
+    if opts.orphan_sessions {
+        leftovers::orphans(root, true, &mut report)?;
+    }
 
-    let (candidates, gone) = survey.candidates(sel, &named);
+    let (candidates, gone) = match named {
+        Some(named) => survey.candidates(sel, &named),
+        None => Default::default(),
+    };
     refuse_gone(&mut report, gone);
     let examiner = Examiner::new(root, sel, &clock, &survey, Locking::Probe);
     let mut removed = Vec::new();
@@ -181,15 +200,24 @@ pub fn dry_run(root: &StateRoot, sel: &Selection, opts: &Options) -> Result<Repo
 
 /// What both [`reap`] and [`dry_run`] do first: check the selection, resolve the names (the
 /// refused ones go into the report). `None` when there is no state root at all, so nothing to
-/// examine.
-fn start(root: &StateRoot, sel: &Selection, report: &mut Report) -> Result<Option<Named>> {
+/// examine; `Some(None)` when no runs are selected and `--orphan-sessions` is all the reap
+/// does.
+fn start(
+    root: &StateRoot,
+    sel: &Selection,
+    opts: &Options,
+    report: &mut Report,
+) -> Result<Option<Option<Named>>> {
+    if sel.is_empty() && opts.orphan_sessions {
+        return Ok(root.path().is_dir().then_some(None));
+    }
     sel.check()?;
     let named = plan::resolve_names(root, sel)?;
     for (name, r) in &named.refused {
         let entry = ReportEntry::refused(name, Some(name), r.clone());
         report.entries.push(entry);
     }
-    Ok(root.path().is_dir().then_some(named))
+    Ok(root.path().is_dir().then_some(Some(named)))
 }
 
 /// Report the named runs that are no longer listed: another reap removed them meanwhile.

@@ -218,6 +218,20 @@ pub struct Report {
     /// [`cohort_common::store::discover::staging_abandoned`]) that were removed (would be, in a
     /// dry run).
     pub staging_removed: Vec<PathBuf>,
+    /// Temp files of the state root (`R/.tmp-*`) that were removed (would be, in a dry run).
+    pub temp_removed: Vec<PathBuf>,
+    /// With `--orphan-sessions`: the session dirs and routes no run refers to that were
+    /// removed (would be, in a dry run).
+    pub orphans: Vec<OrphanRemoval>,
+}
+
+/// One orphan session dir or route removed, and the space it freed (in a dry run: would).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OrphanRemoval {
+    /// What it was.
+    pub orphan: cohort_common::store::debris::Orphan,
+    /// Bytes freed (allocated blocks).
+    pub bytes: u64,
 }
 
 impl Report {
@@ -278,6 +292,21 @@ impl Report {
             notes.push(format!(
                 "{} staging directories of abandoned starts {would}removed",
                 self.staging_removed.len()
+            ));
+        }
+        if !self.temp_removed.is_empty() {
+            notes.push(format!(
+                "{} temp files of interrupted writes {would}removed from the state root",
+                self.temp_removed.len()
+            ));
+        }
+        for o in &self.orphans {
+            notes.push(format!(
+                "orphan {} of run {} {would}removed ({}): {}",
+                o.orphan.kind.as_str(),
+                id::short_of(&o.orphan.run_id),
+                human_bytes(o.bytes),
+                untrusted(&o.orphan.path.display().to_string())
             ));
         }
         notes

@@ -6,9 +6,10 @@
 //! `--sessions`, a step's session file goes only when [`decide`] says so, a pure function over
 //! what the removed runs' records name and what the remaining runs use:
 //!
-//! - it lies in its own run's default session dir `R/sessions/async-<runId>/` (built by
-//!   `format::layout`): cohort chose it. A file anywhere else was named by the user (`--session`)
-//!   or belongs to another run (`--revive` continues the original's file) and is kept;
+//! - it lies in the default session dir `R/sessions/async-<runId>/` (built by
+//!   `format::layout`) of a run this reap removes: cohort chose it. A file anywhere else was
+//!   named by the user (`--session`) or belongs to a run that stays (a revival continues its
+//!   original's file) and is kept; a revival removed with its original takes the file along;
 //! - no run that stays names it, and no live process holds its lock (the runner locks every
 //!   session file its step writes).
 //!
@@ -69,20 +70,27 @@ pub fn decide(
     used_by: &dyn Fn(&Path) -> Option<String>,
 ) -> BTreeMap<PathBuf, Verdict> {
     let mut out: BTreeMap<PathBuf, Verdict> = BTreeMap::new();
+    // A file in the own dir of any removed run is cohort's: a revival removed in the same reap
+    // as its original names the original's file from outside its own dir.
+    let owners: HashMap<PathBuf, &str> = removed
+        .iter()
+        .map(|r| (own_dir(&r.run_id), r.run_id.as_str()))
+        .collect();
     for run in removed {
-        let dir = own_dir(&run.run_id);
         for f in &run.files {
-            let v = if f.parent() != Some(dir.as_path()) {
+            let owner = f.parent().and_then(|d| owners.get(d));
+            let v = if let Some(user) = used_by(f) {
+                Verdict::Keep(format!("in use by {user}"))
+            } else if let Some(owner) = owner {
+                Verdict::Remove {
+                    owner: owner.to_string(),
+                }
+            } else {
                 Verdict::Keep(format!(
-                    "not in run {}'s own session dir: named with --session or --revive",
+                    "not in the own session dir of a removed run: named with --session, or \
+                     continued by run {} from a run that stays",
                     cohort_common::format::id::short_of(&run.run_id)
                 ))
-            } else if let Some(user) = used_by(f) {
-                Verdict::Keep(format!("in use by {user}"))
-            } else {
-                Verdict::Remove {
-                    owner: run.run_id.clone(),
-                }
             };
             match out.get(f) {
                 Some(Verdict::Keep(_)) => {}
@@ -221,6 +229,7 @@ impl SweepPlan {
                     Ok(b) => {
                         swept.bytes += b;
                         swept.removed.push(path);
+                        cohort_common::fault::point("reap.during-sessions");
                     }
                     Err(e) => swept.kept.push((path, format!("cannot remove it: {e}"))),
                 }
@@ -332,9 +341,12 @@ mod tests {
         let used = |p: &Path| (p == shared).then(|| "run c".to_string());
         let got = decide(&removed, &own, &used);
         assert_eq!(got[&a0], Verdict::Remove { owner: a.into() });
-        // Named by b from outside its own dir: kept, even though a would remove it.
-        assert!(matches!(&got[&a1], Verdict::Keep(w) if w.contains("--revive")));
+        // Named by b from outside b's own dir, but a is removed too: a's file goes.
+        assert_eq!(got[&a1], Verdict::Remove { owner: a.into() });
         assert!(matches!(&got[&user], Verdict::Keep(w) if w.contains("--session")));
+        // A revival removed without its original keeps the original's file.
+        let alone = decide(&removed[1..], &own, &|_| None);
+        assert!(matches!(&alone[&a1], Verdict::Keep(w) if w.contains("continued by run")));
         // A file a remaining run uses is kept.
         let got = decide(&remaining, &own, &used);
         assert_eq!(got[&shared], Verdict::Keep("in use by run c".into()));

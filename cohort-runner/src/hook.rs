@@ -182,13 +182,18 @@ pub fn run(hook: &Hook, event: &mut dyn FnMut(EventKind, Value)) {
 }
 
 /// Wait for `child`; past `timeout` send its process group SIGTERM, past `grace` after that
-/// SIGKILL. A thread blocks in `wait` and reports, so nothing polls.
+/// SIGKILL. A thread blocks in `wait` and reports, so nothing polls; when no thread can be
+/// created (the process limit), `try_wait` is asked every [`FALLBACK_POLL`] instead.
 fn wait_bounded(mut child: std::process::Child, timeout: Duration, grace: Duration) -> HookExit {
-    let pgid = Pid::from_raw(child.id() as i32);
+    let pid = child.id() as i32;
+    let pgid = Pid::from_raw(pid);
     let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
+    let blocking = std::thread::Builder::new().spawn(move || {
         let _ = tx.send(child.wait());
     });
+    if blocking.is_err() {
+        return poll_bounded(pid, timeout, grace);
+    }
     if let Ok(r) = rx.recv_timeout(timeout) {
         return HookExit::of(r);
     }
@@ -210,6 +215,42 @@ fn wait_bounded(mut child: std::process::Child, timeout: Duration, grace: Durati
     }
 }
 
+/// How often [`poll_bounded`] asks whether the hook has exited.
+const FALLBACK_POLL: Duration = Duration::from_millis(50);
+
+/// [`wait_bounded`] without a waiting thread: `waitpid(WNOHANG)` every [`FALLBACK_POLL`], the
+/// same SIGTERM past `timeout` and SIGKILL past `grace` after that.
+fn poll_bounded(pid: i32, timeout: Duration, grace: Duration) -> HookExit {
+    let started = Instant::now();
+    let (mut termed, mut killed) = (false, false);
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes only the status integer it is given.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r != 0 {
+            let wait = if r == pid {
+                Ok(ExitStatus::from_raw(status))
+            } else {
+                Err(std::io::Error::last_os_error())
+            };
+            return HookExit {
+                timed_out: termed,
+                ..HookExit::of(wait)
+            };
+        }
+        let elapsed = started.elapsed();
+        if !termed && elapsed >= timeout {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGTERM);
+            termed = true;
+        }
+        if !killed && elapsed >= timeout + grace {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            killed = true;
+        }
+        std::thread::sleep(FALLBACK_POLL);
+    }
+}
+
 impl HookExit {
     /// How the hook exited, by `wait`'s answer (no code nor signal when waiting failed), within
     /// its time.
@@ -226,6 +267,31 @@ impl HookExit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_a_waiting_thread_the_hook_is_polled_and_bounded_the_same_way() {
+        let start = |script: &str| {
+            Command::new("sh")
+                .args(["-c", script])
+                .process_group(0)
+                .spawn()
+                .unwrap()
+        };
+        let long = Duration::from_secs(30);
+        let exit = poll_bounded(start("exit 3").id() as i32, long, long);
+        assert_eq!((exit.code, exit.timed_out), (Some(3), false));
+        let short = Duration::from_millis(100);
+        let exit = poll_bounded(start("exec sleep 30").id() as i32, short, long);
+        assert_eq!(exit.signal, Some(libc::SIGTERM));
+        assert!(exit.timed_out);
+        let exit = poll_bounded(
+            start("trap '' TERM; while :; do sleep 1; done").id() as i32,
+            short,
+            short,
+        );
+        assert_eq!(exit.signal, Some(libc::SIGKILL));
+        assert!(exit.timed_out);
+    }
 
     #[test]
     fn how_a_hook_ended_is_recorded() {

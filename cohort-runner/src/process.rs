@@ -1,10 +1,28 @@
-//! The runner's own process: detaching from its spawner, closing what it inherited, and its
-//! resource use.
+//! The runner's own process: detaching from its spawner, closing what it inherited, its
+//! helper threads, and its resource use.
 
 use serde_json::json;
 
 use cohort_common::backend::{BackendKind, RunnerSession};
 use cohort_common::error::{Error, Result};
+
+/// Run `job` on a thread of its own, or on the caller's thread when none can be created (the
+/// process limit, `RLIMIT_NPROC`, counts threads): the work is done either way, later or now.
+pub fn on_thread_or_here(job: impl FnOnce() + Send + 'static) {
+    let job = std::sync::Arc::new(std::sync::Mutex::new(Some(job)));
+    let theirs = job.clone();
+    let spawned = std::thread::Builder::new().spawn(move || take(&theirs).map(|f| f()));
+    if spawned.is_err() {
+        if let Some(f) = take(&job) {
+            f();
+        }
+    }
+}
+
+/// The job in `slot`, once.
+fn take<F>(slot: &std::sync::Mutex<Option<F>>) -> Option<F> {
+    slot.lock().ok().and_then(|mut s| s.take())
+}
 
 /// Close every descriptor above stderr that the runner inherited (its spawner's caller may
 /// have passed any, e.g. a `flock` fd in a shell script): a detached runner and its Pi children

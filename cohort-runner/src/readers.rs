@@ -271,13 +271,15 @@ impl StdoutState {
 /// final text at `final_path` (empty when Pi said nothing), and calling `report` with progress
 /// (streamed text at most every [`WRITE_INTERVAL`]; every other notice at once) and, last, the
 /// stream's end.
+///
+/// Errors: the thread cannot be created (the process limit); nothing was started then.
 pub fn spawn_stdout_reader(
     stdout: ChildStdout,
     log: Arc<Mutex<OutputLog>>,
     final_path: PathBuf,
     report: impl Fn(Report) + Send + 'static,
-) {
-    std::thread::spawn(move || {
+) -> std::io::Result<()> {
+    std::thread::Builder::new().spawn(move || {
         let mut parser = StreamParser::default();
         let mut reader = BufReader::with_capacity(256 << 10, stdout);
         let mut state = StdoutState {
@@ -312,17 +314,20 @@ pub fn spawn_stdout_reader(
             }
         }
         report(Report::End(summary));
-    });
+    })?;
+    Ok(())
 }
 
 /// Start the thread that reads a step's Pi stderr to its end: each non-empty line (cut at
 /// 64 KiB) goes to `log` as `[stderr] …` and into `digest`.
+///
+/// Errors: the thread cannot be created (the process limit); nothing was started then.
 pub fn spawn_stderr_reader(
     stderr: ChildStderr,
     log: Arc<Mutex<OutputLog>>,
     digest: Arc<Mutex<StderrDigest>>,
-) {
-    std::thread::spawn(move || {
+) -> std::io::Result<()> {
+    std::thread::Builder::new().spawn(move || {
         let mut reader = BufReader::new(stderr);
         let mut buf = Vec::new();
         loop {
@@ -345,5 +350,6 @@ pub fn spawn_stderr_reader(
                 t.push(&line);
             }
         }
-    });
+    })?;
+    Ok(())
 }

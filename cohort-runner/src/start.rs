@@ -66,6 +66,19 @@ pub fn take_queued(
     Ok((lock, rec))
 }
 
+/// End the queued `rec` of `dir` `failed` before it ran (the runner could not set itself up:
+/// no thread for its signals), with `e` as the reason and a `run.failed` event; returns `e`,
+/// or the error of storing the record.
+pub fn fail_queued(dir: &RunDir, mut rec: RunRecord, e: Error) -> Error {
+    let why = format!("start failed: {e}");
+    rec.fail(Failure::StartFailed, why.clone());
+    if let Err(store) = record::store(&dir.status(), &rec) {
+        return store;
+    }
+    let _ = events::append_once(&dir.events(), EventKind::RunFailed, json!({"error": why}));
+    e
+}
+
 /// Publish `running` for the queued `rec` of `dir`, then read the launch spec, open the event
 /// log and find or create the tree's route.
 ///
@@ -124,7 +137,8 @@ fn tree_placement(spec: &LaunchSpec, state_root: &StateRoot, run_id: &str) -> Re
     if let Some(p) = &spec.placement {
         return Ok(p.clone());
     }
-    let file = route::create(state_root, run_id, spec.max_depth)?;
+    let max_nested = spec.max_nested.unwrap_or(route::DEFAULT_MAX_NESTED);
+    let file = route::create(state_root, run_id, spec.max_depth, max_nested)?;
     Ok(Placement {
         root_run_id: run_id.to_string(),
         parent_run_id: String::new(),

@@ -86,7 +86,9 @@ pub fn run(
     let (_lock, rec) = start::take_queued(dir, inherited, ready)?;
     // SIGTERM stops the run from the moment its pid is published.
     let (tx, rx) = mpsc::channel();
-    start_signal_thread(tx.clone())?;
+    if let Err(e) = start_signal_thread(tx.clone()) {
+        return Err(start::fail_queued(dir, rec, e));
+    }
     let running = start::into_running(dir, rec)?;
     let mut sup = Supervisor::new(dir, running, (tx, rx));
     let state = sup.run_chain();
@@ -98,13 +100,15 @@ fn start_signal_thread(tx: Sender<Msg>) -> Result<()> {
     use signal_hook::consts::{SIGCHLD, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGCHLD])
         .map_err(|e| Error::Usage(format!("cannot install signal handlers: {e}")))?;
-    std::thread::spawn(move || {
-        for sig in signals.forever() {
-            if tx.send(Msg::Signal(sig)).is_err() {
-                break;
+    std::thread::Builder::new()
+        .spawn(move || {
+            for sig in signals.forever() {
+                if tx.send(Msg::Signal(sig)).is_err() {
+                    break;
+                }
             }
-        }
-    });
+        })
+        .map_err(|e| Error::no_thread("handle signals", e))?;
     Ok(())
 }
 
@@ -757,15 +761,23 @@ impl Supervisor {
         }
         let log = Arc::new(Mutex::new(child.log));
         let tx = self.tx.clone();
-        readers::spawn_stdout_reader(
+        let readers = readers::spawn_stdout_reader(
             child.stdout,
             log.clone(),
             self.dir.final_text(i),
             move |r| {
                 let _ = tx.send(Msg::Stream(i, r));
             },
-        );
-        readers::spawn_stderr_reader(child.stderr, log, run.stderr.clone());
+        )
+        .and_then(|()| readers::spawn_stderr_reader(child.stderr, log, run.stderr.clone()));
+        if let Err(e) = readers {
+            // Unread, the child would block on a full pipe: end it (its own process group)
+            // before it does anything; the SIGCHLD reaper collects it.
+            let _ = signal::killpg(Pid::from_raw(child.pid as i32), Signal::SIGKILL);
+            return Err(format!(
+                "cannot start a thread to read the Pi child's output: {e}"
+            ));
+        }
         self.tracker.add_child(child.pid, i);
 
         let s = &mut self.rec.steps[i];
@@ -1000,7 +1012,9 @@ impl Supervisor {
                 ..self.tracker.sweep_track(i, self.active[&i].seen.clone())
             };
             let tx = self.tx.clone();
-            std::thread::spawn(move || {
+            // Without a thread of its own (the process limit) the sweep runs here, holding up
+            // the loop for at most its grace.
+            crate::process::on_thread_or_here(move || {
                 let escaped = sweep_descendants(&track, &[], grace);
                 let _ = tx.send(Msg::SweepDone(i, escaped));
             });

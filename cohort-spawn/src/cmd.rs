@@ -139,6 +139,10 @@ pub struct Args {
     /// The deepest nesting depth this run's tree allows (top-level spawns only; default 2).
     #[arg(long)]
     max_depth: Option<u32>,
+    /// How many nested runs of this run's tree may be alive at once; a nested start beyond it
+    /// is refused (top-level spawns only; default 8).
+    #[arg(long, value_name = "N")]
+    max_nested: Option<u32>,
     /// The directory every reused session file (--session) must be inside (checked strictly:
     /// absolute, existing, canonical; files regular, non-symlink, .jsonl, inside it).
     #[arg(long)]
@@ -388,6 +392,11 @@ fn placement(root: &StateRoot, args: &Args) -> anyhow::Result<Option<Placement>>
             if args.max_depth.is_some() {
                 bail!(cohort_cli::usage_error("--max-depth is set by the top-level spawn and inherited; a nested spawn cannot change it"));
             }
+            if args.max_nested.is_some() {
+                bail!(cohort_common::Error::Usage(
+                    "--max-nested is set by the top-level spawn and inherited; a nested spawn cannot change it".into()
+                ));
+            }
             Ok(Some(crate::route::validate(root, &inherited)?))
         }
         None => Ok(None),
@@ -426,6 +435,7 @@ fn request(
         revives: built.revives,
         placement,
         max_depth: args.max_depth.unwrap_or(route::DEFAULT_MAX_DEPTH),
+        max_nested: args.max_nested,
         session_root: args.session_root.clone(),
         runner: spawn::default_runner_path(),
         backend,

@@ -215,6 +215,56 @@ fn parent_limits(spec_path: &Path, step: usize, tree_limit: u32) -> Result<(u32,
     Ok((run_limit, agent_limit))
 }
 
+/// How long a nested start waits for its tree's other nested starts to count and stage.
+const TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A nested start's turn in its tree: the route's spawn lock ([`ROUTE_SPAWN_LOCK`]), taken
+/// before the start stages its run dir and let go once its run lock exists, held. While it is
+/// held the start counts the tree's nested runs that are alive (a held run lock: running,
+/// starting or staging), so two starts racing for the last place cannot both take it.
+///
+/// Errors: the tree already has its maximum alive ([`nested_refusal`]; a usage error, as the
+/// depth guard's, before any record); the lock is held past 10 s; the route cannot be read.
+pub fn nested_turn(root: &StateRoot, p: &Placement) -> Result<std::fs::File> {
+    use cohort_common::os::lock::{self, LockKind};
+    let path = p.route_dir.join(ROUTE_SPAWN_LOCK);
+    let turn = lock::open_or_create_lock(&path)?;
+    if !lock::lock_within(&turn, LockKind::Exclusive, TURN_WAIT, &mut || {}).at("lock", &path)? {
+        return Err(Error::LockBusy { path });
+    }
+    let file: RouteFile = files::read_json(&p.route_dir.join(ROUTE_FILE))?;
+    let alive = alive_nested(root, &p.root_run_id);
+    match nested_refusal(alive, file.max_nested) {
+        Some(why) => Err(Error::Usage(why)),
+        None => Ok(turn),
+    }
+}
+
+/// Why a nested start is refused when `alive` nested runs of its tree are alive and the tree
+/// allows `max` at once (pure); `None` when there is room.
+pub fn nested_refusal(alive: usize, max: u32) -> Option<String> {
+    (alive >= max as usize).then(|| {
+        format!(
+            "nested run refused: {alive} nested runs of this tree are alive, the tree's maximum {max} at once (set with --max-nested on the top-level spawn); wait for one to end"
+        )
+    })
+}
+
+/// How many nested runs of the tree `root_run_id` hold their run lock now (staging dirs of
+/// starts in progress included).
+fn alive_nested(root: &StateRoot, root_run_id: &str) -> usize {
+    let dir = root.nested_runs_dir(root_run_id);
+    files::list_dir(&dir, files::Hidden::Include)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.kind == files::EntryKind::Dir)
+        .filter(|e| {
+            let run = cohort_common::format::layout::RunDir::new(dir.join(&e.name));
+            cohort_common::os::lock::probe(&run.lock()).is_ok_and(|l| l.is_alive())
+        })
+        .count()
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -301,6 +351,19 @@ pub fn check_session_root(root: &Path, files: &[PathBuf]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nested_start_is_refused_once_the_tree_has_its_maximum_alive() {
+        assert_eq!(nested_refusal(0, 8), None);
+        assert_eq!(nested_refusal(7, 8), None);
+        let why = nested_refusal(8, 8).unwrap();
+        assert!(
+            why.contains("8 nested runs of this tree are alive"),
+            "{why}"
+        );
+        assert!(why.contains("--max-nested"), "{why}");
+        assert!(nested_refusal(1, 0).is_some());
+    }
     use std::collections::HashMap;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
@@ -398,6 +461,7 @@ mod tests {
             backend: None,
             chain_name: None,
             task: None,
+            max_nested: None,
         };
         files::write_atomic(&dir.spec(), &serde_json::to_vec(&spec).unwrap()).unwrap();
     }
@@ -406,7 +470,7 @@ mod tests {
     fn validates_against_the_route_file() {
         let t = tempfile::tempdir().unwrap();
         let root = StateRoot::for_profile(t.path().canonicalize().unwrap());
-        let route = create(&root, ROOT, 2).unwrap();
+        let route = create(&root, ROOT, 2, 8).unwrap();
         let dir = root.run_dir(ROOT);
         cohort_common::os::files::create_dir_all_private(dir.path()).unwrap();
         let mut rec = cohort_common::format::record::RunRecord::queued(
@@ -480,7 +544,7 @@ mod tests {
             .to_string()
             .contains("not the route"));
         // Creating again keeps the token.
-        assert_eq!(create(&root, ROOT, 5).unwrap(), route);
+        assert_eq!(create(&root, ROOT, 5, 8).unwrap(), route);
         r.route_dir = root.route_dir(ROOT);
         drop(held);
         assert!(validate(&root, &r)

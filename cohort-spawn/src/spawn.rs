@@ -65,6 +65,9 @@ pub struct SpawnRequest {
     pub placement: Option<Placement>,
     /// For a top-level run: the deepest depth its tree allows.
     pub max_depth: u32,
+    /// For a top-level run: how many nested runs of its tree may be alive at once (`None`:
+    /// [`cohort_common::format::route::DEFAULT_MAX_NESTED`]).
+    pub max_nested: Option<u32>,
     /// `--session-root`: the root every reused session file must be inside.
     pub session_root: Option<PathBuf>,
     /// The execution backend (`--backend`, `COHORT_BACKEND`) and its options
@@ -175,10 +178,18 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         .is_none()
         .then(|| index::Stamp::of_path(&parent))
         .flatten();
+    // A nested start counts its tree's live nested runs and stages its own in one turn.
+    let turn = match &req.placement {
+        Some(p) => Some(crate::route::nested_turn(root, p)?),
+        None => None,
+    };
     files::create_dir_exclusive(staging.path())?;
+    // Until the rename publishes it, a failure removes the staging directory with what is in it.
+    let mut unpublished = Unpublished(Some(staging.clone()));
     // The run lock exists only held, and stays held until the runner has taken it over (spawn
     // hands it the descriptor): a `queued` run whose lock is free is provably abandoned.
     let lock = RunLock::create_held(&staging.lock())?;
+    drop(turn);
     fault::point("spawn.staged");
 
     // Validate before publishing: the record appears once, already `queued` with its runtime,
@@ -224,6 +235,7 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         rec.fail(Failure::StartFailed, msg.clone());
     }
     publish(&staging, &dir, &rec, prepared.as_ref().ok().map(|(_, s)| s))?;
+    unpublished.0 = None;
     if let Some(before) = before {
         index::note_spawned(root, &run_id.to_string(), before);
     }
@@ -266,6 +278,22 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
                 run_id: Some(run_id),
                 error,
             })
+        }
+    }
+}
+
+/// A staging directory not yet renamed into place: dropped while it holds one (a start that
+/// failed before publication: a full disk, a path too long, a refused lock), the directory and
+/// what is in it are removed, so a failed spawn leaves nothing that is not a run.
+struct Unpublished(Option<RunDir>);
+
+impl Drop for Unpublished {
+    fn drop(&mut self) {
+        let Some(staging) = self.0.take() else { return };
+        let path = staging.path();
+        if let (Some(parent), Some(name)) = (path.parent(), path.file_name()) {
+            let _ =
+                cohort_common::os::tree::remove_entry(parent, &name.to_string_lossy(), &mut || {});
         }
     }
 }
@@ -417,6 +445,7 @@ fn prepare(
             .as_ref()
             .map(|p| p.max_depth)
             .unwrap_or(req.max_depth),
+        max_nested: req.placement.is_none().then_some(req.max_nested).flatten(),
         backend: req.backend.for_spec(),
         chain_name: req.chain_name.clone(),
     };

@@ -79,7 +79,11 @@ pub fn wait_and_answer(root: &StateRoot, run_id: &str, output: Output) -> anyhow
             Ok(_) | Err(AnswerError::NoText(_)) => None,
             Err(AnswerError::Store(e)) => return Err(e.into()),
         };
-        let v = final_json(&rec, found.dir.path(), text.as_deref());
+        let v = final_json(
+            &rec,
+            found.dir.path(),
+            text.as_ref().map(|a| a.text.as_str()),
+        );
         cli::out(&format!("{v}\n"))?;
     }
     if code != exit::SUCCESS {
@@ -100,7 +104,12 @@ pub fn wait_and_answer(root: &StateRoot, run_id: &str, output: Output) -> anyhow
         return Ok(code);
     }
     match answer::answer(&found.dir, &rec, None) {
-        Ok(text) => cli::out_answer(&text)?,
+        Ok(a) => {
+            cli::out_answer(&a.text)?;
+            for why in &a.missing {
+                eprintln!("cohort-spawn: {}", cohort_cli::text::untrusted(why));
+            }
+        }
         Err(AnswerError::NoText(msg)) => {
             eprintln!("cohort-spawn: {}", cohort_cli::text::untrusted(&msg))
         }
@@ -113,12 +122,14 @@ pub fn wait_and_answer(root: &StateRoot, run_id: &str, output: Output) -> anyhow
 fn on_interrupt(say: impl FnOnce() + Send + 'static) -> anyhow::Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT])
         .map_err(|e| anyhow::anyhow!("cannot handle SIGINT: {e}"))?;
-    std::thread::spawn(move || {
-        if signals.forever().next().is_some() {
-            say();
-            std::process::exit(INTERRUPTED.into());
-        }
-    });
+    std::thread::Builder::new()
+        .spawn(move || {
+            if signals.forever().next().is_some() {
+                say();
+                std::process::exit(INTERRUPTED.into());
+            }
+        })
+        .map_err(|e| cohort_common::error::Error::no_thread("handle SIGINT", e))?;
     Ok(())
 }
 

@@ -247,9 +247,17 @@ fn output(root: &StateRoot, ids: &[String], step: Option<usize>) -> anyhow::Resu
     let found = discover::find(root, name)?;
     let obs = observe::observe_found(&found)?;
     match answer::answer(&found.dir, &obs.record, step) {
-        Ok(text) => {
-            cli::out_answer(&text)?;
-            Ok(exit::SUCCESS)
+        Ok(a) => {
+            cli::out_answer(&a.text)?;
+            for why in &a.missing {
+                eprintln!("cohort-status: {}", text::untrusted(why));
+            }
+            // Part of the answer is missing: a negative answer, as when there is none.
+            Ok(if a.missing.is_empty() {
+                exit::SUCCESS
+            } else {
+                exit::NEGATIVE
+            })
         }
         Err(AnswerError::NoText(msg)) => {
             eprintln!("cohort-status: {}", text::untrusted(&msg));

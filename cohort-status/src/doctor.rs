@@ -11,11 +11,14 @@
 //! - [`state_root`]: the state root, whether it exists, its owner and permission bits (it
 //!   should be 0700 and ours: tasks and outputs may hold secrets);
 //! - counts per state (through the index, so only active records are read);
+//! - leftovers: abandoned starts, temp files of interrupted writes, and session dirs and
+//!   routes no run refers to ([`cohort_common::store::debris`]);
 //! - the legacy runs directory, if any;
 //! - disk use of the state root (a walk that never follows symlinks), split by part;
 //! - whether logout kills runners (systemd-logind, [`crate::logind`]);
 //! - the execution backends usable here ([`crate::backends`]: native always, a scheduler
-//!   backend when its clients are on `PATH` and its controller answers).
+//!   backend when its clients are on `PATH` and its controller answers);
+//! - the open-files limit Pi children inherit ([`crate::limits`]).
 //!
 //! The text form ([`render`]) shows paths, errors and ids with control characters escaped
 //! ([`cohort_cli::text`]): they come from records and from the environment.
@@ -23,7 +26,8 @@
 //! Exit status (binary): 0 when nothing is wrong, 1 when the report holds a warning (invalid
 //! runtime now, a Node outside its Pi package's `engines.node`, a recorded runtime gone, a
 //! state root others can read or owned by someone else, logind killing the user's processes
-//! at logout, a `COHORT_BACKEND` that is unknown or not usable here).
+//! at logout, a `COHORT_BACKEND` that is unknown or not usable here, an open-files limit below
+//! [`crate::limits::MIN_OPEN_FILES`]).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -41,8 +45,8 @@ use cohort_common::format::record::now_ms;
 use cohort_common::identity::runtime::{self, RuntimeRequest};
 use cohort_common::os::files::{self, Hidden};
 use cohort_common::os::tree;
-use cohort_common::store::discover;
 use cohort_common::store::scan::{self, Scan, Seen};
+use cohort_common::store::{debris, discover};
 
 use crate::engines;
 
@@ -281,6 +285,12 @@ pub struct Report {
     pub abandoned_starts: Vec<PathBuf>,
     /// Staging directories of starts in progress (their lock is held).
     pub starts_in_progress: usize,
+    /// Temp files of interrupted writes in the state root (`R/.tmp-*`): the next cohort-reap
+    /// removes them.
+    pub temp_files: Vec<PathBuf>,
+    /// Session dirs and routes no run refers to any more: `cohort-reap --orphan-sessions`
+    /// removes them.
+    pub orphans: Vec<debris::Orphan>,
     /// Bytes on disk under the state root, by part (`runs`, `nested`, `sessions`, `index`,
     /// `other`, `total`), and `tmp`: how much of `runs` and `nested` is the runs' private temp
     /// dirs.
@@ -289,6 +299,8 @@ pub struct Report {
     pub logind: crate::logind::LogindReport,
     /// The execution backends usable here.
     pub backends: crate::backends::BackendsReport,
+    /// The resource limits Pi children inherit.
+    pub limits: crate::limits::LimitsReport,
 }
 
 impl Report {
@@ -300,6 +312,7 @@ impl Report {
             || self.recorded_runtimes.iter().any(|r| r.error.is_some())
             || self.logind.warning.is_some()
             || self.backends.warning.is_some()
+            || self.limits.warning.is_some()
     }
 }
 
@@ -339,6 +352,8 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         .map(|d| d.path().to_path_buf())
         .collect();
     Ok(Report {
+        temp_files: debris::temp_files(root),
+        orphans: debris::survey(root).unwrap_or_default(),
         starts_in_progress: staging.len().saturating_sub(abandoned.len()),
         abandoned_starts: abandoned,
         runtime: runtime_now(),
@@ -349,6 +364,7 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         disk_bytes: disk_use(root),
         logind: crate::logind::check(),
         backends: crate::backends::check(),
+        limits: crate::limits::check(),
     })
 }
 
@@ -497,6 +513,28 @@ pub fn render(r: &Report) -> String {
             s.push_str(&format!("  {}\n", untrusted_path(p)));
         }
     }
+    if !r.temp_files.is_empty() {
+        s.push_str(&format!(
+            "interrupted writes: {} temp files (the next cohort-reap removes them)\n",
+            r.temp_files.len()
+        ));
+        for p in &r.temp_files {
+            s.push_str(&format!("  {}\n", untrusted_path(p)));
+        }
+    }
+    if !r.orphans.is_empty() {
+        s.push_str(&format!(
+            "orphans: {} session dirs and routes no run refers to (cohort-reap --orphan-sessions removes them)\n",
+            r.orphans.len()
+        ));
+        for o in &r.orphans {
+            s.push_str(&format!(
+                "  {:<11} {}\n",
+                o.kind.as_str(),
+                untrusted_path(&o.path)
+            ));
+        }
+    }
     s.push_str("disk use:\n");
     for (k, v) in r.disk_bytes.iter().filter(|(k, _)| *k != "tmp") {
         s.push_str(&format!("  {k:<10} {}\n", human_bytes(*v)));
@@ -525,6 +563,7 @@ pub fn render(r: &Report) -> String {
         s.push_str(&format!("  WARNING: {w}\n"));
     }
     s.push_str(&crate::backends::render(&r.backends));
+    s.push_str(&crate::limits::render(&r.limits));
     s
 }
 

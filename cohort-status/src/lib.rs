@@ -10,6 +10,7 @@
 //! - [`check`]: the cron check;
 //! - [`doctor`]: the installation report;
 //! - [`backends`]: the doctor's backend section (every backend's probe);
+//! - [`limits`]: the doctor's limits section (the open-files limit Pi inherits);
 //! - [`engines`]: whether a runtime's Node meets its Pi package's `engines.node`.
 //! - [`logind`]: whether logout kills runners on a systemd host.
 //!
@@ -24,6 +25,7 @@ pub mod cmd;
 pub mod doctor;
 pub use cohort_common::identity::engines;
 pub mod follow;
+pub mod limits;
 pub mod listing;
 pub mod logind;
 pub mod render;

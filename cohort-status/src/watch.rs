@@ -5,11 +5,12 @@
 //! took over the lock spawn handed it. [`DirWatch`] lets a reader sleep until a file is renamed
 //! into or written in a directory, with a deadline. The pattern is watch, check, wait, check:
 //! the watch exists before the first check, so no change between the check and the wait is
-//! missed.
+//! missed. Where inotify is unavailable (the user's instances used up), [`Waiter`] polls
+//! slowly instead.
 
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
@@ -84,23 +85,106 @@ impl DirWatch {
     }
 }
 
-/// [`cohort_common::store::observe::live_runner_pid`], waiting up to `timeout` while the run is starting (`queued`, its lock
-/// held): its runner has taken over the lock and publishes `running` with its pid a moment
-/// later (`cohort-spawn` returns as soon as the runner holds the lock). The wait sleeps on the
-/// run directory ([`DirWatch`]), it does not poll. `None` when the run is not alive, or
-/// is still starting at the deadline.
-pub fn started_runner_pid(dir: &RunDir, timeout: std::time::Duration) -> Result<Option<u32>> {
-    let deadline = std::time::Instant::now() + timeout;
-    // Watch first, then check: a `running` published between the check and the wait is seen.
-    let watch = DirWatch::new(dir.path())?;
+/// How often [`Waiter::Poll`] looks again when no inotify watch can be made.
+pub const POLL_FALLBACK: Duration = Duration::from_millis(100);
+
+/// How a reader sleeps until a directory changes: an inotify watch, or, when the user's inotify
+/// instances or watches are used up (or the kernel has none), a look every [`POLL_FALLBACK`].
+#[derive(Debug)]
+pub enum Waiter {
+    /// Woken by the kernel.
+    Watch(DirWatch),
+    /// Woken by the clock.
+    Poll,
+}
+
+impl Waiter {
+    /// A [`DirWatch`] on `dir`, or [`Waiter::Poll`] when inotify is unavailable (`EMFILE`,
+    /// `ENFILE`, `ENOSPC`, `ENOMEM`, `ENOSYS`). Errors: any other failure to watch `dir` (it
+    /// does not exist, say).
+    pub fn new(dir: &Path) -> Result<Waiter> {
+        match DirWatch::new(dir) {
+            Ok(w) => Ok(Waiter::Watch(w)),
+            Err(Error::Io { source, .. }) if inotify_unavailable(&source) => Ok(Waiter::Poll),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sleep until the directory may have changed, or until `deadline`. Returns false at the
+    /// deadline.
+    pub fn wait_change(&self, deadline: Instant) -> Result<bool> {
+        match self {
+            Waiter::Watch(w) => w.wait_change(deadline),
+            Waiter::Poll => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Ok(false);
+                }
+                std::thread::sleep(left.min(POLL_FALLBACK));
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// Whether a failure to make a watch means inotify is unavailable rather than the directory
+/// being wrong (pure).
+fn inotify_unavailable(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOSPC | libc::ENOMEM | libc::ENOSYS)
+    )
+}
+
+/// What `--pid` does when a check found no pid it can vouch for, by a fresh reading of the
+/// record's state and the lock (pure). `rechecked` says whether the last check already came
+/// after a `running` record was seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    /// Starting (`queued`, lock held): sleep until the directory changes.
+    Wait,
+    /// The runner published `running` after the check read the record: check again.
+    Check,
+    /// No live runner to name.
+    Nothing,
+}
+
+fn next(state: RunState, alive: bool, rechecked: bool) -> Next {
+    match (state, alive) {
+        (RunState::Queued, true) => Next::Wait,
+        (RunState::Running, true) if !rechecked => Next::Check,
+        _ => Next::Nothing,
+    }
+}
+
+/// [`cohort_common::store::observe::live_runner_pid`], waiting up to `timeout` while the run is
+/// starting (`queued`, its lock held): its runner has taken over the lock and publishes
+/// `running` with its pid a moment later (`cohort-spawn` returns as soon as the runner holds the
+/// lock). A run already running is answered at once, without a watch; a starting one is waited
+/// for on the run directory ([`Waiter`]: inotify, or a slow poll when inotify is unavailable).
+/// `None` when the run is not alive, or is still starting at the deadline.
+pub fn started_runner_pid(dir: &RunDir, timeout: Duration) -> Result<Option<u32>> {
+    let deadline = Instant::now() + timeout;
+    if let Some(pid) = live_runner_pid(dir)? {
+        return Ok(Some(pid));
+    }
+    // Watch, then check: a `running` published between the check and the wait is seen.
+    let waiter = Waiter::new(dir.path())?;
+    let mut rechecked = false;
     loop {
         if let Some(pid) = live_runner_pid(dir)? {
             return Ok(Some(pid));
         }
-        let starting = record::load(&dir.status())?.state == RunState::Queued
-            && lock::probe(&dir.lock())?.is_alive();
-        if !starting || !watch.wait_change(deadline)? {
-            return Ok(None);
+        let state = record::load(&dir.status())?.state;
+        let alive = lock::probe(&dir.lock())?.is_alive();
+        match next(state, alive, rechecked) {
+            Next::Wait => {
+                if !waiter.wait_change(deadline)? {
+                    return Ok(None);
+                }
+            }
+            Next::Check => rechecked = true,
+            Next::Nothing => return Ok(None),
         }
     }
 }
@@ -108,7 +192,43 @@ pub fn started_runner_pid(dir: &RunDir, timeout: std::time::Duration) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+
+    #[test]
+    fn a_pid_check_waits_only_while_starting_and_checks_again_once_after_running() {
+        assert_eq!(next(RunState::Queued, true, false), Next::Wait);
+        assert_eq!(next(RunState::Queued, true, true), Next::Wait);
+        assert_eq!(next(RunState::Running, true, false), Next::Check);
+        assert_eq!(next(RunState::Running, true, true), Next::Nothing);
+        assert_eq!(next(RunState::Queued, false, false), Next::Nothing);
+        assert_eq!(next(RunState::Running, false, false), Next::Nothing);
+        assert_eq!(next(RunState::Complete, false, false), Next::Nothing);
+    }
+
+    #[test]
+    fn inotify_exhaustion_is_told_from_a_bad_directory() {
+        for errno in [libc::EMFILE, libc::ENFILE, libc::ENOSPC, libc::ENOMEM] {
+            assert!(inotify_unavailable(&std::io::Error::from_raw_os_error(
+                errno
+            )));
+        }
+        assert!(!inotify_unavailable(&std::io::Error::from_raw_os_error(
+            libc::ENOENT
+        )));
+        assert!(matches!(
+            Waiter::new(Path::new("/nonexistent/cohort")),
+            Err(Error::Io { .. })
+        ));
+    }
+
+    #[test]
+    fn the_poll_waiter_sleeps_at_most_its_interval_and_stops_at_the_deadline() {
+        let t = Instant::now();
+        assert!(Waiter::Poll
+            .wait_change(t + Duration::from_secs(60))
+            .unwrap());
+        assert!(t.elapsed() < Duration::from_secs(5));
+        assert!(!Waiter::Poll.wait_change(Instant::now()).unwrap());
+    }
 
     #[test]
     fn a_rename_into_the_directory_wakes_the_waiter_and_silence_times_out() {

@@ -192,6 +192,22 @@ impl StateRoot {
         self.root.join(LAST_RUN_ID)
     }
 
+    /// `R/sessions`: the parent of the runs' default session dirs.
+    pub fn sessions_dir(&self) -> PathBuf {
+        self.root.join(SESSIONS_DIR)
+    }
+
+    /// `R/nested-subagent-events`: the parent of the run trees' routes.
+    pub fn routes_dir(&self) -> PathBuf {
+        self.root.join(NESTED_EVENTS_DIR)
+    }
+
+    /// The run id whose default session dir has the name `name` (`async-<runId>`), if it is
+    /// one (pure).
+    pub fn session_dir_run(name: &str) -> Option<&str> {
+        name.strip_prefix("async-")
+    }
+
     /// `R/sessions/async-<runId>`: the default Pi session dir of a run.
     pub fn default_session_dir(&self, run_id: &str) -> PathBuf {
         self.root.join(SESSIONS_DIR).join(format!("async-{run_id}"))

@@ -45,6 +45,13 @@ pub const ROUTE_VARS: [&str; 7] = [
 ];
 /// The deepest depth allowed when the top-level spawn names none.
 pub const DEFAULT_MAX_DEPTH: u32 = 2;
+/// How many nested runs of one tree may be alive at once when the top-level spawn names no
+/// other number (`--max-nested`): 8, a few Pi processes' worth of memory (each takes about
+/// 120 MiB), well above what a task fans out to on purpose.
+pub const DEFAULT_MAX_NESTED: u32 = 8;
+/// The lock in a route dir that nested starts of the tree take turns on while they count the
+/// tree's live nested runs and make their own (held) run lock.
+pub const ROUTE_SPAWN_LOCK: &str = "spawn.lock";
 /// The route file in a route dir.
 pub const ROUTE_FILE: &str = "route.json";
 /// The route's event log (`nested.started` stamps).
@@ -62,8 +69,16 @@ pub struct RouteFile {
     pub capability_token: String,
     /// The deepest depth allowed.
     pub max_depth: u32,
+    /// How many nested runs of the tree may be alive at once; [`DEFAULT_MAX_NESTED`] for a
+    /// route file without it.
+    #[serde(default = "default_max_nested")]
+    pub max_nested: u32,
     /// When the root runner created the route, ms since epoch.
     pub created_at: u64,
+}
+
+fn default_max_nested() -> u32 {
+    DEFAULT_MAX_NESTED
 }
 
 /// A fresh capability token: 32 hex digits from the kernel's random source.
@@ -76,9 +91,15 @@ pub fn new_token() -> Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Create the route of a tree rooted at `root_run_id` (the route dir 0700, `route.json` 0600).
-/// An existing route file is kept as it is and returned.
-pub fn create(root: &StateRoot, root_run_id: &str, max_depth: u32) -> Result<RouteFile> {
+/// Create the route of a tree rooted at `root_run_id` (the route dir 0700, `route.json` 0600)
+/// allowing depths up to `max_depth` and `max_nested` nested runs alive at once. An existing
+/// route file is kept as it is and returned.
+pub fn create(
+    root: &StateRoot,
+    root_run_id: &str,
+    max_depth: u32,
+    max_nested: u32,
+) -> Result<RouteFile> {
     let dir = root.route_dir(root_run_id);
     files::create_dir_all_private(&dir)?;
     let path = dir.join(ROUTE_FILE);
@@ -90,6 +111,7 @@ pub fn create(root: &StateRoot, root_run_id: &str, max_depth: u32) -> Result<Rou
         root_run_id: root_run_id.to_string(),
         capability_token: new_token()?,
         max_depth,
+        max_nested,
         created_at: now_ms(),
     };
     // Read only while the tree lives (a crash ends it): the content is synced, so the file is

@@ -522,6 +522,10 @@ pub struct LaunchSpec {
     /// Max depth for the tree this run roots (top-level runs only).
     #[serde(default)]
     pub max_depth: u32,
+    /// How many nested runs of the tree this run roots may be alive at once (top-level runs
+    /// only); absent: [`crate::format::route::DEFAULT_MAX_NESTED`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_nested: Option<u32>,
     /// How the runner was started; absent for native runs (an older runner ignores it and
     /// runs the run the same way).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -160,6 +160,7 @@ fn replace(path: &Path, bytes: &[u8], durability: Durability) -> Result<()> {
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(FILE_MODE))
         .tempfile_in(dir)
         .at("create a temp file in", dir)?;
+    crate::fault::point("files.temp-created");
     tmp.write_all(bytes).at("write", tmp.path())?;
     if durability != Durability::Cache {
         tmp.as_file().sync_all().at("sync", tmp.path())?;
@@ -201,16 +202,25 @@ pub fn create_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
 
 /// fsync every file or directory in `paths` at once, one thread each: a journaling file system
 /// (ext4, XFS) commits concurrent fsyncs in one journal commit, so syncing three files costs
-/// about what syncing one does. The first error is returned, naming its path.
+/// about what syncing one does. A path whose thread cannot be created (the process limit) is
+/// synced on the caller's thread instead. The first error is returned, naming its path.
 pub fn sync_together(paths: &[&Path]) -> Result<()> {
+    let sync = |p: &Path| File::open(p).and_then(|f| f.sync_all()).at("sync", p);
     std::thread::scope(|scope| {
         let handles: Vec<_> = paths
             .iter()
-            .map(|p| scope.spawn(move || File::open(p).and_then(|f| f.sync_all()).at("sync", p)))
+            .map(|&p| {
+                std::thread::Builder::new()
+                    .spawn_scoped(scope, move || sync(p))
+                    .map_err(|_| p)
+            })
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().expect("an fsync thread does not panic"))
+            .map(|h| match h {
+                Ok(h) => h.join().expect("an fsync thread does not panic"),
+                Err(p) => sync(p),
+            })
             .collect::<Result<Vec<()>>>()
     })?;
     Ok(())

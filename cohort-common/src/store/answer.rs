@@ -23,6 +23,16 @@ pub enum AnswerError {
 
 type Result<T> = std::result::Result<T, AnswerError>;
 
+/// A run's answer: the text to print, and for a final parallel group whose members did not all
+/// answer, why each missing member has no text (one line each, for stderr).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The text (for a group, the members that answered, each under `## <label>`).
+    pub text: String,
+    /// The members left out: "step 2 of run … has no final text (…)".
+    pub missing: Vec<String>,
+}
+
 /// The flat steps whose texts make a run's answer when no step is named (pure): the last
 /// chain step — one task, or every member of a final parallel group.
 pub fn answer_steps(rec: &RunRecord) -> Vec<usize> {
@@ -42,24 +52,37 @@ pub fn answer_steps(rec: &RunRecord) -> Vec<usize> {
 
 /// What `cohort-status --output` prints: the final text of step `step` (a flat step index), or
 /// with `None` the run's answer — the last step's text, or after a final parallel group its members' texts
-/// each headed by its label. Errors when a step does not exist
-/// or has no final text yet.
-pub fn answer(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<String> {
+/// each headed by its label (as `{previous}` hands them on). A group member without a final
+/// text (it failed, or was stopped) is left out and named in [`Answer::missing`]. Errors when a
+/// step does not exist or has no final text yet, and when no member of the group has one.
+pub fn answer(dir: &RunDir, rec: &RunRecord, step: Option<usize>) -> Result<Answer> {
     let steps = match step {
         Some(i) => vec![i],
         None => answer_steps(rec),
     };
     if steps.len() <= 1 {
-        return final_text(dir, rec, steps.first().copied().or(step));
+        let text = final_text(dir, rec, steps.first().copied().or(step))?;
+        return Ok(Answer {
+            text,
+            missing: Vec::new(),
+        });
     }
     let mut parts = Vec::new();
+    let mut missing = Vec::new();
     for i in steps {
-        parts.push((
-            rec.steps[i].label.clone(),
-            final_text(dir, rec, Some(i))?.trim_end().to_string(),
-        ));
+        match final_text(dir, rec, Some(i)) {
+            Ok(t) => parts.push((rec.steps[i].label.clone(), t.trim_end().to_string())),
+            Err(AnswerError::NoText(why)) => missing.push(why),
+            Err(e) => return Err(e),
+        }
     }
-    Ok(spec::join_group_texts(&parts))
+    if parts.is_empty() {
+        return Err(AnswerError::NoText(missing.join("; ")));
+    }
+    Ok(Answer {
+        text: spec::join_group_texts(&parts),
+        missing,
+    })
 }
 
 /// The final assistant text of a step (`None` step: the last step). Errors when the step does

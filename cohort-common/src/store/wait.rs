@@ -9,7 +9,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::record::RunState;
 use crate::os::lock;
 use crate::store::discover::Found;
@@ -37,14 +37,20 @@ pub enum WaitOutcome {
 ///
 /// A legacy record is never waited on: it has no lock and nothing will ever change it, so its
 /// stored state is the answer.
+///
+/// Errors: those of observing a run; [`Error::Resource`] when a waiting thread (one per run)
+/// cannot be created.
 pub fn wait(runs: Vec<Found>, timeout: Option<Duration>) -> Result<WaitOutcome> {
     let (tx, rx) = mpsc::channel();
     let n = runs.len();
     for found in runs {
         let tx = tx.clone();
-        std::thread::spawn(move || {
-            let _ = tx.send(wait_one(&found).map(|s| (found.id.clone(), s)));
-        });
+        let id = found.id.clone();
+        std::thread::Builder::new()
+            .spawn(move || {
+                let _ = tx.send(wait_one(&found).map(|s| (found.id.clone(), s)));
+            })
+            .map_err(|e| Error::no_thread(format_args!("wait for run {id}"), e))?;
     }
     let deadline = timeout.map(|t| Instant::now() + t);
     let mut done = Vec::new();

@@ -5,7 +5,12 @@
 //! - nothing claims `running` or `queued` once the next reader has settled it;
 //! - no Pi or tool process of the run is left;
 //! - no staging directory or temp file survives the next reap;
+//! - that reap (`--all-terminal --sessions --orphan-sessions`) leaves the state root exactly
+//!   as the same reap leaves it after a clean run, the listing cache and the id hint aside;
 //! - a second reap is a no-op.
+//!
+//! The debris points (`fault::DEBRIS_POINTS`: a killed atomic write, a `--sessions` sweep cut
+//! short) leave something that is not a run: `--doctor` must list it first.
 //!
 //! The full-disk case is in `reliability.rs` (it needs a small tmpfs).
 
@@ -15,8 +20,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use cohort_common::fault::{self, CRASH_ENV};
-use cohort_common::format::record::RunState;
-use cohort_e2e::fixture::Run;
+use cohort_common::format::record::{RunState, StepRecord};
+use cohort_e2e::fixture::{self, Run};
 use cohort_e2e::harness::{stderr, stdout, wait_for, TestEnv, HERMETIC};
 use serde_json::Value;
 
@@ -86,8 +91,8 @@ fn check_invariants(env: &TestEnv, point: &str) {
         );
     }
     // The next reap leaves no staging directory and no temp file, and removes every run (all
-    // are terminal now).
-    let out = env.run("cohort-reap", &["--all-terminal"]);
+    // are terminal now) with its sessions, and whatever no run refers to any more.
+    let out = env.run("cohort-reap", FINAL_REAP);
     assert!(
         matches!(out.status.code(), Some(0)),
         "{point}: reap: {}",
@@ -109,8 +114,13 @@ fn check_invariants(env: &TestEnv, point: &str) {
             tree(&dir)
         );
     }
+    assert_eq!(
+        normal(&left),
+        clean_baseline(),
+        "{point}: the state root differs from a clean run's"
+    );
     // A second reap changes nothing.
-    let out = env.run("cohort-reap", &["--all-terminal"]);
+    let out = env.run("cohort-reap", FINAL_REAP);
     assert_eq!(out.status.code(), Some(0), "{point}: {}", stderr(&out));
     let again = tree(root.path());
     let changed: Vec<_> = left
@@ -121,6 +131,42 @@ fn check_invariants(env: &TestEnv, point: &str) {
         changed.is_empty(),
         "{point}: the second reap changed {changed:?}"
     );
+}
+
+/// The reap after a crash, and after the clean run it is compared with.
+const FINAL_REAP: &[&str] = &["--all-terminal", "--sessions", "--orphan-sessions"];
+
+/// A state root's tree without the listing cache (`.status-index`, rebuilt at will), the id
+/// hint (`.last-run-id`) and the empty directories every state root may have: what a reap
+/// must leave the same whatever crashed before it.
+fn normal(tree: &BTreeSet<PathBuf>) -> BTreeSet<PathBuf> {
+    const LAYOUT: [&str; 5] = [
+        "async-subagent-runs",
+        "nested-subagent-runs",
+        "nested-subagent-events",
+        "sessions",
+        ".reap-trash",
+    ];
+    tree.iter()
+        .filter(|p| !p.starts_with(".status-index") && !p.starts_with(".last-run-id"))
+        .filter(|p| !LAYOUT.iter().any(|d| p.as_path() == Path::new(d)))
+        .cloned()
+        .collect()
+}
+
+/// What [`FINAL_REAP`] leaves after one clean run (spawned, ended, nothing killed), made once.
+fn clean_baseline() -> BTreeSet<PathBuf> {
+    static BASELINE: std::sync::OnceLock<BTreeSet<PathBuf>> = std::sync::OnceLock::new();
+    BASELINE
+        .get_or_init(|| {
+            let env = TestEnv::new();
+            let id = env.spawn(&["--model", "fake/plain", "a clean run"]);
+            env.wait_terminal(&id, 60);
+            let out = env.run("cohort-reap", FINAL_REAP);
+            assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+            normal(&tree(env.state_root().path()))
+        })
+        .clone()
 }
 
 /// Spawn a run with `point` armed, and wait for spawn to end; returns whether spawn was
@@ -194,13 +240,82 @@ fn reap_crash_points() {
         let status = env
             .cmd("cohort-reap")
             .env(CRASH_ENV, point)
-            .arg("--all-terminal")
+            .args(["--all-terminal", "--sessions"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
             .unwrap();
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(libc::SIGKILL), "{point}: not killed");
+        check_invariants(&env, point);
+    }
+}
+
+/// A spawn killed in its first atomic write (`R/.last-run-id`, a 0-byte temp file left), and a
+/// `--sessions` reap killed after its first session file: `--doctor` lists what they left,
+/// and the next reap leaves the state root as after a clean run.
+#[test]
+fn debris_crash_points() {
+    for point in fault::DEBRIS_POINTS {
+        let env = TestEnv::new();
+        let root = env.state_root();
+        let listed_by_doctor = match point {
+            "files.temp-created" => {
+                assert!(
+                    spawn_with_crash(&env, point),
+                    "{point}: spawn was not killed"
+                );
+                let temps: Vec<_> = std::fs::read_dir(root.path())
+                    .unwrap()
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
+                    .map(|e| e.path())
+                    .collect();
+                assert_eq!(temps.len(), 1, "{point}: {temps:?}");
+                assert_eq!(std::fs::metadata(&temps[0]).unwrap().len(), 0);
+                temps[0].display().to_string()
+            }
+            "reap.during-sessions" => {
+                let id = env.spawn(&["--model", "fake/plain", "a run with sessions"]);
+                env.wait_terminal(&id, 60);
+                let (child, dir) = Run::new(RunState::Complete)
+                    .nested(&id, &id, None)
+                    .write(&env);
+                let session = root.default_session_dir(&child).join("step-0.jsonl");
+                std::fs::create_dir_all(session.parent().unwrap()).unwrap();
+                std::fs::write(&session, b"{}\n").unwrap();
+                fixture::edit(&dir, |r| {
+                    r.steps = vec![StepRecord {
+                        session_file: Some(session.clone()),
+                        ..Default::default()
+                    }]
+                });
+                let status = env
+                    .cmd("cohort-reap")
+                    .env(CRASH_ENV, point)
+                    .args(["--all-terminal", "--sessions"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .unwrap();
+                use std::os::unix::process::ExitStatusExt;
+                assert_eq!(status.signal(), Some(libc::SIGKILL), "{point}: not killed");
+                // The run is gone; one of the two session dirs and the route are left.
+                assert!(!env.run_dir(&id).exists());
+                assert!(
+                    root.route_dir(&id).exists(),
+                    "{point}: the route went first"
+                );
+                root.route_dir(&id).display().to_string()
+            }
+            other => panic!("no case for debris point {other}"),
+        };
+        let doctor = env.run("cohort-status", &["--doctor"]);
+        assert!(
+            stdout(&doctor).contains(&listed_by_doctor),
+            "{point}: --doctor does not list {listed_by_doctor}: {}",
+            stdout(&doctor)
+        );
         check_invariants(&env, point);
     }
 }

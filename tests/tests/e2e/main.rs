@@ -23,6 +23,7 @@ mod foundation;
 mod hardening;
 mod hook;
 mod hygiene;
+mod limits;
 mod nested;
 mod pi_contract;
 mod readme;

@@ -126,6 +126,40 @@ fn a_nested_start_beyond_the_maximum_depth_is_refused() {
     assert!(nested_dirs(&env, &root).is_empty());
 }
 
+#[test]
+fn a_nested_start_beyond_the_trees_live_maximum_is_refused() {
+    let env = TestEnv::new();
+    let root = env.spawn(&[
+        "--model",
+        "fake/tool",
+        "--max-nested",
+        "1",
+        &format!(
+            "RUN: {} ; {} ; echo exit=$?",
+            nested_spawn_command("fake/slow", "one alive"),
+            nested_spawn_command("fake/plain", "one too many")
+        ),
+    ]);
+    let rec = env.wait_terminal(&root, 60);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let out = stdout(&env.run("cohort-status", &["--output", &root]));
+    assert!(
+        out.contains("1 nested runs of this tree are alive, the tree's maximum 1")
+            && out.contains("exit=2"),
+        "{out}"
+    );
+    // Only the first started; end it.
+    let dirs = nested_dirs(&env, &root);
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let pid = read_json(&dirs[0].join("status.json"))["pid"]
+        .as_u64()
+        .map(|p| p as u32);
+    if let Some(pid) = pid {
+        signal(pid, nix::sys::signal::Signal::SIGTERM);
+    }
+    env.wait_terminal_at(&dirs[0], 60);
+}
+
 /// A live top-level run (streaming slowly) and the route variables a child of its step 0 has.
 fn route_env(env: &TestEnv) -> (String, Vec<(String, String)>) {
     let root = env.spawn(&["--model", "fake/slow", "root"]);

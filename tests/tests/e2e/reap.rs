@@ -935,6 +935,10 @@ fn sessions_removes_what_cohort_created_and_keeps_what_the_user_named_or_a_run_u
     let original = top(&env, RunState::Complete, HOUR);
     let revival = top(&env, RunState::Complete, 0);
     set_session(&env, &revival, &own(&original));
+    // An original and its revival reaped together: nothing that stays uses the file.
+    let original2 = top(&env, RunState::Complete, HOUR);
+    let revival2 = top(&env, RunState::Complete, HOUR);
+    set_session(&env, &revival2, &own(&original2));
     // A run whose session file a live process holds locked.
     let locked = top(&env, RunState::Complete, HOUR);
     let held = RunLock::acquire(&own(&locked), Duration::from_secs(1)).unwrap();
@@ -968,7 +972,7 @@ fn sessions_removes_what_cohort_created_and_keeps_what_the_user_named_or_a_run_u
 
     let (code, lines, err) = reap_json(&env, &sel);
     assert_eq!(code, Some(0), "{err}");
-    assert_eq!(lines.len(), 4, "{lines:#?}");
+    assert_eq!(lines.len(), 6, "{lines:#?}");
     drop(held);
 
     // Cohort's own files of the removed runs are gone, with their dirs and the tree's route.
@@ -998,6 +1002,15 @@ fn sessions_removes_what_cohort_created_and_keeps_what_the_user_named_or_a_run_u
         vec![own(&original).display().to_string()]
     );
     assert!(own(&original).is_file());
+    // Revived and reaped in the same reap: the original's file goes, with both session dirs.
+    let l = by_id(&lines, &original2);
+    assert_eq!(
+        strings(&l["sessionsRemoved"]),
+        vec![own(&original2).display().to_string()]
+    );
+    for id in [&original2, &revival2] {
+        assert!(!root.default_session_dir(id).exists(), "{id}");
+    }
     // A file a live process holds is kept.
     let l = by_id(&lines, &locked);
     assert_eq!(
@@ -1022,9 +1035,36 @@ fn sessions_removes_what_cohort_created_and_keeps_what_the_user_named_or_a_run_u
     );
     assert!(
         text.contains(&format!(
-            "kept session {} (not in run",
+            "kept session {} (not in the own session dir of a removed run",
             own(&original).display()
         )),
         "{text}"
     );
+
+    // No run refers to the original's session dir any more, nor to the locked run's now that
+    // its lock is free: --orphan-sessions lists them in a dry run, changing nothing, and then
+    // removes them; the user's file stays.
+    let dir = root.default_session_dir(&original);
+    let before = tree_sans_reaper_lock(&env);
+    let out = reap(&env, &["--orphan-sessions", "--dry-run"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("would be removed")
+            && stderr(&out).contains(&dir.display().to_string()),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(tree_sans_reaper_lock(&env), before);
+    let doctor = env.run("cohort-status", &["--doctor"]);
+    assert!(
+        stdout(&doctor).contains(&format!("session dir {}", dir.display())),
+        "{}",
+        stdout(&doctor)
+    );
+    let out = reap(&env, &["--orphan-sessions"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!dir.exists() && !root.default_session_dir(&locked).exists());
+    assert!(user_file.is_file());
+    let out = reap(&env, &["--orphan-sessions", "--dry-run"]);
+    assert!(!stderr(&out).contains("orphan"), "{}", stderr(&out));
 }

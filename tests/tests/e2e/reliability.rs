@@ -459,3 +459,40 @@ process.exit(1);
     assert!(line.contains("boom: missing module"), "{line}");
     assert!(line.chars().count() < 260, "one short line: {line}");
 }
+
+#[test]
+fn spawns_on_a_full_disk_fail_in_one_line_and_leave_no_staging_directory() {
+    let env = TestEnv::new();
+    let Some(disk) = SmallDisk::mount(&env.tmp.path().join("small"), "256k") else {
+        eprintln!("skipped: cannot mount a tmpfs here (mounting needs root)");
+        return;
+    };
+    let profile = disk.0.join("profile");
+    std::fs::create_dir_all(&profile).unwrap();
+    for f in ["models.json", "settings.json"] {
+        std::fs::copy(env.profile.join(f), profile.join(f)).unwrap();
+    }
+    let runs = profile.join("pi-cohort/async-subagent-runs");
+    std::fs::create_dir_all(&runs).unwrap();
+    fill(&disk.0);
+    for i in 0..20 {
+        let out = env
+            .cmd("cohort-spawn")
+            .env("PI_CODING_AGENT_DIR", &profile)
+            .args(["--model", "fake/plain", &format!("no room {i}")])
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "spawn {i}: {err}");
+        assert_eq!(err.lines().count(), 1, "spawn {i}: {err}");
+        let left: Vec<String> = std::fs::read_dir(&runs)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            left.iter().all(|n| !n.starts_with(".spawn-")),
+            "spawn {i} left {left:?}: {err}"
+        );
+    }
+}

@@ -456,3 +456,30 @@ fn streamed_text_reaches_the_output_log_while_the_message_is_still_going() {
     signal(pid, nix::sys::signal::Signal::SIGTERM);
     assert_eq!(env.wait_terminal(&id, 30)["state"], "stopped");
 }
+
+#[test]
+fn the_output_of_a_final_group_with_a_failed_member_prints_what_exists_and_names_the_rest() {
+    let env = TestEnv::new();
+    let chain = env.chain_file(
+        r#"{"steps": [
+            {"parallel": [
+                {"task": "answers KIWI", "model": "fake/plain", "label": "good"},
+                {"task": "broken", "model": "fake/err400", "label": "broken"}
+            ]}
+        ]}"#,
+    );
+    let id = env.spawn(&["--chain", &chain]);
+    let rec = env.wait_terminal(&id, 60);
+    assert_eq!(rec["state"], "failed", "{rec:#}");
+    let out = env.run("cohort-status", &["--output", &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("## good") && text.contains("KIWI"), "{text}");
+    assert!(!text.contains("## broken"), "{text}");
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("step 1 of run") && err.contains("failed"),
+        "{err}"
+    );
+}
