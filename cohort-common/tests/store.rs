@@ -122,16 +122,19 @@ fn queued_is_starting_while_its_lock_is_held_and_settled_once_it_is_free() {
 }
 
 #[test]
-fn a_running_record_without_a_lock_file_is_settled_under_a_new_lock() {
+fn a_record_without_a_lock_file_is_unresolved_and_left_as_it_is() {
     let t = tempfile::tempdir().unwrap();
     let root = StateRoot::for_profile(t.path());
-    let dir = make_run(&root, RunState::Running);
-    std::fs::remove_file(dir.lock()).unwrap();
-    let obs = observe(&dir).unwrap();
-    assert_eq!(obs.record.state, RunState::Failed);
-    assert_eq!(obs.record.error.as_deref(), Some(RUNNER_LOST));
-    assert_eq!(record::load(&dir.status()).unwrap().state, RunState::Failed);
-    assert!(dir.lock().is_file());
+    for state in [RunState::Running, RunState::Queued] {
+        let dir = make_run(&root, state);
+        std::fs::remove_file(dir.lock()).unwrap();
+        let before = std::fs::read(dir.status()).unwrap();
+        let obs = observe(&dir).unwrap();
+        assert_eq!(obs.judgement, Judgement::Unresolved, "{state:?}");
+        assert_eq!(obs.record.state, state);
+        assert_eq!(std::fs::read(dir.status()).unwrap(), before);
+        assert!(!dir.lock().exists() && !dir.events().exists());
+    }
 }
 
 fn make_run(root: &StateRoot, state: RunState) -> RunDir {

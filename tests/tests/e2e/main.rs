@@ -28,3 +28,4 @@ mod shell;
 mod slurm;
 mod spawn_wait;
 mod status;
+mod trust;

@@ -1,0 +1,218 @@
+//! End-to-end: the trust boundaries (`docs/architecture.md`, "Trust model"). cohort settles,
+//! rewrites and reaps only runs that carry its own liveness protocol; records it did not write
+//! are read and left byte for byte; a process is signalled only with proof that it is the
+//! run's.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use cohort_common::format::record::{now_ms, RunState};
+use cohort_e2e::fixture::Run;
+use cohort_e2e::harness::{json_lines, stderr, stdout, TestEnv};
+use serde_json::{json, Value};
+
+/// A process of this test that records no signal of its own but can be watched: `sleep`,
+/// ended by the guard by pid.
+struct Sleeper(Child);
+
+impl Sleeper {
+    fn start() -> Sleeper {
+        let child = Command::new("sleep")
+            .arg("300")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start sleep");
+        Sleeper(child)
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Still running (not a zombie: the test has not reaped it, so a signalled sleep would
+    /// show as exited here).
+    fn alive(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A run record shaped as pi-cohort's own runner publishes it (no `formatVersion`, no
+/// `runner.lock`, ids as UUIDv4): `runId`, `mode`, `state`, the runner's `pid`, `startedAt`,
+/// `lastUpdate`, `currentStep`, `cwd`, `asyncDir` and the steps as `{agent, status,
+/// startedAt}`.
+fn seed_record(dir: &Path, id: &str, state: &str, pid: Option<u32>) -> Value {
+    let now = now_ms();
+    let step_status = match state {
+        "complete" => "completed",
+        "queued" => "pending",
+        other => other,
+    };
+    let mut v = json!({
+        "runId": id,
+        "sessionId": "0197a3c1-pi-session",
+        "mode": "single",
+        "state": state,
+        "startedAt": now - 60_000,
+        "lastUpdate": now - 1_000,
+        "currentStep": 0,
+        "cwd": "/tmp",
+        "asyncDir": dir.display().to_string(),
+        "steps": [{"agent": "worker", "status": step_status, "startedAt": now - 60_000}],
+    });
+    if let Some(pid) = pid {
+        v["pid"] = pid.into();
+    }
+    if state == "complete" {
+        v["endedAt"] = (now - 2_000).into();
+    }
+    v
+}
+
+/// Write a seed-shaped record into `env`'s runs directory; returns its directory.
+fn put_seed(env: &TestEnv, id: &str, state: &str, pid: Option<u32>) -> PathBuf {
+    let dir = env.state_root().runs_dir().join(id);
+    std::fs::create_dir_all(&dir).unwrap();
+    let body = serde_json::to_vec_pretty(&seed_record(&dir, id, state, pid)).unwrap();
+    std::fs::write(dir.join("status.json"), body).unwrap();
+    dir
+}
+
+/// Every file under `dir` with its bytes, sorted by path: what "byte for byte" compares.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.clone(), std::fs::read(&p).unwrap_or_default()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn pi_cohort_records_survive_every_reader_and_reap_byte_for_byte() {
+    let env = TestEnv::new();
+    let mut runner = Sleeper::start();
+    // A pid that is certainly not alive: beyond the kernel's pid_max.
+    let dead = 4_194_305;
+    let running = put_seed(
+        &env,
+        "5d7e1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b",
+        "running",
+        Some(runner.pid()),
+    );
+    let lost = put_seed(
+        &env,
+        "6e8f2b3c-4d5e-4f60-9bac-1d2e3f4a5b6c",
+        "running",
+        Some(dead),
+    );
+    let queued = put_seed(&env, "7f903c4d-5e6f-4071-acbd-2e3f4a5b6c7d", "queued", None);
+    let paused = put_seed(
+        &env,
+        "80a14d5e-6f70-4182-bdce-3f4a5b6c7d8e",
+        "paused",
+        Some(dead),
+    );
+    let finished = put_seed(
+        &env,
+        "91b25e6f-7081-4293-cedf-4a5b6c7d8e9f",
+        "complete",
+        Some(dead),
+    );
+    // A cohort record whose runner.lock is missing: damage, left as it is.
+    let (broken_id, broken) = Run::new(RunState::Running).without_lock_file().write(&env);
+    let kept = [&running, &lost, &queued, &paused, broken.path()];
+    let before: Vec<_> = kept.iter().map(|d| snapshot(d)).collect();
+
+    let list = env.run("cohort-status", &["--json"]);
+    assert!(list.status.success(), "{}", stderr(&list));
+    let rows = json_lines(&stdout(&list));
+    let row = |id: &str| {
+        rows.iter()
+            .find(|r| r["runId"] == id)
+            .unwrap_or_else(|| panic!("{id} not listed: {rows:?}"))
+            .clone()
+    };
+    let r = row("5d7e1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b");
+    assert_eq!(
+        (r["origin"].as_str(), r["state"].as_str()),
+        (Some("pi-cohort"), Some("running"))
+    );
+    assert_eq!(r["live"], true, "{r}");
+    let r = row("6e8f2b3c-4d5e-4f60-9bac-1d2e3f4a5b6c");
+    assert_eq!(
+        (r["state"].as_str(), r["live"].as_bool()),
+        (Some("running"), Some(false))
+    );
+    let r = row("7f903c4d-5e6f-4071-acbd-2e3f4a5b6c7d");
+    assert_eq!(
+        (r["state"].as_str(), r["unresolved"].as_bool()),
+        (Some("queued"), Some(true))
+    );
+    let r = row(&broken_id);
+    assert_eq!(
+        (r["origin"].as_str(), r["unresolved"].as_bool()),
+        (Some("top"), Some(true))
+    );
+    // The table says so too.
+    let table = stdout(&env.run("cohort-status", &[]));
+    assert!(
+        table.contains("(pi-cohort)") && table.contains("(unresolved)"),
+        "{table}"
+    );
+    // The single view of each.
+    for id in ["7f903c4d", "6e8f2b3c", &broken_id[..8]] {
+        let out = env.run("cohort-status", &[id]);
+        assert!(out.status.success(), "{id}: {}", stderr(&out));
+    }
+    // `--wait` does not block on a record with no lock of cohort's protocol, nor fail.
+    let out = env.run("cohort-status", &["--wait", "7f903c4d"]);
+    assert_ne!(out.status.code(), Some(2), "{}", stderr(&out));
+
+    for args in [&["--check"][..], &["--doctor"], &["--all"]] {
+        let _ = env.run("cohort-status", args);
+    }
+    let dry = env.run("cohort-reap", &["--all-terminal", "--dry-run"]);
+    let plan = stdout(&dry);
+    assert!(
+        !plan.contains("80a14d5e"),
+        "a paused pi-cohort run is planned: {plan}"
+    );
+    let reap = env.run("cohort-reap", &["--all-terminal"]);
+    assert!(reap.status.success(), "{}{}", stdout(&reap), stderr(&reap));
+    for name in [
+        "5d7e1a2b",
+        "6e8f2b3c",
+        "7f903c4d",
+        "80a14d5e",
+        &broken_id[..8],
+    ] {
+        let out = env.run("cohort-reap", &[name]);
+        assert_eq!(out.status.code(), Some(1), "{name}: {}", stdout(&out));
+    }
+    let after: Vec<_> = kept.iter().map(|d| snapshot(d)).collect();
+    assert_eq!(
+        before, after,
+        "a record cohort did not write, or without its lock, changed"
+    );
+    assert!(runner.alive(), "the pi-cohort runner was signalled");
+    // The terminal one, whose recorded runner is gone, was reaped.
+    assert!(!finished.exists(), "{}", stdout(&reap));
+}
