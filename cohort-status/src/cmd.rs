@@ -271,18 +271,18 @@ fn pid(root: &StateRoot, ids: &[String]) -> anyhow::Result<u8> {
     }
     // A scheduler run's runner lives on a node, where a pid means nothing here: its backend
     // says how to stop it.
-    let rec = cohort_common::format::record::load(&found.dir.status())?;
+    let rec = observe::load_record(&found.dir.status(), &found.id)?;
     if let Some(why) = backend::pid_refusal(rec.backend.as_ref()) {
         eprintln!("cohort-status: run {} {why}", found.id);
         return Ok(exit::NEGATIVE);
     }
     match crate::watch::started_runner_pid(&found.dir, STARTING_WAIT)? {
-        Some(pid) => {
+        Ok(pid) => {
             cli::out(&format!("{pid}\n"))?;
             Ok(exit::SUCCESS)
         }
-        None => {
-            eprintln!("cohort-status: run {} has no live runner", found.id);
+        Err(why) => {
+            eprintln!("cohort-status: run {} {}", found.id, text::untrusted(&why));
             Ok(exit::NEGATIVE)
         }
     }

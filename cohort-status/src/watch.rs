@@ -16,9 +16,9 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
 use cohort_common::error::{Error, Result};
 use cohort_common::format::layout::RunDir;
-use cohort_common::format::record::{self, RunState};
+use cohort_common::format::record::RunState;
 use cohort_common::os::lock;
-use cohort_common::store::observe::live_runner_pid;
+use cohort_common::store::observe::runner_pid;
 
 /// A watch on one directory: files renamed into it, written and closed in it, or removed from
 /// it (the ways the format's files change).
@@ -84,23 +84,30 @@ impl DirWatch {
     }
 }
 
-/// [`cohort_common::store::observe::live_runner_pid`], waiting up to `timeout` while the run is starting (`queued`, its lock
-/// held): its runner has taken over the lock and publishes `running` with its pid a moment
-/// later (`cohort-spawn` returns as soon as the runner holds the lock). The wait sleeps on the
-/// run directory ([`DirWatch`]), it does not poll. `None` when the run is not alive, or
-/// is still starting at the deadline.
-pub fn started_runner_pid(dir: &RunDir, timeout: std::time::Duration) -> Result<Option<u32>> {
+/// [`cohort_common::store::observe::runner_pid`], waiting up to `timeout` while the run is
+/// starting (`queued`, its lock held): its runner has taken over the lock and publishes
+/// `running` with its pid a moment later (`cohort-spawn` returns as soon as the runner holds
+/// the lock). The wait sleeps on the run directory ([`DirWatch`]), it does not poll. `Err`
+/// (inner) says why there is no pid to give: the run is not alive, its recorded pid is not its
+/// runner, or it is still starting at the deadline.
+pub fn started_runner_pid(
+    dir: &RunDir,
+    timeout: std::time::Duration,
+) -> Result<std::result::Result<u32, String>> {
     let deadline = std::time::Instant::now() + timeout;
     // Watch first, then check: a `running` published between the check and the wait is seen.
     let watch = DirWatch::new(dir.path())?;
     loop {
-        if let Some(pid) = live_runner_pid(dir)? {
-            return Ok(Some(pid));
-        }
-        let starting = record::load(&dir.status())?.state == RunState::Queued
+        let why = match runner_pid(dir)? {
+            Ok(pid) => return Ok(Ok(pid)),
+            Err(why) => why,
+        };
+        let starting = cohort_common::store::observe::load_record(&dir.status(), &dir.name())?
+            .state
+            == RunState::Queued
             && lock::probe(&dir.lock())?.is_alive();
         if !starting || !watch.wait_change(deadline)? {
-            return Ok(None);
+            return Ok(Err(why));
         }
     }
 }

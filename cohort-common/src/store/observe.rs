@@ -476,17 +476,18 @@ pub fn settle(dir: &RunDir, job: Option<&Phase>) -> Result<Settled> {
 pub const SURVIVOR_GRACE_MAX: Duration = Duration::from_secs(5);
 
 /// The processes of a run recorded in its `processes.json` that are still alive as the same
-/// processes (same start time, same boot; [`processes::still_alive`]). Empty when the run has
-/// no list.
+/// processes (same start time, same boot; [`processes::still_alive`]) *and* are provably the
+/// run's ([`procinfo::belongs_to_run`]: not pid 1, not the caller or its ancestors, the
+/// caller's user, the run's marker in their own environment). A file anyone could have written
+/// names them; only the processes themselves prove it. Empty when the run has no list.
 ///
 /// Errors: the list cannot be read ([`processes::load`]).
 pub fn live_processes(dir: &RunDir) -> Result<Vec<TrackedProcess>> {
     let t = processes::load(&dir.processes())?;
-    Ok(processes::still_alive(
-        &t,
-        &procinfo::boot_id(),
-        procinfo::stat,
-    ))
+    let run_id = dir.name();
+    let mut alive = processes::still_alive(&t, &procinfo::boot_id(), procinfo::stat);
+    alive.retain(|p| procinfo::belongs_to_run(p.pid, &run_id).is_ok());
+    Ok(alive)
 }
 
 /// For a lost run, under its lock: find the processes of the run that outlived its runner (a
@@ -529,19 +530,41 @@ pub fn settle_survivors(dir: &RunDir, rec: &mut RunRecord) -> String {
     error
 }
 
-/// The runner's pid, only if the runner is alive now *and* the process with that pid is the
-/// recorded runner (same start time and boot id): safe to `kill`. `None` otherwise.
-pub fn live_runner_pid(dir: &RunDir) -> Result<Option<u32>> {
-    let rec = record::load(&dir.status())?;
+/// The runner's pid, only if the runner is alive now (it holds the lock), the process with
+/// that pid is the recorded runner (same start time and boot id) *and* it is this run's runner
+/// ([`procinfo::is_runner_of`]: its executable is `cohort-runner`, its argument the run
+/// directory, the caller's user): safe to `kill`. Otherwise `Err` says why, in words for a
+/// person ("has no live runner", …).
+///
+/// Errors (outer): the record cannot be read or the lock cannot be probed.
+pub fn runner_pid(dir: &RunDir) -> Result<std::result::Result<u32, String>> {
+    let rec = load_record(&dir.status(), &dir.name())?;
+    if !written_by_cohort(&rec) {
+        return Ok(Err(
+            "is a pi-cohort record; cohort cannot vouch for its runner".into(),
+        ));
+    }
     if !lock::probe(&dir.lock())?.is_alive() {
-        return Ok(None);
+        return Ok(Err("has no live runner".into()));
     }
-    match (rec.pid, rec.pid_start_time, rec.boot_id.as_deref()) {
-        (Some(pid), Some(start), Some(boot)) if procinfo::is_same_process(pid, start, boot) => {
-            Ok(Some(pid))
-        }
-        _ => Ok(None),
+    let (Some(pid), Some(start), Some(boot)) =
+        (rec.pid, rec.pid_start_time, rec.boot_id.as_deref())
+    else {
+        return Ok(Err("has not recorded its runner yet".into()));
+    };
+    if !procinfo::is_same_process(pid, start, boot) {
+        return Ok(Err(format!(
+            "records runner pid {pid}, but that process is gone or is another process now"
+        )));
     }
+    Ok(procinfo::is_runner_of(pid, dir.path())
+        .map(|()| pid)
+        .map_err(|why| format!("records runner pid {pid}, which is not its runner: {why}")))
+}
+
+/// [`runner_pid`] without the reason: `Some(pid)` only for the run's proven runner.
+pub fn live_runner_pid(dir: &RunDir) -> Result<Option<u32>> {
+    Ok(runner_pid(dir)?.ok())
 }
 
 #[cfg(test)]

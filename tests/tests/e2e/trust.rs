@@ -216,3 +216,79 @@ fn pi_cohort_records_survive_every_reader_and_reap_byte_for_byte() {
     // The terminal one, whose recorded runner is gone, was reaped.
     assert!(!finished.exists(), "{}", stdout(&reap));
 }
+
+/// `processes.json` naming `pids` with their real start times, on this boot.
+fn craft_processes(dir: &cohort_common::format::layout::RunDir, pids: &[u32]) {
+    use cohort_common::format::processes::{self, Tracked, TrackedProcess};
+    use cohort_common::identity::procinfo;
+    let processes = pids
+        .iter()
+        .map(|&pid| TrackedProcess {
+            pid,
+            start_time: procinfo::stat(pid).expect("alive").start_time,
+            step: 0,
+            cmdline: procinfo::cmdline(pid),
+        })
+        .collect();
+    let t = Tracked {
+        format_version: 1,
+        boot_id: procinfo::boot_id(),
+        processes,
+    };
+    processes::store(&dir.processes(), &t).unwrap();
+}
+
+#[test]
+fn a_crafted_process_list_gets_no_process_signalled() {
+    let env = TestEnv::new();
+    let mut sleeper = Sleeper::start();
+    // A lost run (free lock) whose process list names our own sleep and init, both with their
+    // real start times: anyone can read those from /proc.
+    let (id, dir) = Run::new(RunState::Running).write(&env);
+    craft_processes(&dir, &[sleeper.pid(), 1]);
+    let out = env.run("cohort-status", &["--check"]);
+    assert_ne!(out.status.code(), Some(2), "{}", stderr(&out));
+    let rec = env.record(&id);
+    assert_eq!(rec["state"], "failed", "{rec}");
+    assert_eq!(rec["error"], "runner lost", "{rec}");
+    assert!(
+        rec["survivors"].as_array().is_none_or(|s| s.is_empty()),
+        "{rec}"
+    );
+    let events = std::fs::read_to_string(dir.events()).unwrap_or_default();
+    assert!(!events.contains("run.survivors"), "{events}");
+    assert!(
+        sleeper.alive(),
+        "a process that is not the run's was signalled"
+    );
+    // Reap does not refuse the run for processes that are not its own.
+    let reap = env.run("cohort-reap", &[&id]);
+    assert!(reap.status.success(), "{}", stdout(&reap));
+}
+
+#[test]
+fn pid_prints_only_the_runs_own_runner() {
+    use cohort_common::identity::procinfo;
+    use cohort_common::os::lock::RunLock;
+    let env = TestEnv::new();
+    let sleeper = Sleeper::start();
+    for pid in [sleeper.pid(), 1] {
+        // An edited record: a live process's real identity, and a lock someone holds.
+        let (id, dir) = Run::new(RunState::Running)
+            .edit(|r| {
+                r.pid = Some(pid);
+                r.pid_start_time = procinfo::stat(pid).map(|s| s.start_time);
+                r.boot_id = Some(procinfo::boot_id());
+            })
+            .write(&env);
+        let _held = RunLock::try_acquire(&dir.lock()).unwrap().expect("free");
+        let out = env.run("cohort-status", &["--pid", &id]);
+        assert_eq!(out.status.code(), Some(1), "pid {pid}: {}", stdout(&out));
+        assert_eq!(stdout(&out), "", "pid {pid}");
+        assert!(stderr(&out).contains("not its runner"), "{}", stderr(&out));
+    }
+    // A real runner's pid is printed: the one its record names, and it stops the run.
+    let id = env.spawn(&["--model", "fake/slow", "slow"]);
+    let pid = env.stop(&id);
+    assert_eq!(env.record(&id)["pid"], pid, "{}", env.record(&id));
+}
