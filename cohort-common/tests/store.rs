@@ -210,9 +210,13 @@ fn racy_or_corrupt_index_is_rebuilt() {
     assert!(View::open(&root).unwrap().rebuilt());
 }
 
+/// A run written where the runs directory really is (cohort never writes through a runs
+/// directory that is a symlink; a test that plants one writes the run the way another tool
+/// would, straight into the link's target).
 fn put(root: &StateRoot, state: RunState) -> String {
     let id = RunId::new().to_string();
-    let dir = root.run_dir(&id);
+    let runs = std::fs::canonicalize(root.runs_dir()).unwrap_or_else(|_| root.runs_dir());
+    let dir = RunDir::new(runs.join(&id));
     files::create_dir_all_private(dir.path()).unwrap();
     let mut r = RunRecord::queued(&id.parse().unwrap(), RunMode::Single);
     r.state = state;
@@ -419,6 +423,9 @@ fn a_runs_directory_that_is_a_symlink_is_listed_where_it_points() {
         )
     };
     assert_eq!(rc, 0);
+    // cohort itself never writes through the link.
+    assert!(files::create_dir_all_private(root.run_dir("x").path()).is_err());
+    assert!(!real.join("x").exists());
     settled_with_one_run(&root);
     let a = spawn_journaled(&root);
     assert_eq!(View::open(&root).unwrap().newest(1)[0].display_name(), a);

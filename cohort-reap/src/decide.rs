@@ -485,8 +485,8 @@ mod tests {
     }
 
     /// Every combination of state and lock, named or by filter: removal exactly when terminal
-    /// and unlocked; a named run is never silently skipped; a filter never reports non-terminal
-    /// runs.
+    /// and unlocked with a lock file (a cohort record without one is unresolved); a named run
+    /// is never silently skipped; a filter never reports non-terminal runs.
     #[test]
     fn decide_run_table() {
         for state in ALL_STATES {
@@ -499,7 +499,8 @@ mod tests {
                         picked,
                         &Now::wall(5_000),
                     );
-                    let removable = state.is_terminal() && !live.is_alive();
+                    let removable =
+                        state.is_terminal() && !live.is_alive() && live != Liveness::NoLockFile;
                     assert_eq!(
                         d == Decision::Remove,
                         removable,

@@ -103,18 +103,19 @@ pub fn start(
 }
 
 /// Write step `step`'s task (with `previous` substituted) and its agent's prompt, if it has
-/// one, to their 0600 files in `dir`: they travel there, never in argv. Returns the task file
-/// opened for the child's stdin, and the prompt file's path.
+/// one, to their 0600 files in `dir`, created fresh (`O_EXCL`: a file or link planted there
+/// by an earlier step's tool is never opened): they travel there, never in argv. Returns the
+/// task file opened for the child's stdin, and the prompt file's path.
 fn write_inputs(dir: &RunDir, step: &FlatStep, previous: &str) -> Result<(File, Option<PathBuf>)> {
     let i = step.index;
     let task = spec::substitute_previous(&step.spec.task, previous);
     let task_path = dir.task_file(i);
-    files::write_atomic(&task_path, task.as_bytes())?;
+    files::create_unsynced(&task_path, task.as_bytes())?;
     drop(task);
     let prompt_path = match &step.spec.resolved_agent {
         Some(agent) => {
             let p = dir.prompt_file(i);
-            files::write_atomic(&p, agent.prompt.as_bytes())?;
+            files::create_unsynced(&p, agent.prompt.as_bytes())?;
             Some(p)
         }
         None => None,

@@ -98,12 +98,13 @@ pub struct OutputLog {
 }
 
 impl OutputLog {
-    /// Open the log at `path` for appending, to hold at most `cap` bytes.
+    /// Create the log at `path`, fresh (`O_EXCL`: a file or link a step's tool planted there
+    /// is never opened), to hold at most `cap` bytes.
     ///
-    /// Errors: the file cannot be opened (a typed error naming the path).
+    /// Errors: the file exists or cannot be created (a typed error naming the path).
     pub fn open(path: &Path, cap: u64) -> Result<OutputLog> {
         Ok(OutputLog {
-            file: files::open_append(path)?,
+            file: files::create_file_exclusive(path)?,
             written: 0,
             cap,
             truncated: false,

@@ -292,3 +292,60 @@ fn pid_prints_only_the_runs_own_runner() {
     let pid = env.stop(&id);
     assert_eq!(env.record(&id)["pid"], pid, "{}", env.record(&id));
 }
+
+/// A directory outside the state root holding one file, and a symlink at `link` to it.
+fn plant_link(env: &TestEnv, link: &Path) -> (PathBuf, Vec<(PathBuf, Vec<u8>)>) {
+    let target = env.tmp.path().join(format!(
+        "target-{}",
+        link.file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("names"), b"precious\n").unwrap();
+    std::fs::write(target.join("events.jsonl"), b"precious\n").unwrap();
+    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&target, link).unwrap();
+    let before = snapshot(&target);
+    (target, before)
+}
+
+#[test]
+fn nothing_is_written_through_a_planted_link() {
+    let env = TestEnv::new();
+    let root = env.state_root();
+    // A listing index that is a link.
+    let (index_target, index_before) = plant_link(&env, &root.index_dir());
+    // A lost run whose events.jsonl is a link to a file outside the root.
+    let (id, dir) = Run::new(RunState::Running).write(&env);
+    let outside = env.tmp.path().join("outside-events.jsonl");
+    std::fs::write(&outside, b"precious\n").unwrap();
+    std::os::unix::fs::symlink(&outside, dir.events()).unwrap();
+    for _ in 0..2 {
+        let out = env.run("cohort-status", &["--all"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let _ = env.run("cohort-status", &[&id]);
+    assert_eq!(
+        snapshot(&index_target),
+        index_before,
+        "written through .status-index"
+    );
+    assert_eq!(std::fs::read(&outside).unwrap(), b"precious\n");
+    // The run is still settled: the record is a file of its own.
+    assert_eq!(env.record(&id)["state"], "failed");
+    // Session files never go through a sessions directory that is a link.
+    let (sessions_target, sessions_before) = plant_link(&env, &root.path().join("sessions"));
+    let out = env.spawn_raw(&["--model", "fake/plain", "hello"]);
+    assert_eq!(
+        snapshot(&sessions_target),
+        sessions_before,
+        "written through sessions/"
+    );
+    if out.status.success() {
+        let id = stdout(&out).trim().to_string();
+        let rec = env.wait_terminal(&id, 60);
+        assert_ne!(
+            rec["state"], "complete",
+            "a step ran with its session through a link: {rec}"
+        );
+    }
+}
