@@ -166,6 +166,16 @@ fn open_at(
     Ok(File::from(fd))
 }
 
+/// Whether `path` belongs to this process's effective user (a missing `path` does: whoever
+/// creates it owns it). A reader that does not own the state root never writes there.
+pub fn owned_by_caller(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match fs::metadata(path) {
+        Ok(m) => m.uid() == nix::unistd::geteuid().as_raw(),
+        Err(_) => true,
+    }
+}
+
 /// Create `path` and any missing parents with mode 0700, never through a link below the state
 /// root ([`open_dir`]). An existing directory is fine.
 pub fn create_dir_all_private(path: &Path) -> Result<()> {

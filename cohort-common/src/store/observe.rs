@@ -430,7 +430,26 @@ pub enum Settled {
 /// and ended first ([`settle_survivors`]).
 ///
 /// Errors: the lock file cannot be opened, or the record cannot be read.
+///
+/// A reader whose effective user does not own the run directory never writes there: the run
+/// is settled in memory only ([`Settled::Unwritten`], saying so in its `error`), and nothing is
+/// signalled.
 pub fn settle(dir: &RunDir, job: Option<&Phase>) -> Result<Settled> {
+    if !files::owned_by_caller(dir.path()) {
+        let mut rec = load_record(&dir.status(), &dir.name())?;
+        if !written_by_cohort(&rec) {
+            return Ok(Settled::NotNeeded);
+        }
+        let Some(s) = settlement(rec.state, job) else {
+            return Ok(Settled::NotNeeded);
+        };
+        let error = format!(
+            "{} (not written: this reader does not own the state root)",
+            s.error
+        );
+        settle_record(&mut rec, s.state, s.failure, &error);
+        return Ok(Settled::Unwritten(rec));
+    }
     let lock = match RunLock::try_acquire(&dir.lock()) {
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             return Ok(Settled::NotNeeded)

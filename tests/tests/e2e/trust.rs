@@ -349,3 +349,40 @@ fn nothing_is_written_through_a_planted_link() {
         );
     }
 }
+
+#[test]
+fn a_reader_that_does_not_own_the_state_root_writes_nothing_there() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to give the state root to another user");
+        return;
+    }
+    let env = TestEnv::new();
+    let (id, _) = Run::new(RunState::Running).write(&env);
+    // The profile's state root belongs to another user (uid 65534, nobody).
+    let root = env.state_root();
+    let chown = Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(root.path())
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let before = snapshot(root.path());
+    let out = env.run("cohort-status", &["--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out).matches("read-only").count(),
+        1,
+        "{}",
+        stderr(&out)
+    );
+    let rows = json_lines(&stdout(&out));
+    let row = rows.iter().find(|r| r["runId"] == id.as_str()).unwrap();
+    assert_eq!(row["state"], "failed", "shown settled: {row}");
+    let _ = env.run("cohort-status", &[&id]);
+    assert_eq!(
+        snapshot(root.path()),
+        before,
+        "a non-owner reader wrote in the state root"
+    );
+    assert!(!root.index_dir().exists());
+}
