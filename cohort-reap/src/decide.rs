@@ -484,6 +484,33 @@ mod tests {
         }
     }
 
+    /// A pi-cohort record (no `formatVersion`, no lock file) is removed only when terminal by
+    /// its own rules: `paused` is refused when named and never picked by a filter.
+    #[test]
+    fn a_pi_cohort_record_is_reaped_only_when_finished_by_its_own_rules() {
+        for (state, removable) in [
+            (RunState::Complete, true),
+            (RunState::Failed, true),
+            (RunState::Paused, false),
+            (RunState::Running, false),
+            (RunState::Queued, false),
+        ] {
+            let mut o = obs(state, Liveness::NoLockFile);
+            o.record.as_mut().unwrap().format_version = 0;
+            let named = decide_run(&o, &all_terminal(), Picked::ByName, &Now::wall(5_000));
+            assert_eq!(named == Decision::Remove, removable, "{state:?}");
+            if !removable {
+                assert!(
+                    matches!(named, Decision::Refuse(Refusal::Unresolved(_))),
+                    "{state:?}"
+                );
+                let by_filter =
+                    decide_run(&o, &all_terminal(), Picked::ByFilters, &Now::wall(5_000));
+                assert_eq!(by_filter, Decision::Skip, "{state:?}");
+            }
+        }
+    }
+
     /// Every combination of state and lock, named or by filter: removal exactly when terminal
     /// and unlocked with a lock file (a cohort record without one is unresolved); a named run
     /// is never silently skipped; a filter never reports non-terminal runs.
