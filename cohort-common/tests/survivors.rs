@@ -68,7 +68,14 @@ fn a_lost_run_names_and_ends_its_surviving_processes_only() {
     let t = tempfile::tempdir().unwrap();
     let root = StateRoot::for_profile(t.path());
     let dir = make_run(&root, RunState::Running);
+    // The run's process carries the run's marker, as every child of its runner does.
     let mut survivor = std::process::Command::new("sleep")
+        .arg("100")
+        .env("COHORT_PARENT_RUN_ID", dir.name())
+        .spawn()
+        .unwrap();
+    // Named with its real pid and start time, but not the run's: no marker.
+    let mut stranger = std::process::Command::new("sleep")
         .arg("100")
         .spawn()
         .unwrap();
@@ -90,6 +97,9 @@ fn a_lost_run_names_and_ends_its_surviving_processes_only() {
             boot_id: procinfo::boot_id(),
             processes: vec![
                 tracked(survivor.id(), start(survivor.id())),
+                tracked(stranger.id(), start(stranger.id())),
+                // init, with its real start time: never signalled.
+                tracked(1, start(1)),
                 // Recorded with another start time: the pid now names someone else.
                 tracked(bystander.id(), start(bystander.id()) + 1),
             ],
@@ -135,6 +145,12 @@ fn a_lost_run_names_and_ends_its_surviving_processes_only() {
         ev.contains(&format!("\"terminated\":[{}]", survivor.id())),
         "{ev}"
     );
+    assert!(
+        matches!(stranger.try_wait(), Ok(None)),
+        "a process without the run's marker was signalled"
+    );
     let _ = bystander.kill();
     let _ = bystander.wait();
+    let _ = stranger.kill();
+    let _ = stranger.wait();
 }

@@ -101,6 +101,10 @@ pub enum Refusal {
     ProcessesAlive(Vec<String>),
     /// Its record is not terminal.
     NotTerminal(RunState),
+    /// It does not carry cohort's liveness protocol and nothing else proves it finished: a
+    /// cohort record without `runner.lock`, or a pi-cohort record (no `formatVersion`) that is
+    /// not terminal by its own rules (`paused` is not); the text says which.
+    Unresolved(String),
     /// Named, but it does not pass `--state`/`--older-than`.
     NotSelected,
     /// Something in its nested subtree stays: `why` is what that nested run would be refused
@@ -142,6 +146,7 @@ impl Refusal {
             Refusal::Running => "running",
             Refusal::ProcessesAlive(_) => "processes-alive",
             Refusal::NotTerminal(_) => "not-terminal",
+            Refusal::Unresolved(_) => "unresolved",
             Refusal::NotSelected => "not-selected",
             Refusal::Nested { why, .. } => match **why {
                 Refusal::Running => "nested-running",
@@ -200,6 +205,7 @@ impl fmt::Display for Refusal {
                  `cohort-status <id>` records it as failed (runner lost), then it can be reaped"
             ),
             Refusal::NotTerminal(s) => write!(f, "it is {}, not terminal", s.as_str()),
+            Refusal::Unresolved(why) => write!(f, "{why}; cohort leaves it as it is"),
             Refusal::NotSelected => write!(f, "it does not match --state/--older-than"),
             Refusal::Nested { id, why } => fmt_nested(f, id.as_deref(), why),
             Refusal::Changed => write!(
@@ -324,7 +330,10 @@ pub fn decide_run(obs: &RunObservation, sel: &Selection, picked: Picked, now: &N
         Err(_) if !named => return Decision::Skip,
         Err(e) => return Refuse(Refusal::Unreadable(e.clone())),
     };
-    let picked_by_filters = rec.state.is_terminal() && sel.matches(rec, now);
+    // A record cohort did not write is finished only by its own rules: `paused` may resume.
+    let foreign = rec.format_version == 0;
+    let finished = rec.state.is_terminal() && !(foreign && rec.state == RunState::Paused);
+    let picked_by_filters = finished && sel.matches(rec, now);
     if !named && !picked_by_filters {
         return Decision::Skip;
     }
@@ -337,6 +346,23 @@ pub fn decide_run(obs: &RunObservation, sel: &Selection, picked: Picked, now: &N
         return Refuse(Refusal::NestedRun {
             root: rec.root_run_id.clone(),
         });
+    }
+    if foreign && rec.state.is_terminal() && !finished {
+        return Refuse(Refusal::Unresolved(format!(
+            "it is a pi-cohort record in state {}, which pi-cohort may resume",
+            rec.state.as_str()
+        )));
+    }
+    if foreign && !rec.state.is_terminal() {
+        return Refuse(Refusal::Unresolved(format!(
+            "it is a pi-cohort record in state {}; cohort never settles it",
+            rec.state.as_str()
+        )));
+    }
+    if !foreign && obs.liveness == Liveness::NoLockFile {
+        return Refuse(Refusal::Unresolved(
+            "it has no runner.lock, so nothing proves its runner gone".into(),
+        ));
     }
     if let Some(r) = check_finished(obs.liveness, &obs.live_processes, Ok(rec.state)) {
         return Refuse(r);
@@ -458,9 +484,36 @@ mod tests {
         }
     }
 
+    /// A pi-cohort record (no `formatVersion`, no lock file) is removed only when terminal by
+    /// its own rules: `paused` is refused when named and never picked by a filter.
+    #[test]
+    fn a_pi_cohort_record_is_reaped_only_when_finished_by_its_own_rules() {
+        for (state, removable) in [
+            (RunState::Complete, true),
+            (RunState::Failed, true),
+            (RunState::Paused, false),
+            (RunState::Running, false),
+            (RunState::Queued, false),
+        ] {
+            let mut o = obs(state, Liveness::NoLockFile);
+            o.record.as_mut().unwrap().format_version = 0;
+            let named = decide_run(&o, &all_terminal(), Picked::ByName, &Now::wall(5_000));
+            assert_eq!(named == Decision::Remove, removable, "{state:?}");
+            if !removable {
+                assert!(
+                    matches!(named, Decision::Refuse(Refusal::Unresolved(_))),
+                    "{state:?}"
+                );
+                let by_filter =
+                    decide_run(&o, &all_terminal(), Picked::ByFilters, &Now::wall(5_000));
+                assert_eq!(by_filter, Decision::Skip, "{state:?}");
+            }
+        }
+    }
+
     /// Every combination of state and lock, named or by filter: removal exactly when terminal
-    /// and unlocked; a named run is never silently skipped; a filter never reports non-terminal
-    /// runs.
+    /// and unlocked with a lock file (a cohort record without one is unresolved); a named run
+    /// is never silently skipped; a filter never reports non-terminal runs.
     #[test]
     fn decide_run_table() {
         for state in ALL_STATES {
@@ -473,7 +526,8 @@ mod tests {
                         picked,
                         &Now::wall(5_000),
                     );
-                    let removable = state.is_terminal() && !live.is_alive();
+                    let removable =
+                        state.is_terminal() && !live.is_alive() && live != Liveness::NoLockFile;
                     assert_eq!(
                         d == Decision::Remove,
                         removable,

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use cohort_common::error::{Error, Result};
 use cohort_common::format::layout::{RunDir, StateRoot};
-use cohort_common::format::record::{self, Now, RunRecord};
+use cohort_common::format::record::{Now, RunRecord};
 use cohort_common::os::files::{self, EntryKind, Hidden};
 use cohort_common::os::lock::{self, Liveness, LockKind};
 use cohort_common::store::{discover, observe};
@@ -64,7 +64,9 @@ pub fn resolve_names(root: &StateRoot, sel: &Selection) -> Result<Named> {
         .map(|f| {
             let r = match f.origin {
                 discover::Origin::Nested { root } => root,
-                discover::Origin::TopLevel | discover::Origin::Legacy => String::new(),
+                discover::Origin::TopLevel
+                | discover::Origin::Legacy
+                | discover::Origin::PiCohort => String::new(),
             };
             (f.id, r)
         })
@@ -351,6 +353,15 @@ impl<'a> Examiner<'a> {
         if obs.unsafe_path.is_none() {
             obs.record = read_record(&dir.status());
             obs.live_processes = live_processes(&dir);
+            // A record cohort did not write has no process list: its recorded runner is what
+            // it records alive.
+            if let (Ok(rec), Ok(ps)) = (&obs.record, &mut obs.live_processes) {
+                if !observe::written_by_cohort(rec)
+                    && observe::recorded_runner_alive(rec) == Some(true)
+                {
+                    ps.push(format!("{} (its recorded runner)", rec.pid.unwrap_or(0)));
+                }
+            }
         }
         Some(obs)
     }
@@ -494,8 +505,13 @@ fn live_processes(dir: &RunDir) -> std::result::Result<Vec<String>, String> {
         .map_err(|e| observe::reason(&e))
 }
 
-/// Read a record ([`record::load`]: never through a symlink, never blocking on a FIFO); the
-/// error is a refusal reason that names the file, not the whole path.
+/// Read a record whoever wrote it ([`observe::load_record`]: never through a symlink, never
+/// blocking on a FIFO); the error is a refusal reason that names the file, not the whole path.
 fn read_record(path: &Path) -> std::result::Result<RunRecord, String> {
-    record::load(path).map_err(|e| observe::reason(&e))
+    let dir_name = path
+        .parent()
+        .and_then(Path::file_name)
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    observe::load_record(path, &dir_name).map_err(|e| observe::reason(&e))
 }

@@ -60,8 +60,8 @@ pub struct Started {
 
 /// Start the Pi child of `step`: revalidate the runtime, lock a continued session file (the
 /// step's `recorded` one, else the default one of the run's session dir), write `task` (the
-/// step's template as [`crate::chain`] filled it) and the agent's prompt to their files, open
-/// the output log and the private `tmp/`, and spawn.
+/// step's template as [`crate::chain`] filled it) and the agent's prompt to their files (for
+/// a later `attempt`, reuse them), open the output log and the private `tmp/`, and spawn.
 ///
 /// Errors: a one-line reason for the step's error (the runtime moved, the session is in use,
 /// a file cannot be written, the child cannot start).
@@ -70,6 +70,7 @@ pub fn start(
     step: &FlatStep,
     recorded: Option<&Path>,
     task: &str,
+    attempt: Attempt,
 ) -> std::result::Result<Started, String> {
     let i = step.index;
     let rt: Runtime = runtime::revalidate(&l.spec.runtime)
@@ -78,7 +79,8 @@ pub fn start(
         .map(Path::to_path_buf)
         .unwrap_or_else(|| layout::default_session_file(&l.spec.session_dir, i));
     let session_lock = session::lock_session(&session_file)?;
-    let (task_in, prompt_path) = write_inputs(l.dir, step, task).map_err(|e| e.to_string())?;
+    let (task_in, prompt_path) =
+        write_inputs(l.dir, step, task, attempt).map_err(|e| e.to_string())?;
     let pi_major = runtime::package_info(&rt.pi_package_root)
         .ok()
         .and_then(|p| p.version)
@@ -99,8 +101,12 @@ pub fn start(
         prompt_path.as_deref(),
         &child,
     );
-    let log = OutputLog::open(&l.dir.output_log(i), l.spec.options.output_cap_bytes)
-        .map_err(|e| e.to_string())?;
+    let (log_path, cap) = (l.dir.output_log(i), l.spec.options.output_cap_bytes);
+    let log = match attempt {
+        Attempt::First => OutputLog::create(&log_path, cap),
+        Attempt::Later => OutputLog::reopen(&log_path, cap),
+    }
+    .map_err(|e| e.to_string())?;
     let tmp = private_tmp(l.dir).map_err(|e| e.to_string())?;
     let mut cmd = pi_command(l, &rt, &args, task_in, &tmp, step);
     end_with_runner(&mut cmd);
@@ -121,17 +127,40 @@ pub fn start(
     })
 }
 
+/// Which attempt at its step a launch is ([`start`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// The step's first child: its files are created fresh.
+    First,
+    /// A later child of a step with fallback models: it reads the task and prompt files the
+    /// first attempt wrote (no tool of a failed attempt ran: that is what let it fall back),
+    /// and appends to its output log.
+    Later,
+}
+
 /// Write step `step`'s `task` and its agent's prompt, if it has one, to their 0600 files in
-/// `dir`: they travel there, never in argv. Returns the task file opened for the child's
-/// stdin, and the prompt file's path.
-fn write_inputs(dir: &RunDir, step: &FlatStep, task: &str) -> Result<(File, Option<PathBuf>)> {
+/// `dir`, created fresh (`O_EXCL`: a file or link planted there by an earlier step's tool is
+/// never opened); for a [`Attempt::Later`], open the ones its first attempt wrote. They travel
+/// there, never in argv. Returns the task file opened for the child's stdin, and the prompt
+/// file's path.
+fn write_inputs(
+    dir: &RunDir,
+    step: &FlatStep,
+    task: &str,
+    attempt: Attempt,
+) -> Result<(File, Option<PathBuf>)> {
     let i = step.index;
     let task_path = dir.task_file(i);
-    files::write_atomic(&task_path, task.as_bytes())?;
+    let fresh = attempt == Attempt::First;
+    if fresh {
+        files::create_unsynced(&task_path, task.as_bytes())?;
+    }
     let prompt_path = match &step.spec.resolved_agent {
         Some(agent) => {
             let p = dir.prompt_file(i);
-            files::write_atomic(&p, agent.prompt.as_bytes())?;
+            if fresh {
+                files::create_unsynced(&p, agent.prompt.as_bytes())?;
+            }
             Some(p)
         }
         None => None,

@@ -98,11 +98,27 @@ pub struct OutputLog {
 }
 
 impl OutputLog {
-    /// Open the log at `path` for appending, to hold at most `cap` bytes, what it holds
-    /// already (an earlier attempt of the step) included.
+    /// Create the log at `path`, fresh (`O_EXCL`: a file or link a step's tool planted there
+    /// is never opened), to hold at most `cap` bytes.
     ///
-    /// Errors: the file cannot be opened (a typed error naming the path).
-    pub fn open(path: &Path, cap: u64) -> Result<OutputLog> {
+    /// Errors: the file exists or cannot be created (a typed error naming the path).
+    pub fn create(path: &Path, cap: u64) -> Result<OutputLog> {
+        Ok(OutputLog {
+            file: files::create_file_exclusive(path)?,
+            written: 0,
+            cap,
+            truncated: false,
+            open_fragment: false,
+        })
+    }
+
+    /// Open the log at `path` again for appending (never through a link, a regular file
+    /// only), for a later attempt of its step: at most `cap` bytes, what an earlier attempt
+    /// wrote included.
+    ///
+    /// Errors: the file is not a regular file or cannot be opened (a typed error naming the
+    /// path).
+    pub fn reopen(path: &Path, cap: u64) -> Result<OutputLog> {
         let file = files::open_append(path)?;
         let written = file.metadata().map(|m| m.len()).unwrap_or(0);
         Ok(OutputLog {

@@ -709,13 +709,13 @@ impl Supervisor {
 
     /// Start `step`'s Pi child and its readers, track it, and record it `running`: its first
     /// attempt (planned here, [`Supervisor::plan`]), with its task filled from the handoff, or
-    /// the next one of its plan, with the same task (read back from `task-<i>.md`).
+    /// the next one of its plan, with the same task and prompt files.
     fn launch(&mut self, step: &FlatStep) -> std::result::Result<(), String> {
         let i = step.index;
         let retry = self.plans.contains_key(&i);
         let task = if retry {
-            std::fs::read_to_string(self.dir.task_file(i))
-                .map_err(|e| format!("cannot read the step's task again: {e}"))?
+            // A later attempt runs the task its first attempt wrote.
+            String::new()
         } else {
             let plan = self.plan(step)?;
             self.plans.insert(i, plan);
@@ -747,7 +747,18 @@ impl Supervisor {
             run_id: &self.rec.run_id,
             depth: self.rec.depth,
         };
-        let mut child = launch::start(&l, &step, self.rec.steps[i].session_file.as_deref(), &task)?;
+        let which = if retry {
+            launch::Attempt::Later
+        } else {
+            launch::Attempt::First
+        };
+        let mut child = launch::start(
+            &l,
+            &step,
+            self.rec.steps[i].session_file.as_deref(),
+            &task,
+            which,
+        )?;
         drop(task);
         let now = Instant::now();
         let plan = self.plans.get_mut(&i).expect("planned above");

@@ -211,6 +211,7 @@ mod tests {
         r.state = state;
         r.started_at = Some(1_000);
         Ok(Observed {
+            foreign: false,
             record: r,
             judgement,
             liveness: Liveness::Free,

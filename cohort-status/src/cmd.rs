@@ -200,12 +200,12 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         }
         Mode::Check => check(&every_run_root(&args)?, &args),
         Mode::Doctor => doctor(&every_run_root(&args)?, args.json),
-        Mode::Follow(ids) => follow(&StateRoot::from_env()?, ids),
-        Mode::Wait(ids) => wait(&StateRoot::from_env()?, ids, args.timeout),
-        Mode::Output(ids) => output(&StateRoot::from_env()?, ids, args.step),
-        Mode::Pid(ids) => pid(&StateRoot::from_env()?, ids),
-        Mode::Show(ids) => show(&StateRoot::from_env()?, ids, args.json),
-        Mode::List => list(&StateRoot::from_env()?, &args),
+        Mode::Follow(ids) => follow(&root_of_env()?, ids),
+        Mode::Wait(ids) => wait(&root_of_env()?, ids, args.timeout),
+        Mode::Output(ids) => output(&root_of_env()?, ids, args.step),
+        Mode::Pid(ids) => pid(&root_of_env()?, ids),
+        Mode::Show(ids) => show(&root_of_env()?, ids, args.json),
+        Mode::List => list(&root_of_env()?, &args),
     }
 }
 
@@ -217,7 +217,20 @@ fn every_run_root(args: &Args) -> anyhow::Result<StateRoot> {
             "--check and --doctor look at every run; they take no run ids"
         ));
     }
-    Ok(StateRoot::from_env()?)
+    Ok(root_of_env()?)
+}
+
+/// The state root of this environment; when it belongs to another user, say once on stderr
+/// that it is read as it is (this reader never writes there: no settlement, no index).
+fn root_of_env() -> cohort_common::Result<StateRoot> {
+    let root = StateRoot::from_env()?;
+    if !cohort_common::os::files::owned_by_caller(root.path()) {
+        eprintln!(
+            "cohort-status: {} belongs to another user; reading it read-only (nothing is settled or written)",
+            text::untrusted_path(root.path())
+        );
+    }
+    Ok(root)
 }
 
 /// The one run a mode takes, else the usage error `msg`.
@@ -279,18 +292,18 @@ fn pid(root: &StateRoot, ids: &[String]) -> anyhow::Result<u8> {
     }
     // A scheduler run's runner lives on a node, where a pid means nothing here: its backend
     // says how to stop it.
-    let rec = cohort_common::format::record::load(&found.dir.status())?;
+    let rec = observe::load_record(&found.dir.status(), &found.id)?;
     if let Some(why) = backend::pid_refusal(rec.backend.as_ref()) {
         eprintln!("cohort-status: run {} {why}", found.id);
         return Ok(exit::NEGATIVE);
     }
     match crate::watch::started_runner_pid(&found.dir, STARTING_WAIT)? {
-        Some(pid) => {
+        Ok(pid) => {
             cli::out(&format!("{pid}\n"))?;
             Ok(exit::SUCCESS)
         }
-        None => {
-            eprintln!("cohort-status: run {} has no live runner", found.id);
+        Err(why) => {
+            eprintln!("cohort-status: run {} {}", found.id, text::untrusted(&why));
             Ok(exit::NEGATIVE)
         }
     }

@@ -488,6 +488,7 @@ mod tests {
         rec.started_at = Some(5_000);
         rec.clock = None;
         let ok = Ok(Observed {
+            foreign: false,
             record: rec,
             judgement: Judgement::Trusted,
             liveness: cohort_common::os::lock::Liveness::Free,

@@ -2,8 +2,9 @@
 //!
 //! One place owns all human output so the binaries stay thin and the formats are tested.
 //! `--json` prints one object per line ([`json_line`]): the stored record (camelCase, times in
-//! ms since the epoch) plus `shortId`, `origin` (`top`, `nested`, `legacy`), `live` (the runner
-//! lock is held; probed only for records that are not terminal) and `unresolved`; a record that
+//! ms since the epoch) plus `shortId`, `origin` (`top`, `nested`, `legacy`, `pi-cohort`), `live`
+//! (the runner lock is held, or a pi-cohort record's recorded runner is alive; probed only for
+//! records that are not terminal) and `unresolved` (nothing proves the run alive or dead); a record that
 //! cannot be read is `{"runId": …, "origin": …, "error": …}`. `docs/format.md` documents it.
 //!
 //! Human-readable output shows every value that came from a run through
@@ -25,7 +26,7 @@ use cohort_common::format::layout::RunDir;
 use cohort_common::format::record::{now_ms, Now, RunRecord, RunState, StepStatus};
 use cohort_common::os::lock::Liveness;
 use cohort_common::store::discover::Origin;
-use cohort_common::store::observe::Observed;
+use cohort_common::store::observe::{Judgement, Observed};
 
 /// One listed run: what was read, or why it could not be.
 #[derive(Debug)]
@@ -46,7 +47,13 @@ pub struct Row {
 
 impl Row {
     /// A row at depth 0.
+    /// A row for the run `id` found at `origin`; a record cohort did not write found under the
+    /// state root is shown with origin `pi-cohort` ([`Origin::as_read`]).
     pub fn new(id: String, origin: Origin, observed: Result<Observed, String>) -> Row {
+        let origin = match &observed {
+            Ok(o) => origin.as_read(o.foreign),
+            Err(_) => origin,
+        };
         Row {
             id,
             origin,
@@ -190,8 +197,16 @@ fn task_cell(l: &Listed) -> String {
     if row.live_descendants > 0 {
         marks.push_str(&format!("({} nested still running) ", row.live_descendants));
     }
+    if let Ok(o) = &row.observed {
+        match o.judgement {
+            Judgement::Unresolved => marks.push_str("(unresolved) "),
+            Judgement::ForeignGone => marks.push_str("(runner gone; not rewritten) "),
+            _ => {}
+        }
+    }
     match row.origin {
         Origin::Legacy => marks.push_str("(legacy) "),
+        Origin::PiCohort => marks.push_str("(pi-cohort) "),
         Origin::Nested { .. } if row.depth == 0 => marks.push_str("(nested) "),
         _ => {}
     }
@@ -247,10 +262,11 @@ pub fn json_line(row: &Row) -> String {
             let rec = serde_json::to_string(&o.record).unwrap_or_else(|_| "{}".into());
             let mut s = String::with_capacity(rec.len() + 128);
             s.push_str(&format!(
-                "{{\"shortId\":{},\"origin\":\"{}\",\"live\":{},\"unresolved\":false",
+                "{{\"shortId\":{},\"origin\":\"{}\",\"live\":{},\"unresolved\":{}",
                 json!(cohort_common::format::id::short_of(&row.id)),
                 row.origin.word(),
-                o.liveness == Liveness::Held,
+                o.liveness == Liveness::Held || o.judgement == Judgement::ForeignAlive,
+                o.judgement == Judgement::Unresolved,
             ));
             if let Some(j) = &o.job {
                 s.push_str(&format!(",\"scheduler\":{}", scheduler_json(j)));
@@ -347,6 +363,32 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
             "origin",
             "legacy pi-subagents record (read-only: never reconciled, rewritten or revived)".into(),
         );
+    }
+    if o.foreign && *origin != Origin::Legacy {
+        line(
+            &mut s,
+            "origin",
+            "pi-cohort record (read-only: judged by its recorded runner pid, never rewritten)"
+                .into(),
+        );
+    }
+    match o.judgement {
+        Judgement::Unresolved if !o.foreign => line(
+            &mut s,
+            "unresolved",
+            "no runner.lock: nothing proves this run alive or dead; left as it is".into(),
+        ),
+        Judgement::Unresolved => line(
+            &mut s,
+            "unresolved",
+            "nothing recorded proves this run alive or dead; left as it is".into(),
+        ),
+        Judgement::ForeignGone => line(
+            &mut s,
+            "runner",
+            "its recorded runner is gone (the record is not rewritten)".into(),
+        ),
+        _ => {}
     }
     let live_below = children
         .iter()
@@ -630,6 +672,7 @@ mod tests {
             rec.run_id.clone(),
             Origin::TopLevel,
             Ok(Observed {
+                foreign: false,
                 record: rec.clone(),
                 judgement: Judgement::Trusted,
                 liveness: Liveness::Free,
@@ -644,6 +687,7 @@ mod tests {
             "{t}"
         );
         let o = Observed {
+            foreign: false,
             record: rec,
             judgement: Judgement::Trusted,
             liveness: Liveness::Free,
@@ -667,6 +711,7 @@ mod tests {
             rec.run_id.clone(),
             Origin::Nested { root: "r".into() },
             Ok(Observed {
+                foreign: false,
                 record: rec,
                 judgement: Judgement::Starting,
                 liveness: Liveness::Free,

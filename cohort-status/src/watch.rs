@@ -17,9 +17,9 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
 use cohort_common::error::{Error, Result};
 use cohort_common::format::layout::RunDir;
-use cohort_common::format::record::{self, RunState};
+use cohort_common::format::record::RunState;
 use cohort_common::os::lock;
-use cohort_common::store::observe::live_runner_pid;
+use cohort_common::store::observe::runner_pid;
 
 /// A watch on one directory: files renamed into it, written and closed in it, or removed from
 /// it (the ways the format's files change).
@@ -157,34 +157,39 @@ fn next(state: RunState, alive: bool, rechecked: bool) -> Next {
     }
 }
 
-/// [`cohort_common::store::observe::live_runner_pid`], waiting up to `timeout` while the run is
+/// [`cohort_common::store::observe::runner_pid`], waiting up to `timeout` while the run is
 /// starting (`queued`, its lock held): its runner has taken over the lock and publishes
 /// `running` with its pid a moment later (`cohort-spawn` returns as soon as the runner holds the
 /// lock). A run already running is answered at once, without a watch; a starting one is waited
 /// for on the run directory ([`Waiter`]: inotify, or a slow poll when inotify is unavailable).
-/// `None` when the run is not alive, or is still starting at the deadline.
-pub fn started_runner_pid(dir: &RunDir, timeout: Duration) -> Result<Option<u32>> {
+/// `Err` (inner) says why there is no pid to give: the run is not alive, its recorded pid is not
+/// its runner, or it is still starting at the deadline.
+pub fn started_runner_pid(
+    dir: &RunDir,
+    timeout: Duration,
+) -> Result<std::result::Result<u32, String>> {
     let deadline = Instant::now() + timeout;
-    if let Some(pid) = live_runner_pid(dir)? {
-        return Ok(Some(pid));
+    if let Ok(pid) = runner_pid(dir)? {
+        return Ok(Ok(pid));
     }
     // Watch, then check: a `running` published between the check and the wait is seen.
     let waiter = Waiter::new(dir.path())?;
     let mut rechecked = false;
     loop {
-        if let Some(pid) = live_runner_pid(dir)? {
-            return Ok(Some(pid));
-        }
-        let state = record::load(&dir.status())?.state;
+        let why = match runner_pid(dir)? {
+            Ok(pid) => return Ok(Ok(pid)),
+            Err(why) => why,
+        };
+        let state = cohort_common::store::observe::load_record(&dir.status(), &dir.name())?.state;
         let alive = lock::probe(&dir.lock())?.is_alive();
         match next(state, alive, rechecked) {
             Next::Wait => {
                 if !waiter.wait_change(deadline)? {
-                    return Ok(None);
+                    return Ok(Err(why));
                 }
             }
             Next::Check => rechecked = true,
-            Next::Nothing => return Ok(None),
+            Next::Nothing => return Ok(Err(why)),
         }
     }
 }

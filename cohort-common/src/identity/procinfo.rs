@@ -5,6 +5,15 @@
 //! another process. The parent links let the runner find a step's descendants, including the
 //! ones Pi's bash tool started in sessions of their own. [`end_processes`] ends recorded
 //! processes (TERM, grace, KILL) without ever signalling a pid that now names another process.
+//!
+//! A pid, start time and boot id prove only *which* process a record names, not that it is the
+//! run's: anyone can read them from `/proc` and write them into a file. Before a process named
+//! by a file is signalled, [`belongs_to_run`] asks the process itself: it must not be pid 1,
+//! the caller or one of its ancestors, it must belong to the caller's user, and its own
+//! environment must carry the run's marker (`COHORT_PARENT_RUN_ID=<run id>`, which the runner
+//! gives every child). [`is_runner_of`] asks the same of a runner: its executable is
+//! `cohort-runner` and its argument is the run directory. [`judge_signal`] and
+//! [`judge_runner`] are the pure decisions.
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
@@ -309,8 +318,280 @@ pub fn end_processes(targets: &[(u32, u64)], boot_id: &str, grace: std::time::Du
     out
 }
 
+/// Why a process named by a run's files may not be signalled for that run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotTheRuns {
+    /// pid 1 (init): never a run's.
+    Init,
+    /// The calling process itself, or one of its ancestors.
+    Caller,
+    /// It belongs to another user (`uid`).
+    OtherUser(u32),
+    /// Its environment does not carry the run's marker.
+    NoMarker,
+    /// Its `/proc` entry cannot be read (gone, or not ours to read).
+    Unreadable,
+    /// Its executable is not `cohort-runner`, or its argument is not the run directory.
+    NotRunner,
+}
+
+impl std::fmt::Display for NotTheRuns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotTheRuns::Init => write!(f, "it is pid 1"),
+            NotTheRuns::Caller => write!(f, "it is this process or one of its ancestors"),
+            NotTheRuns::OtherUser(uid) => write!(f, "it belongs to another user (uid {uid})"),
+            NotTheRuns::NoMarker => write!(f, "its environment does not carry the run's marker"),
+            NotTheRuns::Unreadable => write!(f, "its /proc entry cannot be read"),
+            NotTheRuns::NotRunner => write!(
+                f,
+                "it is not this run's cohort-runner (executable or argument differs)"
+            ),
+        }
+    }
+}
+
+/// What is known of a process when deciding whether it may be signalled (read by
+/// [`facts_of`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Facts {
+    /// The owner of `/proc/<pid>` (the process's effective uid); `None` when unreadable.
+    pub uid: Option<u32>,
+    /// `/proc/<pid>/environ` (NUL-separated `K=V`); `None` when unreadable.
+    pub environ: Option<Vec<u8>>,
+    /// The file name of `/proc/<pid>/exe`, without a ` (deleted)` suffix; `None` when unreadable.
+    pub exe_name: Option<String>,
+    /// The arguments (`/proc/<pid>/cmdline`, split at NUL).
+    pub argv: Vec<Vec<u8>>,
+}
+
+/// Read what [`judge_signal`] and [`judge_runner`] decide from (I/O).
+pub fn facts_of(pid: u32) -> Facts {
+    use std::os::unix::fs::MetadataExt;
+    let base = format!("/proc/{pid}");
+    let exe_name = fs::read_link(format!("{base}/exe")).ok().and_then(|p| {
+        let name = p.file_name()?.to_string_lossy().into_owned();
+        Some(name.trim_end_matches(" (deleted)").to_string())
+    });
+    let argv = fs::read(format!("{base}/cmdline"))
+        .map(|b| {
+            b.split(|&c| c == 0)
+                .filter(|a| !a.is_empty())
+                .map(<[u8]>::to_vec)
+                .collect()
+        })
+        .unwrap_or_default();
+    Facts {
+        uid: fs::metadata(&base).ok().map(|m| m.uid()),
+        environ: fs::read(format!("{base}/environ")).ok(),
+        exe_name,
+        argv,
+    }
+}
+
+/// The caller and its ancestors up to init, by pid (I/O).
+pub fn caller_line() -> Vec<u32> {
+    let mut out = vec![std::process::id()];
+    while let Some(s) = stat(*out.last().expect("not empty")) {
+        if s.ppid == 0 || out.contains(&s.ppid) {
+            break;
+        }
+        out.push(s.ppid);
+    }
+    out
+}
+
+/// The environment entry every process of run `run_id` carries (the runner gives it to every
+/// child; tools inherit it).
+pub fn run_marker(run_id: &str) -> String {
+    format!("{}={run_id}", crate::format::route::PARENT_RUN_ENV)
+}
+
+/// The rules every process must pass before it is signalled for a run (pure): not pid 1, not
+/// in `caller_line` (the caller and its ancestors), owned by `euid`, and `facts.environ`
+/// carries `marker` as one whole entry.
+pub fn judge_signal(
+    pid: u32,
+    caller_line: &[u32],
+    euid: u32,
+    facts: &Facts,
+    marker: &str,
+) -> Result<(), NotTheRuns> {
+    if pid <= 1 {
+        return Err(NotTheRuns::Init);
+    }
+    if caller_line.contains(&pid) {
+        return Err(NotTheRuns::Caller);
+    }
+    match facts.uid {
+        None => return Err(NotTheRuns::Unreadable),
+        Some(uid) if uid != euid => return Err(NotTheRuns::OtherUser(uid)),
+        Some(_) => {}
+    }
+    let Some(env) = &facts.environ else {
+        return Err(NotTheRuns::Unreadable);
+    };
+    if env.split(|&b| b == 0).any(|v| v == marker.as_bytes()) {
+        Ok(())
+    } else {
+        Err(NotTheRuns::NoMarker)
+    }
+}
+
+/// Whether `pid` may be signalled for run `run_id` ([`judge_signal`] over [`facts_of`] and
+/// [`caller_line`], with this process's effective uid) (I/O).
+pub fn belongs_to_run(pid: u32, run_id: &str) -> Result<(), NotTheRuns> {
+    judge_signal(
+        pid,
+        &caller_line(),
+        nix::unistd::geteuid().as_raw(),
+        &facts_of(pid),
+        &run_marker(run_id),
+    )
+}
+
+/// The rules a run's runner must pass before its pid is handed out or signalled (pure): the
+/// rules of [`judge_signal`] but the marker (a runner is started by spawn, not by a step), its
+/// executable is named `cohort-runner`, and its first argument is `run_dir`.
+pub fn judge_runner(
+    pid: u32,
+    caller_line: &[u32],
+    euid: u32,
+    facts: &Facts,
+    run_dir: &std::path::Path,
+) -> Result<(), NotTheRuns> {
+    use std::os::unix::ffi::OsStrExt;
+    if pid <= 1 {
+        return Err(NotTheRuns::Init);
+    }
+    if caller_line.contains(&pid) {
+        return Err(NotTheRuns::Caller);
+    }
+    match facts.uid {
+        None => return Err(NotTheRuns::Unreadable),
+        Some(uid) if uid != euid => return Err(NotTheRuns::OtherUser(uid)),
+        Some(_) => {}
+    }
+    let exe_ok = facts.exe_name.as_deref() == Some("cohort-runner");
+    let arg_ok = facts.argv.get(1).map(Vec::as_slice) == Some(run_dir.as_os_str().as_bytes());
+    if exe_ok && arg_ok {
+        Ok(())
+    } else {
+        Err(NotTheRuns::NotRunner)
+    }
+}
+
+/// Whether `pid` is the runner of the run in `run_dir` ([`judge_runner`] over [`facts_of`])
+/// (I/O).
+/// The runner's argument may spell the directory another way (a profile reached through a
+/// symlink): then both are compared resolved.
+pub fn is_runner_of(pid: u32, run_dir: &std::path::Path) -> Result<(), NotTheRuns> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let mut facts = facts_of(pid);
+    if let Some(arg) = facts.argv.get_mut(1) {
+        let given = std::path::PathBuf::from(std::ffi::OsString::from_vec(arg.clone()));
+        if given.as_path() != run_dir {
+            if let (Ok(a), Ok(b)) = (given.canonicalize(), run_dir.canonicalize()) {
+                if a == b {
+                    *arg = run_dir.as_os_str().as_bytes().to_vec();
+                }
+            }
+        }
+    }
+    judge_runner(
+        pid,
+        &caller_line(),
+        nix::unistd::geteuid().as_raw(),
+        &facts,
+        run_dir,
+    )
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_process_is_signalled_only_with_proof_that_it_is_the_runs() {
+        use super::*;
+        let marker = run_marker("abc");
+        let ours = Facts {
+            uid: Some(1000),
+            environ: Some(b"HOME=/h\0COHORT_PARENT_RUN_ID=abc\0COHORT_PARENT_STEP=0\0".to_vec()),
+            exe_name: Some("sleep".into()),
+            argv: vec![b"sleep".to_vec()],
+        };
+        let line = [500, 400, 1];
+        assert_eq!(judge_signal(42, &line, 1000, &ours, &marker), Ok(()));
+        assert_eq!(
+            judge_signal(1, &line, 1000, &ours, &marker),
+            Err(NotTheRuns::Init)
+        );
+        assert_eq!(
+            judge_signal(400, &line, 1000, &ours, &marker),
+            Err(NotTheRuns::Caller)
+        );
+        assert_eq!(
+            judge_signal(42, &line, 0, &ours, &marker),
+            Err(NotTheRuns::OtherUser(1000))
+        );
+        // Another run's marker, a prefix of it, or none.
+        for env in [
+            &b"COHORT_PARENT_RUN_ID=abd\0"[..],
+            b"COHORT_PARENT_RUN_ID=abcd\0",
+            b"X=COHORT_PARENT_RUN_ID=abc\0",
+            b"",
+        ] {
+            let f = Facts {
+                environ: Some(env.to_vec()),
+                ..ours.clone()
+            };
+            assert_eq!(
+                judge_signal(42, &line, 1000, &f, &marker),
+                Err(NotTheRuns::NoMarker)
+            );
+        }
+        let unreadable = Facts {
+            environ: None,
+            ..ours.clone()
+        };
+        assert_eq!(
+            judge_signal(42, &line, 1000, &unreadable, &marker),
+            Err(NotTheRuns::Unreadable)
+        );
+        // A runner: its executable and its argument, never its marker.
+        let dir = std::path::Path::new("/p/pi-cohort/async-subagent-runs/abc");
+        let runner = Facts {
+            uid: Some(1000),
+            environ: Some(Vec::new()),
+            exe_name: Some("cohort-runner".into()),
+            argv: vec![
+                b"/bin/cohort-runner".to_vec(),
+                dir.as_os_str().as_encoded_bytes().to_vec(),
+            ],
+        };
+        assert_eq!(judge_runner(42, &line, 1000, &runner, dir), Ok(()));
+        assert_eq!(
+            judge_runner(1, &line, 1000, &runner, dir),
+            Err(NotTheRuns::Init)
+        );
+        let other_dir = std::path::Path::new("/p/pi-cohort/async-subagent-runs/abd");
+        assert_eq!(
+            judge_runner(42, &line, 1000, &runner, other_dir),
+            Err(NotTheRuns::NotRunner)
+        );
+        let sleep = Facts {
+            exe_name: Some("sleep".into()),
+            ..runner.clone()
+        };
+        assert_eq!(
+            judge_runner(42, &line, 1000, &sleep, dir),
+            Err(NotTheRuns::NotRunner)
+        );
+        assert_eq!(
+            judge_runner(42, &line, 0, &runner, dir),
+            Err(NotTheRuns::OtherUser(1000))
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -10,13 +10,23 @@
 //! Every file cohort reads from a run directory is opened with [`open_regular`]
 //! (`O_NOFOLLOW | O_NONBLOCK`, then a check that it is a regular file): a planted symlink is
 //! never read through, and a FIFO or device planted as `status.json` is an error, never a hang.
+//!
+//! Every create, write and append refuses symlinks too. The directory a file goes into is
+//! opened component by component ([`open_parent_dir`]: `O_DIRECTORY | O_NOFOLLOW`, each
+//! through `openat` relative to the one before), and the file is then created, replaced or
+//! appended relative to that descriptor (`openat` with `O_NOFOLLOW`, `renameat`), so a
+//! component swapped for a link at any moment is refused, never written through. Below a
+//! directory named [`STATE_ROOT_NAME`] (the state root `R`) no component may be a link; the
+//! state root itself may be reached through links (a profile on another disk). A path outside
+//! any state root has its last directory checked only.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
@@ -27,13 +37,149 @@ pub const DIR_MODE: u32 = 0o700;
 /// Permission bits of every file cohort creates.
 pub const FILE_MODE: u32 = 0o600;
 
-/// Create `path` and any missing parents with mode 0700. An existing directory is fine.
+/// The name of cohort's state root directory (`R = P/pi-cohort`): below it, no path
+/// component cohort writes through may be a symlink.
+pub const STATE_ROOT_NAME: &str = "pi-cohort";
+
+/// How far a path may be followed through links: up to and including its deepest component
+/// named [`STATE_ROOT_NAME`], else all but its last component (pure). Returns the prefix and the
+/// components after it, which are opened without following.
+fn split_trusted(path: &Path) -> (PathBuf, Vec<OsString>) {
+    use std::path::Component;
+    let comps: Vec<Component> = path.components().collect();
+    let cut = match comps.iter().rposition(|c| c.as_os_str() == STATE_ROOT_NAME) {
+        Some(i) => i + 1,
+        None => comps.len().saturating_sub(1),
+    };
+    let mut prefix: PathBuf = comps[..cut].iter().collect();
+    if prefix.as_os_str().is_empty() {
+        prefix = PathBuf::from(".");
+    }
+    let rest = comps[cut..]
+        .iter()
+        .map(|c| c.as_os_str().to_os_string())
+        .collect();
+    (prefix, rest)
+}
+
+fn no_follow_error(e: nix::errno::Errno, path: &Path, action: &'static str) -> Error {
+    match e {
+        nix::errno::Errno::ELOOP | nix::errno::Errno::ENOTDIR => Error::NotRegular {
+            path: path.to_path_buf(),
+            what: "a symlink or not a directory; cohort never writes through it",
+        },
+        e => Error::Io {
+            action,
+            path: path.to_path_buf(),
+            source: std::io::Error::from(e),
+        },
+    }
+}
+
+/// Open directory `dir` for use through `openat`, never following a link below the state root
+/// (see the module doc); with `create`, missing components below the trusted prefix are made
+/// 0700 on the way (`mkdirat`), and the prefix itself with [`DirBuilder`].
+///
+/// Errors: [`Error::NotRegular`] when a component is a symlink or not a directory;
+/// [`Error::Io`] otherwise (kind `NotFound` for a missing one without `create`).
+pub fn open_dir(dir: &Path, create: bool) -> Result<OwnedFd> {
+    use nix::fcntl::{open, openat, OFlag};
+    use nix::sys::stat::Mode;
+    let (prefix, rest) = split_trusted(dir);
+    if create {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(&prefix)
+            .at("create directory", &prefix)?;
+    }
+    let flags = OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+    let mut fd = open(&prefix, flags, Mode::empty()).map_err(|e| Error::Io {
+        action: "open directory",
+        path: prefix.clone(),
+        source: std::io::Error::from(e),
+    })?;
+    let mut at = prefix;
+    for c in rest {
+        at.push(&c);
+        if c == ".." {
+            return Err(Error::NotRegular {
+                path: at,
+                what: "a path through '..'; cohort never writes through it",
+            });
+        }
+        if create {
+            match nix::sys::stat::mkdirat(&fd, c.as_os_str(), Mode::from_bits_truncate(DIR_MODE)) {
+                Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+                Err(e) => return Err(no_follow_error(e, &at, "create directory")),
+            }
+        }
+        fd = openat(&fd, c.as_os_str(), flags | OFlag::O_NOFOLLOW, Mode::empty())
+            .map_err(|e| no_follow_error(e, &at, "open directory"))?;
+    }
+    Ok(fd)
+}
+
+/// The directory `path` goes into, opened by [`open_dir`] (without creating it), and the
+/// file's name in it.
+///
+/// Errors: those of [`open_dir`]; [`Error::State`] for a path without a file name.
+pub fn open_parent_dir(path: &Path) -> Result<(OwnedFd, OsString)> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| Error::State(format!("{} names no file", path.display())))?
+        .to_os_string();
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    Ok((open_dir(parent, false)?, name))
+}
+
+/// Open `name` in `dir` with `flags | O_NOFOLLOW | O_CLOEXEC` (mode 0600 when it is created).
+fn open_at(
+    dir: &OwnedFd,
+    name: &OsStr,
+    flags: nix::fcntl::OFlag,
+    path: &Path,
+    action: &'static str,
+) -> Result<File> {
+    use nix::fcntl::{openat, OFlag};
+    use nix::sys::stat::Mode;
+    let fd = openat(
+        dir,
+        name,
+        flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(FILE_MODE),
+    )
+    .map_err(|e| match e {
+        nix::errno::Errno::ELOOP => Error::NotRegular {
+            path: path.to_path_buf(),
+            what: "a symlink; cohort never writes through it",
+        },
+        e => Error::Io {
+            action,
+            path: path.to_path_buf(),
+            source: std::io::Error::from(e),
+        },
+    })?;
+    Ok(File::from(fd))
+}
+
+/// Whether `path` belongs to this process's effective user (a missing `path` does: whoever
+/// creates it owns it). A reader that does not own the state root never writes there.
+pub fn owned_by_caller(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match fs::metadata(path) {
+        Ok(m) => m.uid() == nix::unistd::geteuid().as_raw(),
+        Err(_) => true,
+    }
+}
+
+/// Create `path` and any missing parents with mode 0700, never through a link below the state
+/// root ([`open_dir`]). An existing directory is fine.
 pub fn create_dir_all_private(path: &Path) -> Result<()> {
-    DirBuilder::new()
-        .recursive(true)
-        .mode(DIR_MODE)
-        .create(path)
-        .at("create directory", path)
+    open_dir(path, true).map(drop)
 }
 
 /// Create exactly `path` (not its parents) with mode 0700. An existing path is
@@ -48,24 +194,38 @@ pub fn create_dir_exclusive(path: &Path) -> Result<()> {
     }
 }
 
-/// Create a new file with mode 0600; fails if it exists.
+/// Create a new file with mode 0600 (`O_CREAT | O_EXCL`, in its directory opened by
+/// [`open_parent_dir`]); fails if anything exists at `path`, a symlink included (kind
+/// `AlreadyExists`).
 pub fn create_file_exclusive(path: &Path) -> Result<File> {
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(FILE_MODE)
-        .open(path)
-        .at("create", path)
+    use nix::fcntl::OFlag;
+    let (dir, name) = open_parent_dir(path)?;
+    open_at(
+        &dir,
+        &name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+        path,
+        "create",
+    )
 }
 
-/// Open `path` for appending, creating it 0600 if missing.
+/// Open `path` for appending, creating it 0600 if missing; never through a symlink (the file
+/// or a directory below the state root), and only a regular file.
+///
+/// Errors: [`Error::NotRegular`] for a symlink, FIFO or other non-regular file; [`Error::Io`]
+/// otherwise.
 pub fn open_append(path: &Path) -> Result<File> {
-    OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(FILE_MODE)
-        .open(path)
-        .at("open", path)
+    use nix::fcntl::OFlag;
+    let (dir, name) = open_parent_dir(path)?;
+    let f = open_at(
+        &dir,
+        &name,
+        OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_NONBLOCK,
+        path,
+        "open",
+    )?;
+    ensure_regular(&f, path)?;
+    Ok(f)
 }
 
 /// Rename `from` to `to` atomically without ever replacing `to`: `renameat2(RENAME_NOREPLACE)`.
@@ -149,31 +309,98 @@ enum Durability {
 }
 
 /// The one temp-file-and-rename writer behind [`write_atomic`], [`write_atomic_dir_unsynced`]
-/// and [`replace_unsynced`], syncing what `durability` says.
+/// and [`replace_unsynced`], syncing what `durability` says. The temp file is created
+/// `O_EXCL | O_NOFOLLOW` and renamed with `renameat`, both relative to the directory opened
+/// by [`open_parent_dir`]: a link at `path` is replaced, never written through.
 fn replace(path: &Path, bytes: &[u8], durability: Durability) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(TEMP_PREFIX)
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(FILE_MODE))
-        .tempfile_in(dir)
-        .at("create a temp file in", dir)?;
-    crate::fault::point("files.temp-created");
-    tmp.write_all(bytes).at("write", tmp.path())?;
-    if durability != Durability::Cache {
-        tmp.as_file().sync_all().at("sync", tmp.path())?;
+    use nix::fcntl::OFlag;
+    let (dir, name) = open_parent_dir(path)?;
+    let mut tmp_name = None;
+    let mut file = None;
+    for _ in 0..16 {
+        let candidate = OsString::from(format!("{TEMP_PREFIX}{:016x}", random_u64()));
+        match open_at(
+            &dir,
+            &candidate,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+            path,
+            "create a temp file for",
+        ) {
+            Ok(f) => {
+                tmp_name = Some(candidate);
+                file = Some(f);
+                break;
+            }
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::AlreadyExists => {
+            }
+            Err(e) => return Err(e),
+        }
     }
-    tmp.persist(path).map_err(|e| Error::Io {
-        action: "rename a temp file over",
-        path: path.to_path_buf(),
-        source: e.error,
-    })?;
+    let (Some(tmp_name), Some(mut file)) = (tmp_name, file) else {
+        return Err(Error::State(format!(
+            "cannot find a free temp file name beside {}",
+            path.display()
+        )));
+    };
+    crate::fault::point("files.temp-created");
+    let unlink = |dir: &OwnedFd| {
+        let _ = nix::unistd::unlinkat(
+            dir,
+            tmp_name.as_os_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+    };
+    let written = file
+        .write_all(bytes)
+        .at("write a temp file for", path)
+        .and_then(|()| {
+            if durability != Durability::Cache {
+                file.sync_all().at("sync a temp file for", path)
+            } else {
+                Ok(())
+            }
+        });
+    if let Err(e) = written {
+        unlink(&dir);
+        return Err(e);
+    }
+    drop(file);
+    if let Err(e) = nix::fcntl::renameat(&dir, tmp_name.as_os_str(), &dir, name.as_os_str()) {
+        unlink(&dir);
+        return Err(Error::Io {
+            action: "rename a temp file over",
+            path: path.to_path_buf(),
+            source: std::io::Error::from(e),
+        });
+    }
     if durability == Durability::ContentAndDir {
-        sync_dir(dir)?;
+        nix::unistd::fsync(&dir).map_err(|e| Error::Io {
+            action: "sync directory",
+            path: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+            source: std::io::Error::from(e),
+        })?;
     }
     Ok(())
+}
+
+/// A random number for temp file names (not for secrets): the clock mixed with the pid and a
+/// counter.
+fn random_u64() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut x = nanos
+        ^ (u64::from(std::process::id()) << 32)
+        ^ COUNTER
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    // splitmix64 finaliser.
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 /// Serialize `value` as pretty JSON (with a trailing newline) and [`write_atomic`] it.

@@ -30,15 +30,29 @@ pub enum Origin {
     },
     /// A pi-subagents record in a legacy runs directory (read-only).
     Legacy,
+    /// A record under the state root that pi-cohort's own runner wrote (no `formatVersion`;
+    /// read-only). Directories never say so: a listing learns it from the record
+    /// ([`crate::store::observe::Observed::foreign`]) and shows the row with this origin.
+    PiCohort,
 }
 
 impl Origin {
-    /// The word used in listings and `--json`: `top`, `nested` or `legacy`.
+    /// The word used in listings and `--json`: `top`, `nested`, `legacy` or `pi-cohort`.
     pub fn word(&self) -> &'static str {
         match self {
             Origin::TopLevel => "top",
             Origin::Nested { .. } => "nested",
             Origin::Legacy => "legacy",
+            Origin::PiCohort => "pi-cohort",
+        }
+    }
+
+    /// The origin a row is shown with once its record is read: a record cohort did not write
+    /// found under the state root is `pi-cohort`'s (pure).
+    pub fn as_read(self, foreign: bool) -> Origin {
+        match self {
+            Origin::TopLevel | Origin::Nested { .. } if foreign => Origin::PiCohort,
+            other => other,
         }
     }
 }

@@ -542,6 +542,10 @@ impl View {
         let (Some(dir), Some(stamp)) = (self.dir.clone(), self.stamp) else {
             return;
         };
+        // A reader that does not own the state root never writes there.
+        if !dir.parent().is_none_or(files::owned_by_caller) {
+            return;
+        }
         if files::create_dir_all_private(&dir).is_err() {
             return;
         }

@@ -18,10 +18,22 @@
 //! settles it (`stopped` when cancelled, else `failed`, with the backend's sentence), and a
 //! scheduler that cannot be asked leaves it as it is.
 //!
-//! Records are read through [`record::load`], which never follows a symlink and reads only
+//! Records are read through [`load_record`], which never follows a symlink and reads only
 //! regular files: a `status.json` that is a FIFO or a directory is an error row, never a hang.
-//! Legacy records ([`crate::format::legacy`]) are read through their own parser and are never
-//! reconciled or probed.
+//!
+//! Only a run that carries cohort's own liveness protocol is ever settled: its record has a
+//! `formatVersion` and its directory a `runner.lock` (spawn creates the lock before the
+//! directory appears). Anything else is read, never written (`docs/format.md`, "Records
+//! cohort did not write"):
+//!
+//! - a record without `formatVersion` under the state root was written by pi-cohort's own
+//!   runner ([`Observed::foreign`]): it is judged the way pi-cohort judges it, by its recorded
+//!   runner pid (and start time, when recorded) ([`judge_foreign`]), a `queued` one is
+//!   [`Judgement::Unresolved`], and nothing is ever written to it;
+//! - a cohort record whose `runner.lock` is missing is damage or a hand-made directory: it is
+//!   [`Judgement::Unresolved`] and left as it is;
+//! - legacy records ([`crate::format::legacy`]) are read through their own parser and are
+//!   never reconciled or probed.
 
 use std::path::Path;
 use std::time::Duration;
@@ -50,7 +62,7 @@ pub enum Judgement {
     Trusted,
     /// `running` and the runner holds the lock.
     Alive,
-    /// `running` but nobody holds the lock (or there is no lock file): the runner is gone. The
+    /// `running` but nobody holds the lock: the runner is gone. The
     /// reader settles it `failed` ([`settle`]).
     Lost,
     /// `queued` and the lock is held: spawn or the runner is starting it.
@@ -69,15 +81,32 @@ pub enum Judgement {
     /// A legacy record in a non-terminal state: it has no lock, so nothing can prove the run
     /// alive or dead; it is shown as stored, never reconciled.
     Legacy,
+    /// A record cohort did not write (pi-cohort's, [`Observed::foreign`]), `running`, whose
+    /// recorded runner pid is alive (as the same process, when its start time is recorded).
+    ForeignAlive,
+    /// A record cohort did not write, `running`, whose recorded runner is gone. pi-cohort would
+    /// repair it; cohort shows it and never writes it.
+    ForeignGone,
+    /// Nothing cohort may trust proves the run alive or dead: a record cohort did not write
+    /// that is `queued` (pi-cohort leaves a start that never published `running` unresolved)
+    /// or `running` without a pid, or a cohort record whose `runner.lock` is missing. Shown as
+    /// stored, never settled.
+    Unresolved,
 }
 
 /// Judge a record from its state, the lock probe and, for a `queued` run of a scheduler
 /// backend whose lock is free, the phase of its job (`job`; `None` for native runs and for a
 /// scheduled run whose submission was never recorded) (pure). Age never matters: the lock
 /// does, and before the runner holds it, the scheduler.
+///
+/// A record that is not terminal and has no lock file carries no proof either way:
+/// [`Judgement::Unresolved`], never settled.
 pub fn judge(state: RunState, liveness: Liveness, job: Option<&Phase>) -> Judgement {
     match state {
         s if s.is_terminal() => Judgement::Trusted,
+        RunState::Running | RunState::Queued if liveness == Liveness::NoLockFile => {
+            Judgement::Unresolved
+        }
         RunState::Running if liveness.is_alive() => Judgement::Alive,
         RunState::Running => Judgement::Lost,
         RunState::Queued if liveness.is_alive() => Judgement::Starting,
@@ -88,6 +117,63 @@ pub fn judge(state: RunState, liveness: Liveness, job: Option<&Phase>) -> Judgem
         },
         _ => Judgement::Unknown,
     }
+}
+
+/// Judge a record cohort did not write (pi-cohort's) from its state and whether its recorded
+/// runner is alive (`runner_alive`: `None` when it records no pid) (pure). A terminal state is
+/// trusted as stored; `queued` is [`Judgement::Unresolved`] whatever the pid says, since
+/// pi-cohort itself never settles a start that did not publish `running`.
+pub fn judge_foreign(state: RunState, runner_alive: Option<bool>) -> Judgement {
+    match (state, runner_alive) {
+        (s, _) if s.is_terminal() => Judgement::Trusted,
+        (RunState::Running, Some(true)) => Judgement::ForeignAlive,
+        (RunState::Running, Some(false)) => Judgement::ForeignGone,
+        (RunState::Running | RunState::Queued, _) => Judgement::Unresolved,
+        _ => Judgement::Unknown,
+    }
+}
+
+/// Whether a record's recorded runner is alive now: `None` when it records no pid; with a
+/// recorded start time (and boot id), only the same process counts; without one, any live
+/// process with that pid does (as pi-cohort's own check: a zombie is dead).
+pub fn recorded_runner_alive(rec: &RunRecord) -> Option<bool> {
+    let pid = rec.pid.filter(|p| *p > 0)?;
+    Some(match (rec.pid_start_time, rec.boot_id.as_deref()) {
+        (Some(start), Some(boot)) => procinfo::is_same_process(pid, start, boot),
+        (Some(start), None) => {
+            matches!(procinfo::stat(pid), Some(s) if s.start_time == start && s.state != 'Z')
+        }
+        (None, _) => matches!(procinfo::stat(pid), Some(s) if s.state != 'Z'),
+    })
+}
+
+/// Whether a record was written by cohort: it carries `formatVersion` (pure). A record under
+/// the state root without one is pi-cohort's.
+pub fn written_by_cohort(rec: &RunRecord) -> bool {
+    rec.format_version > 0
+}
+
+/// Read a run's `status.json` whoever wrote it: a record with `formatVersion` through
+/// [`record::load`] (which refuses a newer format), one without through the tolerant parser of
+/// records cohort did not write ([`legacy::parse`]; its `formatVersion` reads 0). `dir_name`
+/// stands in for a missing `runId`.
+///
+/// Errors: as [`record::load`].
+pub fn load_record(path: &Path, dir_name: &str) -> Result<RunRecord> {
+    let bytes = files::read_regular(path)?;
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Version {
+        #[serde(default)]
+        format_version: u32,
+    }
+    let version = serde_json::from_slice::<Version>(&bytes)
+        .map(|v| v.format_version)
+        .unwrap_or(1);
+    if version == 0 {
+        return legacy::parse(&bytes, dir_name, path);
+    }
+    record::load(path)
 }
 
 /// How a run is settled: the state it gets, why, and the event that records it.
@@ -177,6 +263,9 @@ pub struct Observed {
     /// What the scheduler said, when it was asked (a `queued` run of a scheduler backend whose
     /// lock is free).
     pub job: Option<JobReport>,
+    /// The record was not written by cohort (it has no `formatVersion`: pi-cohort's, or a
+    /// legacy pi-subagents record): read-only, never settled.
+    pub foreign: bool,
 }
 
 fn file_name(path: &Path) -> String {
@@ -231,7 +320,25 @@ pub fn observe_legacy(dir: &RunDir) -> Result<Observed> {
         judgement,
         liveness: Liveness::NoLockFile,
         job: None,
+        foreign: true,
     })
+}
+
+/// A record cohort did not write, judged by its recorded runner ([`judge_foreign`]): nothing
+/// is probed but the pid, nothing is written.
+fn observe_foreign(rec: RunRecord, liveness: Liveness) -> Observed {
+    let alive = if rec.state.is_terminal() {
+        None
+    } else {
+        recorded_runner_alive(&rec)
+    };
+    Observed {
+        judgement: judge_foreign(rec.state, alive),
+        record: rec,
+        liveness,
+        job: None,
+        foreign: true,
+    }
 }
 
 /// Load a run, probe its lock (records that are not terminal only: a terminal state is trusted
@@ -243,13 +350,17 @@ pub fn observe_legacy(dir: &RunDir) -> Result<Observed> {
 /// settlement that cannot be written (a full disk) is no error: the run is shown settled, with
 /// the write error in its `error`, and the next reader tries again.
 pub fn observe(dir: &RunDir) -> Result<Observed> {
-    let rec = record::load(&dir.status())?;
+    let rec = load_record(&dir.status(), &dir.name())?;
+    if !written_by_cohort(&rec) {
+        return Ok(observe_foreign(rec, Liveness::NoLockFile));
+    }
     if rec.state.is_terminal() {
         return Ok(Observed {
             record: rec,
             judgement: Judgement::Trusted,
             liveness: Liveness::Free,
             job: None,
+            foreign: false,
         });
     }
     let liveness = lock::probe(&dir.lock())?;
@@ -266,6 +377,7 @@ pub fn observe(dir: &RunDir) -> Result<Observed> {
             judgement,
             liveness,
             job,
+            foreign: false,
         });
     }
     match settle(dir, phase)? {
@@ -274,16 +386,22 @@ pub fn observe(dir: &RunDir) -> Result<Observed> {
             record: rec,
             liveness,
             job,
+            foreign: false,
         }),
         Settled::NotNeeded | Settled::Busy => {
-            // Someone took the lock or settled it between the probe and now: read it again.
-            let rec = record::load(&dir.status())?;
+            // Someone took the lock, settled it or replaced it between the probe and now:
+            // read it again.
+            let rec = load_record(&dir.status(), &dir.name())?;
             let liveness = lock::probe(&dir.lock())?;
+            if !written_by_cohort(&rec) {
+                return Ok(observe_foreign(rec, liveness));
+            }
             Ok(Observed {
                 judgement: judge(rec.state, liveness, phase),
                 record: rec,
                 liveness,
                 job,
+                foreign: false,
             })
         }
     }
@@ -303,28 +421,48 @@ pub enum Settled {
     Busy,
 }
 
-/// Settle a run whose lock is free: under the run's lock (created first when the record has
-/// none, so every settlement is serialised by the same lock), re-read the record and, if it is
-/// still `running` or `queued`, rewrite it as [`settlement`] says (with `job`, the phase of
+/// Settle a run whose lock is free: under the run's lock (never created here: a run without
+/// its lock file is not settled, [`Judgement::Unresolved`]), re-read the record and, if it is
+/// still cohort's and `running` or `queued`, rewrite it as [`settlement`] says (with `job`, the phase of
 /// its job for a scheduler backend: `failed`, or `stopped` for a cancelled job),
 /// append the event, and remove the temporary files a writer that died mid-write left in the
 /// run directory (the lock proves no writer is left). A `running` run's survivors are named
 /// and ended first ([`settle_survivors`]).
 ///
-/// Errors: the lock file cannot be opened or created, or the record cannot be read.
+/// Errors: the lock file cannot be opened, or the record cannot be read.
+///
+/// A reader whose effective user does not own the run directory never writes there: the run
+/// is settled in memory only ([`Settled::Unwritten`], saying so in its `error`), and nothing is
+/// signalled.
 pub fn settle(dir: &RunDir, job: Option<&Phase>) -> Result<Settled> {
+    if !files::owned_by_caller(dir.path()) {
+        let mut rec = load_record(&dir.status(), &dir.name())?;
+        if !written_by_cohort(&rec) {
+            return Ok(Settled::NotNeeded);
+        }
+        let Some(s) = settlement(rec.state, job) else {
+            return Ok(Settled::NotNeeded);
+        };
+        let error = format!(
+            "{} (not written: this reader does not own the state root)",
+            s.error
+        );
+        settle_record(&mut rec, s.state, s.failure, &error);
+        return Ok(Settled::Unwritten(rec));
+    }
     let lock = match RunLock::try_acquire(&dir.lock()) {
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            let created = lock::open_or_create_lock(&dir.lock())?;
-            drop(created);
-            RunLock::try_acquire(&dir.lock())?
+            return Ok(Settled::NotNeeded)
         }
         other => other?,
     };
     let Some(_lock) = lock else {
         return Ok(Settled::Busy);
     };
-    let mut rec = record::load(&dir.status())?;
+    let mut rec = load_record(&dir.status(), &dir.name())?;
+    if !written_by_cohort(&rec) {
+        return Ok(Settled::NotNeeded);
+    }
     let Some(Settlement {
         state,
         error,
@@ -357,17 +495,18 @@ pub fn settle(dir: &RunDir, job: Option<&Phase>) -> Result<Settled> {
 pub const SURVIVOR_GRACE_MAX: Duration = Duration::from_secs(5);
 
 /// The processes of a run recorded in its `processes.json` that are still alive as the same
-/// processes (same start time, same boot; [`processes::still_alive`]). Empty when the run has
-/// no list.
+/// processes (same start time, same boot; [`processes::still_alive`]) *and* are provably the
+/// run's ([`procinfo::belongs_to_run`]: not pid 1, not the caller or its ancestors, the
+/// caller's user, the run's marker in their own environment). A file anyone could have written
+/// names them; only the processes themselves prove it. Empty when the run has no list.
 ///
 /// Errors: the list cannot be read ([`processes::load`]).
 pub fn live_processes(dir: &RunDir) -> Result<Vec<TrackedProcess>> {
     let t = processes::load(&dir.processes())?;
-    Ok(processes::still_alive(
-        &t,
-        &procinfo::boot_id(),
-        procinfo::stat,
-    ))
+    let run_id = dir.name();
+    let mut alive = processes::still_alive(&t, &procinfo::boot_id(), procinfo::stat);
+    alive.retain(|p| procinfo::belongs_to_run(p.pid, &run_id).is_ok());
+    Ok(alive)
 }
 
 /// For a lost run, under its lock: find the processes of the run that outlived its runner (a
@@ -410,19 +549,41 @@ pub fn settle_survivors(dir: &RunDir, rec: &mut RunRecord) -> String {
     error
 }
 
-/// The runner's pid, only if the runner is alive now *and* the process with that pid is the
-/// recorded runner (same start time and boot id): safe to `kill`. `None` otherwise.
-pub fn live_runner_pid(dir: &RunDir) -> Result<Option<u32>> {
-    let rec = record::load(&dir.status())?;
+/// The runner's pid, only if the runner is alive now (it holds the lock), the process with
+/// that pid is the recorded runner (same start time and boot id) *and* it is this run's runner
+/// ([`procinfo::is_runner_of`]: its executable is `cohort-runner`, its argument the run
+/// directory, the caller's user): safe to `kill`. Otherwise `Err` says why, in words for a
+/// person ("has no live runner", …).
+///
+/// Errors (outer): the record cannot be read or the lock cannot be probed.
+pub fn runner_pid(dir: &RunDir) -> Result<std::result::Result<u32, String>> {
+    let rec = load_record(&dir.status(), &dir.name())?;
+    if !written_by_cohort(&rec) {
+        return Ok(Err(
+            "is a pi-cohort record; cohort cannot vouch for its runner".into(),
+        ));
+    }
     if !lock::probe(&dir.lock())?.is_alive() {
-        return Ok(None);
+        return Ok(Err("has no live runner".into()));
     }
-    match (rec.pid, rec.pid_start_time, rec.boot_id.as_deref()) {
-        (Some(pid), Some(start), Some(boot)) if procinfo::is_same_process(pid, start, boot) => {
-            Ok(Some(pid))
-        }
-        _ => Ok(None),
+    let (Some(pid), Some(start), Some(boot)) =
+        (rec.pid, rec.pid_start_time, rec.boot_id.as_deref())
+    else {
+        return Ok(Err("has not recorded its runner yet".into()));
+    };
+    if !procinfo::is_same_process(pid, start, boot) {
+        return Ok(Err(format!(
+            "records runner pid {pid}, but that process is gone or is another process now"
+        )));
     }
+    Ok(procinfo::is_runner_of(pid, dir.path())
+        .map(|()| pid)
+        .map_err(|why| format!("records runner pid {pid}, which is not its runner: {why}")))
+}
+
+/// [`runner_pid`] without the reason: `Some(pid)` only for the run's proven runner.
+pub fn live_runner_pid(dir: &RunDir) -> Result<Option<u32>> {
+    Ok(runner_pid(dir)?.ok())
 }
 
 #[cfg(test)]
@@ -436,12 +597,19 @@ mod tests {
         assert_eq!(judge(RunState::Failed, Free, None), Judgement::Trusted);
         assert_eq!(judge(RunState::Running, Held, None), Judgement::Alive);
         assert_eq!(judge(RunState::Running, Free, None), Judgement::Lost);
-        assert_eq!(judge(RunState::Running, NoLockFile, None), Judgement::Lost);
+        assert_eq!(
+            judge(RunState::Running, NoLockFile, None),
+            Judgement::Unresolved
+        );
         assert_eq!(judge(RunState::Queued, Held, None), Judgement::Starting);
         assert_eq!(judge(RunState::Queued, Free, None), Judgement::Abandoned);
         assert_eq!(
             judge(RunState::Queued, NoLockFile, None),
-            Judgement::Abandoned
+            Judgement::Unresolved
+        );
+        assert_eq!(
+            judge(RunState::Complete, NoLockFile, None),
+            Judgement::Trusted
         );
         assert_eq!(judge(RunState::Unknown, Free, None), Judgement::Unknown);
         assert_eq!(
@@ -463,6 +631,47 @@ mod tests {
             settlement(RunState::Queued, None).unwrap().failure,
             Some(Failure::StartAbandoned)
         );
+    }
+
+    #[test]
+    fn a_record_cohort_did_not_write_is_judged_by_its_own_rules() {
+        use RunState::*;
+        let table = [
+            (Running, Some(true), Judgement::ForeignAlive),
+            (Running, Some(false), Judgement::ForeignGone),
+            (Running, None, Judgement::Unresolved),
+            (Queued, Some(true), Judgement::Unresolved),
+            (Queued, Some(false), Judgement::Unresolved),
+            (Queued, None, Judgement::Unresolved),
+            (Paused, Some(false), Judgement::Trusted),
+            (Complete, Some(true), Judgement::Trusted),
+            (Unknown, None, Judgement::Unknown),
+        ];
+        for (state, alive, want) in table {
+            assert_eq!(judge_foreign(state, alive), want, "{state:?} {alive:?}");
+        }
+    }
+
+    #[test]
+    fn a_record_without_format_version_is_read_as_foreign_and_never_settled() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::new(dir.path().join("abc"));
+        std::fs::create_dir(run.path()).unwrap();
+        // A dead pid: nothing of ours reuses it within the test.
+        let body = r#"{"runId":"abc","mode":"single","state":"running","pid":2147483646,
+            "startedAt":1,"lastUpdate":1,"currentStep":0,
+            "steps":[{"agent":"worker","status":"running","startedAt":1}]}"#;
+        std::fs::write(run.status(), body).unwrap();
+        let o = observe(&run).unwrap();
+        assert!(o.foreign);
+        assert_eq!(o.judgement, Judgement::ForeignGone);
+        assert_eq!(o.record.state, RunState::Running);
+        assert_eq!(std::fs::read_to_string(run.status()).unwrap(), body);
+        assert!(!run.lock().exists() && !run.events().exists());
+        // Settling refuses it too, even under a lock someone planted.
+        std::fs::File::create(run.lock()).unwrap();
+        assert!(matches!(settle(&run, None).unwrap(), Settled::NotNeeded));
+        assert_eq!(std::fs::read_to_string(run.status()).unwrap(), body);
     }
 
     #[test]

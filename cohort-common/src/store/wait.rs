@@ -77,7 +77,11 @@ fn wait_one(found: &Found) -> Result<RunState> {
             | Judgement::Lost
             | Judgement::Abandoned
             | Judgement::Unknown
-            | Judgement::Legacy => return Ok(obs.record.state),
+            | Judgement::Legacy
+            // Nothing cohort can block on: no lock of its own protocol.
+            | Judgement::ForeignAlive
+            | Judgement::ForeignGone
+            | Judgement::Unresolved => return Ok(obs.record.state),
             // Spawn or the runner holds the lock (it is handed from one to the other, never
             // free in between): the kernel wakes us when the last holder is gone.
             Judgement::Alive | Judgement::Starting => lock::wait_released(&dir.lock())?,

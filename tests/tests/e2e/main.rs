@@ -37,3 +37,4 @@ mod spawn_wait;
 mod status;
 mod stdin;
 mod supervision;
+mod trust;

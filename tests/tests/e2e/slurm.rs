@@ -436,6 +436,8 @@ fn a_version_2_record_is_left_queued_while_slurm_cannot_be_asked_and_settled_onc
     let env = TestEnv::new();
     let (text, rec, dir) = fixture::checked_in(&env, "v2/queued-slurm.json");
     assert_eq!(rec.format_version, 2);
+    // Spawn leaves the (free) lock file a submitted run has; a run without one is never settled.
+    std::fs::File::create(dir.lock()).unwrap();
     // Round trip: what we read is what we would write.
     let orig: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(serde_json::to_value(&rec).unwrap(), orig);

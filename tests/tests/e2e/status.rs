@@ -753,8 +753,10 @@ fn format_version_1_fixtures_read_and_list() {
     // AGENT then LABEL: these v1 records name no agent; a default label (step-0) shows as -.
     assert_eq!(lines[1], "9d4e5f6a7b8c failed single - -", "{t}");
     assert_eq!(lines[2], "2f7d8e6b1a04 complete chain - scout", "{t}");
-    // The queued nested run has no lock file and no process: its start is settled abandoned.
-    assert_eq!(lines[3], "└ c4d5e6f70819 failed single -", "{t}");
+    // The queued nested run has no lock file: nothing proves its start over, so it is shown
+    // unresolved and left as it is.
+    assert_eq!(lines[3], "└ c4d5e6f70819 queued single -", "{t}");
+    assert!(t.lines().nth(3).unwrap().contains("(unresolved)"), "{t}");
     let v = ok_stdout(&env, &[&ids[0]]);
     assert!(
         v.contains("tokens=5732") && v.contains("anthropic/claude-sonnet-4"),

@@ -1,0 +1,388 @@
+//! End-to-end: the trust boundaries (`docs/architecture.md`, "Trust model"). cohort settles,
+//! rewrites and reaps only runs that carry its own liveness protocol; records it did not write
+//! are read and left byte for byte; a process is signalled only with proof that it is the
+//! run's.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use cohort_common::format::record::{now_ms, RunState};
+use cohort_e2e::fixture::Run;
+use cohort_e2e::harness::{json_lines, stderr, stdout, TestEnv};
+use serde_json::{json, Value};
+
+/// A process of this test that records no signal of its own but can be watched: `sleep`,
+/// ended by the guard by pid.
+struct Sleeper(Child);
+
+impl Sleeper {
+    fn start() -> Sleeper {
+        let child = Command::new("sleep")
+            .arg("300")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start sleep");
+        Sleeper(child)
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Still running (not a zombie: the test has not reaped it, so a signalled sleep would
+    /// show as exited here).
+    fn alive(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A run record shaped as pi-cohort's own runner publishes it (no `formatVersion`, no
+/// `runner.lock`, ids as UUIDv4): `runId`, `mode`, `state`, the runner's `pid`, `startedAt`,
+/// `lastUpdate`, `currentStep`, `cwd`, `asyncDir` and the steps as `{agent, status,
+/// startedAt}`.
+fn seed_record(dir: &Path, id: &str, state: &str, pid: Option<u32>) -> Value {
+    let now = now_ms();
+    let step_status = match state {
+        "complete" => "completed",
+        "queued" => "pending",
+        other => other,
+    };
+    let mut v = json!({
+        "runId": id,
+        "sessionId": "0197a3c1-pi-session",
+        "mode": "single",
+        "state": state,
+        "startedAt": now - 60_000,
+        "lastUpdate": now - 1_000,
+        "currentStep": 0,
+        "cwd": "/tmp",
+        "asyncDir": dir.display().to_string(),
+        "steps": [{"agent": "worker", "status": step_status, "startedAt": now - 60_000}],
+    });
+    if let Some(pid) = pid {
+        v["pid"] = pid.into();
+    }
+    if state == "complete" {
+        v["endedAt"] = (now - 2_000).into();
+    }
+    v
+}
+
+/// Write a seed-shaped record into `env`'s runs directory; returns its directory.
+fn put_seed(env: &TestEnv, id: &str, state: &str, pid: Option<u32>) -> PathBuf {
+    let dir = env.state_root().runs_dir().join(id);
+    std::fs::create_dir_all(&dir).unwrap();
+    let body = serde_json::to_vec_pretty(&seed_record(&dir, id, state, pid)).unwrap();
+    std::fs::write(dir.join("status.json"), body).unwrap();
+    dir
+}
+
+/// Every file under `dir` with its bytes, sorted by path: what "byte for byte" compares.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.clone(), std::fs::read(&p).unwrap_or_default()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn pi_cohort_records_survive_every_reader_and_reap_byte_for_byte() {
+    let env = TestEnv::new();
+    let mut runner = Sleeper::start();
+    // A pid that is certainly not alive: beyond the kernel's pid_max.
+    let dead = 4_194_305;
+    let running = put_seed(
+        &env,
+        "5d7e1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b",
+        "running",
+        Some(runner.pid()),
+    );
+    let lost = put_seed(
+        &env,
+        "6e8f2b3c-4d5e-4f60-9bac-1d2e3f4a5b6c",
+        "running",
+        Some(dead),
+    );
+    let queued = put_seed(&env, "7f903c4d-5e6f-4071-acbd-2e3f4a5b6c7d", "queued", None);
+    let paused = put_seed(
+        &env,
+        "80a14d5e-6f70-4182-bdce-3f4a5b6c7d8e",
+        "paused",
+        Some(dead),
+    );
+    let finished = put_seed(
+        &env,
+        "91b25e6f-7081-4293-cedf-4a5b6c7d8e9f",
+        "complete",
+        Some(dead),
+    );
+    // A cohort record whose runner.lock is missing: damage, left as it is.
+    let (broken_id, broken) = Run::new(RunState::Running).without_lock_file().write(&env);
+    let kept = [&running, &lost, &queued, &paused, broken.path()];
+    let before: Vec<_> = kept.iter().map(|d| snapshot(d)).collect();
+
+    let list = env.run("cohort-status", &["--json"]);
+    assert!(list.status.success(), "{}", stderr(&list));
+    let rows = json_lines(&stdout(&list));
+    let row = |id: &str| {
+        rows.iter()
+            .find(|r| r["runId"] == id)
+            .unwrap_or_else(|| panic!("{id} not listed: {rows:?}"))
+            .clone()
+    };
+    let r = row("5d7e1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b");
+    assert_eq!(
+        (r["origin"].as_str(), r["state"].as_str()),
+        (Some("pi-cohort"), Some("running"))
+    );
+    assert_eq!(r["live"], true, "{r}");
+    let r = row("6e8f2b3c-4d5e-4f60-9bac-1d2e3f4a5b6c");
+    assert_eq!(
+        (r["state"].as_str(), r["live"].as_bool()),
+        (Some("running"), Some(false))
+    );
+    let r = row("7f903c4d-5e6f-4071-acbd-2e3f4a5b6c7d");
+    assert_eq!(
+        (r["state"].as_str(), r["unresolved"].as_bool()),
+        (Some("queued"), Some(true))
+    );
+    let r = row(&broken_id);
+    assert_eq!(
+        (r["origin"].as_str(), r["unresolved"].as_bool()),
+        (Some("top"), Some(true))
+    );
+    // The table says so too.
+    let table = stdout(&env.run("cohort-status", &[]));
+    assert!(
+        table.contains("(pi-cohort)") && table.contains("(unresolved)"),
+        "{table}"
+    );
+    // The single view of each.
+    for id in ["7f903c4d", "6e8f2b3c", &broken_id[..8]] {
+        let out = env.run("cohort-status", &[id]);
+        assert!(out.status.success(), "{id}: {}", stderr(&out));
+    }
+    // `--wait` does not block on a record with no lock of cohort's protocol, nor fail.
+    let out = env.run("cohort-status", &["--wait", "7f903c4d"]);
+    assert_ne!(out.status.code(), Some(2), "{}", stderr(&out));
+
+    for args in [&["--check"][..], &["--doctor"], &["--all"]] {
+        let _ = env.run("cohort-status", args);
+    }
+    let dry = env.run("cohort-reap", &["--all-terminal", "--dry-run"]);
+    let plan = stdout(&dry);
+    assert!(
+        !plan.contains("80a14d5e"),
+        "a paused pi-cohort run is planned: {plan}"
+    );
+    let reap = env.run("cohort-reap", &["--all-terminal"]);
+    assert!(reap.status.success(), "{}{}", stdout(&reap), stderr(&reap));
+    for name in [
+        "5d7e1a2b",
+        "6e8f2b3c",
+        "7f903c4d",
+        "80a14d5e",
+        &broken_id[..8],
+    ] {
+        let out = env.run("cohort-reap", &[name]);
+        assert_eq!(out.status.code(), Some(1), "{name}: {}", stdout(&out));
+    }
+    let after: Vec<_> = kept.iter().map(|d| snapshot(d)).collect();
+    assert_eq!(
+        before, after,
+        "a record cohort did not write, or without its lock, changed"
+    );
+    assert!(runner.alive(), "the pi-cohort runner was signalled");
+    // The terminal one, whose recorded runner is gone, was reaped.
+    assert!(!finished.exists(), "{}", stdout(&reap));
+}
+
+/// `processes.json` naming `pids` with their real start times, on this boot.
+fn craft_processes(dir: &cohort_common::format::layout::RunDir, pids: &[u32]) {
+    use cohort_common::format::processes::{self, Tracked, TrackedProcess};
+    use cohort_common::identity::procinfo;
+    let processes = pids
+        .iter()
+        .map(|&pid| TrackedProcess {
+            pid,
+            start_time: procinfo::stat(pid).expect("alive").start_time,
+            step: 0,
+            cmdline: procinfo::cmdline(pid),
+        })
+        .collect();
+    let t = Tracked {
+        format_version: 1,
+        boot_id: procinfo::boot_id(),
+        processes,
+    };
+    processes::store(&dir.processes(), &t).unwrap();
+}
+
+#[test]
+fn a_crafted_process_list_gets_no_process_signalled() {
+    let env = TestEnv::new();
+    let mut sleeper = Sleeper::start();
+    // A lost run (free lock) whose process list names our own sleep and init, both with their
+    // real start times: anyone can read those from /proc.
+    let (id, dir) = Run::new(RunState::Running).write(&env);
+    craft_processes(&dir, &[sleeper.pid(), 1]);
+    let out = env.run("cohort-status", &["--check"]);
+    assert_ne!(out.status.code(), Some(2), "{}", stderr(&out));
+    let rec = env.record(&id);
+    assert_eq!(rec["state"], "failed", "{rec}");
+    assert_eq!(rec["error"], "runner lost", "{rec}");
+    assert!(
+        rec["survivors"].as_array().is_none_or(|s| s.is_empty()),
+        "{rec}"
+    );
+    let events = std::fs::read_to_string(dir.events()).unwrap_or_default();
+    assert!(!events.contains("run.survivors"), "{events}");
+    assert!(
+        sleeper.alive(),
+        "a process that is not the run's was signalled"
+    );
+    // Reap does not refuse the run for processes that are not its own.
+    let reap = env.run("cohort-reap", &[&id]);
+    assert!(reap.status.success(), "{}", stdout(&reap));
+}
+
+#[test]
+fn pid_prints_only_the_runs_own_runner() {
+    use cohort_common::identity::procinfo;
+    use cohort_common::os::lock::RunLock;
+    let env = TestEnv::new();
+    let sleeper = Sleeper::start();
+    for pid in [sleeper.pid(), 1] {
+        // An edited record: a live process's real identity, and a lock someone holds.
+        let (id, dir) = Run::new(RunState::Running)
+            .edit(|r| {
+                r.pid = Some(pid);
+                r.pid_start_time = procinfo::stat(pid).map(|s| s.start_time);
+                r.boot_id = Some(procinfo::boot_id());
+            })
+            .write(&env);
+        let _held = RunLock::try_acquire(&dir.lock()).unwrap().expect("free");
+        let out = env.run("cohort-status", &["--pid", &id]);
+        assert_eq!(out.status.code(), Some(1), "pid {pid}: {}", stdout(&out));
+        assert_eq!(stdout(&out), "", "pid {pid}");
+        assert!(stderr(&out).contains("not its runner"), "{}", stderr(&out));
+    }
+    // A real runner's pid is printed: the one its record names, and it stops the run.
+    let id = env.spawn(&["--model", "fake/slow", "slow"]);
+    let pid = env.stop(&id);
+    assert_eq!(env.record(&id)["pid"], pid, "{}", env.record(&id));
+}
+
+/// A directory outside the state root holding one file, and a symlink at `link` to it.
+fn plant_link(env: &TestEnv, link: &Path) -> (PathBuf, Vec<(PathBuf, Vec<u8>)>) {
+    let target = env.tmp.path().join(format!(
+        "target-{}",
+        link.file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("names"), b"precious\n").unwrap();
+    std::fs::write(target.join("events.jsonl"), b"precious\n").unwrap();
+    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&target, link).unwrap();
+    let before = snapshot(&target);
+    (target, before)
+}
+
+#[test]
+fn nothing_is_written_through_a_planted_link() {
+    let env = TestEnv::new();
+    let root = env.state_root();
+    // A listing index that is a link.
+    let (index_target, index_before) = plant_link(&env, &root.index_dir());
+    // A lost run whose events.jsonl is a link to a file outside the root.
+    let (id, dir) = Run::new(RunState::Running).write(&env);
+    let outside = env.tmp.path().join("outside-events.jsonl");
+    std::fs::write(&outside, b"precious\n").unwrap();
+    std::os::unix::fs::symlink(&outside, dir.events()).unwrap();
+    for _ in 0..2 {
+        let out = env.run("cohort-status", &["--all"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let _ = env.run("cohort-status", &[&id]);
+    assert_eq!(
+        snapshot(&index_target),
+        index_before,
+        "written through .status-index"
+    );
+    assert_eq!(std::fs::read(&outside).unwrap(), b"precious\n");
+    // The run is still settled: the record is a file of its own.
+    assert_eq!(env.record(&id)["state"], "failed");
+    // Session files never go through a sessions directory that is a link.
+    let (sessions_target, sessions_before) = plant_link(&env, &root.path().join("sessions"));
+    let out = env.spawn_raw(&["--model", "fake/plain", "hello"]);
+    assert_eq!(
+        snapshot(&sessions_target),
+        sessions_before,
+        "written through sessions/"
+    );
+    if out.status.success() {
+        let id = stdout(&out).trim().to_string();
+        let rec = env.wait_terminal(&id, 60);
+        assert_ne!(
+            rec["state"], "complete",
+            "a step ran with its session through a link: {rec}"
+        );
+    }
+}
+
+#[test]
+fn a_reader_that_does_not_own_the_state_root_writes_nothing_there() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to give the state root to another user");
+        return;
+    }
+    let env = TestEnv::new();
+    let (id, _) = Run::new(RunState::Running).write(&env);
+    // The profile's state root belongs to another user (uid 65534, nobody).
+    let root = env.state_root();
+    let chown = Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(root.path())
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let before = snapshot(root.path());
+    let out = env.run("cohort-status", &["--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out).matches("read-only").count(),
+        1,
+        "{}",
+        stderr(&out)
+    );
+    let rows = json_lines(&stdout(&out));
+    let row = rows.iter().find(|r| r["runId"] == id.as_str()).unwrap();
+    assert_eq!(row["state"], "failed", "shown settled: {row}");
+    let _ = env.run("cohort-status", &[&id]);
+    assert_eq!(
+        snapshot(root.path()),
+        before,
+        "a non-owner reader wrote in the state root"
+    );
+    assert!(!root.index_dir().exists());
+}
