@@ -407,16 +407,9 @@ pub fn run_marker(run_id: &str) -> String {
     format!("{}={run_id}", crate::format::route::PARENT_RUN_ENV)
 }
 
-/// The rules every process must pass before it is signalled for a run (pure): not pid 1, not
-/// in `caller_line` (the caller and its ancestors), owned by `euid`, and `facts.environ`
-/// carries `marker` as one whole entry.
-pub fn judge_signal(
-    pid: u32,
-    caller_line: &[u32],
-    euid: u32,
-    facts: &Facts,
-    marker: &str,
-) -> Result<(), NotTheRuns> {
+/// The rules every process cohort signals must pass, whoever it is (pure): not pid 1, not in
+/// `caller_line` (the caller and its ancestors), and owned by `euid`.
+fn judge_any(pid: u32, caller_line: &[u32], euid: u32, facts: &Facts) -> Result<(), NotTheRuns> {
     if pid <= 1 {
         return Err(NotTheRuns::Init);
     }
@@ -428,6 +421,20 @@ pub fn judge_signal(
         Some(uid) if uid != euid => return Err(NotTheRuns::OtherUser(uid)),
         Some(_) => {}
     }
+    Ok(())
+}
+
+/// The rules every process must pass before it is signalled for a run (pure): not pid 1, not
+/// in `caller_line` (the caller and its ancestors), owned by `euid`, and `facts.environ`
+/// carries `marker` as one whole entry.
+pub fn judge_signal(
+    pid: u32,
+    caller_line: &[u32],
+    euid: u32,
+    facts: &Facts,
+    marker: &str,
+) -> Result<(), NotTheRuns> {
+    judge_any(pid, caller_line, euid, facts)?;
     let Some(env) = &facts.environ else {
         return Err(NotTheRuns::Unreadable);
     };
@@ -461,17 +468,7 @@ pub fn judge_runner(
     run_dir: &std::path::Path,
 ) -> Result<(), NotTheRuns> {
     use std::os::unix::ffi::OsStrExt;
-    if pid <= 1 {
-        return Err(NotTheRuns::Init);
-    }
-    if caller_line.contains(&pid) {
-        return Err(NotTheRuns::Caller);
-    }
-    match facts.uid {
-        None => return Err(NotTheRuns::Unreadable),
-        Some(uid) if uid != euid => return Err(NotTheRuns::OtherUser(uid)),
-        Some(_) => {}
-    }
+    judge_any(pid, caller_line, euid, facts)?;
     let exe_ok = facts.exe_name.as_deref() == Some("cohort-runner");
     let arg_ok = facts.argv.get(1).map(Vec::as_slice) == Some(run_dir.as_os_str().as_bytes());
     if exe_ok && arg_ok {
