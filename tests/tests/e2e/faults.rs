@@ -148,7 +148,12 @@ fn normal(tree: &BTreeSet<PathBuf>) -> BTreeSet<PathBuf> {
         ".reap-trash",
     ];
     tree.iter()
-        .filter(|p| !p.starts_with(".status-index") && !p.starts_with(".last-run-id"))
+        // Caches, rebuilt whenever missing: the listing index and spawn's Node versions.
+        .filter(|p| {
+            !p.starts_with(".status-index")
+                && !p.starts_with(".last-run-id")
+                && !p.starts_with(".node-versions")
+        })
         .filter(|p| !LAYOUT.iter().any(|d| p.as_path() == Path::new(d)))
         .cloned()
         .collect()

@@ -166,7 +166,12 @@ fn pid_answers_with_the_users_inotify_instances_used_up() {
     assert!(starting.status.success(), "{}", stderr(&starting));
     let starting = stdout(&starting).trim().to_string();
     wait_for(Duration::from_secs(30), || pause.exists()).expect("the runner paused");
-    let runner_pid = env.runner_pid(&running);
+    // Asked as the runs' own user: `--pid` names only a runner of the caller's own user.
+    let out = as_user(&env, uid, None, &status, &["--pid", &running])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "--pid {running}: {}", stderr(&out));
+    let runner_pid: u32 = stdout(&out).trim().parse().expect("a pid");
 
     let mut hog = as_user(&env, uid, None, &bin_dir().join("exhaust-inotify"), &[])
         .stdin(Stdio::piped())
@@ -198,12 +203,13 @@ fn pid_answers_with_the_users_inotify_instances_used_up() {
     let out = waiter.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let pid: u32 = stdout(&out).trim().parse().unwrap();
-    assert_eq!(pid, env.runner_pid(&starting));
+    assert_eq!(env.record(&starting)["pid"], pid);
 
     drop(hog.stdin.take());
     hog.wait().unwrap();
-    for id in [&running, &starting] {
-        env.stop(id);
+    // Stopped the documented way, by the pids `--pid` gave.
+    for (id, pid) in [(&running, runner_pid), (&starting, pid)] {
+        cohort_e2e::harness::signal(pid, nix::sys::signal::Signal::SIGTERM);
         env.wait_terminal(id, 60);
     }
 }
