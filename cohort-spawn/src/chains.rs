@@ -422,6 +422,26 @@ pub fn project_chain_dirs(cwd: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Whether the project chain file `path` may be read: the trust rule of project files
+/// ([`crate::trust::check_dir_chain`] from the project root down to the file). An untrusted
+/// file is skipped with one warning on stderr, so a file another user planted neither runs nor
+/// shadows the user's own chain of that name.
+fn trusted_project_file(cwd: &Path, path: &Path) -> bool {
+    let Some(root) = agents::project_root(cwd) else {
+        return true;
+    };
+    match crate::trust::check_dir_chain(&root, path) {
+        Ok(()) => true,
+        Err(u) => {
+            eprintln!(
+                "cohort-spawn: warning: skipping the project's {}: {u} (project files are read only from directories you or root own that no one else can write)",
+                path.display()
+            );
+            false
+        }
+    }
+}
+
 /// Every saved chain file under [`chain_dirs`], read and parsed; a file that cannot be read or
 /// parsed is kept with its error. A chain is known by its runtime name (`PACKAGE.NAME`).
 pub fn discover(profile: &Path, cwd: &Path) -> Vec<SavedChain> {
@@ -430,6 +450,9 @@ pub fn discover(profile: &Path, cwd: &Path) -> Vec<SavedChain> {
         for path in markdown_files(&dir, |n| {
             n.ends_with(".chain.md") || n.ends_with(".chain.json")
         }) {
+            if scope == AgentScope::Project && !trusted_project_file(cwd, &path) {
+                continue;
+            }
             let chain = read_text(&path)
                 .map_err(|e| format!("{}: {e}", path.display()))
                 .and_then(|t| parse_file(&path, &t));

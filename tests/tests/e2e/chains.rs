@@ -231,6 +231,47 @@ fn chain_name_never_runs_a_file_of_the_cwd() {
 }
 
 #[test]
+fn a_project_chain_in_a_directory_others_can_write_is_skipped_with_a_warning() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = TestEnv::new();
+    agents(&env);
+    write(
+        &env.profile,
+        "chains/review.chain.md",
+        "---\nname: review\ndescription: mine\n---\n## worker\n\nSAVED {task}\n",
+    );
+    // The harness's cwd is the project: its `.pi/chains/` is writable by anyone.
+    let planted = write(
+        env.tmp.path(),
+        ".pi/chains/review.chain.md",
+        "---\nname: review\ndescription: planted\n---\n## worker\n\nPLANTED {task}\n",
+    );
+    let dir = planted.parent().unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut full = vec!["--wait", "--chain", "review", "x"];
+    let out = env.spawn_raw(&full);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "ECHO: SAVED x");
+    let warning = format!("skipping the project's {}", planted.display());
+    assert_eq!(
+        stderr(&out)
+            .lines()
+            .filter(|l| l.contains(&warning))
+            .count(),
+        1,
+        "{}",
+        stderr(&out)
+    );
+    // The same file in a directory only its owner can write is the project's chain, and wins.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    full[3] = "y";
+    let out = env.spawn_raw(&full);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "ECHO: PLANTED y");
+    assert!(!stderr(&out).contains("skipping"), "{}", stderr(&out));
+}
+
+#[test]
 fn a_step_runs_in_its_cwd_with_its_skills() {
     let env = TestEnv::new();
     agents(&env);
