@@ -18,7 +18,7 @@ use nix::sys::signal::Signal;
 use cohort_common::error::{Error, Result};
 use cohort_common::format::layout::{self, RunDir, PROFILE_ENV};
 use cohort_common::format::route;
-use cohort_common::format::spec::{self, FlatStep, LaunchSpec, Placement};
+use cohort_common::format::spec::{self, AgentSpec, FlatStep, LaunchSpec, Placement, PromptMode};
 use cohort_common::identity::runtime::{self, Runtime, NODE_ENV, PI_ENTRY_ENV};
 use cohort_common::os::files;
 
@@ -277,10 +277,48 @@ fn end_with_runner(cmd: &mut Command) {
     }
 }
 
+/// The Pi flags an agent adds for a prompt written to `prompt_file` (pure): the prompt
+/// flag of its [`PromptMode`] (none for an empty prompt), then `--no-context-files` and
+/// `--no-skills` unless it inherits them, `--skill` per skill file, `--no-extensions`, and
+/// `-e` per extension it lists. The project's context files, when the agent inherits them but
+/// not the profile's, are the runner's ([`crate::context`]). Model, thinking and tools are not
+/// here: spawn merges them into the step (`TaskSpec::model`, …) so that the command line and
+/// the step can override them.
+fn agent_flags(agent: &AgentSpec, prompt_file: &Path) -> Vec<String> {
+    let flag = match agent.system_prompt_mode {
+        PromptMode::Replace => "--system-prompt",
+        PromptMode::Append => "--append-system-prompt",
+    };
+    // An agent without a prompt (only fields) leaves Pi's own prompt alone.
+    let mut args = Vec::new();
+    if !agent.prompt.trim().is_empty() {
+        args.extend([flag.to_string(), prompt_file.display().to_string()]);
+    }
+    if !agent.inherit_project_context {
+        args.push("--no-context-files".into());
+    }
+    if !agent.inherit_skills {
+        args.push("--no-skills".into());
+    }
+    for s in &agent.skills {
+        args.extend(["--skill".to_string(), s.display().to_string()]);
+    }
+    args.push("--no-extensions".into());
+    for e in agent
+        .extensions
+        .iter()
+        .flatten()
+        .chain(&agent.extra_extensions)
+    {
+        args.extend(["-e".to_string(), e.display().to_string()]);
+    }
+    args
+}
+
 /// The arguments of a step's Pi child after the CLI entry (pure): `--mode json -p --session
 /// FILE`, the step's model, thinking and tools (spawn has merged its agent's into them; an
 /// empty tool list is `--no-tools`), the agent's flags for a prompt written to `prompt_file`
-/// ([`spec::AgentSpec::pi_flags`]), the context files the runner gives it ([`Child`]), and
+/// (`agent_flags`), the context files the runner gives it ([`Child`]), and
 /// for an agent on Pi 1.x `--no-mcp` (no agent field can ask for MCP tools, and Pi 1.x keeps
 /// them reachable beside `--tools`); then the run-wide and the step's own Pi args, so that
 /// the latter win (Pi keeps the last `--model`, `--tools`, `--thinking`, `--system-prompt`).
@@ -315,7 +353,7 @@ pub fn pi_command_args(
         None => {}
     }
     if let (Some(agent), Some(file)) = (&s.resolved_agent, prompt_file) {
-        args.extend(agent.pi_flags(file));
+        args.extend(agent_flags(agent, file));
         if let ContextFiles::Runner(file) = child.context {
             args.push("--no-context-files".into());
             if let Some(c) = file {
@@ -475,7 +513,7 @@ mod tests {
             ..agent
         };
         assert_eq!(
-            replace.pi_flags(Path::new("/p")),
+            agent_flags(&replace, Path::new("/p")),
             [
                 "--system-prompt",
                 "/p",
@@ -515,7 +553,7 @@ mod tests {
             ..replace
         };
         assert_eq!(
-            with_files.pi_flags(Path::new("/p")),
+            agent_flags(&with_files, Path::new("/p")),
             [
                 "--skill",
                 "/s/SKILL.md",

@@ -254,44 +254,6 @@ impl AgentSpec {
             path: self.path.clone(),
         }
     }
-
-    /// The Pi flags this agent adds for a prompt written to `prompt_file` (pure): the prompt
-    /// flag of its [`PromptMode`] (none for an empty prompt), then `--no-context-files` and
-    /// `--no-skills` unless it inherits them, `--skill` per skill file, `--no-extensions`, and
-    /// `-e` per extension it lists. The profile's context file, when the
-    /// agent inherits the project's but not the global one, is the runner's
-    /// (`cohort-runner/src/context.rs`). Model, thinking and tools are not here: spawn merges them into the step
-    /// ([`TaskSpec::model`], …) so that the command line and the step can override them.
-    pub fn pi_flags(&self, prompt_file: &std::path::Path) -> Vec<String> {
-        let flag = match self.system_prompt_mode {
-            PromptMode::Replace => "--system-prompt",
-            PromptMode::Append => "--append-system-prompt",
-        };
-        // An agent without a prompt (only fields) leaves Pi's own prompt alone.
-        let mut args = Vec::new();
-        if !self.prompt.trim().is_empty() {
-            args.extend([flag.to_string(), prompt_file.display().to_string()]);
-        }
-        if !self.inherit_project_context {
-            args.push("--no-context-files".into());
-        }
-        if !self.inherit_skills {
-            args.push("--no-skills".into());
-        }
-        for s in &self.skills {
-            args.extend(["--skill".to_string(), s.display().to_string()]);
-        }
-        args.push("--no-extensions".into());
-        for e in self
-            .extensions
-            .iter()
-            .flatten()
-            .chain(&self.extra_extensions)
-        {
-            args.extend(["-e".to_string(), e.display().to_string()]);
-        }
-        args
-    }
 }
 
 /// A parallel group: tasks that run at once, at most `concurrency` alive together.
