@@ -386,3 +386,138 @@ fn a_reader_that_does_not_own_the_state_root_writes_nothing_there() {
     );
     assert!(!root.index_dir().exists());
 }
+
+/// A local user made for one test (`useradd`, as root), removed (`userdel`) when dropped.
+struct OtherUser {
+    name: String,
+    uid: u32,
+}
+
+impl OtherUser {
+    fn create() -> OtherUser {
+        let name = format!("cohort-t{}", std::process::id());
+        let made = Command::new("useradd")
+            .args(["--no-create-home", "--shell", "/usr/sbin/nologin", &name])
+            .status()
+            .expect("run useradd");
+        assert!(made.success(), "useradd {name}");
+        let id = |flag: &str| -> u32 {
+            let out = Command::new("id").args([flag, &name]).output().unwrap();
+            String::from_utf8(out.stdout)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        let uid = id("-u");
+        OtherUser { name, uid }
+    }
+
+    /// Run `sh -c script` as this user (`runuser`: its uid, gid and groups only), feeding it
+    /// `input`; asserts it succeeded.
+    fn sh(&self, script: &str, input: &[u8]) {
+        use std::io::Write;
+        let mut child = Command::new("runuser")
+            .args(["-u", &self.name, "--", "sh", "-c", script])
+            .current_dir("/")
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        assert!(
+            child.wait().unwrap().success(),
+            "as {}: {script}",
+            self.name
+        );
+    }
+}
+
+impl Drop for OtherUser {
+    fn drop(&mut self) {
+        let _ = Command::new("userdel").arg(&self.name).status();
+    }
+}
+
+#[test]
+fn another_user_cannot_plant_legacy_runs() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to create a second user");
+        return;
+    }
+    let env = TestEnv::new();
+    let other = OtherUser::create();
+    // A temp dir shared as /tmp is (sticky, writable by everyone), where the other user makes
+    // the legacy root of this test's user before it does.
+    let shared = tempfile::Builder::new()
+        .prefix("cohort-shared-tmp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let me = nix::unistd::geteuid().as_raw();
+    let legacy_root = shared.path().join(format!("pi-subagents-uid-{me}"));
+    let run_dir = legacy_root.join("async-subagent-runs/5eedbad1");
+    let record = json!({
+        "runId": "5eedbad1", "mode": "single", "state": "running",
+        "startedAt": now_ms(), "pid": 1,
+        "steps": [{"agent": "planted", "status": "running", "taskPreview": "planted task"}],
+    });
+    other.sh(
+        &format!(
+            "mkdir -p '{d}' && cat > '{d}/status.json'",
+            d = run_dir.display()
+        ),
+        record.to_string().as_bytes(),
+    );
+    let status = |args: &[&str]| {
+        env.cmd("cohort-status")
+            .env("TMPDIR", shared.path())
+            .env_remove("PI_SUBAGENTS_TEMP_ROOT")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let refused = format!("{} is owned by uid {}", legacy_root.display(), other.uid);
+
+    let out = status(&["--all", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        !json_lines(&stdout(&out))
+            .iter()
+            .any(|r| r["runId"] == "5eedbad1"),
+        "a planted legacy run is listed as the user's: {}",
+        stdout(&out)
+    );
+    assert!(stderr(&out).contains(&refused), "{}", stderr(&out));
+    let out = status(&["--doctor"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("legacy runs: not read") && stdout(&out).contains(&refused),
+        "{}",
+        stdout(&out)
+    );
+    let out = status(&["5eedbad1"]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+
+    // The same directories, once they are the user's own, are read.
+    let chown = Command::new("chown")
+        .args(["-R", &format!("{me}:{me}")])
+        .arg(&legacy_root)
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let out = status(&["--all", "--json"]);
+    assert!(
+        json_lines(&stdout(&out))
+            .iter()
+            .any(|r| r["runId"] == "5eedbad1" && r["origin"] == "legacy"),
+        "{}",
+        stdout(&out)
+    );
+    let out = status(&["--doctor"]);
+    assert!(
+        stdout(&out).contains("legacy runs: 1 in"),
+        "{}",
+        stdout(&out)
+    );
+}
