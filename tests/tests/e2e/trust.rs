@@ -521,3 +521,47 @@ fn another_user_cannot_plant_legacy_runs() {
         stdout(&out)
     );
 }
+
+#[test]
+fn agent_and_chain_listings_escape_what_the_files_say() {
+    let env = TestEnv::new();
+    let agents = env.profile.join("agents");
+    let chains = env.profile.join("chains");
+    std::fs::create_dir_all(&agents).unwrap();
+    std::fs::create_dir_all(&chains).unwrap();
+    // Clear the screen, then a title-setting OSC sequence, in the description and the model
+    // (YAML's double-quoted `\e` and `\a`: raw controls are refused by the parser).
+    std::fs::write(
+        agents.join("painter.md"),
+        "---\nname: painter\ndescription: \"paints \\e[2J\\e]0;owned\\a the screen\"\n\
+         model: \"fake/\\e[31mred\"\n---\n\nYou paint.\n",
+    )
+    .unwrap();
+    std::fs::write(
+        chains.join("tinted.chain.md"),
+        "---\nname: tinted\ndescription: \"tints \\e[41m everything\"\n---\n\n## painter\n",
+    )
+    .unwrap();
+    for (flag, name, shown) in [
+        (
+            "--list-agents",
+            "painter",
+            "paints \\x1b[2J\\x1b]0;owned\\x07 the screen",
+        ),
+        ("--list-agents", "painter", "fake/\\x1b[31mred"),
+        ("--list-chains", "tinted", "tints \\x1b[41m everything"),
+    ] {
+        let out = env.run("cohort-spawn", &[flag]);
+        assert!(out.status.success(), "{flag}: {}", stderr(&out));
+        let text = stdout(&out);
+        assert!(
+            !text.contains('\x1b') && !text.contains('\x07'),
+            "{flag}: {text:?}"
+        );
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{flag}: no {name} row: {text}"));
+        assert!(line.contains(shown), "{flag}: {line}");
+    }
+}
