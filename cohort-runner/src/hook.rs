@@ -1,6 +1,12 @@
 //! The on-exit hook (`cohort-spawn --on-exit CMD`, `COHORT_ON_EXIT`): one shell command the
 //! runner runs once, after the run's terminal record is durable.
 //!
+//! The command may hold a secret (a webhook token), so it never appears on a command line,
+//! where every local user can read it (`ps`, `/proc/<pid>/cmdline`): the shell gets a fixed
+//! script ([`SHELL_SCRIPT`]) and the command in its environment ([`COMMAND_ENV`]), which only
+//! the user can read (`/proc/<pid>/environ` is the owner's), and the script takes the command
+//! out of the environment before it runs it, so the hook's own processes do not inherit it.
+//!
 //! It is run through `sh -c` in the run's cwd, in a process group of its own, with
 //! `COHORT_RUN_ID`, `COHORT_STATE`, `COHORT_RUN_DIR` and the profile (`PI_CODING_AGENT_DIR`) in
 //! its environment, stdin from `/dev/null` and its output appended to `runner.log`. It is
@@ -28,6 +34,14 @@ use cohort_common::format::spec::{LaunchSpec, DEFAULT_ON_EXIT_TIMEOUT_MS};
 use cohort_common::os::files;
 
 use crate::step::signal_name;
+
+/// The environment variable that carries the hook's command to its shell.
+pub const COMMAND_ENV: &str = "COHORT_HOOK_COMMAND";
+
+/// What the hook's shell runs (`sh -c SHELL_SCRIPT`): move the command from [`COMMAND_ENV`]
+/// into an unexported variable, then run it with `eval`, as `sh -c <command>` would.
+pub const SHELL_SCRIPT: &str = "cohort_hook_command=$COHORT_HOOK_COMMAND; \
+     unset COHORT_HOOK_COMMAND; eval \"$cohort_hook_command\"";
 
 /// What the hook is run with.
 #[derive(Clone, Debug)]
@@ -76,9 +90,11 @@ impl<'a> Hook<'a> {
     }
 }
 
-/// The environment the hook gets on top of the runner's (pure).
+/// The environment the hook's shell gets on top of the runner's (pure): the run's variables
+/// and the command itself ([`COMMAND_ENV`], which [`SHELL_SCRIPT`] unsets before running it).
 pub fn hook_env(hook: &Hook) -> Vec<(&'static str, OsString)> {
     vec![
+        (COMMAND_ENV, hook.command.into()),
         ("COHORT_RUN_ID", hook.run_id.into()),
         ("COHORT_STATE", hook.state.as_str().into()),
         ("COHORT_RUN_DIR", hook.run_dir.path().as_os_str().to_owned()),
@@ -147,7 +163,7 @@ pub fn run(hook: &Hook, event: &mut dyn FnMut(EventKind, Value)) {
     let started = Instant::now();
     let spawned = Command::new("sh")
         .arg("-c")
-        .arg(hook.command)
+        .arg(SHELL_SCRIPT)
         .current_dir(hook.cwd)
         .envs(hook_env(hook))
         .stdin(Stdio::null())
@@ -337,5 +353,24 @@ mod tests {
         assert_eq!(get("COHORT_STATE"), Some("failed".into()));
         assert_eq!(get("COHORT_RUN_DIR"), Some("/r/run".into()));
         assert_eq!(get("PI_CODING_AGENT_DIR"), Some("/p".into()));
+        assert_eq!(get(COMMAND_ENV), Some("true".into()));
+    }
+
+    #[test]
+    fn the_shell_runs_the_command_from_its_environment_and_hides_it_from_children() {
+        let out = Command::new("sh")
+            .args(["-c", SHELL_SCRIPT])
+            .env(
+                COMMAND_ENV,
+                "a='two words'; echo \"$a\" \"[${COHORT_HOOK_COMMAND-unset}]\"; \
+                 sh -c 'echo \"[${COHORT_HOOK_COMMAND-unset}]\"'; exit 4",
+            )
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "two words [unset]\n[unset]\n"
+        );
+        assert_eq!(out.status.code(), Some(4));
     }
 }

@@ -139,3 +139,52 @@ fn the_environment_hook_is_bounded_in_time_and_not_inherited_by_children() {
     let text = std::fs::read_to_string(env.run_dir(&id).join("final-0.txt")).unwrap();
     assert_eq!(text.trim(), "TOOL DONE: 0", "{text}");
 }
+
+/// Every process whose command line holds `needle`, as `pid: cmdline`.
+fn cmdlines_holding(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(bytes) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let line = String::from_utf8_lossy(&bytes).replace('\0', " ");
+        if line.contains(needle) {
+            out.push(format!("{pid}: {line}"));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_hook_command_is_on_no_command_line_while_it_runs() {
+    let env = TestEnv::new();
+    let token = format!(
+        "tok-{}-{}",
+        std::process::id(),
+        cohort_common::format::record::now_ms()
+    );
+    let running = env.tmp.path().join("hook-running");
+    let hook = format!(
+        "TOKEN={token}; touch {r}; while [ -e {r} ]; do sleep 0.05; done; echo \"$TOKEN\" > {r}.done",
+        r = running.display()
+    );
+    let id = env.spawn(&["--model", "fake/plain", "--on-exit", &hook, "hello"]);
+    wait_for(Duration::from_secs(30), || running.exists()).expect("the hook runs");
+    let seen = cmdlines_holding(&token);
+    std::fs::remove_file(&running).unwrap();
+    assert!(
+        seen.is_empty(),
+        "the hook's command is on a command line: {seen:?}"
+    );
+    wait_event(&env, &id, "hook.completed");
+    // The command itself ran whole.
+    let done = std::fs::read_to_string(env.tmp.path().join("hook-running.done")).unwrap();
+    assert_eq!(done.trim(), token);
+}
