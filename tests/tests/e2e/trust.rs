@@ -565,3 +565,43 @@ fn agent_and_chain_listings_escape_what_the_files_say() {
         assert!(line.contains(shown), "{flag}: {line}");
     }
 }
+
+#[test]
+fn node_compile_cache_is_private_to_the_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = TestEnv::new();
+    // The temp dir every user shares, as the runner inherits it.
+    let shared_tmp = env.tmp.path().join("shared-tmp");
+    std::fs::create_dir(&shared_tmp).unwrap();
+    let seen = env.tmp.path().join("seen-cache");
+    let out = env
+        .cmd("cohort-spawn")
+        .env("TMPDIR", &shared_tmp)
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("NODE_COMPILE_CACHE")
+        .args([
+            "--model",
+            "fake/tool",
+            &format!(
+                "RUN: printf '%s|%s' \"$NODE_COMPILE_CACHE\" \"$NODE_DISABLE_COMPILE_CACHE\" > {}",
+                seen.display()
+            ),
+            "--",
+        ])
+        .args(cohort_e2e::harness::HERMETIC)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    let rec = env.wait_terminal(&id, 120);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let cache = env.home.join(".cache/cohort/node-compile-cache");
+    assert_eq!(
+        std::fs::read_to_string(&seen).unwrap(),
+        format!("{}|", cache.display())
+    );
+    let meta = std::fs::symlink_metadata(&cache).unwrap();
+    assert!(meta.is_dir());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    assert!(!shared_tmp.join("node-compile-cache").exists());
+}
