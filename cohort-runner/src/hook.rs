@@ -14,7 +14,13 @@
 //! Its start and end are events (`hook.started`, `hook.completed`, `hook.failed`); nothing it
 //! does changes the run's state, which is final before it starts. The runner still holds its
 //! lock while the hook runs, so the run cannot be reaped from under it; readers already see the
-//! terminal record (a `cohort-status --wait` returns at once).
+//! terminal record, and `cohort-status --wait` returns when the runner lets go of the lock.
+//!
+//! The hook's processes are ended like a step's ([`end_leftovers`]): when its shell has ended,
+//! whatever is left in its process group gets SIGTERM, then SIGKILL after the run's grace; then
+//! the runner's own orphans (the runner is a child subreaper, so a process that left the group
+//! and lost its parent comes to it) are swept as at a step's end ([`crate::sweep`]). Only then
+//! does the runner exit and let go of the lock: nothing the hook started outlives the run.
 
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -33,7 +39,15 @@ use cohort_common::format::record::RunState;
 use cohort_common::format::spec::{LaunchSpec, DEFAULT_ON_EXIT_TIMEOUT_MS};
 use cohort_common::os::files;
 
+use cohort_common::identity::procinfo;
+
 use crate::step::signal_name;
+use crate::sweep::{self, StepTrack};
+
+/// The step number the sweep after the hook looks for in `COHORT_PARENT_STEP`: none of the
+/// run's steps has it, so that sweep takes the runner's orphans only, never a step's marked
+/// processes.
+pub const HOOK_STEP: usize = usize::MAX;
 
 /// The environment variable that carries the hook's command to its shell.
 pub const COMMAND_ENV: &str = "COHORT_HOOK_COMMAND";
@@ -147,9 +161,11 @@ pub fn outcome(exit: HookExit, timeout: Duration, duration_ms: u64) -> (EventKin
     }
 }
 
-/// Run the hook to its end (or its bound), calling `event` for `hook.started` and for how it
-/// ended. Never fails: a hook that cannot start is recorded as `hook.failed`.
-pub fn run(hook: &Hook, event: &mut dyn FnMut(EventKind, Value)) {
+/// Run the hook to its end (or its bound), then end what it left ([`end_leftovers`], with
+/// `leftovers` saying who the runner's other processes are), calling `event` for
+/// `hook.started` and for how it ended. Never fails: a hook that cannot start is recorded as
+/// `hook.failed`.
+pub fn run(hook: &Hook, leftovers: &StepTrack, event: &mut dyn FnMut(EventKind, Value)) {
     let log = || {
         files::open_append(&hook.run_dir.runner_log())
             .map(Stdio::from)
@@ -189,6 +205,7 @@ pub fn run(hook: &Hook, event: &mut dyn FnMut(EventKind, Value)) {
         json!({"pid": pid, "state": hook.state.as_str()}),
     );
     let exit = wait_bounded(child, hook.timeout, hook.grace);
+    end_leftovers(pid, leftovers, hook.grace);
     let ms = started.elapsed().as_millis() as u64;
     let (kind, fields) = outcome(exit, hook.timeout, ms);
     if let Some(e) = fields.get("error").and_then(Value::as_str) {
@@ -229,6 +246,53 @@ fn wait_bounded(mut child: std::process::Child, timeout: Duration, grace: Durati
         timed_out: true,
         ..late
     }
+}
+
+/// End what the hook (whose shell, already reaped, led process group `pgid`) left running:
+/// the members of its process group get SIGTERM, then SIGKILL once `grace` has passed; then
+/// the runner's orphans are swept ([`sweep::sweep_descendants`] with `track`, whose
+/// [`StepTrack::orphans`] is set here). What was ended, and what could not be, goes to
+/// `runner.log`.
+pub fn end_leftovers(pgid: u32, track: &StepTrack, grace: Duration) {
+    let members = group_members(pgid);
+    if !members.is_empty() {
+        crate::process::log(format_args!(
+            "the on-exit hook left {} process(es) in its process group; ending them",
+            members.len()
+        ));
+        let group = Pid::from_raw(pgid as i32);
+        let _ = killpg(group, Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline && !group_members(pgid).is_empty() {
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        if !group_members(pgid).is_empty() {
+            let _ = killpg(group, Signal::SIGKILL);
+        }
+    }
+    let track = StepTrack {
+        orphans: true,
+        ..track.clone()
+    };
+    let left = sweep::sweep_descendants(&track, &[], grace);
+    if !left.is_empty() {
+        crate::process::log(format_args!(
+            "processes left by the on-exit hook survived SIGKILL: {}",
+            left.join(", ")
+        ));
+    }
+}
+
+/// The live (not zombie) members of process group `pgid` below the runner (a child subreaper,
+/// so the hook's processes stay below it). A group whose members are all gone may be reused,
+/// so only processes of the runner's own tree count.
+fn group_members(pgid: u32) -> Vec<u32> {
+    let procs = procinfo::subtree(std::process::id()).unwrap_or_default();
+    procs
+        .values()
+        .filter(|s| s.pgrp == pgid && s.state != 'Z')
+        .map(|s| s.pid)
+        .collect()
 }
 
 /// How often [`poll_bounded`] asks whether the hook has exited.

@@ -188,3 +188,72 @@ fn the_hook_command_is_on_no_command_line_while_it_runs() {
     let done = std::fs::read_to_string(env.tmp.path().join("hook-running.done")).unwrap();
     assert_eq!(done.trim(), token);
 }
+
+/// Processes this test's hook started, by pid: killed when the test ends, whatever happened.
+struct Pids(Vec<u32>);
+
+impl Drop for Pids {
+    fn drop(&mut self) {
+        for &p in &self.0 {
+            if cohort_e2e::harness::alive(p) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn what_the_hook_leaves_is_ended_before_wait_returns() {
+    let env = TestEnv::new();
+    let dir = env.tmp.path();
+    // A child in the hook's process group that ignores SIGTERM, and one that left the group
+    // (its own session); the hook's shell exits at once.
+    let hook = format!(
+        "(trap '' TERM; while :; do sleep 1; done) & echo $! > {d}/stubborn; \
+         setsid sleep 300 & echo $! > {d}/escaped; exit 0",
+        d = dir.display()
+    );
+    let id = env.spawn(&[
+        "--model",
+        "fake/plain",
+        "--grace",
+        "300ms",
+        "--on-exit",
+        &hook,
+        "hello",
+    ]);
+    let read_pid = |name: &str| -> Option<u32> {
+        std::fs::read_to_string(dir.join(name))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    };
+    let mut pids = Pids(Vec::new());
+    wait_for(Duration::from_secs(30), || {
+        read_pid("stubborn").is_some() && read_pid("escaped").is_some()
+    })
+    .expect("the hook started its children");
+    pids.0 = vec![read_pid("stubborn").unwrap(), read_pid("escaped").unwrap()];
+
+    let out = env.run("cohort-status", &["--wait", "--timeout", "60s", &id]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let still: Vec<u32> = pids
+        .0
+        .iter()
+        .copied()
+        .filter(|&p| cohort_e2e::harness::alive(p))
+        .collect();
+    assert!(
+        still.is_empty(),
+        "--wait returned while the hook's processes {still:?} of {:?} live",
+        pids.0
+    );
+    assert_eq!(count(&env, &id, "hook.completed"), 1);
+    let log = std::fs::read_to_string(env.run_dir(&id).join("runner.log")).unwrap();
+    assert!(
+        log.contains("process(es) in its process group; ending them"),
+        "{log}"
+    );
+}
