@@ -605,3 +605,80 @@ fn node_compile_cache_is_private_to_the_user() {
     assert_eq!(meta.permissions().mode() & 0o777, 0o700);
     assert!(!shared_tmp.join("node-compile-cache").exists());
 }
+
+/// A read-only bind mount of a directory over itself (as root), unmounted when dropped.
+struct ReadOnlyMount(PathBuf);
+
+impl ReadOnlyMount {
+    fn over(dir: &Path) -> ReadOnlyMount {
+        let run = |args: &[&str]| {
+            let ok = Command::new("mount")
+                .args(args)
+                .arg(dir)
+                .arg(dir)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "mount {args:?} {}", dir.display());
+        };
+        run(&["--bind"]);
+        let mount = ReadOnlyMount(dir.to_path_buf());
+        let ok = Command::new("mount")
+            .args(["-o", "remount,bind,ro"])
+            .arg(dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "remount read-only {}", dir.display());
+        mount
+    }
+}
+
+impl Drop for ReadOnlyMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_lost_run_on_a_read_only_state_root_reads_as_runner_lost_and_is_not_written() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to mount the state root read-only");
+        return;
+    }
+    let env = TestEnv::new();
+    // `running`, its lock free: its runner is gone.
+    let (id, _) = Run::new(RunState::Running).write(&env);
+    let root = env.state_root();
+    let before = snapshot(root.path());
+    let _ro = ReadOnlyMount::over(root.path());
+    assert!(
+        std::fs::write(root.path().join("probe"), b"x").is_err(),
+        "the state root is read-only"
+    );
+
+    let out = env.run("cohort-status", &["--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows = json_lines(&stdout(&out));
+    let row = rows
+        .iter()
+        .find(|r| r["runId"] == id.as_str())
+        .unwrap_or_else(|| panic!("no row: {rows:?}"));
+    assert_eq!(row["state"], "failed", "{row}");
+    assert!(
+        row["error"].as_str().unwrap_or("").contains("runner lost"),
+        "{row}"
+    );
+    let out = env.run("cohort-status", &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let line = stdout(&out)
+        .lines()
+        .find(|l| l.contains(&id[id.len() - 12..]))
+        .unwrap_or_else(|| panic!("no row: {}", stdout(&out)))
+        .to_string();
+    assert!(line.contains("failed") && !line.contains("error"), "{line}");
+    let out = env.run("cohort-status", &[&id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("runner lost"), "{}", stdout(&out));
+    assert_eq!(snapshot(root.path()), before, "nothing was written");
+}
