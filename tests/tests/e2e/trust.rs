@@ -682,3 +682,61 @@ fn a_lost_run_on_a_read_only_state_root_reads_as_runner_lost_and_is_not_written(
     assert!(stdout(&out).contains("runner lost"), "{}", stdout(&out));
     assert_eq!(snapshot(root.path()), before, "nothing was written");
 }
+
+#[test]
+fn a_route_dir_that_is_a_link_is_not_written_through() {
+    let env = TestEnv::new();
+    let root = env.state_root();
+    let (target, before) = plant_link(&env, &root.path().join("nested-subagent-events"));
+    let out = env.spawn_raw(&["--model", "fake/plain", "hello"]);
+    if out.status.success() {
+        let id = stdout(&out).trim().to_string();
+        let rec = env.wait_terminal(&id, 60);
+        assert_eq!(rec["state"], "failed", "{rec:#}");
+        assert!(
+            rec["error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("cannot create the run's route"),
+            "{rec:#}"
+        );
+    }
+    assert_eq!(
+        snapshot(&target),
+        before,
+        "written through nested-subagent-events/"
+    );
+}
+
+#[test]
+fn a_later_steps_output_log_planted_as_a_link_is_not_written_through() {
+    let env = TestEnv::new();
+    let outside = env.tmp.path().join("outside-output.log");
+    std::fs::write(&outside, b"precious\n").unwrap();
+    // The first step's tool plants the second step's output log (its TMPDIR is the run's
+    // `tmp/`, inside the run directory).
+    let chain = env.tmp.path().join("plant.json");
+    std::fs::write(
+        &chain,
+        json!({"steps": [
+            {"task": format!("RUN: ln -s {} \"$TMPDIR/../output-1.log\"", outside.display()),
+             "model": "fake/tool"},
+            {"task": "hello", "model": "fake/plain"}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let id = env.spawn(&["--chain", chain.to_str().unwrap()]);
+    let rec = env.wait_terminal(&id, 120);
+    let link = env.run_dir(&id).join("output-1.log");
+    assert!(
+        std::fs::symlink_metadata(&link).is_ok_and(|m| m.file_type().is_symlink()),
+        "the first step planted the link: {rec:#}"
+    );
+    assert_eq!(std::fs::read_link(&link).unwrap(), outside);
+    assert_eq!(
+        std::fs::read(&outside).unwrap(),
+        b"precious\n",
+        "the second step's output went through the link: {rec:#}"
+    );
+}
