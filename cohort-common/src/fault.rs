@@ -1,8 +1,8 @@
 //! Named fault points for the end-to-end tests (`tests/tests/e2e/faults.rs`, `tests/tests/e2e/reap.rs`).
 //!
 //! Each program marks the moments where a crash would leave the most behind (after the
-//! staging directory exists, after `queued` is published, after a step's child started, after
-//! a reap's commit rename…) with [`point`]. The names are listed per program in
+//! staging directory exists, after `queued` is published, after a step's child started, between
+//! a reap's checks and its renames, after its commit rename…) with [`point`]. The names are listed per program in
 //! [`SPAWN_POINTS`], [`RUNNER_POINTS`] and [`REAP_POINTS`]; those where a crash leaves debris
 //! that is not a run in [`DEBRIS_POINTS`].
 //!
@@ -50,10 +50,12 @@ pub const RUNNER_POINTS: [&str; 5] = [
     "runner.before-final",
 ];
 
-/// cohort-reap's fault points, in the order a reap passes them: before and after the rename of
-/// a unit's nested subtree into the trash, after the rename of its run dir (the commit point),
-/// after the first file of the run dir is unlinked, after the unit is deleted.
-pub const REAP_POINTS: [&str; 5] = [
+/// cohort-reap's fault points, in the order a reap passes them: after a unit's checks and
+/// before its renames, before and after the rename of its nested subtree into the trash, after
+/// the rename of its run dir (the commit point), after the first file of the run dir is
+/// unlinked, after the unit is deleted.
+pub const REAP_POINTS: [&str; 6] = [
+    "reap.checked",
     "reap.before-nested-rename",
     "reap.after-nested-rename",
     "reap.after-run-rename",

@@ -1,6 +1,12 @@
 //! The on-exit hook (`cohort-spawn --on-exit CMD`, `COHORT_ON_EXIT`): one shell command the
 //! runner runs once, after the run's terminal record is durable.
 //!
+//! The command may hold a secret (a webhook token), so it never appears on a command line,
+//! where every local user can read it (`ps`, `/proc/<pid>/cmdline`): the shell gets a fixed
+//! script ([`SHELL_SCRIPT`]) and the command in its environment ([`COMMAND_ENV`]), which only
+//! the user can read (`/proc/<pid>/environ` is the owner's), and the script takes the command
+//! out of the environment before it runs it, so the hook's own processes do not inherit it.
+//!
 //! It is run through `sh -c` in the run's cwd, in a process group of its own, with
 //! `COHORT_RUN_ID`, `COHORT_STATE`, `COHORT_RUN_DIR` and the profile (`PI_CODING_AGENT_DIR`) in
 //! its environment, stdin from `/dev/null` and its output appended to `runner.log`. It is
@@ -8,7 +14,13 @@
 //! Its start and end are events (`hook.started`, `hook.completed`, `hook.failed`); nothing it
 //! does changes the run's state, which is final before it starts. The runner still holds its
 //! lock while the hook runs, so the run cannot be reaped from under it; readers already see the
-//! terminal record (a `cohort-status --wait` returns at once).
+//! terminal record, and `cohort-status --wait` returns when the runner lets go of the lock.
+//!
+//! The hook's processes are ended like a step's ([`end_leftovers`]): when its shell has ended,
+//! whatever is left in its process group gets SIGTERM, then SIGKILL after the run's grace; then
+//! the runner's own orphans (the runner is a child subreaper, so a process that left the group
+//! and lost its parent comes to it) are swept as at a step's end ([`crate::sweep`]). Only then
+//! does the runner exit and let go of the lock: nothing the hook started outlives the run.
 
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -27,7 +39,23 @@ use cohort_common::format::record::RunState;
 use cohort_common::format::spec::{LaunchSpec, DEFAULT_ON_EXIT_TIMEOUT_MS};
 use cohort_common::os::files;
 
+use cohort_common::identity::procinfo;
+
 use crate::step::signal_name;
+use crate::sweep::{self, StepTrack};
+
+/// The step number the sweep after the hook looks for in `COHORT_PARENT_STEP`: none of the
+/// run's steps has it, so that sweep takes the runner's orphans only, never a step's marked
+/// processes.
+pub const HOOK_STEP: usize = usize::MAX;
+
+/// The environment variable that carries the hook's command to its shell.
+pub const COMMAND_ENV: &str = "COHORT_HOOK_COMMAND";
+
+/// What the hook's shell runs (`sh -c SHELL_SCRIPT`): move the command from [`COMMAND_ENV`]
+/// into an unexported variable, then run it with `eval`, as `sh -c <command>` would.
+pub const SHELL_SCRIPT: &str = "cohort_hook_command=$COHORT_HOOK_COMMAND; \
+     unset COHORT_HOOK_COMMAND; eval \"$cohort_hook_command\"";
 
 /// What the hook is run with.
 #[derive(Clone, Debug)]
@@ -76,9 +104,11 @@ impl<'a> Hook<'a> {
     }
 }
 
-/// The environment the hook gets on top of the runner's (pure).
+/// The environment the hook's shell gets on top of the runner's (pure): the run's variables
+/// and the command itself ([`COMMAND_ENV`], which [`SHELL_SCRIPT`] unsets before running it).
 pub fn hook_env(hook: &Hook) -> Vec<(&'static str, OsString)> {
     vec![
+        (COMMAND_ENV, hook.command.into()),
         ("COHORT_RUN_ID", hook.run_id.into()),
         ("COHORT_STATE", hook.state.as_str().into()),
         ("COHORT_RUN_DIR", hook.run_dir.path().as_os_str().to_owned()),
@@ -131,9 +161,11 @@ pub fn outcome(exit: HookExit, timeout: Duration, duration_ms: u64) -> (EventKin
     }
 }
 
-/// Run the hook to its end (or its bound), calling `event` for `hook.started` and for how it
-/// ended. Never fails: a hook that cannot start is recorded as `hook.failed`.
-pub fn run(hook: &Hook, event: &mut dyn FnMut(EventKind, Value)) {
+/// Run the hook to its end (or its bound), then end what it left ([`end_leftovers`], with
+/// `leftovers` saying who the runner's other processes are), calling `event` for
+/// `hook.started` and for how it ended. Never fails: a hook that cannot start is recorded as
+/// `hook.failed`.
+pub fn run(hook: &Hook, leftovers: &StepTrack, event: &mut dyn FnMut(EventKind, Value)) {
     let log = || {
         files::open_append(&hook.run_dir.runner_log())
             .map(Stdio::from)
@@ -147,7 +179,7 @@ pub fn run(hook: &Hook, event: &mut dyn FnMut(EventKind, Value)) {
     let started = Instant::now();
     let spawned = Command::new("sh")
         .arg("-c")
-        .arg(hook.command)
+        .arg(SHELL_SCRIPT)
         .current_dir(hook.cwd)
         .envs(hook_env(hook))
         .stdin(Stdio::null())
@@ -173,6 +205,7 @@ pub fn run(hook: &Hook, event: &mut dyn FnMut(EventKind, Value)) {
         json!({"pid": pid, "state": hook.state.as_str()}),
     );
     let exit = wait_bounded(child, hook.timeout, hook.grace);
+    end_leftovers(pid, leftovers, hook.grace);
     let ms = started.elapsed().as_millis() as u64;
     let (kind, fields) = outcome(exit, hook.timeout, ms);
     if let Some(e) = fields.get("error").and_then(Value::as_str) {
@@ -213,6 +246,53 @@ fn wait_bounded(mut child: std::process::Child, timeout: Duration, grace: Durati
         timed_out: true,
         ..late
     }
+}
+
+/// End what the hook (whose shell, already reaped, led process group `pgid`) left running:
+/// the members of its process group get SIGTERM, then SIGKILL once `grace` has passed; then
+/// the runner's orphans are swept ([`sweep::sweep_descendants`] with `track`, whose
+/// [`StepTrack::orphans`] is set here). What was ended, and what could not be, goes to
+/// `runner.log`.
+pub fn end_leftovers(pgid: u32, track: &StepTrack, grace: Duration) {
+    let members = group_members(pgid);
+    if !members.is_empty() {
+        crate::process::log(format_args!(
+            "the on-exit hook left {} process(es) in its process group; ending them",
+            members.len()
+        ));
+        let group = Pid::from_raw(pgid as i32);
+        let _ = killpg(group, Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline && !group_members(pgid).is_empty() {
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        if !group_members(pgid).is_empty() {
+            let _ = killpg(group, Signal::SIGKILL);
+        }
+    }
+    let track = StepTrack {
+        orphans: true,
+        ..track.clone()
+    };
+    let left = sweep::sweep_descendants(&track, &[], grace);
+    if !left.is_empty() {
+        crate::process::log(format_args!(
+            "processes left by the on-exit hook survived SIGKILL: {}",
+            left.join(", ")
+        ));
+    }
+}
+
+/// The live (not zombie) members of process group `pgid` below the runner (a child subreaper,
+/// so the hook's processes stay below it). A group whose members are all gone may be reused,
+/// so only processes of the runner's own tree count.
+fn group_members(pgid: u32) -> Vec<u32> {
+    let procs = procinfo::subtree(std::process::id()).unwrap_or_default();
+    procs
+        .values()
+        .filter(|s| s.pgrp == pgid && s.state != 'Z')
+        .map(|s| s.pid)
+        .collect()
 }
 
 /// How often [`poll_bounded`] asks whether the hook has exited.
@@ -337,5 +417,24 @@ mod tests {
         assert_eq!(get("COHORT_STATE"), Some("failed".into()));
         assert_eq!(get("COHORT_RUN_DIR"), Some("/r/run".into()));
         assert_eq!(get("PI_CODING_AGENT_DIR"), Some("/p".into()));
+        assert_eq!(get(COMMAND_ENV), Some("true".into()));
+    }
+
+    #[test]
+    fn the_shell_runs_the_command_from_its_environment_and_hides_it_from_children() {
+        let out = Command::new("sh")
+            .args(["-c", SHELL_SCRIPT])
+            .env(
+                COMMAND_ENV,
+                "a='two words'; echo \"$a\" \"[${COHORT_HOOK_COMMAND-unset}]\"; \
+                 sh -c 'echo \"[${COHORT_HOOK_COMMAND-unset}]\"'; exit 4",
+            )
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "two words [unset]\n[unset]\n"
+        );
+        assert_eq!(out.status.code(), Some(4));
     }
 }

@@ -215,7 +215,7 @@ pub struct Child<'a> {
 /// The command of step `i`'s Pi child: `node <entry> <args>` in `cwd` (the step's own, else
 /// the run's) and its own
 /// process group, `task_in` on stdin, stdout and stderr piped, and its environment: the
-/// profile, `TMPDIR` = `tmp`, the compile cache ([`compile_cache_env`]), the runtime, the
+/// profile, `TMPDIR` = `tmp`, the compile cache ([`crate::compile_cache::child_env`]), the runtime, the
 /// tree's route with the step's depth limit ([`route::step_max_depth`]: its agent's
 /// `maxSubagentDepth` lowers the run's), and no on-exit hook of its own.
 fn pi_command(
@@ -238,7 +238,7 @@ fn pi_command(
         .process_group(0)
         .env(PROFILE_ENV, &l.spec.profile_dir)
         .env("TMPDIR", tmp)
-        .envs(compile_cache_env())
+        .envs(crate::compile_cache::child_env())
         .env_remove(spec::ON_EXIT_ENV)
         .env(NODE_ENV, &rt.node_exec_path)
         .env(PI_ENTRY_ENV, &rt.pi_entry_path)
@@ -367,21 +367,6 @@ pub fn pi_command_args(
     args.extend(run_pi_args.iter().cloned());
     args.extend(s.pi_args.iter().cloned());
     args
-}
-
-/// Where Node keeps its compile cache for the children: where it would without the run's
-/// private `TMPDIR` (`<the runner's temp dir>/node-compile-cache`), unless the environment
-/// already says (`NODE_COMPILE_CACHE`). Pi 1.x enables Node's compile cache, which Node 22 puts
-/// under `os.tmpdir()` by default (Node docs, `module.enableCompileCache`): in the run's `tmp/`
-/// it would cost every run about 1 MiB and a cold start, and Node writes it when Pi exits, on
-/// the state root's disk, where it could take the space the runner holds back for its last
-/// record. It holds compiled code of Pi itself, nothing of the run.
-fn compile_cache_env() -> Option<(&'static str, PathBuf)> {
-    const VAR: &str = "NODE_COMPILE_CACHE";
-    if std::env::var_os(VAR).is_some() {
-        return None;
-    }
-    Some((VAR, std::env::temp_dir().join("node-compile-cache")))
 }
 
 /// The run's private temp directory (`tmp/`, 0700), created if missing: every Pi child gets

@@ -7,6 +7,7 @@
 //! - [`start`]: from a `queued` record to a `running` one with its spec, event log and route;
 //! - [`launch`]: building and starting a step's Pi child (arguments, environment, private
 //!   `tmp/`, the parent-death signal);
+//! - [`compile_cache`]: Node's compile cache for the children, private to the user;
 //! - [`context`]: the project's context files, for an agent that must not see the profile's;
 //! - [`readers`]: the stdout and stderr reader threads of a child, and its capped output log;
 //! - [`tracking`]: the run's tracked processes, the looks at its tree, `processes.json`;
@@ -29,6 +30,7 @@
 
 pub mod chain;
 pub mod cmd;
+pub mod compile_cache;
 pub mod context;
 pub mod hook;
 pub mod launch;

@@ -362,7 +362,10 @@ impl Supervisor {
             return;
         }
         let events = &mut self.events;
-        hook::run(&h, &mut |kind, fields| {
+        let leftovers = self
+            .tracker
+            .sweep_track(hook::HOOK_STEP, Default::default());
+        hook::run(&h, &leftovers, &mut |kind, fields| {
             let _ = events.append(kind, fields);
         });
     }

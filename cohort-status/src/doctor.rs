@@ -278,8 +278,13 @@ pub struct Report {
     pub state_root: RootReport,
     /// Top-level runs per state word (`error` for unreadable entries).
     pub top_level_counts: BTreeMap<String, usize>,
-    /// The legacy runs directory, when it exists, and how many entries it holds.
+    /// The legacy runs directory, when it exists and may be read, and how many entries it
+    /// holds.
     pub legacy: Option<(PathBuf, usize)>,
+    /// Why the legacy runs directory is not read, when it exists but another user could have
+    /// written it (`format::legacy::trusted_runs_dir`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub legacy_refused: Option<String>,
     /// Staging directories (`.spawn-<id>`) of starts that are provably over: the next
     /// cohort-reap removes them.
     pub abandoned_starts: Vec<PathBuf>,
@@ -341,11 +346,14 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         *counts.entry("error".into()).or_default() += scan.broken();
     }
     scan.finish();
-    let legacy_dir = cohort_common::format::legacy::runs_dir();
-    let legacy = legacy_dir.is_dir().then(|| {
-        let n = files::list_dir(&legacy_dir, Hidden::Include).map_or(0, |v| v.len());
-        (legacy_dir.clone(), n)
-    });
+    let (legacy, legacy_refused) = match cohort_common::format::legacy::trusted_runs_dir() {
+        Ok(Some(dir)) => {
+            let n = files::list_dir(&dir, Hidden::Include).map_or(0, |v| v.len());
+            (Some((dir, n)), None)
+        }
+        Ok(None) => (None, None),
+        Err(why) => (None, Some(why)),
+    };
     let staging = discover::staging_dirs(root)?;
     let abandoned: Vec<PathBuf> = discover::abandoned_staging(root, now_ms())?
         .into_iter()
@@ -361,6 +369,7 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         state_root: state_root(root),
         top_level_counts: counts,
         legacy,
+        legacy_refused,
         disk_bytes: disk_use(root),
         logind: crate::logind::check(),
         backends: crate::backends::check(),
@@ -499,7 +508,10 @@ pub fn render(r: &Report) -> String {
             "legacy runs: {n} in {} (cohort-status --all lists them)\n",
             untrusted_path(p)
         )),
-        None => s.push_str("legacy runs: none found\n"),
+        None => match &r.legacy_refused {
+            Some(why) => s.push_str(&format!("legacy runs: not read: {}\n", untrusted(why))),
+            None => s.push_str("legacy runs: none found\n"),
+        },
     }
     if r.starts_in_progress > 0 {
         s.push_str(&format!("starts in progress: {}\n", r.starts_in_progress));

@@ -146,6 +146,9 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
                 });
             }
         }
+        if let Err(why) = cohort_common::format::legacy::trusted_runs_dir() {
+            eprintln!("cohort-status: {}", cohort_cli::text::untrusted(&why));
+        }
         let legacy = cohort_common::store::discover::legacy_runs()?;
         let obs = scan.observe(&legacy);
         for (f, seen) in legacy.into_iter().zip(obs) {

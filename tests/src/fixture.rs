@@ -228,7 +228,12 @@ pub fn checked_in(env: &TestEnv, name: &str) -> (String, RunRecord, RunDir) {
 /// `PI_SUBAGENTS_TEMP_ROOT`.
 pub fn copy_legacy_root(to: &Path) {
     fn copy_dir(from: &Path, to: &Path) {
-        std::fs::create_dir(to).unwrap_or_else(|e| panic!("{}: {e}", to.display()));
+        use std::os::unix::fs::DirBuilderExt;
+        // 0755 whatever the umask says: a legacy root writable by its group is not read.
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(to)
+            .unwrap_or_else(|e| panic!("{}: {e}", to.display()));
         for e in std::fs::read_dir(from).unwrap().flatten() {
             let dest = to.join(e.file_name());
             if e.file_type().unwrap().is_dir() {

@@ -5,6 +5,12 @@
 //! lists them with `--all`, marked legacy. They are **read-only**: never reconciled, never
 //! rewritten, never revived, and their lock is never probed (they have none).
 //!
+//! They are read only from a directory only the user can have filled ([`trusted_runs_dir`]):
+//! the temp root and its `async-subagent-runs/` must each be a directory (not a link) owned by
+//! the user and writable by neither its group nor others. `/tmp` is shared, so anyone can
+//! create `/tmp/pi-subagents-uid-<your uid>/` first and plant records there that would list as
+//! yours.
+//!
 //! The pi-subagents async runner writes a `status.json` that is close to ours (camelCase, times
 //! in ms since the epoch, the same run state words) with a few differences this module absorbs
 //! before the record is read as a [`RunRecord`]:
@@ -51,6 +57,52 @@ pub fn runs_dir() -> PathBuf {
         &std::env::temp_dir(),
         nix::unistd::getuid().as_raw(),
     )
+}
+
+/// Why a directory of the legacy root with this `kind`, `owner` and `mode` (as `lstat` reports
+/// them) may not be read by user `me`, if it may not (pure): it must be a directory, owned by
+/// `me`, without `g+w` (0o020) or `o+w` (0o002). The reason is a phrase to follow the path.
+pub fn judge_dir(is_dir: bool, is_link: bool, owner: u32, mode: u32, me: u32) -> Option<String> {
+    if is_link {
+        Some("is a symlink".into())
+    } else if !is_dir {
+        Some("is not a directory".into())
+    } else if owner != me {
+        Some(format!("is owned by uid {owner}, not by you (uid {me})"))
+    } else if mode & 0o002 != 0 {
+        Some("is writable by others".into())
+    } else if mode & 0o020 != 0 {
+        Some("is writable by its group".into())
+    } else {
+        None
+    }
+}
+
+/// The legacy runs directory of this process's environment ([`runs_dir`]) when its records
+/// may be read: `Ok(None)` when it (or its temp root) does not exist, `Ok(Some(dir))` when both
+/// the temp root and the runs directory pass [`judge_dir`] for the effective uid.
+///
+/// Errors: one line naming the first directory that fails and why, ending in what to do.
+pub fn trusted_runs_dir() -> std::result::Result<Option<PathBuf>, String> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = runs_dir();
+    let me = nix::unistd::geteuid().as_raw();
+    let temp_root = dir.parent().unwrap_or(Path::new("/")).to_path_buf();
+    for p in [&temp_root, &dir] {
+        let m = match std::fs::symlink_metadata(p) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("{} cannot be examined: {e}", p.display())),
+        };
+        let ft = m.file_type();
+        if let Some(why) = judge_dir(ft.is_dir(), ft.is_symlink(), m.uid(), m.mode(), me) {
+            return Err(format!(
+                "{} {why}; its legacy records are not read (make it yours, mode 0700, or remove it)",
+                p.display()
+            ));
+        }
+    }
+    Ok(Some(dir))
 }
 
 /// Parse the bytes of a legacy `status.json` into a [`RunRecord`] (pure). `dir_name` stands in
@@ -149,6 +201,29 @@ mod tests {
         assert_eq!(
             runs_dir_for(None, Path::new("/var/t"), 0),
             PathBuf::from("/var/t/pi-subagents-uid-0/async-subagent-runs")
+        );
+    }
+
+    #[test]
+    fn a_legacy_dir_is_read_only_when_the_user_alone_can_write_it() {
+        let me = 1000;
+        for (is_dir, is_link, owner, mode, ok) in [
+            (true, false, 1000, 0o40700, true),
+            (true, false, 1000, 0o40755, true),
+            (true, false, 1001, 0o40700, false),
+            (true, false, 0, 0o40700, false),
+            (true, false, 1000, 0o40757, false),
+            (true, false, 1000, 0o40775, false),
+            (true, false, 1000, 0o41777, false),
+            (false, true, 1000, 0o120777, false),
+            (false, false, 1000, 0o100600, false),
+        ] {
+            let verdict = judge_dir(is_dir, is_link, owner, mode, me);
+            assert_eq!(verdict.is_none(), ok, "{owner} {mode:o}: {verdict:?}");
+        }
+        assert_eq!(
+            judge_dir(true, false, 1001, 0o40700, me).unwrap(),
+            "is owned by uid 1001, not by you (uid 1000)"
         );
     }
 

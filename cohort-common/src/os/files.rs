@@ -253,6 +253,54 @@ pub fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
     }
 }
 
+/// [`rename_noreplace`] of the entry `from` of the directory `from_dir` to the entry `to` of
+/// `to_dir` (`renameat2(RENAME_NOREPLACE)` relative to both descriptors): whatever the paths of
+/// the two directories name by now, the rename happens in the directories the caller opened
+/// and checked. Same fallback as [`rename_noreplace`].
+pub fn rename_noreplace_at(
+    from_dir: &OwnedFd,
+    from: &OsStr,
+    to_dir: &OwnedFd,
+    to: &OsStr,
+) -> std::io::Result<()> {
+    use nix::fcntl::{renameat, renameat2, AtFlags, RenameFlags};
+    match renameat2(from_dir, from, to_dir, to, RenameFlags::RENAME_NOREPLACE) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EEXIST | nix::errno::Errno::ENOTEMPTY) => {
+            Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists))
+        }
+        Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOSYS) => {
+            if nix::sys::stat::fstatat(to_dir, to, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
+                return Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists));
+            }
+            renameat(from_dir, from, to_dir, to).map_err(std::io::Error::from)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether `path`, opened by [`open_dir`] now (no link below the state root), is the directory
+/// `fd` was opened on (same device and inode). A path that cannot be opened so (gone, a link,
+/// not a directory) is not.
+pub fn still_names(path: &Path, fd: &OwnedFd) -> bool {
+    let Ok(now) = open_dir(path, false) else {
+        return false;
+    };
+    match (nix::sys::stat::fstat(&now), nix::sys::stat::fstat(fd)) {
+        (Ok(a), Ok(b)) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
+        _ => false,
+    }
+}
+
+/// fsync a directory opened as `fd`; `path` names it in the error.
+pub fn sync_dir_fd(fd: &OwnedFd, path: &Path) -> Result<()> {
+    nix::unistd::fsync(fd).map_err(|e| Error::Io {
+        action: "sync directory",
+        path: path.to_path_buf(),
+        source: std::io::Error::from(e),
+    })
+}
+
 /// fsync a directory so that a rename or create inside it survives a crash.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)

@@ -4,9 +4,14 @@
 //! `O_NOFOLLOW`, like `rm -rf`: a symlink planted in a run directory is unlinked (or counted as
 //! itself), its target is never touched. Sizes are allocated blocks, as `du` counts them, in
 //! bytes. cohort-reap deletes with it; `cohort-status --doctor` measures with it.
+//!
+//! The directory a deletion starts from is opened like every directory cohort writes in
+//! ([`crate::os::files::open_dir`]: no component below the state root may be a link), or is a
+//! descriptor the caller opened and checked earlier ([`OpenDir::from_fd`]), so a path swapped
+//! for a link after the caller's checks cannot redirect the deletion.
 
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use nix::dir::{Dir, Type};
@@ -31,8 +36,9 @@ pub fn measure(path: &Path) -> u64 {
 }
 
 /// Delete the entry `name` of the directory `parent` (a whole tree), never following a symlink,
-/// and return the disk space it occupied. `after_unlink` runs after each file is unlinked (the
-/// test crash hook). A missing entry is not an error (0 bytes).
+/// and return the disk space it occupied. `parent` is opened by [`OpenDir::open`] (no link
+/// below the state root). `after_unlink` runs after each file is unlinked (the test crash
+/// hook). A missing entry is not an error (0 bytes).
 pub fn remove_entry(
     parent: &Path,
     name: &str,
@@ -41,13 +47,47 @@ pub fn remove_entry(
     OpenDir::open(parent)?.remove(name, after_unlink)
 }
 
-/// A directory opened once (`O_NOFOLLOW`) to delete many of its entries relative to it.
-pub struct OpenDir(Dir);
+/// A directory opened once to delete many of its entries relative to it.
+#[derive(Debug)]
+pub struct OpenDir(OwnedFd);
 
 impl OpenDir {
-    /// Open `path`, which must be a real directory (not a symlink).
+    /// Open `path`, which must be a real directory, never through a link below the state root
+    /// ([`crate::os::files::open_dir`]).
+    ///
+    /// Errors: kind `NotFound` for a missing directory; a link or a non-directory on the way
+    /// is an error of kind `Other` whose message says so.
     pub fn open(path: &Path) -> std::io::Result<OpenDir> {
-        Ok(OpenDir(open_dir_at(None, path)?))
+        match crate::os::files::open_dir(path, false) {
+            Ok(fd) => Ok(OpenDir(fd)),
+            Err(crate::error::Error::Io { source, .. }) => Err(source),
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        }
+    }
+
+    /// A directory descriptor the caller opened (`O_DIRECTORY`) and checked.
+    pub fn from_fd(fd: OwnedFd) -> OpenDir {
+        OpenDir(fd)
+    }
+
+    /// The descriptor, for renames relative to it.
+    pub fn fd(&self) -> &OwnedFd {
+        &self.0
+    }
+
+    /// The names of the entries of this directory's subdirectory `name` (opened
+    /// `O_NOFOLLOW`), in no particular order; names that are not UTF-8 are left out.
+    ///
+    /// Errors: `name` is missing, a link or not a directory, or cannot be listed.
+    pub fn child_names(&self, name: &str) -> std::io::Result<Vec<String>> {
+        let name = CString::new(name).map_err(std::io::Error::other)?;
+        let mut dir = open_dir_at(Some(self.0.as_fd()), name.as_c_str())?;
+        Ok(dir
+            .iter()
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str().ok().map(str::to_string))
+            .filter(|n| n != "." && n != "..")
+            .collect())
     }
 
     /// [`remove_entry`] of an entry of this directory.

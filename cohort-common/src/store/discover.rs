@@ -137,9 +137,14 @@ pub fn nested_of(root: &StateRoot, root_id: &str) -> Result<Vec<Found>> {
     )
 }
 
-/// Every run in the legacy runs directory ([`legacy::runs_dir`]), in name order.
+/// Every run in the legacy runs directory ([`legacy::runs_dir`]), in name order; none when
+/// that directory may not be read ([`legacy::trusted_runs_dir`]: another user could have
+/// planted them).
 pub fn legacy_runs() -> Result<Vec<Found>> {
-    list_dir(&legacy::runs_dir(), Origin::Legacy)
+    match legacy::trusted_runs_dir() {
+        Ok(Some(dir)) => list_dir(&dir, Origin::Legacy),
+        Ok(None) | Err(_) => Ok(Vec::new()),
+    }
 }
 
 fn list_dir(path: &Path, origin: Origin) -> Result<Vec<Found>> {

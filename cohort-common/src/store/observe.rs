@@ -431,28 +431,20 @@ pub enum Settled {
 ///
 /// Errors: the lock file cannot be opened, or the record cannot be read.
 ///
-/// A reader whose effective user does not own the run directory never writes there: the run
-/// is settled in memory only ([`Settled::Unwritten`], saying so in its `error`), and nothing is
-/// signalled.
+/// A reader whose effective user does not own the run directory never writes there, and one
+/// on a read-only file system cannot: the run is settled in memory only
+/// ([`Settled::Unwritten`], saying so in its `error`), and nothing is signalled.
 pub fn settle(dir: &RunDir, job: Option<&Phase>) -> Result<Settled> {
     if !files::owned_by_caller(dir.path()) {
-        let mut rec = load_record(&dir.status(), &dir.name())?;
-        if !written_by_cohort(&rec) {
-            return Ok(Settled::NotNeeded);
-        }
-        let Some(s) = settlement(rec.state, job) else {
-            return Ok(Settled::NotNeeded);
-        };
-        let error = format!(
-            "{} (not written: this reader does not own the state root)",
-            s.error
-        );
-        settle_record(&mut rec, s.state, s.failure, &error);
-        return Ok(Settled::Unwritten(rec));
+        return settle_in_memory(dir, job, "this reader does not own the state root");
     }
     let lock = match RunLock::try_acquire(&dir.lock()) {
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             return Ok(Settled::NotNeeded)
+        }
+        // A read-only file system: nothing can be written, so the run is settled in memory.
+        Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EROFS) => {
+            return settle_in_memory(dir, job, "the state root is read-only");
         }
         other => other?,
     };
@@ -488,6 +480,24 @@ pub fn settle(dir: &RunDir, job: Option<&Phase>) -> Result<Settled> {
     let _ = events::append_once(&dir.events(), kind, json!({"error": error}));
     files::remove_temp_files(dir.path());
     Ok(Settled::Written(rec))
+}
+
+/// The settlement of a run that this reader cannot write ([`Settled::Unwritten`]), its
+/// `error` ending in `(not written: <why>)`; nothing is signalled. A record cohort did not
+/// write, or one that needs no settling, is [`Settled::NotNeeded`].
+///
+/// Errors: the record cannot be read.
+fn settle_in_memory(dir: &RunDir, job: Option<&Phase>, why: &str) -> Result<Settled> {
+    let mut rec = load_record(&dir.status(), &dir.name())?;
+    if !written_by_cohort(&rec) {
+        return Ok(Settled::NotNeeded);
+    }
+    let Some(s) = settlement(rec.state, job) else {
+        return Ok(Settled::NotNeeded);
+    };
+    let error = format!("{} (not written: {why})", s.error);
+    settle_record(&mut rec, s.state, s.failure, &error);
+    Ok(Settled::Unwritten(rec))
 }
 
 /// The longest a settling reader waits between SIGTERM and SIGKILL for a lost run's

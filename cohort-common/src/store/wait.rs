@@ -31,7 +31,8 @@ pub enum WaitOutcome {
 ///
 /// A run that is starting or running is waited on with a blocking shared lock on its run lock
 /// (spawn holds it from the start and hands it to the runner), so the kernel wakes the waiter
-/// when the last holder exits: no polling. A run whose lock is free is settled by the
+/// when the last holder exits: no polling. So is a run whose record is terminal while its
+/// runner still holds the lock (its on-exit hook is running): the run is over when the hook is. A run whose lock is free is settled by the
 /// observation and returns at once, unless a scheduler still holds its job: then the
 /// scheduler is asked again every [`SCHEDULER_POLL`].
 ///
@@ -72,6 +73,14 @@ fn wait_one(found: &Found) -> Result<RunState> {
     loop {
         let obs = observe_found(found)?;
         match obs.judgement {
+            // Terminal, but its runner still holds the lock: it is running the on-exit hook
+            // (and ending what the hook left). The run is over when its runner is.
+            Judgement::Trusted
+                if !obs.foreign && lock::probe(&dir.lock())? == lock::Liveness::Held =>
+            {
+                lock::wait_released(&dir.lock())?;
+                return Ok(obs.record.state);
+            }
             // Settled by the observation, or nothing will ever change it.
             Judgement::Trusted
             | Judgement::Lost
@@ -138,6 +147,30 @@ mod tests {
         finisher.join().unwrap();
         assert_eq!(
             out,
+            WaitOutcome::Done(vec![(dir.name(), RunState::Complete)])
+        );
+    }
+
+    #[test]
+    fn a_terminal_run_whose_runner_still_holds_the_lock_is_waited_for() {
+        // Its on-exit hook is running: the record is final, the runner not done.
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(t.path());
+        let dir = make_run(&root, RunState::Complete);
+        let held = RunLock::acquire(&dir.lock(), Duration::from_millis(10)).unwrap();
+        let found = Found {
+            dir: dir.clone(),
+            id: dir.name(),
+            origin: Origin::TopLevel,
+            kind: EntryKind::Dir,
+        };
+        assert_eq!(
+            wait(vec![found.clone()], Some(Duration::from_millis(100))).unwrap(),
+            WaitOutcome::TimedOut
+        );
+        drop(held);
+        assert_eq!(
+            wait(vec![found], Some(Duration::from_secs(10))).unwrap(),
             WaitOutcome::Done(vec![(dir.name(), RunState::Complete)])
         );
     }

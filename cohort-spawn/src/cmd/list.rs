@@ -2,6 +2,11 @@
 //! name, as a table ([`cohort_cli::table`]) with each row's problem and ignored keys on indented
 //! lines below it, or as JSON Lines with `--json` ([`agents::AgentRow`], [`chains::ChainRow`]).
 //! A new column is one entry in [`AGENT_COLUMNS`] or [`CHAIN_COLUMNS`].
+//!
+//! Every cell and note of the table comes from agent and chain files anyone with write access
+//! to a scanned directory may have written (names, models, descriptions, paths, problems), so
+//! the table is [`CellText::Untrusted`]: shown through the one escaping function
+//! ([`cohort_cli::text::untrusted`]), it can neither drive the terminal nor split a row.
 
 use std::path::Path;
 
@@ -69,12 +74,12 @@ pub(super) fn list(what: Listing, args: &Args, profile: &Path, cwd: &Path) -> an
 fn listing(what: Listing, json: bool, profile: &Path, cwd: &Path) -> anyhow::Result<String> {
     match what {
         Listing::Agents => {
-            let table = Table::new(&AGENT_COLUMNS, CellText::AsGiven)
+            let table = Table::new(&AGENT_COLUMNS, CellText::Untrusted)
                 .with_notes(|r| notes(r.problem.as_deref(), &r.ignored));
             listing_text(&agents::discover(profile, cwd)?.listing(), json, table)
         }
         Listing::Chains => {
-            let table = Table::new(&CHAIN_COLUMNS, CellText::AsGiven)
+            let table = Table::new(&CHAIN_COLUMNS, CellText::Untrusted)
                 .with_notes(|r| notes(r.problem.as_deref(), &r.ignored));
             listing_text(
                 &chains::listing(&chains::discover(profile, cwd)),

@@ -139,3 +139,121 @@ fn the_environment_hook_is_bounded_in_time_and_not_inherited_by_children() {
     let text = std::fs::read_to_string(env.run_dir(&id).join("final-0.txt")).unwrap();
     assert_eq!(text.trim(), "TOOL DONE: 0", "{text}");
 }
+
+/// Every process whose command line holds `needle`, as `pid: cmdline`.
+fn cmdlines_holding(needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(bytes) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let line = String::from_utf8_lossy(&bytes).replace('\0', " ");
+        if line.contains(needle) {
+            out.push(format!("{pid}: {line}"));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_hook_command_is_on_no_command_line_while_it_runs() {
+    let env = TestEnv::new();
+    let token = format!(
+        "tok-{}-{}",
+        std::process::id(),
+        cohort_common::format::record::now_ms()
+    );
+    let running = env.tmp.path().join("hook-running");
+    let hook = format!(
+        "TOKEN={token}; touch {r}; while [ -e {r} ]; do sleep 0.05; done; echo \"$TOKEN\" > {r}.done",
+        r = running.display()
+    );
+    let id = env.spawn(&["--model", "fake/plain", "--on-exit", &hook, "hello"]);
+    wait_for(Duration::from_secs(30), || running.exists()).expect("the hook runs");
+    let seen = cmdlines_holding(&token);
+    std::fs::remove_file(&running).unwrap();
+    assert!(
+        seen.is_empty(),
+        "the hook's command is on a command line: {seen:?}"
+    );
+    wait_event(&env, &id, "hook.completed");
+    // The command itself ran whole.
+    let done = std::fs::read_to_string(env.tmp.path().join("hook-running.done")).unwrap();
+    assert_eq!(done.trim(), token);
+}
+
+/// Processes this test's hook started, by pid: killed when the test ends, whatever happened.
+struct Pids(Vec<u32>);
+
+impl Drop for Pids {
+    fn drop(&mut self) {
+        for &p in &self.0 {
+            if cohort_e2e::harness::alive(p) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn what_the_hook_leaves_is_ended_before_wait_returns() {
+    let env = TestEnv::new();
+    let dir = env.tmp.path();
+    // A child in the hook's process group that ignores SIGTERM, and one that left the group
+    // (its own session); the hook's shell exits at once.
+    let hook = format!(
+        "(trap '' TERM; while :; do sleep 1; done) & echo $! > {d}/stubborn; \
+         setsid sleep 300 & echo $! > {d}/escaped; exit 0",
+        d = dir.display()
+    );
+    let id = env.spawn(&[
+        "--model",
+        "fake/plain",
+        "--grace",
+        "300ms",
+        "--on-exit",
+        &hook,
+        "hello",
+    ]);
+    let read_pid = |name: &str| -> Option<u32> {
+        std::fs::read_to_string(dir.join(name))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    };
+    let mut pids = Pids(Vec::new());
+    wait_for(Duration::from_secs(30), || {
+        read_pid("stubborn").is_some() && read_pid("escaped").is_some()
+    })
+    .expect("the hook started its children");
+    pids.0 = vec![read_pid("stubborn").unwrap(), read_pid("escaped").unwrap()];
+
+    let out = env.run("cohort-status", &["--wait", "--timeout", "60s", &id]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let still: Vec<u32> = pids
+        .0
+        .iter()
+        .copied()
+        .filter(|&p| cohort_e2e::harness::alive(p))
+        .collect();
+    assert!(
+        still.is_empty(),
+        "--wait returned while the hook's processes {still:?} of {:?} live",
+        pids.0
+    );
+    assert_eq!(count(&env, &id, "hook.completed"), 1);
+    let log = std::fs::read_to_string(env.run_dir(&id).join("runner.log")).unwrap();
+    assert!(
+        log.contains("process(es) in its process group; ending them"),
+        "{log}"
+    );
+}

@@ -176,7 +176,7 @@ fn pi_spills_tool_output_into_the_runs_private_temp_dir_and_reap_removes_it() {
         spill_files(&sys_tmp).is_empty(),
         "nothing in the inherited TMPDIR"
     );
-    // Node's compile cache (Pi 1.x enables it) stays shared, outside the run.
+    // Node's compile cache (Pi 1.x enables it) stays outside the run.
     assert!(!run_tmp.join("node-compile-cache").exists());
     assert_eq!(
         spill_files(env.tmp.path()),

@@ -737,7 +737,10 @@ fn crash_then_finish(point: &str) {
 
     let rows = listing(&env);
     assert!(listed(&rows, &bystander), "{point}");
-    let committed = !matches!(point, "before-nested-rename" | "after-nested-rename");
+    let committed = !matches!(
+        point,
+        "checked" | "before-nested-rename" | "after-nested-rename"
+    );
     if committed {
         assert!(
             !listed(&rows, &id) && !listed(&rows, &n1) && !listed(&rows, &n2),
@@ -791,7 +794,7 @@ fn crash_then_finish(point: &str) {
 #[test]
 fn a_kill_at_any_point_leaves_the_run_whole_or_gone_and_a_second_reap_finishes() {
     let points = fault::REAP_POINTS.map(|p| p.strip_prefix("reap.").expect("a reap point"));
-    assert_eq!(points.len(), 5);
+    assert_eq!(points.len(), 6);
     for point in points {
         crash_then_finish(point);
     }
@@ -852,6 +855,58 @@ fn two_reaps_of_the_same_run_one_removes_and_the_other_says_so() {
         (Some(id.as_str()), Some("already-removed"))
     );
     assert_unit_gone(&env, &id);
+}
+
+/// The runs dir swapped for a link to a directory outside the state root, between the reap's
+/// checks and its renames (`reap.checked`): nothing outside the root moves or goes, the report
+/// says the run was not removed, and the run stays whole where the swap put it.
+#[test]
+fn a_runs_dir_swapped_for_a_link_after_the_checks_redirects_nothing_outside_the_root() {
+    let env = TestEnv::new();
+    let id = top(&env, RunState::Complete, HOUR);
+    nested(&env, &id, RunState::Complete);
+    let root = env.state_root();
+    // A directory outside the root named like the run: what a rename by path would move.
+    let outside = env.tmp.path().join("outside");
+    std::fs::create_dir_all(outside.join(&id)).unwrap();
+    std::fs::write(outside.join(&id).join("precious"), b"keep me").unwrap();
+    let before = tree(&outside);
+
+    let pause = env.tmp.path().join("paused");
+    let reaper = env
+        .cmd("cohort-reap")
+        .args(["--json", &id])
+        .env(fault::CRASH_ENV, fault::pause_at("reap.checked", &pause))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(Duration::from_secs(20), || pause.exists()).expect("the reap reaches reap.checked");
+    let runs = root.runs_dir();
+    let moved = root.path().join("moved-runs");
+    std::fs::rename(&runs, &moved).unwrap();
+    std::os::unix::fs::symlink(&outside, &runs).unwrap();
+    std::fs::remove_file(&pause).unwrap();
+    let out = reaper.wait_with_output().unwrap();
+
+    assert_eq!(tree(&outside), before, "{}", stderr(&out));
+    let lines: Vec<Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["runId"], id.as_str());
+    assert_eq!(lines[0]["outcome"], "refused", "{lines:?}");
+    assert_eq!(lines[0]["code"], "move-failed", "{lines:?}");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(moved.join(&id).join("status.json").is_file());
+    assert_eq!(
+        files::list_dir(&root.nested_runs_dir(&id), files::Hidden::Include)
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(trash_entries(&env).is_empty(), "{:?}", trash_entries(&env));
 }
 
 #[test]

@@ -386,3 +386,357 @@ fn a_reader_that_does_not_own_the_state_root_writes_nothing_there() {
     );
     assert!(!root.index_dir().exists());
 }
+
+/// A local user made for one test (`useradd`, as root), removed (`userdel`) when dropped.
+struct OtherUser {
+    name: String,
+    uid: u32,
+}
+
+impl OtherUser {
+    fn create() -> OtherUser {
+        let name = format!("cohort-t{}", std::process::id());
+        let made = Command::new("useradd")
+            .args(["--no-create-home", "--shell", "/usr/sbin/nologin", &name])
+            .status()
+            .expect("run useradd");
+        assert!(made.success(), "useradd {name}");
+        let id = |flag: &str| -> u32 {
+            let out = Command::new("id").args([flag, &name]).output().unwrap();
+            String::from_utf8(out.stdout)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        let uid = id("-u");
+        OtherUser { name, uid }
+    }
+
+    /// Run `sh -c script` as this user (`runuser`: its uid, gid and groups only), feeding it
+    /// `input`; asserts it succeeded.
+    fn sh(&self, script: &str, input: &[u8]) {
+        use std::io::Write;
+        let mut child = Command::new("runuser")
+            .args(["-u", &self.name, "--", "sh", "-c", script])
+            .current_dir("/")
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        assert!(
+            child.wait().unwrap().success(),
+            "as {}: {script}",
+            self.name
+        );
+    }
+}
+
+impl Drop for OtherUser {
+    fn drop(&mut self) {
+        let _ = Command::new("userdel").arg(&self.name).status();
+    }
+}
+
+#[test]
+fn another_user_cannot_plant_legacy_runs() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to create a second user");
+        return;
+    }
+    let env = TestEnv::new();
+    let other = OtherUser::create();
+    // A temp dir shared as /tmp is (sticky, writable by everyone), where the other user makes
+    // the legacy root of this test's user before it does.
+    let shared = tempfile::Builder::new()
+        .prefix("cohort-shared-tmp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let me = nix::unistd::geteuid().as_raw();
+    let legacy_root = shared.path().join(format!("pi-subagents-uid-{me}"));
+    let run_dir = legacy_root.join("async-subagent-runs/5eedbad1");
+    let record = json!({
+        "runId": "5eedbad1", "mode": "single", "state": "running",
+        "startedAt": now_ms(), "pid": 1,
+        "steps": [{"agent": "planted", "status": "running", "taskPreview": "planted task"}],
+    });
+    other.sh(
+        &format!(
+            "mkdir -p '{d}' && cat > '{d}/status.json'",
+            d = run_dir.display()
+        ),
+        record.to_string().as_bytes(),
+    );
+    let status = |args: &[&str]| {
+        env.cmd("cohort-status")
+            .env("TMPDIR", shared.path())
+            .env_remove("PI_SUBAGENTS_TEMP_ROOT")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let refused = format!("{} is owned by uid {}", legacy_root.display(), other.uid);
+
+    let out = status(&["--all", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        !json_lines(&stdout(&out))
+            .iter()
+            .any(|r| r["runId"] == "5eedbad1"),
+        "a planted legacy run is listed as the user's: {}",
+        stdout(&out)
+    );
+    assert!(stderr(&out).contains(&refused), "{}", stderr(&out));
+    let out = status(&["--doctor"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("legacy runs: not read") && stdout(&out).contains(&refused),
+        "{}",
+        stdout(&out)
+    );
+    let out = status(&["5eedbad1"]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+
+    // The same directories, once they are the user's own, are read.
+    let chown = Command::new("chown")
+        .args(["-R", &format!("{me}:{me}")])
+        .arg(&legacy_root)
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let out = status(&["--all", "--json"]);
+    assert!(
+        json_lines(&stdout(&out))
+            .iter()
+            .any(|r| r["runId"] == "5eedbad1" && r["origin"] == "legacy"),
+        "{}",
+        stdout(&out)
+    );
+    let out = status(&["--doctor"]);
+    assert!(
+        stdout(&out).contains("legacy runs: 1 in"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn agent_and_chain_listings_escape_what_the_files_say() {
+    let env = TestEnv::new();
+    let agents = env.profile.join("agents");
+    let chains = env.profile.join("chains");
+    std::fs::create_dir_all(&agents).unwrap();
+    std::fs::create_dir_all(&chains).unwrap();
+    // Clear the screen, then a title-setting OSC sequence, in the description and the model
+    // (YAML's double-quoted `\e` and `\a`: raw controls are refused by the parser).
+    std::fs::write(
+        agents.join("painter.md"),
+        "---\nname: painter\ndescription: \"paints \\e[2J\\e]0;owned\\a the screen\"\n\
+         model: \"fake/\\e[31mred\"\n---\n\nYou paint.\n",
+    )
+    .unwrap();
+    std::fs::write(
+        chains.join("tinted.chain.md"),
+        "---\nname: tinted\ndescription: \"tints \\e[41m everything\"\n---\n\n## painter\n",
+    )
+    .unwrap();
+    for (flag, name, shown) in [
+        (
+            "--list-agents",
+            "painter",
+            "paints \\x1b[2J\\x1b]0;owned\\x07 the screen",
+        ),
+        ("--list-agents", "painter", "fake/\\x1b[31mred"),
+        ("--list-chains", "tinted", "tints \\x1b[41m everything"),
+    ] {
+        let out = env.run("cohort-spawn", &[flag]);
+        assert!(out.status.success(), "{flag}: {}", stderr(&out));
+        let text = stdout(&out);
+        assert!(
+            !text.contains('\x1b') && !text.contains('\x07'),
+            "{flag}: {text:?}"
+        );
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{flag}: no {name} row: {text}"));
+        assert!(line.contains(shown), "{flag}: {line}");
+    }
+}
+
+#[test]
+fn node_compile_cache_is_private_to_the_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = TestEnv::new();
+    // The temp dir every user shares, as the runner inherits it.
+    let shared_tmp = env.tmp.path().join("shared-tmp");
+    std::fs::create_dir(&shared_tmp).unwrap();
+    let seen = env.tmp.path().join("seen-cache");
+    let out = env
+        .cmd("cohort-spawn")
+        .env("TMPDIR", &shared_tmp)
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("NODE_COMPILE_CACHE")
+        .args([
+            "--model",
+            "fake/tool",
+            &format!(
+                "RUN: printf '%s|%s' \"$NODE_COMPILE_CACHE\" \"$NODE_DISABLE_COMPILE_CACHE\" > {}",
+                seen.display()
+            ),
+            "--",
+        ])
+        .args(cohort_e2e::harness::HERMETIC)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    let rec = env.wait_terminal(&id, 120);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let cache = env.home.join(".cache/cohort/node-compile-cache");
+    assert_eq!(
+        std::fs::read_to_string(&seen).unwrap(),
+        format!("{}|", cache.display())
+    );
+    let meta = std::fs::symlink_metadata(&cache).unwrap();
+    assert!(meta.is_dir());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    assert!(!shared_tmp.join("node-compile-cache").exists());
+}
+
+/// A read-only bind mount of a directory over itself (as root), unmounted when dropped.
+struct ReadOnlyMount(PathBuf);
+
+impl ReadOnlyMount {
+    fn over(dir: &Path) -> ReadOnlyMount {
+        let run = |args: &[&str]| {
+            let ok = Command::new("mount")
+                .args(args)
+                .arg(dir)
+                .arg(dir)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "mount {args:?} {}", dir.display());
+        };
+        run(&["--bind"]);
+        let mount = ReadOnlyMount(dir.to_path_buf());
+        let ok = Command::new("mount")
+            .args(["-o", "remount,bind,ro"])
+            .arg(dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "remount read-only {}", dir.display());
+        mount
+    }
+}
+
+impl Drop for ReadOnlyMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_lost_run_on_a_read_only_state_root_reads_as_runner_lost_and_is_not_written() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to mount the state root read-only");
+        return;
+    }
+    let env = TestEnv::new();
+    // `running`, its lock free: its runner is gone.
+    let (id, _) = Run::new(RunState::Running).write(&env);
+    let root = env.state_root();
+    let before = snapshot(root.path());
+    let _ro = ReadOnlyMount::over(root.path());
+    assert!(
+        std::fs::write(root.path().join("probe"), b"x").is_err(),
+        "the state root is read-only"
+    );
+
+    let out = env.run("cohort-status", &["--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows = json_lines(&stdout(&out));
+    let row = rows
+        .iter()
+        .find(|r| r["runId"] == id.as_str())
+        .unwrap_or_else(|| panic!("no row: {rows:?}"));
+    assert_eq!(row["state"], "failed", "{row}");
+    assert!(
+        row["error"].as_str().unwrap_or("").contains("runner lost"),
+        "{row}"
+    );
+    let out = env.run("cohort-status", &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let line = stdout(&out)
+        .lines()
+        .find(|l| l.contains(&id[id.len() - 12..]))
+        .unwrap_or_else(|| panic!("no row: {}", stdout(&out)))
+        .to_string();
+    assert!(line.contains("failed") && !line.contains("error"), "{line}");
+    let out = env.run("cohort-status", &[&id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("runner lost"), "{}", stdout(&out));
+    assert_eq!(snapshot(root.path()), before, "nothing was written");
+}
+
+#[test]
+fn a_route_dir_that_is_a_link_is_not_written_through() {
+    let env = TestEnv::new();
+    let root = env.state_root();
+    let (target, before) = plant_link(&env, &root.path().join("nested-subagent-events"));
+    let out = env.spawn_raw(&["--model", "fake/plain", "hello"]);
+    if out.status.success() {
+        let id = stdout(&out).trim().to_string();
+        let rec = env.wait_terminal(&id, 60);
+        assert_eq!(rec["state"], "failed", "{rec:#}");
+        assert!(
+            rec["error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("cannot create the run's route"),
+            "{rec:#}"
+        );
+    }
+    assert_eq!(
+        snapshot(&target),
+        before,
+        "written through nested-subagent-events/"
+    );
+}
+
+#[test]
+fn a_later_steps_output_log_planted_as_a_link_is_not_written_through() {
+    let env = TestEnv::new();
+    let outside = env.tmp.path().join("outside-output.log");
+    std::fs::write(&outside, b"precious\n").unwrap();
+    // The first step's tool plants the second step's output log (its TMPDIR is the run's
+    // `tmp/`, inside the run directory).
+    let chain = env.tmp.path().join("plant.json");
+    std::fs::write(
+        &chain,
+        json!({"steps": [
+            {"task": format!("RUN: ln -s {} \"$TMPDIR/../output-1.log\"", outside.display()),
+             "model": "fake/tool"},
+            {"task": "hello", "model": "fake/plain"}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let id = env.spawn(&["--chain", chain.to_str().unwrap()]);
+    let rec = env.wait_terminal(&id, 120);
+    let link = env.run_dir(&id).join("output-1.log");
+    assert!(
+        std::fs::symlink_metadata(&link).is_ok_and(|m| m.file_type().is_symlink()),
+        "the first step planted the link: {rec:#}"
+    );
+    assert_eq!(std::fs::read_link(&link).unwrap(), outside);
+    assert_eq!(
+        std::fs::read(&outside).unwrap(),
+        b"precious\n",
+        "the second step's output went through the link: {rec:#}"
+    );
+}
