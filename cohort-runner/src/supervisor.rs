@@ -217,6 +217,8 @@ struct Supervisor {
     group: Option<(usize, usize)>,
     /// The chain step being run is a single task: its sweep also takes the orphans.
     sole_member: bool,
+    /// `R/worktrees`, where `worktree: true` groups make their worktrees.
+    worktrees_dir: PathBuf,
     last_session_look: Instant,
     /// Why the runner is ending the run, once it is: a stop, or the run's deadline.
     stop: Option<Ending>,
@@ -233,6 +235,7 @@ impl Supervisor {
             tree,
         } = running;
         let nested_runs = state_root.nested_runs_dir(&tree.root_run_id);
+        let worktrees_dir = state_root.worktrees_dir();
         let since = rec.pid_start_time.unwrap_or(0);
         Supervisor {
             tracker: Tracker::new(dir, nested_runs, rec.run_id.clone(), since),
@@ -253,6 +256,7 @@ impl Supervisor {
             active: HashMap::new(),
             plans: HashMap::new(),
             sole_member: false,
+            worktrees_dir,
             last_session_look: Instant::now(),
             stop: None,
             run_deadline: None,
@@ -281,7 +285,7 @@ impl Supervisor {
             }
             self.rec.current_step = Some(ci);
             self.writer.changed();
-            let members: Vec<FlatStep> = match step {
+            let mut members: Vec<FlatStep> = match step {
                 ChainStep::Task(t) => vec![flat_step(next, ci, t.clone())],
                 ChainStep::Parallel(p) => p
                     .parallel
@@ -300,6 +304,12 @@ impl Supervisor {
             if members.is_empty() {
                 // A fan-out over no items: `expand` has set what it hands on.
                 continue;
+            }
+            if matches!(step, ChainStep::Parallel(p) if p.worktree) {
+                if let Err(why) = self.make_worktrees(&mut members) {
+                    failure = Some(format!("chain step {ci}: {why}"));
+                    break;
+                }
             }
             let limit = group_limit(step, members.len(), self.spec.options.concurrency);
             self.group = matches!(step, ChainStep::Task(_))
@@ -365,6 +375,19 @@ impl Supervisor {
         hook::run(&h, &mut |kind, fields| {
             let _ = events.append(kind, fields);
         });
+    }
+
+    /// Make the worktrees of a `worktree: true` group's members ([`crate::worktree::prepare`]).
+    fn make_worktrees(&mut self, members: &mut [FlatStep]) -> std::result::Result<(), String> {
+        let at = crate::worktree::Place {
+            run_id: &self.spec.run_id,
+            run_cwd: &self.spec.cwd,
+            worktrees_dir: &self.worktrees_dir,
+            profile: &self.spec.profile_dir,
+        };
+        let made = crate::worktree::prepare(&mut self.rec, members, &at);
+        self.writer.changed();
+        made
     }
 
     /// Create the run's chain directory before a chain's first step; a failure to do so is
