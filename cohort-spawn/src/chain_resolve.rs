@@ -269,12 +269,19 @@ mod tests {
             e.1.contains("needs the run's cwd in a git repository"),
             "{e:?}"
         );
-        let git = Command::new("git")
+        let git = std::process::Command::new("git")
             .args(["init", "-q"])
             .current_dir(&run)
             .status();
         if git.is_ok_and(|s| s.success()) {
             resolve(&mut [group()], &at).unwrap();
+            // A setup hook pi-cohort's settings name must be usable.
+            let config = cohort_common::worktree::config_file(&profile);
+            std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+            std::fs::write(&config, r#"{"worktreeSetupHook":"setup.sh"}"#).unwrap();
+            let e = resolve(&mut [group()], &at).unwrap_err();
+            assert!(e.1.contains("config.json: `worktreeSetupHook`"), "{e:?}");
+            assert!(e.1.contains("bare name"), "{e:?}");
         }
     }
 }
