@@ -123,6 +123,16 @@ fn group_limit(step: &ChainStep, members: usize, run_concurrency: Option<usize>)
     }
 }
 
+/// Whether a failed member of chain step `step` stops the others (pure): the group's own
+/// `failFast` when it gives one, else the run's `--fail-fast`. A task is a group of one.
+fn group_fail_fast(step: &ChainStep, run_fail_fast: bool) -> bool {
+    match step {
+        ChainStep::Task(_) => run_fail_fast,
+        ChainStep::Parallel(p) => p.fail_fast.unwrap_or(run_fail_fast),
+        ChainStep::Expand(e) => e.fail_fast.unwrap_or(run_fail_fast),
+    }
+}
+
 /// Flat step `index` of chain step `chain_index`, running `spec`.
 fn flat_step(index: usize, chain_index: usize, spec: spec::TaskSpec) -> FlatStep {
     FlatStep {
@@ -315,7 +325,8 @@ impl Supervisor {
             self.group = matches!(step, ChainStep::Task(_))
                 .not()
                 .then_some((ci, next));
-            failure = self.run_group(&members, limit);
+            let fail_fast = group_fail_fast(step, self.spec.options.fail_fast);
+            failure = self.run_group(&members, limit, fail_fast);
             next += members.len();
             if failure.is_some() {
                 break;
@@ -632,15 +643,15 @@ impl Supervisor {
             .unwrap_or_default()
     }
 
-    /// Run one chain step's members with at most `limit` alive; returns the failure, if any.
-    fn run_group(&mut self, members: &[FlatStep], limit: usize) -> Option<String> {
+    /// Run one chain step's members with at most `limit` alive; with `fail_fast`, the first
+    /// failed member stops the others and no more start. Returns the failure, if any.
+    fn run_group(&mut self, members: &[FlatStep], limit: usize, fail_fast: bool) -> Option<String> {
         let mut queue: VecDeque<&FlatStep> = members.iter().collect();
         // A chain step of one task: when its child has exited nothing else of the run is alive,
         // so the step's own sweep takes the orphans too and no second sweep follows.
         self.sole_member = members.len() == 1;
         let mut failure: Option<String> = None;
         loop {
-            let fail_fast = self.spec.options.fail_fast;
             while self.stop.is_none()
                 && (failure.is_none() || !fail_fast)
                 && self.active.len() < limit
@@ -685,7 +696,7 @@ impl Supervisor {
                     }
                 }
             }
-            if failure.is_some() && self.spec.options.fail_fast {
+            if failure.is_some() && fail_fast {
                 queue.clear();
             }
         }
@@ -1195,6 +1206,7 @@ mod tests {
                 parallel: vec![],
                 concurrency,
                 worktree: false,
+                fail_fast: None,
             })
         };
         assert_eq!(group_limit(&task, 1, Some(4)), 1);
@@ -1202,5 +1214,31 @@ mod tests {
         assert_eq!(group_limit(&group(None), 5, Some(4)), 4);
         assert_eq!(group_limit(&group(None), 5, None), 5);
         assert_eq!(group_limit(&group(Some(0)), 5, None), 1, "at least one");
+    }
+
+    #[test]
+    fn a_groups_fail_fast_beats_the_runs() {
+        let group = |fail_fast| {
+            ChainStep::Parallel(spec::ParallelSpec {
+                parallel: vec![],
+                fail_fast,
+                ..Default::default()
+            })
+        };
+        let task = ChainStep::Task(spec::TaskSpec::default());
+        for run in [false, true] {
+            assert_eq!(group_fail_fast(&group(None), run), run);
+            assert_eq!(group_fail_fast(&task, run), run);
+            assert!(group_fail_fast(&group(Some(true)), run));
+            assert!(!group_fail_fast(&group(Some(false)), run));
+        }
+        let mut e: spec::ExpandStep = serde_json::from_value(serde_json::json!({
+            "expand": {"from": {"output": "t"}, "maxItems": 3},
+            "parallel": {"task": "x"}, "collect": {"as": "c"}, "failFast": true
+        }))
+        .unwrap();
+        assert!(group_fail_fast(&ChainStep::Expand(e.clone()), false));
+        e.fail_fast = None;
+        assert!(!group_fail_fast(&ChainStep::Expand(e), false));
     }
 }

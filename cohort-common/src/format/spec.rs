@@ -269,6 +269,10 @@ pub struct ParallelSpec {
     /// (spawn refuses it when the cwd is not in a git repository).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub worktree: bool,
+    /// `failFast`: `true`, the first failed member stops the group's other members and starts
+    /// no more; `false`, they run to their end; absent: the run's `--fail-fast`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_fast: Option<bool>,
 }
 
 /// A dynamic fan-out step (the upstream's `expand` / `parallel` template / `collect`): an
@@ -294,6 +298,9 @@ pub struct ExpandStep {
     /// `label` of the step (display only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
+    /// `failFast` of the members, as [`ParallelSpec::fail_fast`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_fast: Option<bool>,
 }
 
 /// `expand` of an [`ExpandStep`].
@@ -605,10 +612,15 @@ mod tests {
         assert_eq!(e.collect.as_name, "reviews");
         assert!(flatten(&chain).0.is_empty());
         let group: ChainStep =
-            serde_json::from_str(r#"{"parallel":[{"task":"a"}],"worktree":true}"#).unwrap();
+            serde_json::from_str(r#"{"parallel":[{"task":"a"}],"worktree":true,"failFast":true}"#)
+                .unwrap();
         assert!(matches!(
             group,
-            ChainStep::Parallel(ParallelSpec { worktree: true, .. })
+            ChainStep::Parallel(ParallelSpec {
+                worktree: true,
+                fail_fast: Some(true),
+                ..
+            })
         ));
     }
 
