@@ -535,9 +535,10 @@ impl Supervisor {
         Ok(members)
     }
 
-    /// After fan-out step `ci`'s members all completed: gather their answers, in item order,
-    /// as a JSON array (a structured member's value, else its text), check it against
-    /// `collect.outputSchema`, and store it as `{outputs.AS}`.
+    /// After fan-out step `ci`'s members all completed: gather them, in item order, as the
+    /// upstream does ([`chain::collected`]: one object per member with its key, item and
+    /// answer), check the array against `collect.outputSchema`, and store it as
+    /// `{outputs.AS}`.
     ///
     /// Errors: the run's failure message when the array does not validate.
     fn collect(
@@ -546,24 +547,34 @@ impl Supervisor {
         e: &spec::ExpandStep,
         members: &[FlatStep],
     ) -> std::result::Result<(), String> {
-        let array = serde_json::Value::Array(
-            members
-                .iter()
-                .map(|m| {
-                    self.rec.steps[m.index]
-                        .structured_output
-                        .clone()
-                        .unwrap_or_else(|| {
-                            serde_json::Value::String(
-                                self.handed
-                                    .get(&m.index)
-                                    .cloned()
-                                    .unwrap_or_else(|| self.final_text(m.index)),
-                            )
-                        })
-                })
-                .collect(),
-        );
+        let texts: Vec<String> = members
+            .iter()
+            .map(|m| {
+                self.handed
+                    .get(&m.index)
+                    .cloned()
+                    .unwrap_or_else(|| self.final_text(m.index))
+            })
+            .collect();
+        let null = serde_json::Value::Null;
+        let gathered: Vec<chain::Collected> = members
+            .iter()
+            .zip(&texts)
+            .enumerate()
+            .map(|(k, (m, text))| {
+                let s = &self.rec.steps[m.index];
+                chain::Collected {
+                    key: s.item_key.as_deref().unwrap_or_default(),
+                    index: k,
+                    item: self.items.get(&m.index).map(|(_, v)| v).unwrap_or(&null),
+                    agent: e.parallel.agent.as_deref(),
+                    text,
+                    structured: s.structured_output.as_ref(),
+                    output_path: s.output_path.as_deref(),
+                }
+            })
+            .collect();
+        let array = chain::collected(&gathered);
         if let Some(schema) = &e.collect.output_schema {
             structured::validate(schema, &array).map_err(|errs| {
                 format!(

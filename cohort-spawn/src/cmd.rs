@@ -219,7 +219,8 @@ Keys of a dynamic fan-out: expand ({from: {output: an earlier structured step's 
 JSON Pointer to a list}, item: the item's name in the template (default item), key: a JSON
 Pointer to each item's key, maxItems: default 20, a longer list fails the step, onEmpty: skip
 or fail}), parallel (the member template, a task object without as or count), collect ({as:
-the name of the members' answers in item order, outputSchema}), concurrency, failFast, phase,
+the name of the members' results in item order, one object each: key, index, item, agent,
+exitCode, text, structured, outputPath; outputSchema}), concurrency, failFast, phase,
 label.
 
 Unknown keys are an error naming the file and line, and so are acceptance and toolBudget

@@ -307,10 +307,17 @@ fn a_fanout_runs_one_member_per_item_and_collects_in_order() {
     );
     assert_eq!(rec["steps"][2]["dynamicGroup"], "expand:step");
     assert_eq!(rec["steps"][2]["itemKey"], "f1.rs");
-    assert_eq!(
-        task_of(&env, &id, 4),
-        r#"Fix ["R-f0.rs-r0","R-f1.rs-r1","R-f2.rs-r2"]"#
-    );
+    // Collected as the upstream gathers: one object per member, in item order.
+    let task = task_of(&env, &id, 4);
+    let collected: Value = serde_json::from_str(task.strip_prefix("Fix ").unwrap()).unwrap();
+    let want: Vec<Value> = (0..3)
+        .map(|i| {
+            json!({"key": format!("f{i}.rs"), "index": i,
+                   "item": {"path": format!("f{i}.rs"), "reason": format!("r{i}")},
+                   "agent": null, "exitCode": 0, "text": format!("R-f{i}.rs-r{i}")})
+        })
+        .collect();
+    assert_eq!(collected, Value::Array(want), "{task}");
     let shown = stdout(&env.run("cohort-status", &[&id]));
     assert!(
         shown.contains("parallel group expand:step (chain step 1): steps 1-3"),
