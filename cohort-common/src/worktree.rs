@@ -92,6 +92,27 @@ pub fn is_synthetic(path: &str, synthetic: &[String]) -> bool {
     })
 }
 
+/// Whether `w` is named as the runner names the worktrees of run `run_id` (pure): its path is
+/// `<worktrees_dir>/<run_id>/<name>` and its branch `cohort/<run_id>/<name>`, with one plain
+/// NAME. A record is written by the runner, but a step's tools can write in the run directory
+/// too; reap acts only on worktrees named for the run, so a forged record cannot point it at
+/// another checkout or branch.
+pub fn named_for(w: &WorktreeRef, worktrees_dir: &Path, run_id: &str) -> bool {
+    let Some(name) = w
+        .branch
+        .strip_prefix(BRANCH_PREFIX)
+        .and_then(|b| b.strip_prefix(run_id))
+        .and_then(|b| b.strip_prefix('/'))
+    else {
+        return false;
+    };
+    let plain = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    plain && w.path == worktrees_dir.join(run_id).join(name)
+}
+
 /// Whether reap may remove a worktree in `state` (pure): only when it holds no uncommitted
 /// change and no commit that is on no other branch. Errors: why it is kept.
 pub fn removable(state: &WorktreeState) -> Result<(), String> {
@@ -277,6 +298,31 @@ mod tests {
         assert!(is_synthetic("node_modules", &s));
         assert!(!is_synthetic(".venvx", &s));
         assert!(!is_synthetic("src/.venv", &s));
+    }
+
+    #[test]
+    fn only_worktrees_named_for_the_run_are_its_own() {
+        let dir = Path::new("/r/worktrees");
+        let w = |path: &str, branch: &str| WorktreeRef {
+            path: path.into(),
+            branch: branch.into(),
+            ..Default::default()
+        };
+        assert!(named_for(
+            &w("/r/worktrees/id/a-1", "cohort/id/a-1"),
+            dir,
+            "id"
+        ));
+        for (path, branch) in [
+            ("/r/worktrees/id/a", "cohort/other/a"),
+            ("/r/worktrees/id/a", "cohort/id/b"),
+            ("/home/u/src/app", "cohort/id/app"),
+            ("/r/worktrees/id/../x", "cohort/id/../x"),
+            ("/r/worktrees/id/a", "main"),
+            ("/r/worktrees/id/", "cohort/id/"),
+        ] {
+            assert!(!named_for(&w(path, branch), dir, "id"), "{path} {branch}");
+        }
     }
 
     #[test]

@@ -145,7 +145,7 @@ pub fn reap(
     }
     let removed = trash.delete(&mut report)?;
     for (id, made) in worktrees {
-        report.add_worktrees(&id, crate::worktrees::settle(&made, false));
+        report.add_worktrees(&id, crate::worktrees::settle(root, &made, false));
     }
     if opts.sessions {
         report.add_swept(SweepPlan::new(root, &removed).apply());
@@ -197,7 +197,8 @@ pub fn dry_run(root: &StateRoot, sel: &Selection, opts: &Options) -> Result<Repo
             Action::Remove(unit) => unit,
         };
         let mut entry = ReportEntry::removal(&unit, Outcome::WouldRemove);
-        entry.worktrees = crate::worktrees::settle(&crate::worktrees::of_unit(root, &unit), true);
+        entry.worktrees =
+            crate::worktrees::settle(root, &crate::worktrees::of_unit(root, &unit), true);
         entry.bytes = tree::measure(root.run_dir(&unit.id).path())
             + unit.subtree.as_deref().map(tree::measure).unwrap_or(0);
         report.entries.push(entry);

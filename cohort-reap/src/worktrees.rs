@@ -27,31 +27,47 @@ pub struct Fate {
     pub kept: Option<String>,
 }
 
-/// The worktrees the records of `unit` (its run and its nested runs) name, in step order.
-/// A record that cannot be read names none (the unit was examined under its locks just
-/// before, so this does not happen but for a disk error; its worktrees are then left alone).
-pub fn of_unit(root: &StateRoot, unit: &Unit) -> Vec<WorktreeRef> {
-    let mut dirs = vec![root.run_dir(&unit.id)];
-    dirs.extend(
+/// The worktrees the records of `unit` (its run and its nested runs) name, in step order,
+/// each with the id of the run whose record names it. A record that cannot be read names none
+/// (the unit was examined under its locks just before, so this does not happen but for a disk
+/// error; its worktrees are then left alone).
+pub fn of_unit(root: &StateRoot, unit: &Unit) -> Vec<(String, WorktreeRef)> {
+    let mut runs = vec![(unit.id.clone(), root.run_dir(&unit.id))];
+    runs.extend(
         unit.nested_ids
             .iter()
-            .map(|n| root.nested_run_dir(&unit.id, n)),
+            .map(|n| (n.clone(), root.nested_run_dir(&unit.id, n))),
     );
-    dirs.iter()
-        .filter_map(|d| record::load(&d.status()).ok())
-        .flat_map(|r| r.steps.into_iter().filter_map(|s| s.worktree))
+    runs.into_iter()
+        .filter_map(|(id, d)| record::load(&d.status()).ok().map(|r| (id, r)))
+        .flat_map(|(id, r)| {
+            r.steps
+                .into_iter()
+                .filter_map(|s| s.worktree)
+                .map(move |w| (id.clone(), w))
+        })
         .collect()
 }
 
-/// Decide, and unless `dry`, remove each of `worktrees`: removed when a look finds no work in
-/// it, kept (saying why) when it holds work, when it cannot be looked at, or when git fails to
-/// remove it.
-pub fn settle(worktrees: &[WorktreeRef], dry: bool) -> Vec<Fate> {
+/// Decide, and unless `dry`, remove each of `worktrees` (with the run whose record names it):
+/// removed when it is named for that run ([`worktree::named_for`]) and a look finds no work in
+/// it; kept (saying why) when it holds work, is not named for the run, cannot be looked at, or
+/// git fails to remove it.
+pub fn settle(root: &StateRoot, worktrees: &[(String, WorktreeRef)], dry: bool) -> Vec<Fate> {
+    let dir = root.worktrees_dir();
     worktrees
         .iter()
-        .map(|w| {
-            let kept = worktree::inspect(w)
-                .map_err(|e| format!("cannot look at it: {e}"))
+        .map(|(run, w)| {
+            let own = if worktree::named_for(w, &dir, run) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "not named as run {run}'s worktrees are ({}/{run}/NAME, branch cohort/{run}/NAME): left alone",
+                    dir.display()
+                ))
+            };
+            let kept = own
+                .and_then(|()| worktree::inspect(w).map_err(|e| format!("cannot look at it: {e}")))
                 .and_then(|state| worktree::removable(&state))
                 .and_then(|()| if dry { Ok(()) } else { worktree::remove(w) })
                 .err();

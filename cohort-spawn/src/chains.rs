@@ -7,9 +7,8 @@
 //! `PACKAGE.NAME`), then one `## AGENT` section per step: `key: value` config lines right under
 //! the heading (keys as upstream, matched without regard to case: [`MD_STEP_KEYS`]), a blank
 //! line, the step's task. A `## parallel` section (config lines: `concurrency`, `worktree`,
-//! `failFast`)
-//! holds the members of a parallel group as `### AGENT` sections. An empty task is `{task}` in
-//! the first step and `{previous}` after it, as in pi-subagents' chains.
+//! `failFast`) holds the members of a parallel group as `### AGENT` sections. An empty task is
+//! `{task}` in the first step and `{previous}` after it, as in pi-subagents' chains.
 //!
 //! [`parse_chain_md`] and [`resolve`] are pure; [`discover`] reads the directories.
 

@@ -4,8 +4,8 @@
 //! subdirectory as the run's cwd; the setup hook gets its JSON and its synthetic paths are not
 //! changes; status lists the worktrees with whether they hold work; reap removes the run and
 //! the worktrees without work, and keeps (and names) the ones with uncommitted changes or
-//! commits on no other branch. A repository with uncommitted changes fails the group before
-//! anything runs.
+//! commits on no other branch, and never acts on a worktree a record names that is not named
+//! for the run. A repository with uncommitted changes fails the group before anything runs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -267,4 +267,28 @@ fn a_repository_with_uncommitted_changes_fails_the_group_before_any_member_start
         0,
         "no member reached the model"
     );
+}
+
+#[test]
+fn reap_acts_only_on_worktrees_named_for_the_run() {
+    let env = TestEnv::new();
+    let repo = repo(&env);
+    let out = spawn_group(&env, &repo, &[member("idle", "pwd")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let id = run_id(&out);
+    // A step's tools can write in the run directory: a record naming the main checkout and its
+    // branch instead of the run's worktree.
+    let status = env.run_dir(&id).join("status.json");
+    let mut rec: Value = serde_json::from_str(&std::fs::read_to_string(&status).unwrap()).unwrap();
+    rec["steps"][0]["worktree"] = serde_json::json!({
+        "path": repo, "branch": "main", "repo": repo,
+        "baseCommit": git(&repo, &["rev-parse", "HEAD"]).trim(),
+    });
+    std::fs::write(&status, rec.to_string()).unwrap();
+    let reap = env.run("cohort-reap", &[&id]);
+    assert_eq!(reap.status.code(), Some(0), "{}", stderr(&reap));
+    assert!(!env.run_dir(&id).exists());
+    assert!(stderr(&reap).contains("left alone"), "{}", stderr(&reap));
+    assert!(repo.join("sub/keep.txt").exists());
+    assert_eq!(git(&repo, &["branch", "--show-current"]).trim(), "main");
 }
