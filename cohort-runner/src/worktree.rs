@@ -28,7 +28,7 @@ use serde_json::json;
 use wait_timeout::ChildExt;
 
 /// The most characters of a label kept in a worktree's name.
-const NAME_MAX: usize = 60;
+pub const NAME_MAX: usize = 60;
 
 /// A label as a branch and directory name component (pure): ASCII letters, digits, `_` and
 /// `-` kept, every other run of characters one `-`, no leading or trailing `-`, at most

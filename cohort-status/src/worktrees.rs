@@ -78,7 +78,7 @@ pub fn json(r: &RunRecord) -> Option<Value> {
     ))
 }
 
-/// `line` (a run's JSON line, one object) with the `worktrees` field of [`json`] added, when
+/// `line` (a run's JSON line, one object) with the `worktrees` field of [`json()`] added, when
 /// the run has worktrees.
 pub fn add_to_json_line(line: String, r: &RunRecord) -> String {
     let Some(w) = json(r) else { return line };
