@@ -13,7 +13,9 @@
 //! - [`format`](mod@format): the run-directory format (layout, ids, record, launch spec, events, routes,
 //!   legacy records), described in `docs/format.md`;
 //! - [`store`]: discovery, observation (liveness and reconciliation) and the listing index:
-//!   the reading every program does the same way.
+//!   the reading every program does the same way;
+//! - [`worktree`]: the git worktrees of `worktree: true` parallel groups, as records keep them
+//!   and as status and reap look at them.
 //!
 //! Beside them: [`error`] (typed errors naming the path involved), [`exit`] (the exit-code
 //! table) and [`fault`] (named crash points for the fault-injection suite). The command-line
@@ -30,6 +32,7 @@ pub mod format;
 pub mod identity;
 pub mod os;
 pub mod store;
+pub mod worktree;
 
 pub use error::{Error, Result};
 

@@ -20,6 +20,10 @@ use crate::reap::{self, Options};
 /// A run is removed only when its record is terminal and no runner holds its lock or the lock
 /// of any run in its nested subtree. Nothing is removed unless selected: name runs, or use
 /// --state, --older-than or --all-terminal (or --orphan-sessions alone).
+///
+/// The git worktrees of a removed run's `worktree: true` groups are removed with their branches
+/// only when they hold no uncommitted change and no commit on no other branch; the others are
+/// kept and named.
 #[derive(Parser)]
 #[command(version, after_help = cli::exit_codes_help(MAN.exit_codes))]
 pub struct Args {

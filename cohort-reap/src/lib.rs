@@ -15,6 +15,8 @@
 //!   dirs and routes no run refers to;
 //! - [`report`]: the report and its text and JSON Lines forms;
 //! - [`sessions`]: `--sessions`, the session files and routes cohort created for removed runs;
+//! - [`worktrees`]: the git worktrees of removed runs, removed with their branches unless they
+//!   hold work;
 //! - [`trash`]: the trash's entry names and its recovery plan.
 
 #![deny(missing_docs)]
@@ -28,3 +30,4 @@ pub mod reap;
 pub mod report;
 pub mod sessions;
 pub mod trash;
+pub mod worktrees;

@@ -123,20 +123,30 @@ pub fn reap(
     refuse_gone(&mut report, gone);
     let examiner = Examiner::new(root, sel, &clock, &survey, Locking::Hold);
     let mut trash = Trash::new(root);
+    let mut worktrees = Vec::new();
     for c in &candidates {
         let refusal = match examiner.examine(c) {
             Action::Skip => continue,
             Action::Refuse(r) => r,
-            Action::Remove(unit) => match trash.move_in(unit) {
-                Ok(()) => continue,
-                Err(r) => r,
-            },
+            Action::Remove(unit) => {
+                let made = (unit.id.clone(), crate::worktrees::of_unit(root, &unit));
+                match trash.move_in(unit) {
+                    Ok(()) => {
+                        worktrees.push(made);
+                        continue;
+                    }
+                    Err(r) => r,
+                }
+            }
         };
         report
             .entries
             .push(ReportEntry::refused(&c.id, c.name.as_deref(), refusal));
     }
     let removed = trash.delete(&mut report)?;
+    for (id, made) in worktrees {
+        report.add_worktrees(&id, crate::worktrees::settle(root, &made, false));
+    }
     if opts.sessions {
         report.add_swept(SweepPlan::new(root, &removed).apply());
     }
@@ -187,6 +197,8 @@ pub fn dry_run(root: &StateRoot, sel: &Selection, opts: &Options) -> Result<Repo
             Action::Remove(unit) => unit,
         };
         let mut entry = ReportEntry::removal(&unit, Outcome::WouldRemove);
+        entry.worktrees =
+            crate::worktrees::settle(root, &crate::worktrees::of_unit(root, &unit), true);
         entry.bytes = tree::measure(root.run_dir(&unit.id).path())
             + unit.subtree.as_deref().map(tree::measure).unwrap_or(0);
         report.entries.push(entry);

@@ -16,6 +16,7 @@ use cohort_common::format::id;
 use crate::decide::Refusal;
 use crate::plan::Unit;
 use crate::sessions::Swept;
+use crate::worktrees::Fate;
 
 /// Whether a report says what a reap did or what it would do.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,6 +62,19 @@ pub struct ReportEntry {
     pub sessions_removed: Vec<PathBuf>,
     /// With `--sessions`: the route dir of the run's tree, removed (would be, in a dry run).
     pub route_removed: Option<PathBuf>,
+    /// The git worktrees of the run's `worktree: true` groups: removed with their branches
+    /// (would be, in a dry run), or kept with why.
+    pub worktrees: Vec<Fate>,
+}
+
+/// A worktree in `--json`'s `worktreesRemoved` / `worktreesKept`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonWorktree<'a> {
+    path: String,
+    branch: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
 }
 
 /// The JSON Lines form of a [`ReportEntry`] (documented in `docs/reap.md`).
@@ -83,6 +97,10 @@ struct JsonEntry<'a> {
     sessions_removed: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     route_removed: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    worktrees_removed: Vec<JsonWorktree<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    worktrees_kept: Vec<JsonWorktree<'a>>,
     dry_run: bool,
 }
 
@@ -112,6 +130,7 @@ impl ReportEntry {
             why_kept: BTreeMap::new(),
             sessions_removed: Vec::new(),
             route_removed: None,
+            worktrees: Vec::new(),
         }
     }
 
@@ -128,6 +147,17 @@ impl ReportEntry {
             Outcome::Refused(r) => ("refused", Some(r.code()), Some(r.to_string())),
         };
         let lossy = |p: &PathBuf| p.to_string_lossy().into_owned();
+        let worktrees = |kept: bool| {
+            self.worktrees
+                .iter()
+                .filter(|w| w.kept.is_some() == kept)
+                .map(|w| JsonWorktree {
+                    path: lossy(&w.path),
+                    branch: &w.branch,
+                    reason: w.kept.as_deref(),
+                })
+                .collect()
+        };
         let j = JsonEntry {
             run_id: &self.run_id,
             short_id: id::short_of(&self.run_id),
@@ -140,6 +170,8 @@ impl ReportEntry {
             sessions_kept: self.sessions_kept.iter().map(lossy).collect(),
             sessions_removed: self.sessions_removed.iter().map(lossy).collect(),
             route_removed: self.route_removed.as_ref().map(lossy),
+            worktrees_removed: worktrees(false),
+            worktrees_kept: worktrees(true),
             dry_run: mode == Mode::DryRun,
         };
         serde_json::to_string(&j).expect("plain data serializes")
@@ -172,6 +204,21 @@ impl ReportEntry {
         }
         if let Some(route) = &self.route_removed {
             text.push_str(&format!("  {r} route {}\n", untrusted_path(route)));
+        }
+        for w in &self.worktrees {
+            match &w.kept {
+                None => text.push_str(&format!(
+                    "  {r} worktree {} (branch {})\n",
+                    untrusted_path(&w.path),
+                    untrusted(&w.branch)
+                )),
+                Some(why) => text.push_str(&format!(
+                    "  kept worktree {} (branch {}): {}\n",
+                    untrusted_path(&w.path),
+                    untrusted(&w.branch),
+                    untrusted(why)
+                )),
+            }
         }
         for s in &self.sessions_kept {
             match self.why_kept.get(s) {
@@ -268,6 +315,13 @@ impl Report {
         }
     }
 
+    /// Note what became of run `run_id`'s worktrees in its entry.
+    pub fn add_worktrees(&mut self, run_id: &str, fates: Vec<Fate>) {
+        if let Some(e) = self.entries.iter_mut().find(|e| e.run_id == run_id) {
+            e.worktrees = fates;
+        }
+    }
+
     /// The notes for stderr, one line each (without the program name): subtrees put back,
     /// trash entries deleted or kept, staging directories removed.
     pub fn notes(&self) -> Vec<String> {
@@ -299,6 +353,19 @@ impl Report {
                 "{} temp files of interrupted writes {would}removed from the state root",
                 self.temp_removed.len()
             ));
+        }
+        for e in &self.entries {
+            for w in &e.worktrees {
+                if let Some(why) = &w.kept {
+                    notes.push(format!(
+                        "kept the worktree {} of run {} (branch {}): {}",
+                        untrusted(&w.path.display().to_string()),
+                        id::short_of(&e.run_id),
+                        untrusted(&w.branch),
+                        untrusted(why)
+                    ));
+                }
+            }
         }
         for o in &self.orphans {
             notes.push(format!(

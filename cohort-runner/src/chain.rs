@@ -318,6 +318,49 @@ pub struct FanoutMember {
 /// The text `{previous}` is after a fan-out over no items (the upstream's words).
 pub const EMPTY_FANOUT: &str = "Dynamic fanout produced 0 results.";
 
+/// One completed fan-out member, as `collect.as` gathers it ([`collected`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Collected<'a> {
+    /// Its item key (`expand.key`, else the item's index).
+    pub key: &'a str,
+    /// Its item's index in the list.
+    pub index: usize,
+    /// Its item.
+    pub item: &'a serde_json::Value,
+    /// The template's agent, if it names one.
+    pub agent: Option<&'a str>,
+    /// Its answer as it hands it on (after the `output:`, schema and `file-only` rules).
+    pub text: &'a str,
+    /// Its parsed answer, for a template with `outputSchema`.
+    pub structured: Option<&'a serde_json::Value>,
+    /// Its `output:` file.
+    pub output_path: Option<&'a Path>,
+}
+
+/// The value of a fan-out's `collect.as` (pure): one object per member, in item order, with
+/// the upstream's fields `{key, index, item, agent, exitCode, text, structured?, outputPath?}`
+/// (`exitCode` is 0: a failed member fails the step before anything is collected).
+pub fn collected(members: &[Collected]) -> serde_json::Value {
+    serde_json::Value::Array(
+        members
+            .iter()
+            .map(|m| {
+                let mut o = serde_json::json!({
+                    "key": m.key, "index": m.index, "item": m.item, "agent": m.agent,
+                    "exitCode": 0, "text": m.text,
+                });
+                if let Some(s) = m.structured {
+                    o["structured"] = s.clone();
+                }
+                if let Some(p) = m.output_path {
+                    o["outputPath"] = serde_json::json!(p);
+                }
+                o
+            })
+            .collect(),
+    )
+}
+
 /// Plan a dynamic fan-out over `list` (pure): one member per item, in order, or the reason the
 /// step fails. More items than `expand.maxItems` is refused, never truncated; keys must be
 /// strings, numbers or booleans, non-empty, without control characters, at most 200
@@ -393,6 +436,41 @@ mod tests {
             task: task.into(),
             ..TaskSpec::default()
         }
+    }
+
+    #[test]
+    fn collect_gathers_one_object_per_member_in_order() {
+        let (a, b) = (serde_json::json!({"path": "a.rs"}), serde_json::json!(7));
+        let ok = serde_json::json!({"ok": true});
+        let v = collected(&[
+            Collected {
+                key: "a.rs",
+                index: 0,
+                item: &a,
+                agent: Some("reviewer"),
+                text: "{\"ok\":true}",
+                structured: Some(&ok),
+                output_path: Some(Path::new("/c/out.md")),
+            },
+            Collected {
+                key: "1",
+                index: 1,
+                item: &b,
+                agent: None,
+                text: "plain",
+                structured: None,
+                output_path: None,
+            },
+        ]);
+        assert_eq!(
+            v,
+            serde_json::json!([
+                {"key": "a.rs", "index": 0, "item": {"path": "a.rs"}, "agent": "reviewer",
+                 "exitCode": 0, "text": "{\"ok\":true}", "structured": {"ok": true},
+                 "outputPath": "/c/out.md"},
+                {"key": "1", "index": 1, "item": 7, "agent": null, "exitCode": 0, "text": "plain"}
+            ])
+        );
     }
 
     #[test]

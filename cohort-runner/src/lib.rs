@@ -16,6 +16,7 @@
 //! - [`step`]: a step's lifecycle as a state type, and every rule of how a step and a run end
 //!   (Pi's verdict, the stderr digest, the recorded outcome);
 //! - [`structured`]: a step's `outputSchema`: parsing its answer as JSON and validating it;
+//! - [`worktree`]: the git worktrees of a `worktree: true` group, made before its members start;
 //! - [`stream`]: reading a Pi child's `--mode json` event stream in bounded memory;
 //! - [`hook`]: the on-exit hook, run once after the terminal record is durable;
 //! - [`sweep`]: finding and ending the processes a step left behind;
@@ -46,4 +47,5 @@ pub mod structured;
 pub mod supervisor;
 pub mod sweep;
 pub mod tracking;
+pub mod worktree;
 pub mod writer;

@@ -57,7 +57,8 @@ pub enum Ending {
     StepTimeout,
     /// The run's deadline (`--timeout`) passed.
     RunTimeout,
-    /// A sibling in its parallel group failed and `--fail-fast` is on.
+    /// A sibling in its parallel group failed and `--fail-fast` (or the group's `failFast`) is
+    /// on.
     FailFast,
 }
 
@@ -449,7 +450,7 @@ pub fn step_outcome(
         ),
         Some(Ending::FailFast) => ended(
             StepStatus::Stopped,
-            "stopped: a sibling in its parallel group failed (--fail-fast)",
+            "stopped: a sibling in its parallel group failed (--fail-fast, or the group's failFast)",
             EventKind::StepStopped,
             false,
         ),

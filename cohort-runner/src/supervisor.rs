@@ -123,6 +123,16 @@ fn group_limit(step: &ChainStep, members: usize, run_concurrency: Option<usize>)
     }
 }
 
+/// Whether a failed member of chain step `step` stops the others (pure): the group's own
+/// `failFast` when it gives one, else the run's `--fail-fast`. A task is a group of one.
+fn group_fail_fast(step: &ChainStep, run_fail_fast: bool) -> bool {
+    match step {
+        ChainStep::Task(_) => run_fail_fast,
+        ChainStep::Parallel(p) => p.fail_fast.unwrap_or(run_fail_fast),
+        ChainStep::Expand(e) => e.fail_fast.unwrap_or(run_fail_fast),
+    }
+}
+
 /// Flat step `index` of chain step `chain_index`, running `spec`.
 fn flat_step(index: usize, chain_index: usize, spec: spec::TaskSpec) -> FlatStep {
     FlatStep {
@@ -217,6 +227,8 @@ struct Supervisor {
     group: Option<(usize, usize)>,
     /// The chain step being run is a single task: its sweep also takes the orphans.
     sole_member: bool,
+    /// `R/worktrees`, where `worktree: true` groups make their worktrees.
+    worktrees_dir: PathBuf,
     last_session_look: Instant,
     /// Why the runner is ending the run, once it is: a stop, or the run's deadline.
     stop: Option<Ending>,
@@ -233,6 +245,7 @@ impl Supervisor {
             tree,
         } = running;
         let nested_runs = state_root.nested_runs_dir(&tree.root_run_id);
+        let worktrees_dir = state_root.worktrees_dir();
         let since = rec.pid_start_time.unwrap_or(0);
         Supervisor {
             tracker: Tracker::new(dir, nested_runs, rec.run_id.clone(), since),
@@ -253,6 +266,7 @@ impl Supervisor {
             active: HashMap::new(),
             plans: HashMap::new(),
             sole_member: false,
+            worktrees_dir,
             last_session_look: Instant::now(),
             stop: None,
             run_deadline: None,
@@ -281,7 +295,7 @@ impl Supervisor {
             }
             self.rec.current_step = Some(ci);
             self.writer.changed();
-            let members: Vec<FlatStep> = match step {
+            let mut members: Vec<FlatStep> = match step {
                 ChainStep::Task(t) => vec![flat_step(next, ci, t.clone())],
                 ChainStep::Parallel(p) => p
                     .parallel
@@ -301,11 +315,18 @@ impl Supervisor {
                 // A fan-out over no items: `expand` has set what it hands on.
                 continue;
             }
+            if matches!(step, ChainStep::Parallel(p) if p.worktree) {
+                if let Err(why) = self.make_worktrees(&mut members) {
+                    failure = Some(format!("chain step {ci}: {why}"));
+                    break;
+                }
+            }
             let limit = group_limit(step, members.len(), self.spec.options.concurrency);
             self.group = matches!(step, ChainStep::Task(_))
                 .not()
                 .then_some((ci, next));
-            failure = self.run_group(&members, limit);
+            let fail_fast = group_fail_fast(step, self.spec.options.fail_fast);
+            failure = self.run_group(&members, limit, fail_fast);
             next += members.len();
             if failure.is_some() {
                 break;
@@ -368,6 +389,19 @@ impl Supervisor {
         hook::run(&h, &leftovers, &mut |kind, fields| {
             let _ = events.append(kind, fields);
         });
+    }
+
+    /// Make the worktrees of a `worktree: true` group's members ([`crate::worktree::prepare`]).
+    fn make_worktrees(&mut self, members: &mut [FlatStep]) -> std::result::Result<(), String> {
+        let at = crate::worktree::Place {
+            run_id: &self.spec.run_id,
+            run_cwd: &self.spec.cwd,
+            worktrees_dir: &self.worktrees_dir,
+            profile: &self.spec.profile_dir,
+        };
+        let made = crate::worktree::prepare(&mut self.rec, members, &at);
+        self.writer.changed();
+        made
     }
 
     /// Create the run's chain directory before a chain's first step; a failure to do so is
@@ -504,9 +538,10 @@ impl Supervisor {
         Ok(members)
     }
 
-    /// After fan-out step `ci`'s members all completed: gather their answers, in item order,
-    /// as a JSON array (a structured member's value, else its text), check it against
-    /// `collect.outputSchema`, and store it as `{outputs.AS}`.
+    /// After fan-out step `ci`'s members all completed: gather them, in item order, as the
+    /// upstream does ([`chain::collected`]: one object per member with its key, item and
+    /// answer), check the array against `collect.outputSchema`, and store it as
+    /// `{outputs.AS}`.
     ///
     /// Errors: the run's failure message when the array does not validate.
     fn collect(
@@ -515,24 +550,34 @@ impl Supervisor {
         e: &spec::ExpandStep,
         members: &[FlatStep],
     ) -> std::result::Result<(), String> {
-        let array = serde_json::Value::Array(
-            members
-                .iter()
-                .map(|m| {
-                    self.rec.steps[m.index]
-                        .structured_output
-                        .clone()
-                        .unwrap_or_else(|| {
-                            serde_json::Value::String(
-                                self.handed
-                                    .get(&m.index)
-                                    .cloned()
-                                    .unwrap_or_else(|| self.final_text(m.index)),
-                            )
-                        })
-                })
-                .collect(),
-        );
+        let texts: Vec<String> = members
+            .iter()
+            .map(|m| {
+                self.handed
+                    .get(&m.index)
+                    .cloned()
+                    .unwrap_or_else(|| self.final_text(m.index))
+            })
+            .collect();
+        let null = serde_json::Value::Null;
+        let gathered: Vec<chain::Collected> = members
+            .iter()
+            .zip(&texts)
+            .enumerate()
+            .map(|(k, (m, text))| {
+                let s = &self.rec.steps[m.index];
+                chain::Collected {
+                    key: s.item_key.as_deref().unwrap_or_default(),
+                    index: k,
+                    item: self.items.get(&m.index).map(|(_, v)| v).unwrap_or(&null),
+                    agent: e.parallel.agent.as_deref(),
+                    text,
+                    structured: s.structured_output.as_ref(),
+                    output_path: s.output_path.as_deref(),
+                }
+            })
+            .collect();
+        let array = chain::collected(&gathered);
         if let Some(schema) = &e.collect.output_schema {
             structured::validate(schema, &array).map_err(|errs| {
                 format!(
@@ -612,15 +657,15 @@ impl Supervisor {
             .unwrap_or_default()
     }
 
-    /// Run one chain step's members with at most `limit` alive; returns the failure, if any.
-    fn run_group(&mut self, members: &[FlatStep], limit: usize) -> Option<String> {
+    /// Run one chain step's members with at most `limit` alive; with `fail_fast`, the first
+    /// failed member stops the others and no more start. Returns the failure, if any.
+    fn run_group(&mut self, members: &[FlatStep], limit: usize, fail_fast: bool) -> Option<String> {
         let mut queue: VecDeque<&FlatStep> = members.iter().collect();
         // A chain step of one task: when its child has exited nothing else of the run is alive,
         // so the step's own sweep takes the orphans too and no second sweep follows.
         self.sole_member = members.len() == 1;
         let mut failure: Option<String> = None;
         loop {
-            let fail_fast = self.spec.options.fail_fast;
             while self.stop.is_none()
                 && (failure.is_none() || !fail_fast)
                 && self.active.len() < limit
@@ -665,7 +710,7 @@ impl Supervisor {
                     }
                 }
             }
-            if failure.is_some() && self.spec.options.fail_fast {
+            if failure.is_some() && fail_fast {
                 queue.clear();
             }
         }
@@ -1175,6 +1220,7 @@ mod tests {
                 parallel: vec![],
                 concurrency,
                 worktree: false,
+                fail_fast: None,
             })
         };
         assert_eq!(group_limit(&task, 1, Some(4)), 1);
@@ -1182,5 +1228,31 @@ mod tests {
         assert_eq!(group_limit(&group(None), 5, Some(4)), 4);
         assert_eq!(group_limit(&group(None), 5, None), 5);
         assert_eq!(group_limit(&group(Some(0)), 5, None), 1, "at least one");
+    }
+
+    #[test]
+    fn a_groups_fail_fast_beats_the_runs() {
+        let group = |fail_fast| {
+            ChainStep::Parallel(spec::ParallelSpec {
+                parallel: vec![],
+                fail_fast,
+                ..Default::default()
+            })
+        };
+        let task = ChainStep::Task(spec::TaskSpec::default());
+        for run in [false, true] {
+            assert_eq!(group_fail_fast(&group(None), run), run);
+            assert_eq!(group_fail_fast(&task, run), run);
+            assert!(group_fail_fast(&group(Some(true)), run));
+            assert!(!group_fail_fast(&group(Some(false)), run));
+        }
+        let mut e: spec::ExpandStep = serde_json::from_value(serde_json::json!({
+            "expand": {"from": {"output": "t"}, "maxItems": 3},
+            "parallel": {"task": "x"}, "collect": {"as": "c"}, "failFast": true
+        }))
+        .unwrap();
+        assert!(group_fail_fast(&ChainStep::Expand(e.clone()), false));
+        e.fail_fast = None;
+        assert!(!group_fail_fast(&ChainStep::Expand(e), false));
     }
 }

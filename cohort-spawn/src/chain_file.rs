@@ -77,13 +77,14 @@ pub const TASK_KEYS: &[&str] = &[
     "count",
 ];
 /// Keys of a static parallel group.
-pub const GROUP_KEYS: &[&str] = &["parallel", "concurrency", "worktree"];
+pub const GROUP_KEYS: &[&str] = &["parallel", "concurrency", "worktree", "failFast"];
 /// Keys of a dynamic fan-out step.
 pub const EXPAND_STEP_KEYS: &[&str] = &[
     "expand",
     "parallel",
     "collect",
     "concurrency",
+    "failFast",
     "phase",
     "label",
 ];
@@ -699,6 +700,35 @@ mod tests {
     { "agent": "worker", "task": "Fix what these reviews found: {outputs.reviews}" }
   ]
 }"#;
+
+    #[test]
+    fn fail_fast_is_a_key_of_groups_and_fan_outs() {
+        let c = parse_json(
+            r#"{"chain": [
+  {"agent": "scout", "as": "t", "outputSchema": {"type": "array"}, "task": "x"},
+  {"parallel": [{"task": "a"}, {"task": "b", "label": "b"}], "failFast": true},
+  {"expand": {"from": {"output": "t"}}, "parallel": {"task": "{item}"},
+   "collect": {"as": "c"}, "failFast": false}
+]}"#,
+            "f",
+        )
+        .unwrap();
+        assert!(matches!(
+            &c.steps[1],
+            ChainStep::Parallel(p) if p.fail_fast == Some(true)
+        ));
+        assert!(matches!(
+            &c.steps[2],
+            ChainStep::Expand(e) if e.fail_fast == Some(false)
+        ));
+        let e = parse_json(
+            r#"{"chain": [{"parallel": [{"task": "a"}], "failFast": "yes"}]}"#,
+            "f",
+        )
+        .unwrap_err();
+        assert_eq!(e.line, 1);
+        assert!(e.message.contains("boolean"), "{}", e.message);
+    }
 
     #[test]
     fn the_upstream_shape_parses_with_its_fan_out() {

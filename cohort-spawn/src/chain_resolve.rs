@@ -8,7 +8,6 @@
 //! themselves, absolute cwds, skill paths in `piArgs`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use cohort_common::format::spec::{ChainStep, Setting, TaskSpec};
 use serde_json::Value;
@@ -52,7 +51,7 @@ fn resolve_step(step: &mut ChainStep, at: &Places) -> Result<(), String> {
                         t.label.as_deref().or(t.agent.as_deref()).unwrap_or("")
                     ));
                 }
-                in_git_work_tree(&run_cwd)?;
+                in_git_work_tree(&run_cwd, at.profile)?;
             }
             Ok(())
         }
@@ -163,23 +162,21 @@ fn find_skill(name: &str, at: &Places) -> Result<PathBuf, String> {
         })
 }
 
-/// Whether `dir` is inside a git work tree (`git rev-parse --is-inside-work-tree`).
-fn in_git_work_tree(dir: &Path) -> Result<(), String> {
-    let out = Command::new("git")
-        .args(["rev-parse", "--is-inside-work-tree"])
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .map_err(|e| format!("`worktree: true` needs git, which cannot be run: {e}"))?;
-    if out.status.success() && out.stdout.starts_with(b"true") {
-        Ok(())
-    } else {
-        Err(format!(
+/// Whether `dir` is inside a git work tree (`git rev-parse --show-toplevel`, with git's
+/// clean environment, [`cohort_common::os::git`]), and the setup hook pi-cohort's settings
+/// name, if any, is usable ([`cohort_common::worktree::load_setup_hook`]).
+fn in_git_work_tree(dir: &Path, profile: &Path) -> Result<(), String> {
+    let out = cohort_common::os::git::run(dir, &["rev-parse", "--show-toplevel"])
+        .map_err(|e| format!("`worktree: true` needs git: {e}"))?;
+    if !out.ok {
+        return Err(format!(
             "`worktree: true` needs the run's cwd in a git repository; {} is not in one",
             dir.display()
-        ))
+        ));
     }
+    let top = PathBuf::from(out.stdout.trim_end_matches('\n'));
+    cohort_common::worktree::load_setup_hook(profile, &top)?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -272,12 +269,19 @@ mod tests {
             e.1.contains("needs the run's cwd in a git repository"),
             "{e:?}"
         );
-        let git = Command::new("git")
+        let git = std::process::Command::new("git")
             .args(["init", "-q"])
             .current_dir(&run)
             .status();
         if git.is_ok_and(|s| s.success()) {
             resolve(&mut [group()], &at).unwrap();
+            // A setup hook pi-cohort's settings name must be usable.
+            let config = cohort_common::worktree::config_file(&profile);
+            std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+            std::fs::write(&config, r#"{"worktreeSetupHook":"setup.sh"}"#).unwrap();
+            let e = resolve(&mut [group()], &at).unwrap_err();
+            assert!(e.1.contains("config.json: `worktreeSetupHook`"), "{e:?}");
+            assert!(e.1.contains("bare name"), "{e:?}");
         }
     }
 }

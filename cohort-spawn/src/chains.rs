@@ -6,9 +6,9 @@
 //! has frontmatter `name`, `description` and optionally `package` (the chain is then run as
 //! `PACKAGE.NAME`), then one `## AGENT` section per step: `key: value` config lines right under
 //! the heading (keys as upstream, matched without regard to case: [`MD_STEP_KEYS`]), a blank
-//! line, the step's task. A `## parallel` section (config lines: `concurrency`, `worktree`)
-//! holds the members of a parallel group as `### AGENT` sections. An empty task is `{task}` in
-//! the first step and `{previous}` after it, as in pi-subagents' chains.
+//! line, the step's task. A `## parallel` section (config lines: `concurrency`, `worktree`,
+//! `failFast`) holds the members of a parallel group as `### AGENT` sections. An empty task is
+//! `{task}` in the first step and `{previous}` after it, as in pi-subagents' chains.
 //!
 //! [`parse_chain_md`] and [`resolve`] are pure; [`discover`] reads the directories.
 
@@ -311,14 +311,20 @@ fn parse_group(
     let head = &body[..members_at.first().copied().unwrap_or(body.len())];
     let mut concurrency = None;
     let mut worktree = false;
+    let mut fail_fast = None;
+    let flag = |n: usize, k: &str, v: &str| match v {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(TextError::at(
+            n,
+            format!("`{k}` is true or false, not {v:?}"),
+        )),
+    };
     for &(n, text) in head.iter().filter(|(_, l)| !l.trim().is_empty()) {
         match config_line(text) {
-            Some((k, v)) if k.eq_ignore_ascii_case("worktree") => {
-                worktree = match v {
-                    "true" => true,
-                    "false" => false,
-                    _ => return Err(TextError::at(n, format!("`worktree` is true or false, not {v:?}"))),
-                }
+            Some((k, v)) if k.eq_ignore_ascii_case("worktree") => worktree = flag(n, "worktree", v)?,
+            Some((k, v)) if k.eq_ignore_ascii_case("failFast") => {
+                fail_fast = Some(flag(n, "failFast", v)?)
             }
             Some(("concurrency", v)) => match v.parse::<usize>() {
                 Ok(c) if c >= 1 => concurrency = Some(c),
@@ -332,7 +338,7 @@ fn parse_group(
             _ => {
                 return Err(TextError::at(
                     n,
-                    "under `## parallel` only `concurrency: N`, `worktree: true` and `### AGENT` member sections may follow",
+                    "under `## parallel` only `concurrency: N`, `worktree: true`, `failFast: true` and `### AGENT` member sections may follow",
                 ))
             }
         }
@@ -362,6 +368,7 @@ fn parse_group(
         parallel,
         concurrency,
         worktree,
+        fail_fast,
     })
 }
 
@@ -702,7 +709,7 @@ Write an implementation plan based on {outputs.context}.\n";
         let c = parse_chain_md(
             "---\nname: fix\npackage: team\n---\n## worker\nOUTPUTMODE: file-only\noutput: out.md\n\
 outputSchema: schemas/s.json\nskills: lint, fmt\ncwd: sub\ncount: 2\nlabel: w\n\nDo it.\n\
-## parallel\nworktree: true\n\n### reviewer\ncount: 2\nreads: false\n\nReview.\n",
+## parallel\nworktree: true\nfailFast: true\n\n### reviewer\ncount: 2\nreads: false\n\nReview.\n",
         )
         .unwrap();
         assert_eq!(c.runtime_name(), "team.fix");
@@ -730,6 +737,7 @@ outputSchema: schemas/s.json\nskills: lint, fmt\ncwd: sub\ncount: 2\nlabel: w\n\
             panic!()
         };
         assert!(r.worktree);
+        assert_eq!(r.fail_fast, Some(true));
         assert_eq!(r.parallel.len(), 2);
         assert_eq!(r.parallel[0].label.as_deref(), Some("reviewer-0"));
         assert_eq!(r.parallel[0].reads, Some(Setting::Off));
@@ -768,6 +776,11 @@ outputSchema: schemas/s.json\nskills: lint, fmt\ncwd: sub\ncount: 2\nlabel: w\n\
                 "---\nname: x\n---\n## parallel\nworktree: 1\n### a\n",
                 5,
                 "`worktree`",
+            ),
+            (
+                "---\nname: x\n---\n## parallel\nfailfast: soon\n### a\n",
+                5,
+                "`failFast` is true or false",
             ),
             ("---\nname: x\npackage: a/b\n---\n## a\n", 3, "`package`"),
             (

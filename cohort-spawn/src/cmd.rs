@@ -209,14 +209,19 @@ exist), count (N copies as a parallel group, labelled L-0...), model (Pi --model
 the run-wide ones given after --).
 
 Keys of a group: parallel (the member tasks, non-empty), concurrency (most members alive at
-once; default --concurrency, else all), worktree (true: each member in its own git worktree;
-the cwd must be in a git repository).
+once; default --concurrency, else all), worktree (true: each member in its own git worktree
+of the cwd's repository, on the branch cohort/RUN/LABEL; the cwd must be in a git repository
+with no uncommitted change; the worktrees stay after the run: cohort-status RUN lists them,
+cohort-reap removes those without work), failFast (true: a failed member stops the others;
+false: they finish; default --fail-fast).
 
 Keys of a dynamic fan-out: expand ({from: {output: an earlier structured step's as, path: a
 JSON Pointer to a list}, item: the item's name in the template (default item), key: a JSON
 Pointer to each item's key, maxItems: default 20, a longer list fails the step, onEmpty: skip
 or fail}), parallel (the member template, a task object without as or count), collect ({as:
-the name of the members' answers in item order, outputSchema}), concurrency, phase, label.
+the name of the members' results in item order, one object each: key, index, item, agent,
+exitCode, text, structured, outputPath; outputSchema}), concurrency, failFast, phase,
+label.
 
 Unknown keys are an error naming the file and line, and so are acceptance and toolBudget
 (cohort does not enforce them), sessionFile (a chain starts new sessions: continue one with
@@ -252,7 +257,7 @@ project's .pi/chains/ (which wins; in one scope a .chain.json beats a .chain.md)
 runs it. A .chain.md has frontmatter name, description and package, then one "## AGENT" section
 per step (config lines: the keys of a task in CHAIN FILES, except agent and task, matched
 without regard to case; outputSchema is a path; a blank line; the task), and "## parallel"
-(config lines concurrency, worktree) with "### AGENT" members for a parallel group. {task} is
+(config lines concurrency, worktree, failFast) with "### AGENT" members for a parallel group. {task} is
 the TASK given after the chain, {previous} the previous step's answer."####;
 
 /// The man page's additions: the chain file format, exit codes (also in `--help`) and examples.
@@ -526,6 +531,7 @@ mod tests {
             parallel: vec![t.clone()],
             concurrency: Some(1),
             worktree: true,
+            fail_fast: Some(true),
         };
         for (v, known) in [
             (serde_json::to_value(&t).unwrap(), TASK_KEYS),

@@ -317,8 +317,12 @@ fn show(root: &StateRoot, ids: &[String], json: bool) -> anyhow::Result<u8> {
             .with_context(|| format!("cannot read run {}", found.id))?;
         if json {
             let children = listing::descendants(root, &obs.record)?;
-            let row = Row::new(found.id.clone(), found.origin.clone(), Ok(obs));
-            let mut text = render::json_line(&row);
+            let worktrees = |line| crate::worktrees::add_to_json_line(line, &obs.record);
+            let mut text = worktrees(render::json_line(&Row::new(
+                found.id.clone(),
+                found.origin.clone(),
+                Ok(obs.clone()),
+            )));
             text.push('\n');
             for c in &children {
                 text.push_str(&render::json_line(c));

@@ -7,6 +7,7 @@
 //!   and `--json` lines;
 //! - [`follow`]: `--follow`, a `tail -f` of a run's output logs;
 //! - [`watch`]: sleeping until a run directory changes (inotify), for `--pid` on a starting run;
+//! - [`worktrees`]: the worktrees of a run in its single view, with whether they hold work;
 //! - [`check`]: the cron check;
 //! - [`doctor`]: the installation report;
 //! - [`backends`]: the doctor's backend section (every backend's probe);
@@ -30,3 +31,4 @@ pub mod listing;
 pub mod logind;
 pub mod render;
 pub mod watch;
+pub mod worktrees;

@@ -545,6 +545,7 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
             s.push_str(&format!("      | {}\n", untrusted(l)));
         }
     }
+    s.push_str(&crate::worktrees::section(r));
     if !children.is_empty() {
         s.push_str("nested runs:\n");
         for c in children {

@@ -152,6 +152,12 @@ impl StateRoot {
         self.root.join(RUNS_DIR)
     }
 
+    /// `R/worktrees`: where the worktrees of `worktree: true` groups live, one directory per
+    /// run (`R/worktrees/<run-id>/<name>`).
+    pub fn worktrees_dir(&self) -> PathBuf {
+        self.root.join(crate::worktree::WORKTREES_DIR)
+    }
+
     /// `R/nested-subagent-runs`.
     pub fn nested_root(&self) -> PathBuf {
         self.root.join(NESTED_RUNS_DIR)

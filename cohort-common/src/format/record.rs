@@ -374,6 +374,10 @@ pub struct StepRecord {
     /// records written before the field existed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub attempted_models: Vec<ModelAttempt>,
+    /// For a member of a `worktree: true` group, the git worktree it ran in (made by the
+    /// runner before the group started; it outlives the run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worktree: Option<crate::worktree::WorktreeRef>,
 }
 
 /// One attempt of a step at one model (`steps[].attemptedModels[]`).

@@ -269,11 +269,15 @@ pub struct ParallelSpec {
     /// (spawn refuses it when the cwd is not in a git repository).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub worktree: bool,
+    /// `failFast`: `true`, the first failed member stops the group's other members and starts
+    /// no more; `false`, they run to their end; absent: the run's `--fail-fast`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_fast: Option<bool>,
 }
 
 /// A dynamic fan-out step (the upstream's `expand` / `parallel` template / `collect`): an
 /// earlier structured answer's list becomes one parallel member per item, each from
-/// [`ExpandStep::parallel`] with the item filled in; the members' answers are collected in item
+/// [`ExpandStep::parallel`] with the item filled in; the members' results are collected in item
 /// order under [`CollectSpec::as_name`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -283,7 +287,7 @@ pub struct ExpandStep {
     /// The member template: a task whose `task` and `label` may use `{ITEM}` and
     /// `{ITEM.a.b}` (ITEM is [`ExpandSpec::item`]). It has no `as`; spawn checks it.
     pub parallel: TaskSpec,
-    /// Where the members' answers go.
+    /// Where the members' results go.
     pub collect: CollectSpec,
     /// Most members alive at once (default: the run's `--concurrency`, else all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -294,6 +298,9 @@ pub struct ExpandStep {
     /// `label` of the step (display only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
+    /// `failFast` of the members, as [`ParallelSpec::fail_fast`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_fast: Option<bool>,
 }
 
 /// `expand` of an [`ExpandStep`].
@@ -353,8 +360,9 @@ pub enum OnEmpty {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CollectSpec {
-    /// The name the JSON array of the members' answers (in item order) is known by in
-    /// `{outputs.NAME}` (syntax [`OUTPUT_NAME_SYNTAX`], unique among the chain's names).
+    /// The name the JSON array of the members' results (in item order, one object each with
+    /// their key, item and answer: `docs/chain.md`) is known by in `{outputs.NAME}` (syntax
+    /// [`OUTPUT_NAME_SYNTAX`], unique among the chain's names).
     #[serde(rename = "as")]
     pub as_name: String,
     /// A JSON Schema the collected array must satisfy (in the launch spec always the schema
@@ -605,10 +613,15 @@ mod tests {
         assert_eq!(e.collect.as_name, "reviews");
         assert!(flatten(&chain).0.is_empty());
         let group: ChainStep =
-            serde_json::from_str(r#"{"parallel":[{"task":"a"}],"worktree":true}"#).unwrap();
+            serde_json::from_str(r#"{"parallel":[{"task":"a"}],"worktree":true,"failFast":true}"#)
+                .unwrap();
         assert!(matches!(
             group,
-            ChainStep::Parallel(ParallelSpec { worktree: true, .. })
+            ChainStep::Parallel(ParallelSpec {
+                worktree: true,
+                fail_fast: Some(true),
+                ..
+            })
         ));
     }
 

@@ -5,10 +5,12 @@
 //!   symlink nor block on a FIFO, rename without replace, the directory lister;
 //! - [`lock`]: the runner lock (liveness by flock) and the one lock-with-deadline helper;
 //! - [`tree`]: measuring and deleting a directory tree without following a symlink;
+//! - [`git`]: git as a subprocess, with a clean environment and a deadline;
 //!
 //! Nothing here knows what a run is; the layers above ([`crate::format`](mod@crate::format), [`crate::store`])
 //! and the programs build on these.
 
 pub mod files;
+pub mod git;
 pub mod lock;
 pub mod tree;

@@ -182,6 +182,7 @@ pub(super) fn parallel(args: &Args) -> anyhow::Result<Built> {
         parallel: members,
         concurrency: None,
         worktree: false,
+        fail_fast: None,
     });
     Ok(Built::from_args(args, vec![group], RunMode::Parallel))
 }

@@ -307,10 +307,17 @@ fn a_fanout_runs_one_member_per_item_and_collects_in_order() {
     );
     assert_eq!(rec["steps"][2]["dynamicGroup"], "expand:step");
     assert_eq!(rec["steps"][2]["itemKey"], "f1.rs");
-    assert_eq!(
-        task_of(&env, &id, 4),
-        r#"Fix ["R-f0.rs-r0","R-f1.rs-r1","R-f2.rs-r2"]"#
-    );
+    // Collected as the upstream gathers: one object per member, in item order.
+    let task = task_of(&env, &id, 4);
+    let collected: Value = serde_json::from_str(task.strip_prefix("Fix ").unwrap()).unwrap();
+    let want: Vec<Value> = (0..3)
+        .map(|i| {
+            json!({"key": format!("f{i}.rs"), "index": i,
+                   "item": {"path": format!("f{i}.rs"), "reason": format!("r{i}")},
+                   "agent": null, "exitCode": 0, "text": format!("R-f{i}.rs-r{i}")})
+        })
+        .collect();
+    assert_eq!(collected, Value::Array(want), "{task}");
     let shown = stdout(&env.run("cohort-status", &[&id]));
     assert!(
         shown.contains("parallel group expand:step (chain step 1): steps 1-3"),
@@ -331,4 +338,61 @@ fn a_fanout_over_more_than_its_max_is_refused_not_truncated() {
     // No member ran: the record has the first step and the worker only.
     assert_eq!(statuses(&rec), ["complete", "stopped"]);
     assert_eq!(env.server.requests().len(), 1);
+}
+
+#[test]
+fn a_groups_fail_fast_stops_its_siblings_without_the_run_flag() {
+    let env = TestEnv::new();
+    // The `.chain.md` form: `failFast: true` under `## parallel`.
+    let file = chain_file(
+        &env,
+        "ff.chain.md",
+        "---\nname: ff\n---\n## parallel\nfailFast: true\n\n\
+### worker\nlabel: slow1\nmodel: fake/slow\n\nslow one\n\n\
+### worker\nlabel: broken\nmodel: fake/err400\n\nbroken\n\n\
+### worker\nlabel: slow2\nmodel: fake/slow\n\nslow two\n\n\
+## worker\nlabel: after\nmodel: fake/plain\n\nnever runs {previous}\n",
+    );
+    let id = env.spawn(&["--chain", file.to_str().unwrap(), "--grace", "2s"]);
+    let rec = env.wait_terminal(&id, 60);
+    assert_eq!(rec["state"], "failed", "{rec:#}");
+    assert_eq!(
+        statuses(&rec),
+        ["stopped", "failed", "stopped", "stopped"],
+        "{rec:#}"
+    );
+    assert!(
+        rec["steps"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("the group's failFast"),
+        "{rec:#}"
+    );
+}
+
+#[test]
+fn a_groups_fail_fast_false_lets_its_members_finish_under_the_run_flag() {
+    let env = TestEnv::new();
+    let file = chain_file(
+        &env,
+        "ff.json",
+        r#"{"chain": [
+  {"parallel": [
+     {"task": "one", "model": "fake/plain", "label": "one"},
+     {"task": "broken", "model": "fake/err400", "label": "broken"},
+     {"task": "two", "model": "fake/plain", "label": "two"}],
+   "concurrency": 1, "failFast": false},
+  {"task": "never runs {previous}", "model": "fake/plain", "label": "after"}
+]}"#,
+    );
+    let id = env.spawn(&["--chain", file.to_str().unwrap(), "--fail-fast"]);
+    let rec = env.wait_terminal(&id, 60);
+    assert_eq!(rec["state"], "failed", "{rec:#}");
+    // With one member at a time, `two` starts only after `broken` failed: the group's
+    // `failFast: false` beats `--fail-fast`.
+    assert_eq!(
+        statuses(&rec),
+        ["complete", "failed", "complete", "stopped"],
+        "{rec:#}"
+    );
 }

@@ -1,0 +1,397 @@
+//! The git worktrees of `worktree: true` parallel groups (`docs/chain.md`, "Worktrees"): what
+//! a step's record keeps about its worktree, where worktrees live, the setup hook setting, and
+//! the look at a worktree that `cohort-status` shows and `cohort-reap` decides by.
+//!
+//! The runner makes the worktrees (`cohort-runner/src/worktree.rs`); they outlive the run.
+//! Status lists them; reap removes a reaped run's worktree and branch only when
+//! [`removable`] says so. All git commands go through [`crate::os::git`].
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::os::git;
+
+/// The directory of the state root under which worktrees live: `R/worktrees/<run-id>/<name>`.
+pub const WORKTREES_DIR: &str = "worktrees";
+
+/// The prefix of every worktree branch: `cohort/<run-id>/<name>`.
+pub const BRANCH_PREFIX: &str = "cohort/";
+
+/// A member's worktree as its step record keeps it (`steps[].worktree`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct WorktreeRef {
+    /// The worktree's directory (`R/worktrees/<run-id>/<name>`).
+    pub path: PathBuf,
+    /// Its branch, `cohort/<run-id>/<name>`.
+    pub branch: String,
+    /// The top level of the repository it was made from (where `git worktree` and
+    /// `git branch` are run to remove it).
+    pub repo: PathBuf,
+    /// The commit it was made at (the repository's `HEAD` then).
+    pub base_commit: String,
+    /// Paths the setup hook declared as its own helpers (relative to the worktree): they do
+    /// not count as changes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub synthetic_paths: Vec<String>,
+}
+
+/// What a look at a worktree found.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorktreeState {
+    /// Whether its directory is still a git worktree.
+    pub present: bool,
+    /// Whether its branch still exists.
+    pub branch_present: bool,
+    /// Uncommitted changes (paths from `git status`, untracked files included, the setup
+    /// hook's synthetic paths not).
+    pub uncommitted: Vec<String>,
+    /// Commits on its branch or at its `HEAD` that are on no other branch (local or remote)
+    /// and are not the commit it was made at or its ancestors.
+    pub unmerged_commits: u64,
+}
+
+impl WorktreeState {
+    /// Whether it holds work: uncommitted changes or commits on no other branch.
+    pub fn has_changes(&self) -> bool {
+        !self.uncommitted.is_empty() || self.unmerged_commits > 0
+    }
+
+    /// A short description: `clean`, `missing`, or what it holds.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.present {
+            parts.push("worktree missing".to_string());
+        }
+        if !self.uncommitted.is_empty() {
+            parts.push(format!("{} uncommitted changes", self.uncommitted.len()));
+        }
+        if self.unmerged_commits > 0 {
+            parts.push(format!(
+                "{} commits on no other branch",
+                self.unmerged_commits
+            ));
+        }
+        if parts.is_empty() {
+            "clean".into()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+/// Whether `path` (a porcelain path, relative to the worktree) is one of `synthetic`, or lies
+/// under one (pure).
+pub fn is_synthetic(path: &str, synthetic: &[String]) -> bool {
+    let path = path.trim_end_matches('/');
+    synthetic.iter().any(|s| {
+        let s = s.trim_end_matches('/');
+        path == s || path.strip_prefix(s).is_some_and(|r| r.starts_with('/'))
+    })
+}
+
+/// Whether `w` is named as the runner names the worktrees of run `run_id` (pure): its path is
+/// `<worktrees_dir>/<run_id>/<name>` and its branch `cohort/<run_id>/<name>`, with one plain
+/// NAME. A record is written by the runner, but a step's tools can write in the run directory
+/// too; reap acts only on worktrees named for the run, so a forged record cannot point it at
+/// another checkout or branch.
+pub fn named_for(w: &WorktreeRef, worktrees_dir: &Path, run_id: &str) -> bool {
+    let Some(name) = w
+        .branch
+        .strip_prefix(BRANCH_PREFIX)
+        .and_then(|b| b.strip_prefix(run_id))
+        .and_then(|b| b.strip_prefix('/'))
+    else {
+        return false;
+    };
+    let plain = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    plain && w.path == worktrees_dir.join(run_id).join(name)
+}
+
+/// Whether reap may remove a worktree in `state` (pure): only when it holds no uncommitted
+/// change and no commit that is on no other branch. Errors: why it is kept.
+pub fn removable(state: &WorktreeState) -> Result<(), String> {
+    if state.has_changes() {
+        Err(format!("it holds work: {}", state.describe()))
+    } else {
+        Ok(())
+    }
+}
+
+/// Look at the worktree `w` (git, read-only).
+///
+/// Errors: git cannot be run or its repository cannot be read (a one-line reason).
+pub fn inspect(w: &WorktreeRef) -> Result<WorktreeState, String> {
+    let mut state = WorktreeState::default();
+    let branch_ref = format!("refs/heads/{}", w.branch);
+    state.branch_present = git::run(&w.repo, &["rev-parse", "--verify", "-q", &branch_ref])?.ok;
+    let mut tips = Vec::new();
+    if state.branch_present {
+        tips.push(branch_ref.clone());
+    }
+    if w.path.is_dir() {
+        let top = git::run(&w.path, &["rev-parse", "--show-toplevel"])?;
+        state.present = top.ok
+            && std::fs::canonicalize(top.stdout.trim_end_matches('\n')).ok()
+                == std::fs::canonicalize(&w.path).ok();
+    }
+    if state.present {
+        let status = git::answer(
+            &w.path,
+            &["status", "--porcelain=v1", "-z", "--untracked-files=all"],
+        )?;
+        state.uncommitted = git::porcelain_paths(&status)
+            .into_iter()
+            .filter(|p| !is_synthetic(p, &w.synthetic_paths))
+            .collect();
+        if let Ok(head) = git::answer(&w.path, &["rev-parse", "--verify", "-q", "HEAD"]) {
+            tips.push(head);
+        }
+    }
+    if !tips.is_empty() {
+        let exclude = format!("--exclude={}", w.branch);
+        let base = git::run(&w.repo, &["rev-parse", "--verify", "-q", &w.base_commit])?;
+        let mut args = vec!["rev-list", "--count"];
+        args.extend(tips.iter().map(String::as_str));
+        args.push("--not");
+        let base_arg = base.stdout.trim().to_string();
+        if base.ok {
+            args.push(&base_arg);
+        }
+        args.extend([exclude.as_str(), "--branches", "--remotes"]);
+        let count = git::answer(&w.repo, &args)?;
+        state.unmerged_commits = count.trim().parse().unwrap_or(0);
+    }
+    Ok(state)
+}
+
+/// Remove the worktree `w` and its branch (`git worktree remove --force`, `git branch -D`,
+/// `git worktree prune`), after [`removable`] said it may go. A worktree or branch already
+/// gone is not an error.
+///
+/// Errors: git's message when a removal failed.
+pub fn remove(w: &WorktreeRef) -> Result<(), String> {
+    let path = w.path.to_string_lossy();
+    if w.path.exists() {
+        let out = git::run(&w.repo, &["worktree", "remove", "--force", &path])?;
+        if !out.ok && w.path.exists() {
+            return Err(format!("git worktree remove {path}: {}", out.message()));
+        }
+    }
+    let _ = git::run(&w.repo, &["worktree", "prune"]);
+    let branch_ref = format!("refs/heads/{}", w.branch);
+    if git::run(&w.repo, &["rev-parse", "--verify", "-q", &branch_ref])?.ok {
+        let out = git::run(&w.repo, &["branch", "-D", &w.branch])?;
+        if !out.ok {
+            return Err(format!("git branch -D {}: {}", w.branch, out.message()));
+        }
+    }
+    if let Some(parent) = w.path.parent() {
+        // The run's directory of worktrees, once its last worktree is gone.
+        let _ = std::fs::remove_dir(parent);
+    }
+    Ok(())
+}
+
+/// The file pi-cohort keeps its settings in, which cohort reads the setup hook from:
+/// `<profile>/extensions/pi-cohort/config.json`.
+pub fn config_file(profile: &Path) -> PathBuf {
+    profile
+        .join("extensions")
+        .join("pi-cohort")
+        .join("config.json")
+}
+
+/// The default of `worktreeSetupHookTimeoutMs`: 30 s.
+pub const DEFAULT_SETUP_HOOK_TIMEOUT_MS: u64 = 30_000;
+
+/// The worktree setup hook: a program run once per worktree (`worktreeSetupHook`,
+/// `worktreeSetupHookTimeoutMs` in [`config_file`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetupHook {
+    /// The program, absolute.
+    pub path: PathBuf,
+    /// How long it may run, ms.
+    pub timeout_ms: u64,
+}
+
+/// The setup hook of the settings in `config` (the text of [`config_file`]; absent: no
+/// settings), its path resolved (pure but for the check that it is a file): an absolute path,
+/// `~/…` against `home`, or a path with a `/` against `repo`; a bare name is refused.
+///
+/// Errors: one line naming the setting and what is wrong (not JSON, not an object, a value of
+/// the wrong type, a bare name, no such file).
+pub fn setup_hook(
+    config: Option<&str>,
+    repo: &Path,
+    home: Option<&Path>,
+) -> Result<Option<SetupHook>, String> {
+    let Some(text) = config else { return Ok(None) };
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    let obj = v.as_object().ok_or("not a JSON object")?;
+    let Some(hook) = obj.get("worktreeSetupHook") else {
+        return Ok(None);
+    };
+    let hook = hook
+        .as_str()
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .ok_or("`worktreeSetupHook` is a non-empty string (a path)")?;
+    let timeout_ms = match obj.get("worktreeSetupHookTimeoutMs") {
+        None => DEFAULT_SETUP_HOOK_TIMEOUT_MS,
+        Some(t) => t
+            .as_u64()
+            .filter(|t| *t > 0)
+            .ok_or("`worktreeSetupHookTimeoutMs` is a whole number of ms above 0")?,
+    };
+    let path = if let Some(rest) = hook.strip_prefix("~/") {
+        home.ok_or("`worktreeSetupHook` starts with ~/ but HOME is not set")?
+            .join(rest)
+    } else if Path::new(hook).is_absolute() {
+        PathBuf::from(hook)
+    } else if hook.contains('/') {
+        repo.join(hook)
+    } else {
+        return Err(format!(
+            "`worktreeSetupHook` {hook:?} is a bare name: give an absolute path, ~/PATH, or a path relative to the repository (./{hook})"
+        ));
+    };
+    if !path.is_file() {
+        return Err(format!(
+            "`worktreeSetupHook`: {} is not a file",
+            path.display()
+        ));
+    }
+    Ok(Some(SetupHook { path, timeout_ms }))
+}
+
+/// Read [`config_file`] of `profile` and return its setup hook ([`setup_hook`]).
+///
+/// Errors: one line naming the file (it cannot be read, or [`setup_hook`] refused it).
+pub fn load_setup_hook(profile: &Path, repo: &Path) -> Result<Option<SetupHook>, String> {
+    let file = config_file(profile);
+    let text = if std::fs::symlink_metadata(&file).is_err() {
+        None
+    } else {
+        let bytes = crate::os::files::read_regular(&file).map_err(|e| e.to_string())?;
+        Some(String::from_utf8_lossy(&bytes).into_owned())
+    };
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    setup_hook(text.as_deref(), repo, home.as_deref())
+        .map_err(|m| format!("{}: {m}", file.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_paths_and_what_lies_under_them_are_not_changes() {
+        let s = vec![".venv".to_string(), "node_modules/".to_string()];
+        assert!(is_synthetic(".venv", &s));
+        assert!(is_synthetic(".venv/bin/python", &s));
+        assert!(is_synthetic("node_modules", &s));
+        assert!(!is_synthetic(".venvx", &s));
+        assert!(!is_synthetic("src/.venv", &s));
+    }
+
+    #[test]
+    fn only_worktrees_named_for_the_run_are_its_own() {
+        let dir = Path::new("/r/worktrees");
+        let w = |path: &str, branch: &str| WorktreeRef {
+            path: path.into(),
+            branch: branch.into(),
+            ..Default::default()
+        };
+        assert!(named_for(
+            &w("/r/worktrees/id/a-1", "cohort/id/a-1"),
+            dir,
+            "id"
+        ));
+        for (path, branch) in [
+            ("/r/worktrees/id/a", "cohort/other/a"),
+            ("/r/worktrees/id/a", "cohort/id/b"),
+            ("/home/u/src/app", "cohort/id/app"),
+            ("/r/worktrees/id/../x", "cohort/id/../x"),
+            ("/r/worktrees/id/a", "main"),
+            ("/r/worktrees/id/", "cohort/id/"),
+        ] {
+            assert!(!named_for(&w(path, branch), dir, "id"), "{path} {branch}");
+        }
+    }
+
+    #[test]
+    fn only_a_worktree_without_work_may_go() {
+        let clean = WorktreeState {
+            present: true,
+            branch_present: true,
+            ..Default::default()
+        };
+        assert!(removable(&clean).is_ok());
+        assert_eq!(clean.describe(), "clean");
+        let dirty = WorktreeState {
+            uncommitted: vec!["a".into()],
+            ..clean.clone()
+        };
+        assert!(removable(&dirty).unwrap_err().contains("1 uncommitted"));
+        let ahead = WorktreeState {
+            unmerged_commits: 2,
+            ..clean.clone()
+        };
+        assert!(removable(&ahead)
+            .unwrap_err()
+            .contains("2 commits on no other branch"));
+        let gone = WorktreeState::default();
+        assert!(removable(&gone).is_ok(), "nothing left holds work");
+    }
+
+    #[test]
+    fn the_setup_hook_setting_is_resolved_or_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let repo = d.path();
+        std::fs::create_dir(repo.join("scripts")).unwrap();
+        std::fs::write(repo.join("scripts/setup"), "#!/bin/sh\n").unwrap();
+        let home = repo.join("home");
+        std::fs::create_dir_all(home.join("bin")).unwrap();
+        std::fs::write(home.join("bin/h"), "").unwrap();
+        let hook = |t: &str| setup_hook(Some(t), repo, Some(&home));
+        assert_eq!(setup_hook(None, repo, None), Ok(None));
+        assert_eq!(hook("{}"), Ok(None));
+        assert_eq!(
+            hook(r#"{"worktreeSetupHook":"./scripts/setup"}"#),
+            Ok(Some(SetupHook {
+                path: repo.join("./scripts/setup"),
+                timeout_ms: 30_000
+            }))
+        );
+        assert_eq!(
+            hook(r#"{"worktreeSetupHook":"~/bin/h","worktreeSetupHookTimeoutMs":45000}"#)
+                .unwrap()
+                .unwrap(),
+            SetupHook {
+                path: home.join("bin/h"),
+                timeout_ms: 45_000
+            }
+        );
+        for (bad, says) in [
+            ("[]", "not a JSON object"),
+            ("{", "not JSON"),
+            (r#"{"worktreeSetupHook":"setup"}"#, "bare name"),
+            (r#"{"worktreeSetupHook":"./nope"}"#, "is not a file"),
+            (r#"{"worktreeSetupHook":"./scripts"}"#, "is not a file"),
+            (
+                r#"{"worktreeSetupHook":"./scripts/setup","worktreeSetupHookTimeoutMs":0}"#,
+                "above 0",
+            ),
+            (r#"{"worktreeSetupHook":7}"#, "non-empty string"),
+        ] {
+            let e = hook(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+}
