@@ -327,10 +327,21 @@ fn show(root: &StateRoot, ids: &[String], json: bool) -> anyhow::Result<u8> {
             cli::out(&text)?;
         } else {
             let children = listing::descendants(root, &obs.record)?;
-            cli::out(&render::show(&found.dir, &found.origin, &obs, &children))?;
+            cli::out(&crate::view::show(
+                &found.dir,
+                &found.origin,
+                &obs,
+                &children,
+                &session_on_disk,
+            ))?;
         }
     }
     Ok(exit::SUCCESS)
+}
+
+/// Whether a step's session file exists as a regular file (a link is not followed).
+fn session_on_disk(path: &std::path::Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file())
 }
 
 fn list(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {

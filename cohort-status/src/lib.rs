@@ -3,8 +3,8 @@
 //!
 //! - [`cmd`]: the command line, the [`cmd::Mode`] it asks for, and what each mode does;
 //! - [`listing`]: which runs a listing shows, read through the store's index;
-//! - [`render`]: the table (its columns, rendered by `cohort_cli::table`), the single-run view
-//!   and `--json` lines;
+//! - [`render`]: the table (its columns, rendered by `cohort_cli::table`) and `--json` lines;
+//! - [`view`]: the single-run view, one function per section;
 //! - [`follow`]: `--follow`, a `tail -f` of a run's output logs;
 //! - [`watch`]: sleeping until a run directory changes (inotify), for `--pid` on a starting run;
 //! - [`check`]: the cron check;
@@ -29,4 +29,5 @@ pub mod limits;
 pub mod listing;
 pub mod logind;
 pub mod render;
+pub mod view;
 pub mod watch;
