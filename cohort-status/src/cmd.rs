@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use cohort_cli::complete::ArgValueCompleter;
 use cohort_cli::text;
 use cohort_cli::{self as cli, duration};
 use cohort_common::backend;
@@ -33,6 +34,7 @@ use crate::{check, doctor, follow};
 #[command(version, after_help = cli::exit_codes_help(MAN.exit_codes))]
 pub struct Args {
     /// Runs to show or wait on (full id, short id, or a unique prefix of 8+ characters).
+    #[arg(value_name = "RUN", add = ArgValueCompleter::new(cli::complete::run_ids))]
     ids: Vec<String>,
     /// Print JSON Lines (one object per run, or per problem with --check) instead of text.
     #[arg(long)]
@@ -41,7 +43,7 @@ pub struct Args {
     #[arg(long)]
     wait: bool,
     /// With --wait: give up after this long (exit 124).
-    #[arg(long, value_parser = duration::parse_positive, allow_hyphen_values = true, requires = "wait")]
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_positive, allow_hyphen_values = true, requires = "wait")]
     timeout: Option<Duration>,
     /// Stream a run's output logs live, like `tail -f`; exit 0 if it completes, 1 otherwise.
     #[arg(long, conflicts_with_all = ["wait", "output", "pid", "check", "doctor"])]
@@ -51,7 +53,7 @@ pub struct Args {
     #[arg(long)]
     output: bool,
     /// With --output: the flat step index.
-    #[arg(long, requires = "output")]
+    #[arg(long, value_name = "N", requires = "output")]
     step: Option<usize>,
     /// Print the runner's pid, after checking it is still that runner (for `kill`); waits up to
     /// 10 s for a run that is still starting. A Slurm run has no local pid: exit 1 with the
@@ -63,10 +65,10 @@ pub struct Args {
     state: Vec<RunState>,
     /// List only runs started within this long (e.g. 2h, 3d); with --check, the window for
     /// failures (default 24h).
-    #[arg(long, value_parser = duration::parse, allow_hyphen_values = true)]
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, allow_hyphen_values = true)]
     since: Option<Duration>,
     /// List at most this many runs, newest first (0: all).
-    #[arg(long, default_value_t = 50, value_parser = parse_limit, allow_hyphen_values = true)]
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = parse_limit, allow_hyphen_values = true)]
     limit: usize,
     /// Include nested runs and legacy (pi-subagents) runs in the listing.
     #[arg(long)]

@@ -17,6 +17,7 @@ mod agents;
 mod bad_input;
 mod chain_runner;
 mod chains;
+mod completion;
 mod engines;
 mod faults;
 mod foundation;
