@@ -6,7 +6,9 @@
 //! - [`render`]: the table (its columns, rendered by `cohort_cli::table`) and `--json` lines;
 //! - [`view`]: the single-run view, one function per section;
 //! - [`follow`]: `--follow`, a `tail -f` of a run's output logs;
-//! - [`watch`]: sleeping until a run directory changes (inotify), for `--pid` on a starting run;
+//! - [`live`]: `--watch`, the table or one run's view redrawn in place as runs change;
+//! - [`watch`]: sleeping until a run directory changes (inotify, or a slow poll), for `--pid`
+//!   on a starting run and for `--watch`;
 //! - [`check`]: the cron check;
 //! - [`doctor`]: the installation report;
 //! - [`backends`]: the doctor's backend section (every backend's probe);
@@ -27,6 +29,7 @@ pub use cohort_common::identity::engines;
 pub mod follow;
 pub mod limits;
 pub mod listing;
+pub mod live;
 pub mod logind;
 pub mod render;
 pub mod view;

@@ -241,6 +241,40 @@ pub fn table(rows: &[Row], colour: bool) -> String {
     Table::new(&columns(), CellText::Untrusted).render(&listed, colour)
 }
 
+/// The table of `--watch` (pure but for the clock): [`table`]'s columns without colour, and
+/// under each run one line per running step, `[i] LABEL  ELAPSED  turns=N tools=N tokens=N`
+/// (escaped, as every cell is).
+pub fn live_table(rows: &[Row]) -> String {
+    let now = Now::current();
+    let listed: Vec<Listed> = rows.iter().map(|row| Listed { row, now: &now }).collect();
+    Table::new(&columns(), CellText::Untrusted)
+        .with_notes(running_steps)
+        .render(&listed, false)
+}
+
+/// One line per running step of a listed run (pure over the table's `now`).
+fn running_steps(l: &Listed) -> Vec<String> {
+    let Ok(o) = &l.row.observed else {
+        return Vec::new();
+    };
+    o.record
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.status == StepStatus::Running)
+        .map(|(i, s)| {
+            let elapsed = s
+                .started_at
+                .map(|a| duration::human(l.now.wall_ms.saturating_sub(a)))
+                .unwrap_or_else(|| "-".into());
+            format!(
+                "[{i}] {}  {elapsed}  turns={} tools={} tokens={}",
+                s.label, s.turn_count, s.tool_count, s.usage.total_tokens
+            )
+        })
+        .collect()
+}
+
 /// The agent step `s` runs as (pure): the name in its `agentSource`; for a record cohort did
 /// not write (`foreign`: pi-subagents' or pi-cohort's, which always run an agent and name it in
 /// the step's `agent` key), that name; `None` for a bare task. The table's AGENT column and
