@@ -4,7 +4,8 @@
 //! What is shown is read again when a watched directory changes ([`crate::watch::Waiter`]:
 //! inotify on the runs directory and on the directory of every run shown that has not ended;
 //! a record write is a rename into the run's directory, and a runner's end closes its lock
-//! file), at most every [`MIN_REREAD`], and every [`SLOW_POLL`] where inotify is unavailable.
+//! file), at most every [`MIN_REREAD`], and every [`SLOW_POLL`] where inotify is unavailable
+//! (or the runs directory does not exist yet).
 //! Between reads the screen is redrawn every [`TICK`] from what was read, so each running
 //! step's elapsed time moves on (its turns and tokens come with the record).
 //!

@@ -345,6 +345,43 @@ mod tests {
     }
 
     #[test]
+    fn the_poll_waiter_reports_a_possible_change_each_interval_until_the_deadline() {
+        let t = Instant::now();
+        let wake = Waiter::Poll
+            .wait_for(t + Duration::from_secs(60), None, Duration::from_millis(20))
+            .unwrap();
+        assert_eq!(wake, Wake::Changed);
+        assert!(t.elapsed() < Duration::from_secs(5));
+        let wake = Waiter::Poll
+            .wait_for(Instant::now(), None, Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(wake, Wake::Deadline);
+    }
+
+    #[test]
+    fn a_second_watched_directory_wakes_the_waiter_too() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let w = Waiter::new(a.path()).unwrap();
+        w.add(b.path());
+        let soon = || Instant::now() + Duration::from_millis(20);
+        assert_eq!(
+            w.wait_for(soon(), None, POLL_FALLBACK).unwrap(),
+            Wake::Deadline
+        );
+        std::fs::create_dir(b.path().join("new-run")).unwrap();
+        let later = Instant::now() + Duration::from_secs(10);
+        assert_eq!(
+            w.wait_for(later, None, POLL_FALLBACK).unwrap(),
+            Wake::Changed
+        );
+        // What woke it was consumed: the next wait sleeps to its deadline.
+        assert_eq!(
+            w.wait_for(soon(), None, POLL_FALLBACK).unwrap(),
+            Wake::Deadline
+        );
+    }
+
+    #[test]
     fn a_rename_into_the_directory_wakes_the_waiter_and_silence_times_out() {
         let d = tempfile::tempdir().unwrap();
         let w = DirWatch::new(d.path()).unwrap();
