@@ -18,6 +18,7 @@ use std::process::ExitCode;
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 
+pub mod complete;
 pub mod duration;
 pub mod table;
 pub mod text;
@@ -35,15 +36,17 @@ pub enum Operands {
     Tasks,
 }
 
-/// The whole `main` of a cohort binary: parse the command line into `A` ([`parse_args`]), call
-/// `run` with it, and map its result to the exit code: `Ok(code)` exits `code`; an error is
-/// printed once, on one line of stderr, and exits with its code ([`fail`]), a closed stdout
-/// exiting 0.
+/// The whole `main` of a cohort binary: answer a shell's completion request and exit
+/// ([`complete`]: `COMPLETE=<shell>` set), else parse the command line into `A`
+/// ([`parse_args`]), call `run` with it, and map its result to the exit code: `Ok(code)` exits
+/// `code`; an error is printed once, on one line of stderr, and exits with its code ([`fail`]),
+/// a closed stdout exiting 0.
 pub fn main<A: clap::Parser>(
     bin: &str,
     operands: Operands,
     run: impl FnOnce(A) -> anyhow::Result<u8>,
 ) -> ExitCode {
+    complete::answer_and_exit_if_asked(A::command);
     let args = match parse_args::<A>(bin, operands) {
         Ok(args) => args,
         Err(code) => return code,
@@ -134,8 +137,9 @@ pub fn usage_error(msg: impl Into<String>) -> anyhow::Error {
     CommandLineError(msg.into()).into()
 }
 
-/// What `--generate KIND` prints on stdout, the ripgrep way: a completion script for a shell,
-/// or the man page (roff).
+/// What `--generate KIND` prints on stdout, the ripgrep way: a shell's completion
+/// registration (which asks the binary for candidates as the user types: [`complete`]), or
+/// the man page (roff).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Generate {
     /// A bash completion script.
@@ -183,9 +187,10 @@ pub fn exit_codes_help(codes: &[(u8, &str)]) -> String {
 }
 
 /// Render what `--generate what` prints for the command `cmd` (its name is the binary's):
-/// a completion script from `clap_complete`, or a man page from `clap_mangen` (name,
-/// synopsis, description, options) followed by `page`'s sections, EXIT STATUS and EXAMPLES.
-pub fn generate(mut cmd: clap::Command, what: Generate, page: &ManPage) -> Vec<u8> {
+/// the shell's completion registration, calling this executable back
+/// ([`complete::registration`]), or a man page from `clap_mangen` (name, synopsis,
+/// description, options) followed by `page`'s sections, EXIT STATUS and EXAMPLES.
+pub fn generate(cmd: clap::Command, what: Generate, page: &ManPage) -> Vec<u8> {
     use clap_complete::Shell;
     let name = cmd.get_name().to_string();
     let shell = match what {
@@ -194,28 +199,32 @@ pub fn generate(mut cmd: clap::Command, what: Generate, page: &ManPage) -> Vec<u
         Generate::CompleteFish => Shell::Fish,
         Generate::Man => return man_page(cmd, page),
     };
-    let mut buf = Vec::new();
-    clap_complete::generate(shell, &mut cmd, name, &mut buf);
-    buf
+    complete::registration(shell, &name, &complete::this_executable(&name))
 }
 
 fn man_page(cmd: clap::Command, page: &ManPage) -> Vec<u8> {
     use roff::{bold, roman, Roff};
     // The exit codes get their own section; clap's "EXTRA" (after_help) would repeat them.
     let cmd = cmd.after_help(None::<&str>).after_long_help(None::<&str>);
-    let man = clap_mangen::Man::new(cmd);
+    let mut built = cmd.clone();
+    built.build();
+    let man_cmd = &built;
+    let man = clap_mangen::Man::new(cmd.clone());
     // Each render_* call writes roff's preamble; keep the first only.
     let preamble = Roff::new().render();
     let mut out = String::new();
     type Render = fn(&clap_mangen::Man, &mut dyn Write) -> io::Result<()>;
-    let parts: [Render; 5] = [
+    let synopsis = synopsis(man_cmd);
+    let parts: [Render; 4] = [
         clap_mangen::Man::render_title,
         clap_mangen::Man::render_name_section,
-        clap_mangen::Man::render_synopsis_section,
         clap_mangen::Man::render_description_section,
         clap_mangen::Man::render_options_section,
     ];
     for (i, render) in parts.iter().enumerate() {
+        if i == 2 {
+            out.push_str(&synopsis);
+        }
         let mut buf = Vec::new();
         render(&man, &mut buf).expect("writing to a Vec cannot fail");
         let text = String::from_utf8_lossy(&buf).into_owned();
@@ -251,6 +260,61 @@ fn man_page(cmd: clap::Command, page: &ManPage) -> Vec<u8> {
     }
     out.push_str(&r.to_roff());
     out.into_bytes()
+}
+
+/// The man page's SYNOPSIS section (roff, pure over `cmd`): the name, then each option that is
+/// not hidden as `[--long VALUE]` (its value placeholders, `...` when it repeats) or `[--flag]`,
+/// then the operands as `[NAME]...`.
+fn synopsis(cmd: &clap::Command) -> String {
+    use roff::{bold, italic, roman, Inline, Roff};
+    let mut parts: Vec<Inline> = vec![bold(cmd.get_name())];
+    let (operands, options): (Vec<&clap::Arg>, Vec<&clap::Arg>) = cmd
+        .get_arguments()
+        .filter(|a| !a.is_hide_set())
+        .partition(|a| a.is_positional());
+    let many = |a: &clap::Arg| {
+        matches!(
+            a.get_action(),
+            clap::ArgAction::Append | clap::ArgAction::Count
+        )
+    };
+    for a in options {
+        let flag = match (a.get_long(), a.get_short()) {
+            (Some(l), _) => format!("--{l}"),
+            (None, Some(c)) => format!("-{c}"),
+            (None, None) => continue,
+        };
+        parts.push(roman(" ["));
+        parts.push(bold(flag));
+        if a.get_action().takes_values() {
+            let names: Vec<String> = match a.get_value_names() {
+                Some(n) => n.iter().map(|n| n.to_string()).collect(),
+                None => vec![a.get_id().as_str().to_uppercase()],
+            };
+            for n in names {
+                parts.push(roman(" "));
+                parts.push(italic(n));
+            }
+        }
+        parts.push(roman(if many(a) { "]..." } else { "]" }));
+    }
+    for a in operands {
+        let name = a
+            .get_value_names()
+            .and_then(|n| n.first().map(|n| n.to_string()))
+            .unwrap_or_else(|| a.get_id().as_str().to_uppercase());
+        let open = if a.is_required_set() { " " } else { " [" };
+        let close = if a.is_required_set() { "" } else { "]" };
+        parts.push(roman(open));
+        parts.push(italic(name));
+        parts.push(roman(close));
+        if many(a) {
+            parts.push(roman("..."));
+        }
+    }
+    let mut r = Roff::new();
+    r.control("SH", ["SYNOPSIS"]).text(parts);
+    r.to_roff()
 }
 
 /// Print `err` and its causes on stderr as one line, `<bin>: error: …`, and return the exit code:
@@ -427,7 +491,9 @@ mod tests {
         );
         for want in [
             ".SH NAME",
-            ".SH SYNOPSIS",
+            ".SH SYNOPSIS\n\\fBt\\fR [\\fB\\-\\-since\\fR \\fISINCE\\fR] [\\fB\\-\\-a\\fR]",
+            "[\\fB\\-\\-need\\fR \\fINEED\\fR]",
+            "[\\fITASKS\\fR]...\n.SH DESCRIPTION",
             ".SH OPTIONS",
             ".SH FILES\n.PP\nOne paragraph of two lines.\n.PP\n.nf\n  preformatted\n  block\n.fi",
             ".SH \"EXIT STATUS\"\n.TP\n\\fB0\\fR\nsuccess\n.TP\n\\fB2\\fR",
@@ -448,8 +514,10 @@ mod tests {
         assert!(zsh.starts_with("#compdef t"), "{zsh}");
         let bash =
             String::from_utf8(generate(T::command(), Generate::CompleteBash, &PAGE)).unwrap();
-        assert!(bash.contains("complete -F _t"), "{bash}");
-        assert!(bash.contains("--since"), "{bash}");
+        assert!(bash.contains("-F _clap_complete_t t\n"), "{bash}");
+        // The script asks this executable for the candidates as the user types.
+        let exe = std::env::current_exe().unwrap();
+        assert!(bash.contains(&*exe.to_string_lossy()), "{bash}");
     }
 
     #[test]

@@ -28,6 +28,7 @@ use crate::reap::{self, Options};
 #[command(version, after_help = cli::exit_codes_help(MAN.exit_codes))]
 pub struct Args {
     /// Runs to remove (full id, short id, or a unique prefix of 8+ characters).
+    #[arg(value_name = "RUN", add = cohort_cli::complete::ArgValueCompleter::new(cohort_cli::complete::run_ids))]
     ids: Vec<String>,
     /// Select terminal runs in this state (complete, failed, paused, stopped; repeatable).
     #[arg(long, value_parser = parse_terminal)]

@@ -8,6 +8,7 @@
 //! can be named (`cmd/list.rs`). It returns as soon as the runner reports `running`, unless
 //! `--wait` asks it to wait for the run and print its answer ([`crate::wait`]).
 
+use cohort_cli::complete::{ArgValueCandidates, ArgValueCompleter};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
@@ -56,7 +57,8 @@ pub struct Args {
     /// Run the task as this agent: its prompt, model, thinking, tools and context settings
     /// (`cohort-spawn --list-agents` lists them). --model, --thinking, --tools and Pi args after
     /// -- beat the agent's fields.
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["chain", "chain_file", "revive"])]
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["chain", "chain_file", "revive"],
+          add = ArgValueCandidates::new(crate::complete::agents))]
     agent: Option<String>,
     /// List the agents --agent and chain steps can name (name, scope, model, path,
     /// description; ignored keys and problems below each), then exit.
@@ -95,7 +97,8 @@ pub struct Args {
     ignore_engines: bool,
     /// Continue a finished run's Pi session in a new run, on the original's recorded runtime
     /// (TASK defaults to "Continue where you left off.").
-    #[arg(long, value_name = "RUN", conflicts_with_all = ["chain", "chain_file", "parallel", "session", "cwd"])]
+    #[arg(long, value_name = "RUN", conflicts_with_all = ["chain", "chain_file", "parallel", "session", "cwd"],
+          add = ArgValueCompleter::new(cohort_cli::complete::run_ids))]
     revive: Option<String>,
     /// With --revive: the flat step whose session to continue (default: the last step with a
     /// session file).
@@ -105,7 +108,8 @@ pub struct Args {
     /// package). NAME is a path only when it contains a `/` (./review.json); a file of that
     /// name in the current directory is never run for a plain NAME. A TASK replaces `{task}`
     /// in its steps.
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["parallel", "session", "chain_file"])]
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["parallel", "session", "chain_file"],
+          add = ArgValueCandidates::new(crate::complete::chains))]
     chain: Option<String>,
     /// Run the chain in this file, whatever its name: JSON (its format: "Chain files" in
     /// --help, CHAIN FILES in the man page) or a .chain.md. A TASK replaces `{task}`.

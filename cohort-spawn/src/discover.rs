@@ -563,6 +563,11 @@ pub fn discover(profile: &Path, cwd: &Path) -> Result<Catalog> {
     catalog
 }
 
+/// [`discover`] without printing its warnings (for shell completion, while the user types).
+pub fn discover_quietly(profile: &Path, cwd: &Path) -> Result<Catalog> {
+    discover_with(profile, cwd, &mut Warnings::default())
+}
+
 fn discover_with(profile: &Path, cwd: &Path, warn: &mut Warnings) -> Result<Catalog> {
     let home = home_dir();
     let levels = levels_of(cwd);

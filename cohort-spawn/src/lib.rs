@@ -37,6 +37,7 @@ pub mod chain_file;
 pub mod chain_resolve;
 pub mod chains;
 pub mod cmd;
+pub mod complete;
 pub mod discover;
 pub mod frontmatter;
 pub mod revive;

@@ -1,5 +1,5 @@
-//! The command line of `cohort-status`: list and explain runs, wait on them, follow them, check
-//! them from cron, diagnose the installation.
+//! The command line of `cohort-status`: list and explain runs, watch them live, wait on them,
+//! follow them, check them from cron, diagnose the installation.
 //!
 //! stdout is data only, stderr is everything else, a closed pipe exits 0 (see
 //! [`cohort_cli`]). `--output` and `--follow` print the model's text as it is to a pipe,
@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use cohort_cli::complete::ArgValueCompleter;
 use cohort_cli::text;
 use cohort_cli::{self as cli, duration};
 use cohort_common::backend;
@@ -33,6 +34,7 @@ use crate::{check, doctor, follow};
 #[command(version, after_help = cli::exit_codes_help(MAN.exit_codes))]
 pub struct Args {
     /// Runs to show or wait on (full id, short id, or a unique prefix of 8+ characters).
+    #[arg(value_name = "RUN", add = ArgValueCompleter::new(cli::complete::run_ids))]
     ids: Vec<String>,
     /// Print JSON Lines (one object per run, or per problem with --check) instead of text.
     #[arg(long)]
@@ -41,17 +43,21 @@ pub struct Args {
     #[arg(long)]
     wait: bool,
     /// With --wait: give up after this long (exit 124).
-    #[arg(long, value_parser = duration::parse_positive, allow_hyphen_values = true, requires = "wait")]
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse_positive, allow_hyphen_values = true, requires = "wait")]
     timeout: Option<Duration>,
     /// Stream a run's output logs live, like `tail -f`; exit 0 if it completes, 1 otherwise.
     #[arg(long, conflicts_with_all = ["wait", "output", "pid", "check", "doctor"])]
     follow: bool,
+    /// Redraw the table (or, given a run, its view) in place as runs change, with each running
+    /// step's elapsed time, turns and tokens; q or Ctrl-C leaves. stdout must be a terminal.
+    #[arg(long, conflicts_with_all = ["wait", "follow", "output", "pid", "check", "doctor", "json"])]
+    watch: bool,
     /// Print the final assistant text of a run: the last step (after a final parallel group,
     /// every member's text under a `## label` heading), or --step N.
     #[arg(long)]
     output: bool,
     /// With --output: the flat step index.
-    #[arg(long, requires = "output")]
+    #[arg(long, value_name = "N", requires = "output")]
     step: Option<usize>,
     /// Print the runner's pid, after checking it is still that runner (for `kill`); waits up to
     /// 10 s for a run that is still starting. A Slurm run has no local pid: exit 1 with the
@@ -63,10 +69,10 @@ pub struct Args {
     state: Vec<RunState>,
     /// List only runs started within this long (e.g. 2h, 3d); with --check, the window for
     /// failures (default 24h).
-    #[arg(long, value_parser = duration::parse, allow_hyphen_values = true)]
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, allow_hyphen_values = true)]
     since: Option<Duration>,
     /// List at most this many runs, newest first (0: all).
-    #[arg(long, default_value_t = 50, value_parser = parse_limit, allow_hyphen_values = true)]
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = parse_limit, allow_hyphen_values = true)]
     limit: usize,
     /// Include nested runs and legacy (pi-subagents) runs in the listing.
     #[arg(long)]
@@ -110,6 +116,10 @@ pub const MAN: cli::ManPage = cli::ManPage {
             "Wait for a run, then print its answer.",
         ),
         (
+            "cohort-status --watch --state running",
+            "The running runs, redrawn as they change, each running step with its time, turns and tokens (q leaves).",
+        ),
+        (
             "kill $(cohort-status --pid 3f2a9c1e)",
             "Stop a run (its children get TERM, then KILL).",
         ),
@@ -149,6 +159,8 @@ pub enum Mode<'a> {
     Check,
     /// `--doctor`: the installation report.
     Doctor,
+    /// `--watch [RUN]`: the table, or one run's view, redrawn as runs change.
+    Watch(&'a [String]),
     /// `--follow RUN`: stream one run's output logs.
     Follow(&'a [String]),
     /// `--wait RUN…`: block until the runs end.
@@ -165,7 +177,7 @@ pub enum Mode<'a> {
 
 impl<'a> Mode<'a> {
     /// The mode `args` asks for (pure). clap refuses most combinations; of the ones it lets
-    /// through, the first in this order wins: generate, check, doctor, follow, wait, output,
+    /// through, the first in this order wins: generate, check, doctor, watch, follow, wait, output,
     /// pid, then show when runs are named, else list.
     pub fn of(args: &'a Args) -> Mode<'a> {
         let ids = args.ids.as_slice();
@@ -175,6 +187,8 @@ impl<'a> Mode<'a> {
             Mode::Check
         } else if args.doctor {
             Mode::Doctor
+        } else if args.watch {
+            Mode::Watch(ids)
         } else if args.follow {
             Mode::Follow(ids)
         } else if args.wait {
@@ -200,6 +214,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         }
         Mode::Check => check(&every_run_root(&args)?, &args),
         Mode::Doctor => doctor(&every_run_root(&args)?, args.json),
+        Mode::Watch(ids) => watch(&root_of_env()?, ids, &args),
         Mode::Follow(ids) => follow(&root_of_env()?, ids),
         Mode::Wait(ids) => wait(&root_of_env()?, ids, args.timeout),
         Mode::Output(ids) => output(&root_of_env()?, ids, args.step),
@@ -331,21 +346,37 @@ fn show(root: &StateRoot, ids: &[String], json: bool) -> anyhow::Result<u8> {
             cli::out(&text)?;
         } else {
             let children = listing::descendants(root, &obs.record)?;
-            cli::out(&render::show(&found.dir, &found.origin, &obs, &children))?;
+            cli::out(&crate::view::show(
+                &found.dir,
+                &found.origin,
+                &obs,
+                &children,
+                &crate::worktrees::section(&obs.record),
+                &session_on_disk,
+            ))?;
         }
     }
     Ok(exit::SUCCESS)
 }
 
-fn list(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
-    let opts = ListOptions {
+/// Whether a step's session file exists as a regular file (a link is not followed).
+pub(crate) fn session_on_disk(path: &std::path::Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file())
+}
+
+/// The listing's options from the command line.
+fn list_options(args: &Args) -> ListOptions {
+    ListOptions {
         states: args.state.clone(),
         since: args.since,
         limit: args.limit,
         all: args.all,
         tree: args.tree,
-    };
-    let listing = listing::list(root, &opts)?;
+    }
+}
+
+fn list(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
+    let listing = listing::list(root, &list_options(args))?;
     let rows = listing.rows;
     if listing.older_active > 0 && std::io::stderr().is_terminal() {
         eprintln!(
@@ -396,6 +427,17 @@ fn check(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
     } else {
         exit::NEGATIVE
     })
+}
+
+fn watch(root: &StateRoot, ids: &[String], args: &Args) -> anyhow::Result<u8> {
+    match ids {
+        [] => crate::live::watch(root, crate::live::Target::Table(&list_options(args))),
+        [name] => {
+            let found = discover::find(root, name)?;
+            crate::live::watch(root, crate::live::Target::Run(found))
+        }
+        _ => Err(usage("--watch takes at most one run")),
+    }
 }
 
 fn follow(root: &StateRoot, ids: &[String]) -> anyhow::Result<u8> {
@@ -464,6 +506,11 @@ mod tests {
             (&["--output", "--step", "1", "a"][..], r#"Output(["a"])"#),
             (&["--pid", "a", "b"][..], r#"Pid(["a", "b"])"#),
             (&["--wait", "--output", "a"][..], r#"Wait(["a"])"#),
+            (&["--watch"][..], "Watch([])"),
+            (
+                &["--watch", "--state", "running", "a"][..],
+                r#"Watch(["a"])"#,
+            ),
             (&["--generate", "man"][..], "Generate(Man)"),
         ] {
             assert_eq!(mode(argv), want, "{argv:?}");

@@ -3,10 +3,12 @@
 //!
 //! - [`cmd`]: the command line, the [`cmd::Mode`] it asks for, and what each mode does;
 //! - [`listing`]: which runs a listing shows, read through the store's index;
-//! - [`render`]: the table (its columns, rendered by `cohort_cli::table`), the single-run view
-//!   and `--json` lines;
+//! - [`render`]: the table (its columns, rendered by `cohort_cli::table`) and `--json` lines;
+//! - [`view`]: the single-run view, one function per section;
 //! - [`follow`]: `--follow`, a `tail -f` of a run's output logs;
-//! - [`watch`]: sleeping until a run directory changes (inotify), for `--pid` on a starting run;
+//! - [`live`]: `--watch`, the table or one run's view redrawn in place as runs change;
+//! - [`watch`]: sleeping until a run directory changes (inotify, or a slow poll), for `--pid`
+//!   on a starting run and for `--watch`;
 //! - [`worktrees`]: the worktrees of a run in its single view, with whether they hold work;
 //! - [`check`]: the cron check;
 //! - [`doctor`]: the installation report;
@@ -28,7 +30,9 @@ pub use cohort_common::identity::engines;
 pub mod follow;
 pub mod limits;
 pub mod listing;
+pub mod live;
 pub mod logind;
 pub mod render;
+pub mod view;
 pub mod watch;
 pub mod worktrees;

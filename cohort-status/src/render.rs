@@ -1,4 +1,5 @@
-//! How runs are printed: the table, the single-run view, and the JSON Lines form.
+//! How runs are printed: the table and the JSON Lines form (the single-run view is
+//! [`crate::view`]'s).
 //!
 //! One place owns all human output so the binaries stay thin and the formats are tested.
 //! `--json` prints one object per line ([`json_line`]): the stored record (camelCase, times in
@@ -20,10 +21,8 @@ use serde_json::json;
 
 use cohort_cli::duration;
 use cohort_cli::table::{CellText, Column, Table};
-use cohort_cli::text::{untrusted, untrusted_path};
-use cohort_common::backend::{self, JobReport, JobStatus, StopHint};
-use cohort_common::format::layout::RunDir;
-use cohort_common::format::record::{now_ms, Now, RunRecord, RunState, StepStatus};
+use cohort_common::backend::{JobReport, JobStatus};
+use cohort_common::format::record::{Now, RunRecord, RunState, StepRecord, StepStatus};
 use cohort_common::os::lock::Liveness;
 use cohort_common::store::discover::Origin;
 use cohort_common::store::observe::{Judgement, Observed};
@@ -108,7 +107,7 @@ fn steps_done(r: &RunRecord) -> String {
 
 /// The run's duration ([`RunRecord::duration_ms`]: the boot clock on one boot, never
 /// negative), for a run that has run at all.
-fn duration_of(r: &RunRecord, now: &Now) -> String {
+pub(crate) fn duration_of(r: &RunRecord, now: &Now) -> String {
     let ran = r.ended_at.is_some() || r.state == RunState::Running;
     match r.duration_ms(now) {
         Some(ms) if ran => duration::human(ms),
@@ -117,7 +116,7 @@ fn duration_of(r: &RunRecord, now: &Now) -> String {
 }
 
 /// "3m ago": how long ago the run started ([`RunRecord::started_ago`]).
-fn age_of(r: &RunRecord, now: &Now) -> String {
+pub(crate) fn age_of(r: &RunRecord, now: &Now) -> String {
     r.started_ago(now)
         .map(duration::age)
         .unwrap_or_else(|| "-".into())
@@ -133,8 +132,13 @@ struct Listed<'a> {
 impl Listed<'_> {
     /// `f` of the run's record, or `-` for a row whose record could not be read.
     fn of_record(&self, f: impl FnOnce(&RunRecord) -> String) -> String {
+        self.of_observed(|o| f(&o.record))
+    }
+
+    /// `f` of the observed run, or `-` for a row whose record could not be read.
+    fn of_observed(&self, f: impl FnOnce(&Observed) -> String) -> String {
         match &self.row.observed {
-            Ok(o) => f(&o.record),
+            Ok(o) => f(o),
             Err(_) => "-".into(),
         }
     }
@@ -151,13 +155,20 @@ fn columns<'a>() -> [Column<Listed<'a>>; 9] {
         .coloured(state_colour),
         Column::new("MODE", |l| l.of_record(mode_word)),
         Column::new("AGENT", |l| {
-            l.of_record(|r| r.steps.first().map(agent_cell).unwrap_or("-".into()))
+            l.of_observed(|o| {
+                o.record
+                    .steps
+                    .first()
+                    .map(|s| agent_cell(s, o.foreign))
+                    .unwrap_or("-".into())
+            })
         }),
         Column::new("LABEL", |l| {
-            l.of_record(|r| {
-                r.steps
+            l.of_observed(|o| {
+                o.record
+                    .steps
                     .first()
-                    .map(|s| label_cell(s, 0))
+                    .map(|s| label_cell(s, 0, o.foreign))
                     .unwrap_or("-".into())
             })
         }),
@@ -230,27 +241,69 @@ pub fn table(rows: &[Row], colour: bool) -> String {
     Table::new(&columns(), CellText::Untrusted).render(&listed, colour)
 }
 
-/// The AGENT cell of a step (pure): the name of the agent it runs as; `-` for a bare task.
-fn agent_cell(s: &cohort_common::format::record::StepRecord) -> String {
+/// The table of `--watch` (pure but for the clock): [`table`]'s columns without colour, and
+/// under each run one line per running step, `[i] LABEL  ELAPSED  turns=N tools=N tokens=N`
+/// (escaped, as every cell is).
+pub fn live_table(rows: &[Row]) -> String {
+    let now = Now::current();
+    let listed: Vec<Listed> = rows.iter().map(|row| Listed { row, now: &now }).collect();
+    Table::new(&columns(), CellText::Untrusted)
+        .with_notes(running_steps)
+        .render(&listed, false)
+}
+
+/// One line per running step of a listed run (pure over the table's `now`).
+fn running_steps(l: &Listed) -> Vec<String> {
+    let Ok(o) = &l.row.observed else {
+        return Vec::new();
+    };
+    o.record
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.status == StepStatus::Running)
+        .map(|(i, s)| {
+            let elapsed = s
+                .started_at
+                .map(|a| duration::human(l.now.wall_ms.saturating_sub(a)))
+                .unwrap_or_else(|| "-".into());
+            format!(
+                "[{i}] {}  {elapsed}  turns={} tools={} tokens={}",
+                s.label, s.turn_count, s.tool_count, s.usage.total_tokens
+            )
+        })
+        .collect()
+}
+
+/// The agent step `s` runs as (pure): the name in its `agentSource`; for a record cohort did
+/// not write (`foreign`: pi-subagents' or pi-cohort's, which always run an agent and name it in
+/// the step's `agent` key), that name; `None` for a bare task. The table's AGENT column and
+/// `--json`'s `steps[].agent` both say this.
+pub fn step_agent(s: &StepRecord, foreign: bool) -> Option<&str> {
     match &s.agent_source {
-        Some(a) => a.name.clone(),
-        None => "-".into(),
+        Some(a) => Some(&a.name),
+        None if foreign => Some(&s.label),
+        None => None,
     }
+}
+
+/// The AGENT cell of a step (pure): [`step_agent`], `-` for a bare task.
+fn agent_cell(s: &StepRecord, foreign: bool) -> String {
+    step_agent(s, foreign).unwrap_or("-").to_string()
 }
 
 /// The LABEL cell of flat step `i` (pure): its label, or `-` when the label only repeats
 /// what the row already says (the default `step-<i>`, or the agent's name).
-fn label_cell(s: &cohort_common::format::record::StepRecord, i: usize) -> String {
+fn label_cell(s: &StepRecord, i: usize, foreign: bool) -> String {
     let default = s.label == format!("step-{i}");
-    let agent = s.agent_source.as_ref().is_some_and(|a| a.name == s.label);
-    if default || agent {
+    if default || step_agent(s, foreign) == Some(s.label.as_str()) {
         "-".into()
     } else {
         s.label.clone()
     }
 }
 
-fn mode_word(r: &RunRecord) -> String {
+pub(crate) fn mode_word(r: &RunRecord) -> String {
     format!("{:?}", r.mode).to_lowercase()
 }
 
@@ -259,7 +312,7 @@ fn mode_word(r: &RunRecord) -> String {
 pub fn json_line(row: &Row) -> String {
     match &row.observed {
         Ok(o) => {
-            let rec = serde_json::to_string(&o.record).unwrap_or_else(|_| "{}".into());
+            let rec = record_json(o);
             let mut s = String::with_capacity(rec.len() + 128);
             s.push_str(&format!(
                 "{{\"shortId\":{},\"origin\":\"{}\",\"live\":{},\"unresolved\":{}",
@@ -284,6 +337,24 @@ pub fn json_line(row: &Row) -> String {
     }
 }
 
+/// The record as `--json` shows it (pure): as stored, except that each step has `label` (the
+/// stored `agent` key's value) and `agent` holds the agent it runs as ([`step_agent`]), `null`
+/// for a bare task. Object keys come out in alphabetical order.
+fn record_json(o: &Observed) -> String {
+    let Ok(mut v) = serde_json::to_value(&o.record) else {
+        return "{}".into();
+    };
+    if let Some(steps) = v.get_mut("steps").and_then(serde_json::Value::as_array_mut) {
+        for (st, rec) in steps.iter_mut().zip(&o.record.steps) {
+            if let Some(obj) = st.as_object_mut() {
+                obj.insert("label".into(), json!(rec.label));
+                obj.insert("agent".into(), json!(step_agent(rec, o.foreign)));
+            }
+        }
+    }
+    v.to_string()
+}
+
 /// `--json`'s `scheduler` field (pure): what the scheduler said about a `queued` run's job
 /// when it was asked: `{jobId, state, reason}` (`state` null when the job is gone) or
 /// `{jobId, error}` when it could not be asked.
@@ -295,290 +366,6 @@ pub fn scheduler_json(j: &JobReport) -> serde_json::Value {
         JobStatus::Gone => json!({"jobId": j.job_id, "state": null, "reason": null}),
         JobStatus::Unreachable(e) => json!({"jobId": j.job_id, "error": e}),
     }
-}
-
-/// The `backend` line of the single-run view (pure): the run's job and the command that stops
-/// the run while it is not over, and what the scheduler said when it was asked (a `queued` run
-/// whose runner has not taken the lock), in its backend's words ([`backend::describe`]);
-/// `None` for native runs.
-pub fn backend_line(r: &RunRecord, job: Option<&JobReport>) -> Option<String> {
-    let stop = if r.state.is_terminal() {
-        StopHint::Omit
-    } else {
-        StopHint::Show
-    };
-    backend::describe(r.backend.as_ref(), stop, job)
-}
-
-/// One attempt of a step with fallback models, for the single-run view: `attempt 1: fake/a
-/// failed: 429 …` (values escaped; the model is "Pi's default" when the step named none).
-fn attempt_line(n: usize, a: &cohort_common::format::record::ModelAttempt) -> String {
-    let model = a.model.as_deref().unwrap_or("Pi's default");
-    let mut line = format!(
-        "attempt {}: {} {}",
-        n + 1,
-        untrusted(model),
-        a.status.as_str()
-    );
-    if let Some(e) = &a.error {
-        line.push_str(&format!(": {}", untrusted(e)));
-    }
-    line
-}
-
-/// The heading of a parallel group in the single view (pure): `parallel group [NAME] (chain
-/// step N): steps A-B`, NAME for a dynamic fan-out's members (`expand:AGENT`, from its first
-/// member's record).
-pub fn group_line(
-    g: &cohort_common::format::record::ParallelGroup,
-    first: &cohort_common::format::record::StepRecord,
-) -> String {
-    let name = first
-        .dynamic_group
-        .as_ref()
-        .map(|n| format!(" {n}"))
-        .unwrap_or_default();
-    format!(
-        "parallel group{name} (chain step {}): steps {}-{}",
-        g.step_index,
-        g.start,
-        g.start + g.count - 1
-    )
-}
-
-/// The single-run view: header, runtime, steps, nested children (rows from
-/// [`crate::listing::subtree_rows`]), paths.
-pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> String {
-    let r = &o.record;
-    let now = now_ms();
-    let mut s = String::new();
-    // Every value shown is escaped: most come from the run.
-    let line =
-        |s: &mut String, k: &str, v: String| s.push_str(&format!("{k:<12} {}\n", untrusted(&v)));
-    line(&mut s, "run", r.run_id.clone());
-    line(&mut s, "state", state_word(o));
-    if *origin == Origin::Legacy {
-        line(
-            &mut s,
-            "origin",
-            "legacy pi-subagents record (read-only: never reconciled, rewritten or revived)".into(),
-        );
-    }
-    if o.foreign && *origin != Origin::Legacy {
-        line(
-            &mut s,
-            "origin",
-            "pi-cohort record (read-only: judged by its recorded runner pid, never rewritten)"
-                .into(),
-        );
-    }
-    match o.judgement {
-        Judgement::Unresolved if !o.foreign => line(
-            &mut s,
-            "unresolved",
-            "no runner.lock: nothing proves this run alive or dead; left as it is".into(),
-        ),
-        Judgement::Unresolved => line(
-            &mut s,
-            "unresolved",
-            "nothing recorded proves this run alive or dead; left as it is".into(),
-        ),
-        Judgement::ForeignGone => line(
-            &mut s,
-            "runner",
-            "its recorded runner is gone (the record is not rewritten)".into(),
-        ),
-        _ => {}
-    }
-    let live_below = children
-        .iter()
-        .filter(|c| matches!(&c.observed, Ok(co) if co.liveness == cohort_common::os::lock::Liveness::Held))
-        .count();
-    if r.state.is_terminal() && live_below > 0 {
-        line(
-            &mut s,
-            "note",
-            format!("this run has ended, but {live_below} nested run(s) started below it are still running"),
-        );
-    }
-    line(&mut s, "mode", mode_word(r));
-    if let Some(b) = backend_line(r, o.job.as_ref()) {
-        line(&mut s, "backend", b);
-    }
-    if let Some(e) = &r.error {
-        line(&mut s, "error", e.clone());
-    }
-    if !r.survivors.is_empty() {
-        line(
-            &mut s,
-            "survivors",
-            format!(
-                "{} (outlived the runner; ended by the reader that settled the run: see events)",
-                r.survivors.join(", ")
-            ),
-        );
-    }
-    if let Some(rv) = &r.revives {
-        line(&mut s, "revives", rv.clone());
-    }
-    if let Some(root) = &r.root_run_id {
-        line(
-            &mut s,
-            "nested",
-            format!(
-                "root {root}, parent {} step {}, depth {}",
-                r.parent_run_id.clone().unwrap_or_default(),
-                r.parent_step_index.unwrap_or(0),
-                r.depth
-            ),
-        );
-    }
-    let clock = Now::current();
-    line(&mut s, "started", age_of(r, &clock));
-    line(&mut s, "duration", duration_of(r, &clock));
-    if let Some(cwd) = &r.cwd {
-        line(&mut s, "cwd", cwd.display().to_string());
-    }
-    match &r.runtime {
-        Some(rt) => {
-            line(&mut s, "node", rt.node_exec_path.display().to_string());
-            line(&mut s, "pi entry", rt.pi_entry_path.display().to_string());
-            line(
-                &mut s,
-                "pi package",
-                rt.pi_package_root.display().to_string(),
-            );
-        }
-        None => line(&mut s, "runtime", "none recorded".into()),
-    }
-    if let Some(pid) = r.pid {
-        line(
-            &mut s,
-            "runner pid",
-            format!(
-                "{pid} ({})",
-                if o.liveness == Liveness::Held {
-                    "alive"
-                } else {
-                    "gone"
-                }
-            ),
-        );
-    }
-    if let Some(sd) = &r.session_dir {
-        line(&mut s, "sessions", sd.display().to_string());
-    }
-    s.push_str("steps:\n");
-    for (i, st) in r.steps.iter().enumerate() {
-        if let Some(g) = r
-            .parallel_groups
-            .iter()
-            .find(|g| g.start == i && g.count > 0)
-        {
-            s.push_str(&format!("  {}\n", untrusted(&group_line(g, st))));
-        }
-        let dur = match (st.started_at, st.ended_at) {
-            (Some(a), Some(b)) => duration::human(b.saturating_sub(a)),
-            (Some(a), None) => duration::human(now.saturating_sub(a)),
-            _ => "-".into(),
-        };
-        s.push_str(&format!(
-            "  [{i}] {:<10} {:<9} {:>8}  model={}  turns={} tools={} tokens={} (in {} / out {})\n",
-            untrusted(&st.label),
-            st.status.as_str(),
-            dur,
-            untrusted(st.model.as_deref().unwrap_or("-")),
-            st.turn_count,
-            st.tool_count,
-            st.usage.total_tokens,
-            st.usage.input,
-            st.usage.output,
-        ));
-        if let Some(a) = &st.agent_source {
-            let from = match &a.path {
-                Some(p) => format!("{}, {}", a.scope.as_str(), untrusted_path(p)),
-                None => a.scope.as_str().to_string(),
-            };
-            s.push_str(&format!("      agent: {} ({from})\n", untrusted(&a.name)));
-        }
-        s.push_str(&format!(
-            "      task: {}\n",
-            untrusted(&cohort_common::format::record::summarize(&st.task, 100))
-        ));
-        if let Some(p) = &st.phase {
-            s.push_str(&format!("      phase: {}\n", untrusted(p)));
-        }
-        if let Some(k) = &st.item_key {
-            s.push_str(&format!("      item: {}\n", untrusted(k)));
-        }
-        if let Some(f) = &st.session_file {
-            s.push_str(&format!("      session: {}\n", untrusted_path(f)));
-        }
-        if let Some(f) = &st.output_path {
-            s.push_str(&format!("      output: {}\n", untrusted_path(f)));
-        }
-        if let Some(v) = &st.structured_output {
-            s.push_str(&format!(
-                "      structured: {}\n",
-                untrusted(&cohort_common::format::record::summarize(
-                    &v.to_string(),
-                    100
-                ))
-            ));
-        }
-        for e in &st.schema_errors {
-            s.push_str(&format!("      schema error: {}\n", untrusted(e)));
-        }
-        if let Some(e) = &st.error {
-            s.push_str(&format!("      error: {}\n", untrusted(e)));
-        }
-        for (n, a) in st.attempted_models.iter().enumerate() {
-            s.push_str(&format!("      {}\n", attempt_line(n, a)));
-        }
-        if !st.escaped.is_empty() {
-            s.push_str(&format!(
-                "      escaped processes: {}\n",
-                untrusted(&st.escaped.join("; "))
-            ));
-        }
-        for l in &st.recent_output {
-            s.push_str(&format!("      | {}\n", untrusted(l)));
-        }
-    }
-    s.push_str(&crate::worktrees::section(r));
-    if !children.is_empty() {
-        s.push_str("nested runs:\n");
-        for c in children {
-            let indent = "  ".repeat(c.depth);
-            let step = c
-                .parent_step
-                .map(|p| format!("step {p}"))
-                .unwrap_or_else(|| "step ?".into());
-            match &c.observed {
-                Ok(co) => s.push_str(&format!(
-                    "{indent}{} {:<9} from {step}  {}\n",
-                    untrusted(&c.id),
-                    state_word(co),
-                    untrusted(&co.record.task_summary(60))
-                )),
-                Err(e) => s.push_str(&format!(
-                    "{indent}{} error     {}\n",
-                    untrusted(&c.id),
-                    untrusted(e)
-                )),
-            }
-        }
-    }
-    s.push_str("paths:\n");
-    for (k, p) in [
-        ("dir", dir.path().to_path_buf()),
-        ("status", dir.status()),
-        ("events", dir.events()),
-        ("runner log", dir.runner_log()),
-    ] {
-        s.push_str(&format!("  {k:<11} {}\n", untrusted_path(&p)));
-    }
-    s
 }
 
 #[cfg(test)]
@@ -602,19 +389,71 @@ mod tests {
             agent_source: source,
             ..StepRecord::default()
         };
-        // (step, its flat index, AGENT, LABEL)
+        // (step, its flat index, a record cohort did not write, AGENT, LABEL)
         let cases = [
-            (step("step-0", None), 0, "-", "-"),
-            (step("step-2", None), 2, "-", "-"),
-            (step("step-2", None), 0, "-", "step-2"),
-            (step("bugs", None), 0, "-", "bugs"),
-            (step("scout", agent("scout")), 0, "scout", "-"),
-            (step("map", agent("scout")), 0, "scout", "map"),
+            (step("step-0", None), 0, false, "-", "-"),
+            (step("step-2", None), 2, false, "-", "-"),
+            (step("step-2", None), 0, false, "-", "step-2"),
+            (step("bugs", None), 0, false, "-", "bugs"),
+            (step("scout", agent("scout")), 0, false, "scout", "-"),
+            (step("map", agent("scout")), 0, false, "scout", "map"),
+            // pi-subagents and pi-cohort name the agent in the step's `agent` key.
+            (step("worker", None), 0, true, "worker", "-"),
         ];
-        for (s, i, a, l) in cases {
-            assert_eq!(agent_cell(&s), a, "{s:?}");
-            assert_eq!(label_cell(&s, i), l, "{s:?}");
+        for (s, i, foreign, a, l) in cases {
+            assert_eq!(agent_cell(&s, foreign), a, "{s:?}");
+            assert_eq!(label_cell(&s, i, foreign), l, "{s:?}");
         }
+    }
+
+    #[test]
+    fn json_steps_carry_the_label_and_the_agent_apart() {
+        use cohort_common::format::record::{AgentScope, AgentSource, StepRecord};
+        let mut rec = RunRecord::queued(
+            &"01a22a44-9e62-7266-ab9d-e5b500ee829c".parse().unwrap(),
+            cohort_common::format::record::RunMode::Chain,
+        );
+        rec.steps = vec![
+            StepRecord {
+                label: "step-0".into(),
+                ..StepRecord::default()
+            },
+            StepRecord {
+                label: "map".into(),
+                agent_source: Some(AgentSource {
+                    name: "scout".into(),
+                    scope: AgentScope::User,
+                    path: None,
+                }),
+                ..StepRecord::default()
+            },
+        ];
+        let line = |foreign: bool| {
+            let o = Observed {
+                foreign,
+                record: rec.clone(),
+                judgement: Judgement::Trusted,
+                liveness: Liveness::Free,
+                job: None,
+            };
+            let v: serde_json::Value = serde_json::from_str(&json_line(&Row::new(
+                rec.run_id.clone(),
+                Origin::TopLevel,
+                Ok(o),
+            )))
+            .unwrap();
+            v["steps"].clone()
+        };
+        let steps = line(false);
+        assert_eq!(steps[0]["label"], "step-0");
+        assert_eq!(steps[0]["agent"], serde_json::Value::Null);
+        assert_eq!(steps[1]["label"], "map");
+        assert_eq!(steps[1]["agent"], "scout");
+        assert_eq!(steps[1]["agentSource"]["name"], "scout");
+        // A record cohort did not write names its agent in `agent`: kept.
+        let steps = line(true);
+        assert_eq!(steps[0]["agent"], "step-0");
+        assert_eq!(steps[0]["label"], "step-0");
     }
 
     #[test]
@@ -623,34 +462,6 @@ mod tests {
         assert!(colour_allowed(Some(OsStr::new("")), true));
         assert!(!colour_allowed(Some(OsStr::new("1")), true));
         assert!(!colour_allowed(None, false));
-    }
-
-    #[test]
-    fn the_backend_line_names_the_job_its_stop_command_and_what_slurm_said() {
-        use cohort_common::backend::slurm;
-        let mut rec = RunRecord::queued(
-            &"01a22a44-9e62-7266-ab9d-e5b500ee829c".parse().unwrap(),
-            cohort_common::format::record::RunMode::Single,
-        );
-        assert_eq!(backend_line(&rec, None), None);
-        rec.set_backend(Some(slurm::handle(Some("12"))));
-        let held = slurm::report(
-            "12",
-            JobStatus::Known {
-                state: "PENDING".into(),
-                reason: Some("JobHeldUser".into()),
-            },
-        );
-        assert_eq!(
-            backend_line(&rec, Some(&held)).unwrap(),
-            "slurm job 12 (stop: scancel --signal=TERM --full 12); Slurm says PENDING (JobHeldUser)"
-        );
-        assert_eq!(
-            scheduler_json(&held),
-            json!({"jobId": "12", "state": "PENDING", "reason": "JobHeldUser"})
-        );
-        rec.finish(cohort_common::format::record::RunState::Complete, None);
-        assert_eq!(backend_line(&rec, None).unwrap(), "slurm job 12");
     }
 
     #[test]
@@ -694,9 +505,6 @@ mod tests {
             liveness: Liveness::Free,
             job: None,
         };
-        let v = show(&RunDir::new("/r/x"), &Origin::TopLevel, &o, &[]);
-        assert!(!v.contains(['\x1b', '\x07', '\u{9b}']), "{v:?}");
-        assert!(v.contains("two\\nlines"), "{v}");
         // JSON keeps the stored text, JSON-escaped.
         let j = json_line(&Row::new(o.record.run_id.clone(), Origin::TopLevel, Ok(o)));
         assert!(j.contains("\\u001b]0;PWNED"), "{j}");
@@ -732,25 +540,5 @@ mod tests {
             (Some("x"), Some("bad"))
         );
         assert!(table(&[err], true).contains("\x1b[31merror\x1b[0m"));
-    }
-
-    #[test]
-    fn an_attempt_line_names_its_model_how_it_ended_and_why() {
-        use cohort_common::format::record::{ModelAttempt, StepStatus};
-        let failed = ModelAttempt {
-            model: Some("fake/ratelimit".into()),
-            status: StepStatus::Failed,
-            error: Some("429 Rate limit\x1b[2J".into()),
-        };
-        assert_eq!(
-            attempt_line(0, &failed),
-            "attempt 1: fake/ratelimit failed: 429 Rate limit\\x1b[2J"
-        );
-        let done = ModelAttempt {
-            model: None,
-            status: StepStatus::Complete,
-            error: None,
-        };
-        assert_eq!(attempt_line(1, &done), "attempt 2: Pi's default complete");
     }
 }

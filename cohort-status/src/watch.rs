@@ -8,7 +8,7 @@
 //! missed. Where inotify is unavailable (the user's instances used up), [`Waiter`] polls
 //! slowly instead.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -21,12 +21,26 @@ use cohort_common::format::record::RunState;
 use cohort_common::os::lock;
 use cohort_common::store::observe::runner_pid;
 
-/// A watch on one directory: files renamed into it, written and closed in it, or removed from
-/// it (the ways the format's files change).
+/// A watch on one or more directories: entries created in them, renamed into or out of them,
+/// written and closed in them, or removed from them (the ways the format's files change; a
+/// run directory another writer makes in place, rather than renames, is seen too).
 #[derive(Debug)]
 pub struct DirWatch {
     inotify: Inotify,
     dir: PathBuf,
+}
+
+/// What ended a [`Waiter::wait_for`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// A watched directory may have changed.
+    Changed,
+    /// The input descriptor has something to read (or hung up).
+    Input,
+    /// A signal arrived (the caller checks its flags).
+    Signal,
+    /// The deadline passed.
+    Deadline,
 }
 
 impl DirWatch {
@@ -39,19 +53,67 @@ impl DirWatch {
             source: std::io::Error::from(e),
         };
         let inotify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).map_err(io)?;
-        inotify
+        let w = DirWatch {
+            inotify,
+            dir: dir.to_path_buf(),
+        };
+        w.add(dir)?;
+        Ok(w)
+    }
+
+    /// Watch `dir` too, with the same events (watching a directory twice is one watch; a
+    /// removed directory's watch goes with it). Errors: [`Error::Io`] naming `dir`.
+    pub fn add(&self, dir: &Path) -> Result<()> {
+        self.inotify
             .add_watch(
                 dir,
                 AddWatchFlags::IN_MOVED_TO
+                    | AddWatchFlags::IN_MOVED_FROM
+                    | AddWatchFlags::IN_CREATE
                     | AddWatchFlags::IN_CLOSE_WRITE
                     | AddWatchFlags::IN_DELETE
                     | AddWatchFlags::IN_DELETE_SELF,
             )
-            .map_err(io)?;
-        Ok(DirWatch {
-            inotify,
-            dir: dir.to_path_buf(),
-        })
+            .map(|_| ())
+            .map_err(|e| Error::Io {
+                action: "watch",
+                path: dir.to_path_buf(),
+                source: std::io::Error::from(e),
+            })
+    }
+
+    /// One sleep until a change, `input` is readable, a signal, or `deadline`; the events
+    /// read are consumed.
+    fn wait_for(&self, deadline: Instant, input: Option<BorrowedFd<'_>>) -> Result<Wake> {
+        match self.inotify.read_events() {
+            Ok(events) if !events.is_empty() => return Ok(Wake::Changed),
+            Ok(_) | Err(nix::errno::Errno::EAGAIN) => {}
+            Err(e) => return Err(self.io(e)),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(Wake::Deadline);
+        }
+        let timeout = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
+        let mut fds = vec![PollFd::new(self.inotify.as_fd(), PollFlags::POLLIN)];
+        if let Some(fd) = input {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
+        }
+        match poll(&mut fds, timeout) {
+            Ok(0) => Ok(Wake::Deadline),
+            Ok(_) => {
+                let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+                if fds.get(1).is_some_and(ready) {
+                    Ok(Wake::Input)
+                } else {
+                    // Consume what woke us, so the next wait sleeps.
+                    let _ = self.inotify.read_events();
+                    Ok(Wake::Changed)
+                }
+            }
+            Err(nix::errno::Errno::EINTR) => Ok(Wake::Signal),
+            Err(e) => Err(self.io(e)),
+        }
     }
 
     /// Sleep until something changed in the directory since the last call (or since the watch
@@ -122,6 +184,53 @@ impl Waiter {
                 }
                 std::thread::sleep(left.min(POLL_FALLBACK));
                 Ok(true)
+            }
+        }
+    }
+}
+
+impl Waiter {
+    /// Watch `dir` too ([`DirWatch::add`]); nothing for [`Waiter::Poll`]. A directory that
+    /// cannot be watched any more (removed, or the user's watches used up) is left out: the
+    /// caller's slow re-reading covers it.
+    pub fn add(&self, dir: &Path) {
+        if let Waiter::Watch(w) = self {
+            let _ = w.add(dir);
+        }
+    }
+
+    /// Sleep until a watched directory may have changed, `input` (a terminal) has something to
+    /// read, a signal arrives, or `deadline`, whichever is first. [`Waiter::Poll`], which
+    /// cannot know of changes, reports [`Wake::Changed`] every `poll_every` (the caller's slow
+    /// poll).
+    pub fn wait_for(
+        &self,
+        deadline: Instant,
+        input: Option<BorrowedFd<'_>>,
+        poll_every: Duration,
+    ) -> Result<Wake> {
+        match self {
+            Waiter::Watch(w) => w.wait_for(deadline, input),
+            Waiter::Poll => {
+                let now = Instant::now();
+                let wake_at = deadline.min(now + poll_every);
+                let left = wake_at.saturating_duration_since(now);
+                let mut fds: Vec<PollFd> = input
+                    .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
+                    .into_iter()
+                    .collect();
+                let timeout = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
+                match poll(&mut fds, timeout) {
+                    Ok(0) if wake_at < deadline => Ok(Wake::Changed),
+                    Ok(0) => Ok(Wake::Deadline),
+                    Ok(_) => Ok(Wake::Input),
+                    Err(nix::errno::Errno::EINTR) => Ok(Wake::Signal),
+                    Err(e) => Err(Error::Io {
+                        action: "wait on",
+                        path: PathBuf::from("the terminal"),
+                        source: std::io::Error::from(e),
+                    }),
+                }
             }
         }
     }
@@ -233,6 +342,43 @@ mod tests {
             .unwrap());
         assert!(t.elapsed() < Duration::from_secs(5));
         assert!(!Waiter::Poll.wait_change(Instant::now()).unwrap());
+    }
+
+    #[test]
+    fn the_poll_waiter_reports_a_possible_change_each_interval_until_the_deadline() {
+        let t = Instant::now();
+        let wake = Waiter::Poll
+            .wait_for(t + Duration::from_secs(60), None, Duration::from_millis(20))
+            .unwrap();
+        assert_eq!(wake, Wake::Changed);
+        assert!(t.elapsed() < Duration::from_secs(5));
+        let wake = Waiter::Poll
+            .wait_for(Instant::now(), None, Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(wake, Wake::Deadline);
+    }
+
+    #[test]
+    fn a_second_watched_directory_wakes_the_waiter_too() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let w = Waiter::new(a.path()).unwrap();
+        w.add(b.path());
+        let soon = || Instant::now() + Duration::from_millis(20);
+        assert_eq!(
+            w.wait_for(soon(), None, POLL_FALLBACK).unwrap(),
+            Wake::Deadline
+        );
+        std::fs::create_dir(b.path().join("new-run")).unwrap();
+        let later = Instant::now() + Duration::from_secs(10);
+        assert_eq!(
+            w.wait_for(later, None, POLL_FALLBACK).unwrap(),
+            Wake::Changed
+        );
+        // What woke it was consumed: the next wait sleeps to its deadline.
+        assert_eq!(
+            w.wait_for(soon(), None, POLL_FALLBACK).unwrap(),
+            Wake::Deadline
+        );
     }
 
     #[test]

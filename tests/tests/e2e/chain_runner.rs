@@ -162,8 +162,8 @@ fn named_outputs_and_handoff_files_in_the_chain_dir() {
         dir.join("context.md").to_str().unwrap()
     );
     let shown = stdout(&env.run("cohort-status", &[&id]));
-    assert!(shown.contains("phase: Context"), "{shown}");
-    assert!(shown.contains("phase: Planning"), "{shown}");
+    assert!(shown.contains("  phase Context\n"), "{shown}");
+    assert!(shown.contains("  phase Planning\n"), "{shown}");
     // Reap removes the chain directory with the run.
     let out = env.run("cohort-reap", &[&id]);
     assert!(

@@ -81,7 +81,7 @@ fn control_characters_never_reach_the_table_the_view_or_check() {
     let json = env.run("cohort-status", &["--json", &id]);
     let v: serde_json::Value = serde_json::from_str(stdout(&json).lines().next().unwrap()).unwrap();
     assert_eq!(v["steps"][0]["task"], NASTY_TASK);
-    assert_eq!(v["steps"][0]["agent"], "evil\nlabel\u{1b}[31m");
+    assert_eq!(v["steps"][0]["label"], "evil\nlabel\u{1b}[31m");
 
     // --output to a pipe: the model's bytes exactly, escapes included.
     let answer = env.run("cohort-status", &["--output", &id]);

@@ -951,3 +951,55 @@ fn follow_streams_the_logs_and_exits_with_the_runs_code() {
     assert_eq!(done.unwrap().code(), Some(1));
     assert_eq!(env.record(&id)["state"], "stopped");
 }
+
+/// The single view shows a step's session only when the file exists, and `--json` gives each
+/// step its `label` and its `agent` (null for a bare task) apart.
+#[test]
+fn the_view_shows_existing_sessions_and_json_separates_label_and_agent() {
+    use cohort_common::format::record::{AgentScope, AgentSource};
+    let env = TestEnv::new();
+    let missing = env
+        .state_root()
+        .path()
+        .join("sessions/elsewhere/never-written.jsonl");
+    let (id, _) = Run::new(RunState::Complete)
+        .step(StepRecord {
+            label: "step-0".into(),
+            status: StepStatus::Complete,
+            ..StepRecord::default()
+        })
+        .step(StepRecord {
+            label: "map".into(),
+            status: StepStatus::Complete,
+            session_file: Some(missing.clone()),
+            agent_source: Some(AgentSource {
+                name: "scout".into(),
+                scope: AgentScope::Builtin,
+                path: None,
+            }),
+            ..StepRecord::default()
+        })
+        .own_session_file()
+        .write(&env);
+    let view = env.run("cohort-status", &[&id]);
+    assert!(view.status.success(), "{}", stderr(&view));
+    let view = stdout(&view);
+    let session = env
+        .state_root()
+        .default_session_dir(&id)
+        .join("step-0.jsonl");
+    assert!(
+        view.contains(&format!("session: {}\n", session.display())),
+        "{view}"
+    );
+    assert!(!view.contains("never-written"), "{view}");
+
+    let json = env.run("cohort-status", &["--json", &id]);
+    let v: Value = serde_json::from_str(stdout(&json).lines().next().unwrap()).unwrap();
+    assert_eq!(v["steps"][0]["label"], "step-0");
+    assert_eq!(v["steps"][0]["agent"], Value::Null);
+    assert_eq!(v["steps"][1]["label"], "map");
+    assert_eq!(v["steps"][1]["agent"], "scout");
+    // The record on disk keeps pi-subagents' key: `agent` holds the label.
+    assert_eq!(env.record(&id)["steps"][1]["agent"], "map");
+}
