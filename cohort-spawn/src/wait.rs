@@ -38,8 +38,9 @@ pub enum Output {
     Json,
 }
 
-/// The object `cohort-spawn --wait --json` prints (pure): the final `record` as stored, plus
-/// `shortId`, `runDir` and `answer` (the text `cohort-status --output` prints; `null` when
+/// The object `cohort-spawn --wait --json` prints (pure): the final `record` with its steps as
+/// `cohort-status --json` shows them (`label` and `agent` apart:
+/// [`cohort_common::format::record::steps_for_readers`]), plus `shortId`, `runDir` and `answer` (the text `cohort-status --output` prints; `null` when
 /// the run did not complete or left no text).
 pub fn final_json(
     rec: &RunRecord,
@@ -47,6 +48,7 @@ pub fn final_json(
     answer: Option<&str>,
 ) -> serde_json::Value {
     let mut v = serde_json::to_value(rec).unwrap_or_else(|_| serde_json::json!({}));
+    cohort_common::format::record::steps_for_readers(&mut v, rec, false);
     if let Some(obj) = v.as_object_mut() {
         obj.insert("shortId".into(), id::short_of(&rec.run_id).into());
         obj.insert("runDir".into(), dir.to_string_lossy().into_owned().into());

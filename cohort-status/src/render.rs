@@ -275,28 +275,16 @@ fn running_steps(l: &Listed) -> Vec<String> {
         .collect()
 }
 
-/// The agent step `s` runs as (pure): the name in its `agentSource`; for a record cohort did
-/// not write (`foreign`: pi-subagents' or pi-cohort's, which always run an agent and name it in
-/// the step's `agent` key), that name; `None` for a bare task. The table's AGENT column and
-/// `--json`'s `steps[].agent` both say this.
-pub fn step_agent(s: &StepRecord, foreign: bool) -> Option<&str> {
-    match &s.agent_source {
-        Some(a) => Some(&a.name),
-        None if foreign => Some(&s.label),
-        None => None,
-    }
-}
-
-/// The AGENT cell of a step (pure): [`step_agent`], `-` for a bare task.
+/// The AGENT cell of a step (pure): [`StepRecord::agent_name`], `-` for a bare task.
 fn agent_cell(s: &StepRecord, foreign: bool) -> String {
-    step_agent(s, foreign).unwrap_or("-").to_string()
+    s.agent_name(foreign).unwrap_or("-").to_string()
 }
 
 /// The LABEL cell of flat step `i` (pure): its label, or `-` when the label only repeats
 /// what the row already says (the default `step-<i>`, or the agent's name).
 fn label_cell(s: &StepRecord, i: usize, foreign: bool) -> String {
     let default = s.label == format!("step-{i}");
-    if default || step_agent(s, foreign) == Some(s.label.as_str()) {
+    if default || s.agent_name(foreign) == Some(s.label.as_str()) {
         "-".into()
     } else {
         s.label.clone()
@@ -338,20 +326,13 @@ pub fn json_line(row: &Row) -> String {
 }
 
 /// The record as `--json` shows it (pure): as stored, except that each step has `label` (the
-/// stored `agent` key's value) and `agent` holds the agent it runs as ([`step_agent`]), `null`
+/// stored `agent` key's value) and `agent` holds the agent it runs as ([`StepRecord::agent_name`]), `null`
 /// for a bare task. Object keys come out in alphabetical order.
 fn record_json(o: &Observed) -> String {
     let Ok(mut v) = serde_json::to_value(&o.record) else {
         return "{}".into();
     };
-    if let Some(steps) = v.get_mut("steps").and_then(serde_json::Value::as_array_mut) {
-        for (st, rec) in steps.iter_mut().zip(&o.record.steps) {
-            if let Some(obj) = st.as_object_mut() {
-                obj.insert("label".into(), json!(rec.label));
-                obj.insert("agent".into(), json!(step_agent(rec, o.foreign)));
-            }
-        }
-    }
+    cohort_common::format::record::steps_for_readers(&mut v, &o.record, o.foreign);
     v.to_string()
 }
 

@@ -380,6 +380,34 @@ pub struct StepRecord {
     pub worktree: Option<crate::worktree::WorktreeRef>,
 }
 
+impl StepRecord {
+    /// The agent this step runs as, for readers (`steps[].agent` of `cohort-status --json` and
+    /// `cohort-spawn --wait --json`, the table's AGENT column): the agent cohort resolved
+    /// (`agentSource.name`), `None` for a bare task. In a record cohort did not write
+    /// (`foreign`: pi-subagents' or pi-cohort's), the stored `agent` key names the agent itself.
+    pub fn agent_name(&self, foreign: bool) -> Option<&str> {
+        match &self.agent_source {
+            Some(a) => Some(&a.name),
+            None if foreign => Some(&self.label),
+            None => None,
+        }
+    }
+}
+
+/// Rewrite the `steps` of `v` (the serialized `rec`) the way readers print them: each step gets
+/// `label` (its label, which `status.json` stores under `agent`) and `agent`
+/// ([`StepRecord::agent_name`], `null` for a bare task). `status.json` itself is never changed.
+pub fn steps_for_readers(v: &mut serde_json::Value, rec: &RunRecord, foreign: bool) {
+    if let Some(steps) = v.get_mut("steps").and_then(serde_json::Value::as_array_mut) {
+        for (st, rec) in steps.iter_mut().zip(&rec.steps) {
+            if let Some(obj) = st.as_object_mut() {
+                obj.insert("label".into(), serde_json::json!(rec.label));
+                obj.insert("agent".into(), serde_json::json!(rec.agent_name(foreign)));
+            }
+        }
+    }
+}
+
 /// One attempt of a step at one model (`steps[].attemptedModels[]`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
