@@ -479,6 +479,9 @@ mod tests {
             fallback_models: Vec::new(),
             timeout_ms: None,
             max_subagent_depth: None,
+            output: None,
+            default_reads: Vec::new(),
+            default_progress: false,
         };
         let step = FlatStep {
             index: 1,

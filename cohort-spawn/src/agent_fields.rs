@@ -49,8 +49,8 @@ pub enum Treatment {
 }
 
 const REMOVE_POLICY: &str = "cohort has no such policy; remove the field";
-const NEEDS_CHAIN_DIR: &str =
-    "it needs a chain directory, which cohort runs do not have yet; remove it and name the file in the task";
+const OUTPUT_MODE_ON_STEPS: &str =
+    "cohort takes `outputMode` from a chain step only; remove it and set `outputMode` on the step";
 
 /// Every field pi-subagents 0.67 or pi-cohort documents, and what cohort does with it. Keys
 /// neither upstream knows are accepted and listed as ignored.
@@ -92,10 +92,10 @@ pub const FIELDS: [(&str, Treatment); 41] = [
     ("extensions", Treatment::Honoured),
     ("subagentOnlyExtensions", Treatment::Honoured),
     ("mutationTools", Treatment::Refused(REMOVE_POLICY)),
-    ("output", Treatment::Refused(NEEDS_CHAIN_DIR)),
-    ("outputMode", Treatment::Refused(NEEDS_CHAIN_DIR)),
-    ("defaultReads", Treatment::Refused(NEEDS_CHAIN_DIR)),
-    ("defaultProgress", Treatment::Refused(NEEDS_CHAIN_DIR)),
+    ("output", Treatment::Honoured),
+    ("outputMode", Treatment::Refused(OUTPUT_MODE_ON_STEPS)),
+    ("defaultReads", Treatment::Honoured),
+    ("defaultProgress", Treatment::Honoured),
     ("interactive", Treatment::NoEffect),
     ("maxSubagentDepth", Treatment::Honoured),
     ("completionGuard", Treatment::Refused(REMOVE_POLICY)),
@@ -210,6 +210,7 @@ pub fn parse_agent(
     let extensions = Some(paths(&doc, "extensions", base)?).filter(|e| !e.is_empty());
     let tools = resolve_tools(&doc)?;
     let supervision = crate::supervision::parse(&doc)?;
+    let handoff = crate::agent_handoff::parse(&doc)?;
     Ok(AgentDef {
         spec: AgentSpec {
             name,
@@ -229,6 +230,9 @@ pub fn parse_agent(
             fallback_models: supervision.fallback_models,
             timeout_ms: supervision.timeout_ms,
             max_subagent_depth: supervision.max_subagent_depth,
+            output: handoff.output,
+            default_reads: handoff.default_reads,
+            default_progress: handoff.default_progress,
         },
         description: doc
             .string("description")?
