@@ -549,6 +549,7 @@ mod tests {
             output: output.map(str::to_string),
             default_reads: reads.iter().map(|r| r.to_string()).collect(),
             default_progress: progress,
+            fork_session: None,
         };
         TaskSpec {
             task: "x".into(),

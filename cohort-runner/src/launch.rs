@@ -482,6 +482,7 @@ mod tests {
             output: None,
             default_reads: Vec::new(),
             default_progress: false,
+            fork_session: None,
         };
         let step = FlatStep {
             index: 1,

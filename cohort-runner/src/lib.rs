@@ -8,6 +8,7 @@
 //! - [`launch`]: building and starting a step's Pi child (arguments, environment, private
 //!   `tmp/`, the parent-death signal);
 //! - [`context`]: the project's context files, for an agent that must not see the profile's;
+//! - [`fork`]: `defaultContext: fork`, a step's new session written as a copy of the caller's;
 //! - [`readers`]: the stdout and stderr reader threads of a child, and its capped output log;
 //! - [`tracking`]: the run's tracked processes, the looks at its tree, `processes.json`;
 //! - [`writer`]: the record writes: coalesced progress, the heartbeat, the terminal write;
@@ -30,6 +31,7 @@
 pub mod chain;
 pub mod cmd;
 pub mod context;
+pub mod fork;
 pub mod hook;
 pub mod launch;
 pub mod nested;

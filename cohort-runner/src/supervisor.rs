@@ -730,6 +730,10 @@ impl Supervisor {
             // A later attempt runs the task its first attempt wrote.
             String::new()
         } else {
+            let session = self.rec.steps[i].session_file.as_deref();
+            if let Some(f) = crate::fork::fork_into(&self.spec, step, session)? {
+                self.rec.steps[i].session_file = Some(f);
+            }
             let plan = self.plan(step)?;
             self.plans.insert(i, plan);
             self.fill_task(step)?

@@ -132,6 +132,8 @@ pub struct AgentDef {
     pub skill_names: Vec<String>,
     /// `model: inherit`: the caller's model, found at spawn.
     pub model_inherit: bool,
+    /// `defaultContext: fork`: the caller's session, found at spawn.
+    pub fork: bool,
 }
 
 /// Parse an agent file's text (pure). `scope` and `path` say where it was found. Errors carry
@@ -166,7 +168,7 @@ pub fn parse_agent(
     }
     check_runner(&doc)?;
     check_async(&doc)?;
-    check_default_context(&doc)?;
+    let fork = check_default_context(&doc)?;
     let package = match doc.string("package")? {
         Some(p) => Some(
             normalise_package(&p)
@@ -233,6 +235,7 @@ pub fn parse_agent(
             output: handoff.output,
             default_reads: handoff.default_reads,
             default_progress: handoff.default_progress,
+            fork_session: None,
         },
         description: doc
             .string("description")?
@@ -243,6 +246,7 @@ pub fn parse_agent(
         package,
         skill_names,
         model_inherit,
+        fork,
     })
 }
 
@@ -277,14 +281,12 @@ fn check_async(doc: &Document) -> Result<(), TextError> {
     }
 }
 
-/// `defaultContext`: `fresh` (cohort's only kind of start) is honoured, `fork` refused.
-fn check_default_context(doc: &Document) -> Result<(), TextError> {
+/// `defaultContext`: whether the agent's steps start from a copy of the caller's session
+/// (`fork`, true) or from a fresh one (`fresh` or absent).
+fn check_default_context(doc: &Document) -> Result<bool, TextError> {
     match doc.string("defaultContext")?.as_deref() {
-        None | Some("fresh") => Ok(()),
-        Some("fork") => Err(TextError::at(
-            doc.line_of("defaultContext"),
-            "`defaultContext: fork` is not supported by cohort: a run starts from a fresh session; remove it, or continue a session with cohort-spawn --session",
-        )),
+        None | Some("fresh") => Ok(false),
+        Some("fork") => Ok(true),
         Some(other) => Err(TextError::at(
             doc.line_of("defaultContext"),
             format!("`defaultContext` is {other:?}; expected fresh or fork"),
@@ -448,6 +450,12 @@ pub trait Caller {
     fn skill_file(&self, name: &str) -> Option<PathBuf>;
     /// Whether `path` exists.
     fn exists(&self, path: &Path) -> bool;
+    /// The session file `defaultContext: fork` copies: the `--session FILE` given to spawn,
+    /// else, for a nested run, its parent step's session file; `None` when there is no such
+    /// file. Errors: one line, why the caller's session cannot be read.
+    fn fork_source(&self) -> Result<Option<PathBuf>, String>;
+    /// Tell the user `line` (one line on stderr): a field that fell back to its default.
+    fn note(&self, line: &str);
 }
 
 /// The agent `def` as it runs for this caller: `model: inherit` replaced by the caller's
@@ -464,6 +472,17 @@ pub fn settle(def: &AgentDef, caller: &dyn Caller) -> Result<AgentSpec, String> 
             .inherited_model()
             .map_err(|why| format!("{file}: `model: inherit`: {why}"))?;
         spec.model = Some(m);
+    }
+    if def.fork {
+        match caller
+            .fork_source()
+            .map_err(|why| format!("{file}: `defaultContext: fork`: {why}"))?
+        {
+            Some(session) => spec.fork_session = Some(session),
+            None => caller.note(&format!(
+                "{file}: `defaultContext: fork`: there is no caller's session to fork (a top-level run names one with --session FILE), so the agent starts from a fresh session"
+            )),
+        }
     }
     if spec.thinking.as_deref() == Some("max") {
         match caller.pi_major() {
@@ -522,6 +541,8 @@ pub struct Machine<'a> {
     pub runtime: &'a RuntimeRequest,
     /// The runtime's Pi major version, once asked for.
     pub major: std::cell::OnceCell<Option<u64>>,
+    /// The `--session FILE` given to spawn for a single task, absolute.
+    pub session: Option<&'a Path>,
 }
 
 impl Caller for Machine<'_> {
@@ -558,6 +579,36 @@ impl Caller for Machine<'_> {
     fn exists(&self, path: &Path) -> bool {
         path.exists()
     }
+
+    fn fork_source(&self) -> Result<Option<PathBuf>, String> {
+        let candidate = match (self.session, self.nested) {
+            (Some(s), _) => Some(s.to_path_buf()),
+            (None, Some((root, place))) => parent_step_session(root, place)?,
+            (None, None) => None,
+        };
+        // A session file that does not exist yet is a new session: nothing to fork.
+        Ok(candidate.filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file())))
+    }
+
+    fn note(&self, line: &str) {
+        eprintln!("cohort-spawn: note: {line}");
+    }
+}
+
+/// The session file of the step of the parent run a nested run is started from, as its
+/// record has it (`None` before the step has one).
+fn parent_step_session(root: &StateRoot, place: &Placement) -> Result<Option<PathBuf>, String> {
+    let dir = if place.parent_run_id == place.root_run_id {
+        root.run_dir(&place.root_run_id)
+    } else {
+        root.nested_run_dir(&place.root_run_id, &place.parent_run_id)
+    };
+    let rec = record::load(&dir.status())
+        .map_err(|e| format!("cannot read the parent run's record: {e}"))?;
+    Ok(rec
+        .steps
+        .get(place.parent_step_index)
+        .and_then(|s| s.session_file.clone()))
 }
 
 /// The model of the step of the parent run a nested run is started from, as its record has
@@ -704,6 +755,7 @@ mod tests {
             "runner:\n  type: pi\n",
             "async: true\n",
             "defaultContext: fresh\n",
+            "defaultContext: fork\n",
             "advertise: true\n",
             "interactive: true\n",
         ] {
@@ -716,7 +768,6 @@ mod tests {
             ),
             ("runner: external-job\n", "Pi children only"),
             ("async: false\n", "always in the background"),
-            ("defaultContext: fork\n", "fresh session"),
             ("defaultContext: warm\n", "expected fresh or fork"),
             ("advertise: maybe\n", "true or false"),
         ] {
@@ -796,6 +847,17 @@ mod tests {
     struct Fake {
         model: Result<String, String>,
         major: Option<u64>,
+        fork: Result<Option<PathBuf>, String>,
+        notes: std::cell::RefCell<Vec<String>>,
+    }
+
+    fn caller(model: Result<String, String>, major: Option<u64>) -> Fake {
+        Fake {
+            model,
+            major,
+            fork: Ok(None),
+            notes: Default::default(),
+        }
     }
 
     impl Caller for Fake {
@@ -811,24 +873,24 @@ mod tests {
         fn exists(&self, path: &Path) -> bool {
             !path.to_string_lossy().contains("missing")
         }
+        fn fork_source(&self) -> Result<Option<PathBuf>, String> {
+            self.fork.clone()
+        }
+        fn note(&self, line: &str) {
+            self.notes.borrow_mut().push(line.to_string());
+        }
     }
 
     #[test]
     fn settling_replaces_inherit_and_checks_what_needs_the_machine() {
-        let fake = Fake {
-            model: Ok("fake/parent".into()),
-            major: Some(0),
-        };
+        let fake = caller(Ok("fake/parent".into()), Some(0));
         let d = parse(&fm("model: inherit\n")).unwrap();
         assert_eq!(d.spec.model, None, "the literal never reaches Pi");
         assert_eq!(
             settle(&d, &fake).unwrap().model.as_deref(),
             Some("fake/parent")
         );
-        let none = Fake {
-            model: Err("no default model".into()),
-            major: Some(1),
-        };
+        let none = caller(Err("no default model".into()), Some(1));
         let e = settle(&d, &none).unwrap_err();
         assert!(
             e.starts_with("/u/agents/a.md: `model: inherit`: no default"),
@@ -853,6 +915,35 @@ mod tests {
             e.contains("`extensions`") && e.contains("missing.ts"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn fork_is_the_callers_session_else_a_fresh_start_said_on_stderr() {
+        let d = parse(&fm("defaultContext: fork\n")).unwrap();
+        assert!(d.fork);
+        assert!(!parse(&fm("defaultContext: fresh\n")).unwrap().fork);
+        let mut caller = caller(Ok("m/x".into()), Some(0));
+        caller.fork = Ok(Some(PathBuf::from("/s/parent.jsonl")));
+        assert_eq!(
+            settle(&d, &caller).unwrap().fork_session,
+            Some(PathBuf::from("/s/parent.jsonl"))
+        );
+        assert!(caller.notes.borrow().is_empty());
+        caller.fork = Ok(None);
+        assert_eq!(settle(&d, &caller).unwrap().fork_session, None);
+        let notes = caller.notes.borrow().clone();
+        assert_eq!(notes.len(), 1);
+        assert!(
+            notes[0].starts_with("/u/agents/a.md: `defaultContext: fork`")
+                && notes[0].contains("fresh session"),
+            "{notes:?}"
+        );
+        caller.fork = Err("cannot read the parent run's record".into());
+        let e = settle(&d, &caller).unwrap_err();
+        assert!(e.contains("`defaultContext: fork`: cannot read"), "{e}");
+        // An agent that does not fork never asks.
+        let plain = parse(&fm("")).unwrap();
+        assert_eq!(settle(&plain, &caller).unwrap().fork_session, None);
     }
 
     /// The first-column fields of `docs/agents.md`'s compatibility table.

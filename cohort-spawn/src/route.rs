@@ -437,6 +437,7 @@ mod tests {
             output: None,
             default_reads: Vec::new(),
             default_progress: false,
+            fork_session: None,
         };
         let spec = LaunchSpec {
             format_version: cohort_common::format::spec::SPEC_VERSION,

@@ -256,6 +256,12 @@ pub struct AgentSpec {
     /// unless the step says `progress`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub default_progress: bool,
+    /// `defaultContext: fork`, settled at spawn: the caller's session file (a nested run's
+    /// parent step's, or the `--session FILE` given to spawn) that the step's new session
+    /// starts as a copy of. Absent: a fresh session (also when there was nothing to fork). A
+    /// step that continues a session of its own (a revival) does not fork.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork_session: Option<PathBuf>,
 }
 
 impl AgentSpec {

@@ -393,6 +393,11 @@ pub(super) fn resolve_agents(
             let spec = crate::agent_fields::settle(&def, machine).map_err(|e| {
                 cohort_common::Error::Usage(format!("agent {name:?} cannot be used: {e}"))
             })?;
+            // A forked session starts as a copy of `--session FILE`: FILE itself is not
+            // continued, and not written.
+            if spec.fork_session.is_some() && t.session_file == spec.fork_session {
+                t.session_file = None;
+            }
             agents::apply(t, &spec);
         }
     }

@@ -13,6 +13,7 @@
 
 mod agent_discovery;
 mod agent_fields;
+mod agent_fork;
 mod agent_handoff;
 mod agents;
 mod bad_input;
