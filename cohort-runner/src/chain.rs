@@ -550,6 +550,7 @@ mod tests {
             default_reads: reads.iter().map(|r| r.to_string()).collect(),
             default_progress: progress,
             fork_session: None,
+            extension_tools: Vec::new(),
         };
         TaskSpec {
             task: "x".into(),

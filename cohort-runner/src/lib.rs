@@ -15,6 +15,7 @@
 //! - [`nested`]: stopping the nested runs of a stopped run;
 //! - [`step`]: a step's lifecycle as a state type, and every rule of how a step and a run end
 //!   (Pi's verdict, the stderr digest, the recorded outcome);
+//! - [`tool_check`]: the check, inside the Pi child, that an agent's extension tools exist;
 //! - [`structured`]: a step's `outputSchema`: parsing its answer as JSON and validating it;
 //! - [`stream`]: reading a Pi child's `--mode json` event stream in bounded memory;
 //! - [`hook`]: the on-exit hook, run once after the terminal record is durable;
@@ -45,5 +46,6 @@ pub mod stream;
 pub mod structured;
 pub mod supervisor;
 pub mod sweep;
+pub mod tool_check;
 pub mod tracking;
 pub mod writer;

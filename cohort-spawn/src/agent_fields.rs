@@ -10,7 +10,9 @@
 //! runtime knows a thinking level, where a named skill is, whether a path exists.
 //!
 //! The rule: an agent never runs with a tool, extension or model it did not ask for. Tool
-//! names are Pi's built-in tools, matched exactly (case-sensitive); anything else is refused
+//! names are Pi's built-in tools, matched exactly (case-sensitive), or, for an agent that loads
+//! an extension, names the extension may register, which the runner checks inside the child
+//! before its first model call (`cohort-runner/src/tool_check.rs`); anything else is refused
 //! with the known names, because Pi drops an unknown name without a word.
 
 use std::path::{Path, PathBuf};
@@ -210,7 +212,18 @@ pub fn parse_agent(
     };
     let skills = paths(&doc, "skillPath", base)?;
     let extensions = Some(paths(&doc, "extensions", base)?).filter(|e| !e.is_empty());
-    let tools = resolve_tools(&doc)?;
+    let loads_extensions = !doc.list("extensions")?.unwrap_or_default().is_empty()
+        || !doc
+            .list("subagentOnlyExtensions")?
+            .unwrap_or_default()
+            .is_empty();
+    let tools = resolve_tools(&doc, loads_extensions)?;
+    let extension_tools = tools
+        .iter()
+        .flatten()
+        .filter(|t| !PI_TOOLS.contains(&t.as_str()))
+        .cloned()
+        .collect();
     let supervision = crate::supervision::parse(&doc)?;
     let handoff = crate::agent_handoff::parse(&doc)?;
     Ok(AgentDef {
@@ -236,6 +249,7 @@ pub fn parse_agent(
             default_reads: handoff.default_reads,
             default_progress: handoff.default_progress,
             fork_session: None,
+            extension_tools,
         },
         description: doc
             .string("description")?
@@ -369,14 +383,16 @@ fn paths(doc: &Document, key: &str, base: Option<&Path>) -> Result<Vec<PathBuf>,
 
 /// The tool set `tools` and `excludeTools` give (pure): absent `tools` is Pi's default set
 /// (`None`, no flag) unless `excludeTools` narrows it; `tools` present but empty is no tools;
-/// `excludeTools` removes names from the set. Every name must be one of [`PI_TOOLS`].
-fn resolve_tools(doc: &Document) -> Result<Option<Vec<String>>, TextError> {
+/// `excludeTools` removes names from the set. Every name must be one of [`PI_TOOLS`], or,
+/// when the agent loads an extension (`extensions`), a name an extension may register
+/// ([`check_tool_name`]).
+fn resolve_tools(doc: &Document, extensions: bool) -> Result<Option<Vec<String>>, TextError> {
     let declared = if doc.fields.contains_key("tools") {
-        Some(checked_tools(doc, "tools")?)
+        Some(checked_tools(doc, "tools", extensions)?)
     } else {
         None
     };
-    let excluded = checked_tools(doc, "excludeTools")?;
+    let excluded = checked_tools(doc, "excludeTools", extensions)?;
     Ok(match declared {
         None if excluded.is_empty() => None,
         None => Some(
@@ -392,10 +408,10 @@ fn resolve_tools(doc: &Document) -> Result<Option<Vec<String>>, TextError> {
 
 /// The names list field `key` holds (comma-separated text or a YAML list; empty or null: none),
 /// each checked by [`check_tool_name`], repeats dropped.
-fn checked_tools(doc: &Document, key: &str) -> Result<Vec<String>, TextError> {
+fn checked_tools(doc: &Document, key: &str, extensions: bool) -> Result<Vec<String>, TextError> {
     let mut out: Vec<String> = Vec::new();
     for name in doc.list(key)?.unwrap_or_default() {
-        check_tool_name(&name)
+        check_tool_name(&name, extensions)
             .map_err(|m| TextError::at(doc.line_of(key), format!("`{key}`: {m}")))?;
         if !out.contains(&name) {
             out.push(name);
@@ -406,8 +422,11 @@ fn checked_tools(doc: &Document, key: &str) -> Result<Vec<String>, TextError> {
 
 /// Why `name` is not a tool a cohort child can be given, if it is not (pure): whitespace in
 /// it (two names not separated by a comma), a builtin's name in another case, an MCP selector,
-/// an extension path, or any other name Pi does not build in.
-pub fn check_tool_name(name: &str) -> Result<(), String> {
+/// an extension path, or any other name Pi does not build in, unless the agent loads an
+/// extension (`extensions`): then a name made of letters, digits, `_`, `-` and `.` is one
+/// the extension may register, checked when the child starts
+/// (`cohort-runner/src/tool_check.rs`).
+pub fn check_tool_name(name: &str, extensions: bool) -> Result<(), String> {
     if PI_TOOLS.contains(&name) {
         return Ok(());
     }
@@ -433,8 +452,19 @@ pub fn check_tool_name(name: &str) -> Result<(), String> {
             "{name:?} is a path, not a tool name; list extensions under `extensions`"
         ));
     }
+    let plain = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if extensions && plain {
+        return Ok(());
+    }
+    if extensions {
+        return Err(format!(
+            "{name:?} is not a tool name (letters, digits, _, - and . only)"
+        ));
+    }
     Err(format!(
-        "{name:?} is not one of Pi's built-in tools, and cohort cannot check that an extension provides it; the tools it can give are {known}"
+        "{name:?} is not one of Pi's built-in tools ({known}); a tool an extension provides needs the extension listed under `extensions`"
     ))
 }
 
@@ -734,7 +764,7 @@ mod tests {
                 "tools: read, fetch\n",
                 "read, bash, edit, write, grep, find, ls",
             ),
-            ("tools: web_search\n", "not one of Pi's built-in tools"),
+            ("tools: web_search\n", "listed under `extensions`"),
             (
                 "tools: contact_supervisor\n",
                 "not one of Pi's built-in tools",
@@ -744,6 +774,37 @@ mod tests {
         ] {
             let e = refusal(fields);
             assert_eq!(e.line, 4, "{fields}: {e:?}");
+            assert!(e.message.contains(needle), "{fields}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn an_agent_that_loads_an_extension_may_name_the_tools_it_registers() {
+        let d = parse(&fm(
+            "extensions: ./web.ts\ntools: read, web_search, fetch_content\nexcludeTools: fetch_content\n",
+        ))
+        .unwrap();
+        assert_eq!(d.spec.tools, Some(vec!["read".into(), "web_search".into()]));
+        assert_eq!(d.spec.extension_tools, ["web_search"]);
+        let d = parse(&fm("subagentOnlyExtensions: ./x.ts\ntools: intercom\n")).unwrap();
+        assert_eq!(d.spec.extension_tools, ["intercom"]);
+        assert!(parse(&fm("tools: read, grep\n"))
+            .unwrap()
+            .spec
+            .extension_tools
+            .is_empty());
+        // What an extension cannot make a tool name of is still refused.
+        for (fields, needle) in [
+            ("extensions: ./web.ts\ntools: Read\n", "write read"),
+            ("extensions: ./web.ts\ntools: read bash\n", "commas"),
+            ("extensions: ./web.ts\ntools: mcp:github\n", "MCP"),
+            ("extensions: ./web.ts\ntools: \"a;b\"\n", "not a tool name"),
+            (
+                "extensions: []\ntools: web_search\n",
+                "listed under `extensions`",
+            ),
+        ] {
+            let e = refusal(fields);
             assert!(e.message.contains(needle), "{fields}: {e:?}");
         }
     }

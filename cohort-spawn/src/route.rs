@@ -438,6 +438,7 @@ mod tests {
             default_reads: Vec::new(),
             default_progress: false,
             fork_session: None,
+            extension_tools: Vec::new(),
         };
         let spec = LaunchSpec {
             format_version: cohort_common::format::spec::SPEC_VERSION,

@@ -262,6 +262,11 @@ pub struct AgentSpec {
     /// step that continues a session of its own (a revival) does not fork.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fork_session: Option<PathBuf>,
+    /// The names of `tools` that are not Pi's own tools, allowed because the agent loads an
+    /// extension: the runner checks before the first model call that the child has them, and
+    /// fails the step naming the missing ones (`docs/agents.md`, "Tools from extensions").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extension_tools: Vec<String>,
 }
 
 impl AgentSpec {

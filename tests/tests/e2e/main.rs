@@ -12,6 +12,7 @@
 //! of its own and ends only those, by pid.
 
 mod agent_discovery;
+mod agent_ext_tools;
 mod agent_fields;
 mod agent_fork;
 mod agent_handoff;
