@@ -575,6 +575,17 @@ pub struct Machine<'a> {
     pub session: Option<&'a Path>,
 }
 
+impl Machine<'_> {
+    /// The provider of a nested run's caller: of the model its parent step recorded (`None`
+    /// for a top-level run, or when the parent step has none yet). It selects the settings'
+    /// `agentOverridesByProvider` ([`crate::discover::discover_as`]).
+    pub fn caller_provider(&self) -> Option<String> {
+        let (root, place) = self.nested?;
+        let model = parent_step_model(root, place).ok()?;
+        model.split_once('/').map(|(p, _)| p.to_string())
+    }
+}
+
 impl Caller for Machine<'_> {
     fn inherited_model(&self) -> Result<String, String> {
         match self.nested {

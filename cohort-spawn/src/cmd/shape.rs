@@ -384,7 +384,8 @@ pub(super) fn resolve_agents(
     {
         return Ok(());
     }
-    let catalog = agents::discover(machine.profile, cwd)?;
+    let provider = machine.caller_provider();
+    let catalog = crate::discover::discover_as(machine.profile, cwd, provider.as_deref())?;
     for t in crate::chain_file::tasks_mut(chain) {
         if let (Some(name), None) = (t.agent.clone(), &t.resolved_agent) {
             let mut def = catalog.resolve(&name)?.clone();

@@ -16,6 +16,7 @@ mod agent_ext_tools;
 mod agent_fields;
 mod agent_fork;
 mod agent_handoff;
+mod agent_settings;
 mod agents;
 mod bad_input;
 mod chain_runner;
