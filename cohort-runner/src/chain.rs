@@ -83,21 +83,62 @@ pub fn resolve_path(chain_dir: &Path, p: &str) -> std::result::Result<PathBuf, S
     Ok(chain_dir.join(path))
 }
 
-/// The handoff files of `spec` (pure): its `output` (a relative one of a group `member` is
-/// namespaced to `parallel-<step>/<k>-<agent>/`, so members never share a file), its `reads`,
-/// and `progress.md` when `progress` is on. Without a chain directory (a single run) there are
-/// none.
+/// Where a step's handoff paths resolve.
+#[derive(Clone, Copy, Debug)]
+pub struct Bases<'a> {
+    /// The run's chain directory: relative `output:` paths, and in a chain or a parallel
+    /// group also relative `reads:` and `progress.md`.
+    pub chain_dir: &'a Path,
+    /// The step's cwd when the run is a single task: its relative `reads:` resolve against
+    /// it, only the files that exist are named, and `progress` has no effect (pi-subagents'
+    /// single launch).
+    pub single_cwd: Option<&'a Path>,
+}
+
+/// The handoff keys of `spec` with its agent's defaults laid under them (pure): the step's
+/// `output` / `reads` / `progress` when it has them (`false` turns the agent's off), else the
+/// agent's `output` / `defaultReads` / `defaultProgress`.
+pub fn handoff_keys(spec: &TaskSpec) -> (Option<&str>, Vec<&str>, bool) {
+    let agent = spec.resolved_agent.as_deref();
+    let output = match &spec.output {
+        Some(o) => o.value().map(String::as_str),
+        None => agent.and_then(|a| a.output.as_deref()),
+    };
+    let reads = match &spec.reads {
+        Some(r) => r.value().map(|v| v.iter().map(String::as_str).collect()),
+        None => agent.map(|a| a.default_reads.iter().map(String::as_str).collect()),
+    };
+    let progress = spec
+        .progress
+        .unwrap_or_else(|| agent.is_some_and(|a| a.default_progress));
+    (output, reads.unwrap_or_default(), progress)
+}
+
+/// Whether step `spec` hands off through a file, so that its run needs a chain directory
+/// (pure).
+pub fn wants_chain_dir(spec: &TaskSpec) -> bool {
+    let (output, reads, progress) = handoff_keys(spec);
+    output.is_some() || !reads.is_empty() || progress
+}
+
+/// The handoff files of `spec` ([`handoff_keys`]; pure but for `exists`, asked only about a
+/// single run's reads): its `output` (a relative one of a group `member` is namespaced to
+/// `parallel-<step>/<k>-<agent>/`, so members never share a file), its `reads`, and
+/// `progress.md` when `progress` is on. Without a chain directory there are none.
 ///
 /// Errors: a path that would leave the chain directory.
 pub fn step_files(
-    chain_dir: Option<&Path>,
+    bases: Option<Bases>,
     spec: &TaskSpec,
     member: Option<Member>,
+    exists: &dyn Fn(&Path) -> bool,
 ) -> std::result::Result<StepFiles, String> {
-    let Some(dir) = chain_dir else {
+    let Some(bases) = bases else {
         return Ok(StepFiles::default());
     };
-    let output = match spec.output.as_ref().and_then(|o| o.value()) {
+    let dir = bases.chain_dir;
+    let (output, reads, progress) = handoff_keys(spec);
+    let output = match output {
         Some(o) => {
             let base = match member {
                 Some(m) if !Path::new(o).is_absolute() => dir
@@ -109,14 +150,18 @@ pub fn step_files(
         }
         None => None,
     };
-    let reads = match spec.reads.as_ref().and_then(|r| r.value()) {
-        Some(r) => r
+    let reads = match bases.single_cwd {
+        None => reads
             .iter()
             .map(|p| resolve_path(dir, p))
             .collect::<std::result::Result<_, _>>()?,
-        None => Vec::new(),
+        Some(cwd) => reads
+            .iter()
+            .map(|p| cwd.join(p))
+            .filter(|p| exists(p))
+            .collect(),
     };
-    let progress = (spec.progress == Some(true)).then(|| dir.join(PROGRESS_FILE));
+    let progress = (progress && bases.single_cwd.is_none()).then(|| dir.join(PROGRESS_FILE));
     Ok(StepFiles {
         output,
         reads,
@@ -515,6 +560,17 @@ mod tests {
         );
     }
 
+    fn chain(dir: &Path) -> Option<Bases<'_>> {
+        Some(Bases {
+            chain_dir: dir,
+            single_cwd: None,
+        })
+    }
+
+    fn anything(_: &Path) -> bool {
+        true
+    }
+
     #[test]
     fn handoff_paths_stay_in_the_chain_dir_and_members_are_apart() {
         let dir = Path::new("/c");
@@ -526,18 +582,101 @@ mod tests {
             index: 1,
             agent: "rev",
         };
-        let f = step_files(Some(dir), &s, Some(m)).unwrap();
+        let f = step_files(chain(dir), &s, Some(m), &anything).unwrap();
         assert_eq!(f.output.unwrap(), Path::new("/c/parallel-2/1-rev/out.md"));
         assert_eq!(f.reads, vec![PathBuf::from("/c/a.md"), "/abs/b.md".into()]);
         assert_eq!(
-            step_files(Some(dir), &s, None).unwrap().output.unwrap(),
+            step_files(chain(dir), &s, None, &anything)
+                .unwrap()
+                .output
+                .unwrap(),
             Path::new("/c/out.md")
         );
         s.output = Some(Setting::Value("../escape.md".into()));
-        assert!(step_files(Some(dir), &s, None).is_err());
+        assert!(step_files(chain(dir), &s, None, &anything).is_err());
         s.output = Some(Setting::Off);
-        assert_eq!(step_files(Some(dir), &s, None).unwrap().output, None);
-        assert_eq!(step_files(None, &s, None).unwrap(), StepFiles::default());
+        assert_eq!(
+            step_files(chain(dir), &s, None, &anything).unwrap().output,
+            None
+        );
+        assert_eq!(
+            step_files(None, &s, None, &anything).unwrap(),
+            StepFiles::default()
+        );
+    }
+
+    fn with_agent(output: Option<&str>, reads: &[&str], progress: bool) -> TaskSpec {
+        let agent = cohort_common::format::spec::AgentSpec {
+            name: "scout".into(),
+            scope: cohort_common::format::record::AgentScope::User,
+            path: None,
+            model: None,
+            thinking: None,
+            tools: None,
+            system_prompt_mode: Default::default(),
+            inherit_project_context: false,
+            inherit_global_context: false,
+            inherit_skills: false,
+            skills: Vec::new(),
+            extensions: None,
+            extra_extensions: Vec::new(),
+            prompt: String::new(),
+            fallback_models: Vec::new(),
+            timeout_ms: None,
+            max_subagent_depth: None,
+            output: output.map(str::to_string),
+            default_reads: reads.iter().map(|r| r.to_string()).collect(),
+            default_progress: progress,
+            fork_session: None,
+            extension_tools: Vec::new(),
+        };
+        TaskSpec {
+            task: "x".into(),
+            resolved_agent: Some(Box::new(agent)),
+            ..TaskSpec::default()
+        }
+    }
+
+    #[test]
+    fn the_agents_defaults_lie_under_the_steps_own_keys() {
+        let dir = Path::new("/c");
+        let mut s = with_agent(Some("context.md"), &["plan.md"], true);
+        assert!(wants_chain_dir(&s));
+        let f = step_files(chain(dir), &s, None, &anything).unwrap();
+        assert_eq!(f.output.unwrap(), Path::new("/c/context.md"));
+        assert_eq!(f.reads, [PathBuf::from("/c/plan.md")]);
+        assert_eq!(f.progress.unwrap(), Path::new("/c/progress.md"));
+        // The step's own keys win; `false` turns the agent's default off.
+        s.output = Some(Setting::Value("mine.md".into()));
+        s.reads = Some(Setting::Off);
+        s.progress = Some(false);
+        let f = step_files(chain(dir), &s, None, &anything).unwrap();
+        assert_eq!(f.output.unwrap(), Path::new("/c/mine.md"));
+        assert!(f.reads.is_empty() && f.progress.is_none());
+        s.output = Some(Setting::Off);
+        assert!(!wants_chain_dir(&s));
+        assert!(!wants_chain_dir(&spec("no agent")));
+    }
+
+    #[test]
+    fn a_single_runs_reads_are_the_cwds_files_that_exist_and_it_keeps_no_progress() {
+        let s = with_agent(
+            Some("out.md"),
+            &["plan.md", "gone.md", "/abs/notes.md"],
+            true,
+        );
+        let bases = Some(Bases {
+            chain_dir: Path::new("/run/chain"),
+            single_cwd: Some(Path::new("/work")),
+        });
+        let exists = |p: &Path| !p.ends_with("gone.md");
+        let f = step_files(bases, &s, None, &exists).unwrap();
+        assert_eq!(f.output.unwrap(), Path::new("/run/chain/out.md"));
+        assert_eq!(
+            f.reads,
+            [PathBuf::from("/work/plan.md"), "/abs/notes.md".into()]
+        );
+        assert_eq!(f.progress, None);
     }
 
     #[test]

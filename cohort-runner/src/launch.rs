@@ -87,12 +87,15 @@ pub fn start(
         .and_then(|v| v.split('.').next()?.parse().ok())
         .unwrap_or(0);
     let context = write_context(l, step, pi_major).map_err(|e| e.to_string())?;
+    let tool_check = crate::tool_check::write_check(l.dir, step, attempt == Attempt::First)
+        .map_err(|e| e.to_string())?;
     let child = Child {
         pi_major,
         context: match &context {
             None => ContextFiles::Pi,
             Some(file) => ContextFiles::Runner(file.as_deref()),
         },
+        tool_check: tool_check.as_deref(),
     };
     let args = pi_command_args(
         step,
@@ -210,6 +213,9 @@ pub struct Child<'a> {
     pub pi_major: u64,
     /// Who gives the child its context files.
     pub context: ContextFiles<'a>,
+    /// The check that the agent's extension tools exist ([`crate::tool_check`]), loaded with
+    /// `-e` after the agent's own extensions.
+    pub tool_check: Option<&'a Path>,
 }
 
 /// The command of step `i`'s Pi child: `node <entry> <args>` in `cwd` (the step's own, else
@@ -318,8 +324,8 @@ fn agent_flags(agent: &AgentSpec, prompt_file: &Path) -> Vec<String> {
 /// The arguments of a step's Pi child after the CLI entry (pure): `--mode json -p --session
 /// FILE`, the step's model, thinking and tools (spawn has merged its agent's into them; an
 /// empty tool list is `--no-tools`), the agent's flags for a prompt written to `prompt_file`
-/// (`agent_flags`), the context files the runner gives it ([`Child`]), and
-/// for an agent on Pi 1.x `--no-mcp` (no agent field can ask for MCP tools, and Pi 1.x keeps
+/// (`agent_flags`), the context files the runner gives it and the check of its extension
+/// tools ([`Child`]), and for an agent on Pi 1.x `--no-mcp` (no agent field can ask for MCP tools, and Pi 1.x keeps
 /// them reachable beside `--tools`); then the run-wide and the step's own Pi args, so that
 /// the latter win (Pi keeps the last `--model`, `--tools`, `--thinking`, `--system-prompt`).
 ///
@@ -359,6 +365,9 @@ pub fn pi_command_args(
             if let Some(c) = file {
                 args.extend(["--append-system-prompt".into(), c.display().to_string()]);
             }
+        }
+        if let Some(check) = child.tool_check {
+            args.extend(["-e".into(), check.display().to_string()]);
         }
         if child.pi_major >= 1 {
             args.push("--no-mcp".into());
@@ -464,6 +473,11 @@ mod tests {
             fallback_models: Vec::new(),
             timeout_ms: None,
             max_subagent_depth: None,
+            output: None,
+            default_reads: Vec::new(),
+            default_progress: false,
+            fork_session: None,
+            extension_tools: Vec::new(),
         };
         let step = FlatStep {
             index: 1,
@@ -509,9 +523,10 @@ mod tests {
         // Pi 1.x: no MCP; the runner's context file in place of Pi's own; no tools.
         let mut step = step;
         step.spec.tools = Some(vec![]);
-        let child = Child {
+        let mut child = Child {
             pi_major: 1,
             context: ContextFiles::Runner(Some(Path::new("/r/context-1.md"))),
+            tool_check: None,
         };
         let args = pi_command_args(&step, Path::new("/s"), &[], Some(Path::new("/p")), &child);
         assert_eq!(
@@ -528,6 +543,12 @@ mod tests {
                 "--no-mcp"
             ]
         );
+        // The check of the agent's extension tools comes after its extensions.
+        child.tool_check = Some(Path::new("/r/tools-1.ts"));
+        let args = pi_command_args(&step, Path::new("/s"), &[], Some(Path::new("/p")), &child);
+        let at = args.iter().position(|a| a == "/r/tools-1.ts").unwrap();
+        assert_eq!(args[at - 1], "-e");
+        assert!(args.iter().position(|a| a == "--no-extensions").unwrap() < at);
         let with_files = spec::AgentSpec {
             skills: vec!["/s/SKILL.md".into()],
             extensions: Some(vec!["/e/a.ts".into()]),

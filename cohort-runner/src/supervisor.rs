@@ -405,9 +405,12 @@ impl Supervisor {
     }
 
     /// Create the run's chain directory before a chain's first step; a failure to do so is
-    /// the run's failure (returned). Runs of one task or one group have none.
+    /// the run's failure (returned). Runs of one task or one group have one only when a step
+    /// hands off through a file (its own keys or its agent's, [`chain::wants_chain_dir`]).
     fn open_chain_dir(&mut self) -> Option<String> {
-        if self.spec.mode != RunMode::Chain {
+        let (flat, _) = spec::flatten(&self.spec.chain);
+        if self.spec.mode != RunMode::Chain && !flat.iter().any(|f| chain::wants_chain_dir(&f.spec))
+        {
             return None;
         }
         let dir = self.dir.chain_dir();
@@ -732,7 +735,17 @@ impl Supervisor {
             index: i - start,
             agent,
         });
-        let files = chain::step_files(self.handoff.chain_dir.as_deref(), &step.spec, member)?;
+        let single_cwd = (self.spec.mode == RunMode::Single)
+            .then(|| step.spec.cwd.as_deref().unwrap_or(&self.spec.cwd));
+        let bases = self
+            .handoff
+            .chain_dir
+            .as_deref()
+            .map(|chain_dir| chain::Bases {
+                chain_dir,
+                single_cwd,
+            });
+        let files = chain::step_files(bases, &step.spec, member, &|p| p.exists())?;
         let item = self.items.get(&i).map(|(n, v)| (n.as_str(), v));
         let task = self.handoff.task_of(&step.spec, item, &files)?;
         if files.progress.is_some() {
@@ -765,6 +778,10 @@ impl Supervisor {
             // A later attempt runs the task its first attempt wrote.
             String::new()
         } else {
+            let session = self.rec.steps[i].session_file.as_deref();
+            if let Some(f) = crate::fork::fork_into(&self.spec, step, session)? {
+                self.rec.steps[i].session_file = Some(f);
+            }
             let plan = self.plan(step)?;
             self.plans.insert(i, plan);
             self.fill_task(step)?

@@ -10,7 +10,9 @@
 //! runtime knows a thinking level, where a named skill is, whether a path exists.
 //!
 //! The rule: an agent never runs with a tool, extension or model it did not ask for. Tool
-//! names are Pi's built-in tools, matched exactly (case-sensitive); anything else is refused
+//! names are Pi's built-in tools, matched exactly (case-sensitive), or, for an agent that loads
+//! an extension, names the extension may register, which the runner checks inside the child
+//! before its first model call (`cohort-runner/src/tool_check.rs`); anything else is refused
 //! with the known names, because Pi drops an unknown name without a word.
 
 use std::path::{Path, PathBuf};
@@ -49,8 +51,8 @@ pub enum Treatment {
 }
 
 const REMOVE_POLICY: &str = "cohort has no such policy; remove the field";
-const NEEDS_CHAIN_DIR: &str =
-    "it needs a chain directory, which cohort runs do not have yet; remove it and name the file in the task";
+const OUTPUT_MODE_ON_STEPS: &str =
+    "cohort takes `outputMode` from a chain step only; remove it and set `outputMode` on the step";
 
 /// Every field pi-subagents 0.67 or pi-cohort documents, and what cohort does with it. Keys
 /// neither upstream knows are accepted and listed as ignored.
@@ -92,10 +94,10 @@ pub const FIELDS: [(&str, Treatment); 41] = [
     ("extensions", Treatment::Honoured),
     ("subagentOnlyExtensions", Treatment::Honoured),
     ("mutationTools", Treatment::Refused(REMOVE_POLICY)),
-    ("output", Treatment::Refused(NEEDS_CHAIN_DIR)),
-    ("outputMode", Treatment::Refused(NEEDS_CHAIN_DIR)),
-    ("defaultReads", Treatment::Refused(NEEDS_CHAIN_DIR)),
-    ("defaultProgress", Treatment::Refused(NEEDS_CHAIN_DIR)),
+    ("output", Treatment::Honoured),
+    ("outputMode", Treatment::Refused(OUTPUT_MODE_ON_STEPS)),
+    ("defaultReads", Treatment::Honoured),
+    ("defaultProgress", Treatment::Honoured),
     ("interactive", Treatment::NoEffect),
     ("maxSubagentDepth", Treatment::Honoured),
     ("completionGuard", Treatment::Refused(REMOVE_POLICY)),
@@ -132,6 +134,8 @@ pub struct AgentDef {
     pub skill_names: Vec<String>,
     /// `model: inherit`: the caller's model, found at spawn.
     pub model_inherit: bool,
+    /// `defaultContext: fork`: the caller's session, found at spawn.
+    pub fork: bool,
 }
 
 /// Parse an agent file's text (pure). `scope` and `path` say where it was found. Errors carry
@@ -166,7 +170,7 @@ pub fn parse_agent(
     }
     check_runner(&doc)?;
     check_async(&doc)?;
-    check_default_context(&doc)?;
+    let fork = check_default_context(&doc)?;
     let package = match doc.string("package")? {
         Some(p) => Some(
             normalise_package(&p)
@@ -208,8 +212,20 @@ pub fn parse_agent(
     };
     let skills = paths(&doc, "skillPath", base)?;
     let extensions = Some(paths(&doc, "extensions", base)?).filter(|e| !e.is_empty());
-    let tools = resolve_tools(&doc)?;
+    let loads_extensions = !doc.list("extensions")?.unwrap_or_default().is_empty()
+        || !doc
+            .list("subagentOnlyExtensions")?
+            .unwrap_or_default()
+            .is_empty();
+    let tools = resolve_tools(&doc, loads_extensions)?;
+    let extension_tools = tools
+        .iter()
+        .flatten()
+        .filter(|t| !PI_TOOLS.contains(&t.as_str()))
+        .cloned()
+        .collect();
     let supervision = crate::supervision::parse(&doc)?;
+    let handoff = crate::agent_handoff::parse(&doc)?;
     Ok(AgentDef {
         spec: AgentSpec {
             name,
@@ -229,6 +245,11 @@ pub fn parse_agent(
             fallback_models: supervision.fallback_models,
             timeout_ms: supervision.timeout_ms,
             max_subagent_depth: supervision.max_subagent_depth,
+            output: handoff.output,
+            default_reads: handoff.default_reads,
+            default_progress: handoff.default_progress,
+            fork_session: None,
+            extension_tools,
         },
         description: doc
             .string("description")?
@@ -239,6 +260,7 @@ pub fn parse_agent(
         package,
         skill_names,
         model_inherit,
+        fork,
     })
 }
 
@@ -273,14 +295,12 @@ fn check_async(doc: &Document) -> Result<(), TextError> {
     }
 }
 
-/// `defaultContext`: `fresh` (cohort's only kind of start) is honoured, `fork` refused.
-fn check_default_context(doc: &Document) -> Result<(), TextError> {
+/// `defaultContext`: whether the agent's steps start from a copy of the caller's session
+/// (`fork`, true) or from a fresh one (`fresh` or absent).
+fn check_default_context(doc: &Document) -> Result<bool, TextError> {
     match doc.string("defaultContext")?.as_deref() {
-        None | Some("fresh") => Ok(()),
-        Some("fork") => Err(TextError::at(
-            doc.line_of("defaultContext"),
-            "`defaultContext: fork` is not supported by cohort: a run starts from a fresh session; remove it, or continue a session with cohort-spawn --session",
-        )),
+        None | Some("fresh") => Ok(false),
+        Some("fork") => Ok(true),
         Some(other) => Err(TextError::at(
             doc.line_of("defaultContext"),
             format!("`defaultContext` is {other:?}; expected fresh or fork"),
@@ -363,14 +383,16 @@ fn paths(doc: &Document, key: &str, base: Option<&Path>) -> Result<Vec<PathBuf>,
 
 /// The tool set `tools` and `excludeTools` give (pure): absent `tools` is Pi's default set
 /// (`None`, no flag) unless `excludeTools` narrows it; `tools` present but empty is no tools;
-/// `excludeTools` removes names from the set. Every name must be one of [`PI_TOOLS`].
-fn resolve_tools(doc: &Document) -> Result<Option<Vec<String>>, TextError> {
+/// `excludeTools` removes names from the set. Every name must be one of [`PI_TOOLS`], or,
+/// when the agent loads an extension (`extensions`), a name an extension may register
+/// ([`check_tool_name`]).
+fn resolve_tools(doc: &Document, extensions: bool) -> Result<Option<Vec<String>>, TextError> {
     let declared = if doc.fields.contains_key("tools") {
-        Some(checked_tools(doc, "tools")?)
+        Some(checked_tools(doc, "tools", extensions)?)
     } else {
         None
     };
-    let excluded = checked_tools(doc, "excludeTools")?;
+    let excluded = checked_tools(doc, "excludeTools", extensions)?;
     Ok(match declared {
         None if excluded.is_empty() => None,
         None => Some(
@@ -386,10 +408,10 @@ fn resolve_tools(doc: &Document) -> Result<Option<Vec<String>>, TextError> {
 
 /// The names list field `key` holds (comma-separated text or a YAML list; empty or null: none),
 /// each checked by [`check_tool_name`], repeats dropped.
-fn checked_tools(doc: &Document, key: &str) -> Result<Vec<String>, TextError> {
+fn checked_tools(doc: &Document, key: &str, extensions: bool) -> Result<Vec<String>, TextError> {
     let mut out: Vec<String> = Vec::new();
     for name in doc.list(key)?.unwrap_or_default() {
-        check_tool_name(&name)
+        check_tool_name(&name, extensions)
             .map_err(|m| TextError::at(doc.line_of(key), format!("`{key}`: {m}")))?;
         if !out.contains(&name) {
             out.push(name);
@@ -400,8 +422,11 @@ fn checked_tools(doc: &Document, key: &str) -> Result<Vec<String>, TextError> {
 
 /// Why `name` is not a tool a cohort child can be given, if it is not (pure): whitespace in
 /// it (two names not separated by a comma), a builtin's name in another case, an MCP selector,
-/// an extension path, or any other name Pi does not build in.
-pub fn check_tool_name(name: &str) -> Result<(), String> {
+/// an extension path, or any other name Pi does not build in, unless the agent loads an
+/// extension (`extensions`): then a name made of letters, digits, `_`, `-` and `.` is one
+/// the extension may register, checked when the child starts
+/// (`cohort-runner/src/tool_check.rs`).
+pub fn check_tool_name(name: &str, extensions: bool) -> Result<(), String> {
     if PI_TOOLS.contains(&name) {
         return Ok(());
     }
@@ -427,8 +452,19 @@ pub fn check_tool_name(name: &str) -> Result<(), String> {
             "{name:?} is a path, not a tool name; list extensions under `extensions`"
         ));
     }
+    let plain = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if extensions && plain {
+        return Ok(());
+    }
+    if extensions {
+        return Err(format!(
+            "{name:?} is not a tool name (letters, digits, _, - and . only)"
+        ));
+    }
     Err(format!(
-        "{name:?} is not one of Pi's built-in tools, and cohort cannot check that an extension provides it; the tools it can give are {known}"
+        "{name:?} is not one of Pi's built-in tools ({known}); a tool an extension provides needs the extension listed under `extensions`"
     ))
 }
 
@@ -444,6 +480,12 @@ pub trait Caller {
     fn skill_file(&self, name: &str) -> Option<PathBuf>;
     /// Whether `path` exists.
     fn exists(&self, path: &Path) -> bool;
+    /// The session file `defaultContext: fork` copies: the `--session FILE` given to spawn,
+    /// else, for a nested run, its parent step's session file; `None` when there is no such
+    /// file. Errors: one line, why the caller's session cannot be read.
+    fn fork_source(&self) -> Result<Option<PathBuf>, String>;
+    /// Tell the user `line` (one line on stderr): a field that fell back to its default.
+    fn note(&self, line: &str);
 }
 
 /// The agent `def` as it runs for this caller: `model: inherit` replaced by the caller's
@@ -460,6 +502,17 @@ pub fn settle(def: &AgentDef, caller: &dyn Caller) -> Result<AgentSpec, String> 
             .inherited_model()
             .map_err(|why| format!("{file}: `model: inherit`: {why}"))?;
         spec.model = Some(m);
+    }
+    if def.fork {
+        match caller
+            .fork_source()
+            .map_err(|why| format!("{file}: `defaultContext: fork`: {why}"))?
+        {
+            Some(session) => spec.fork_session = Some(session),
+            None => caller.note(&format!(
+                "{file}: `defaultContext: fork`: there is no caller's session to fork (a top-level run names one with --session FILE), so the agent starts from a fresh session"
+            )),
+        }
     }
     if spec.thinking.as_deref() == Some("max") {
         match caller.pi_major() {
@@ -518,6 +571,19 @@ pub struct Machine<'a> {
     pub runtime: &'a RuntimeRequest,
     /// The runtime's Pi major version, once asked for.
     pub major: std::cell::OnceCell<Option<u64>>,
+    /// The `--session FILE` given to spawn for a single task, absolute.
+    pub session: Option<&'a Path>,
+}
+
+impl Machine<'_> {
+    /// The provider of a nested run's caller: of the model its parent step recorded (`None`
+    /// for a top-level run, or when the parent step has none yet). It selects the settings'
+    /// `agentOverridesByProvider` ([`crate::discover::discover_as`]).
+    pub fn caller_provider(&self) -> Option<String> {
+        let (root, place) = self.nested?;
+        let model = parent_step_model(root, place).ok()?;
+        model.split_once('/').map(|(p, _)| p.to_string())
+    }
 }
 
 impl Caller for Machine<'_> {
@@ -554,6 +620,36 @@ impl Caller for Machine<'_> {
     fn exists(&self, path: &Path) -> bool {
         path.exists()
     }
+
+    fn fork_source(&self) -> Result<Option<PathBuf>, String> {
+        let candidate = match (self.session, self.nested) {
+            (Some(s), _) => Some(s.to_path_buf()),
+            (None, Some((root, place))) => parent_step_session(root, place)?,
+            (None, None) => None,
+        };
+        // A session file that does not exist yet is a new session: nothing to fork.
+        Ok(candidate.filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file())))
+    }
+
+    fn note(&self, line: &str) {
+        eprintln!("cohort-spawn: note: {line}");
+    }
+}
+
+/// The session file of the step of the parent run a nested run is started from, as its
+/// record has it (`None` before the step has one).
+fn parent_step_session(root: &StateRoot, place: &Placement) -> Result<Option<PathBuf>, String> {
+    let dir = if place.parent_run_id == place.root_run_id {
+        root.run_dir(&place.root_run_id)
+    } else {
+        root.nested_run_dir(&place.root_run_id, &place.parent_run_id)
+    };
+    let rec = record::load(&dir.status())
+        .map_err(|e| format!("cannot read the parent run's record: {e}"))?;
+    Ok(rec
+        .steps
+        .get(place.parent_step_index)
+        .and_then(|s| s.session_file.clone()))
 }
 
 /// The model of the step of the parent run a nested run is started from, as its record has
@@ -679,7 +775,7 @@ mod tests {
                 "tools: read, fetch\n",
                 "read, bash, edit, write, grep, find, ls",
             ),
-            ("tools: web_search\n", "not one of Pi's built-in tools"),
+            ("tools: web_search\n", "listed under `extensions`"),
             (
                 "tools: contact_supervisor\n",
                 "not one of Pi's built-in tools",
@@ -694,12 +790,44 @@ mod tests {
     }
 
     #[test]
+    fn an_agent_that_loads_an_extension_may_name_the_tools_it_registers() {
+        let d = parse(&fm(
+            "extensions: ./web.ts\ntools: read, web_search, fetch_content\nexcludeTools: fetch_content\n",
+        ))
+        .unwrap();
+        assert_eq!(d.spec.tools, Some(vec!["read".into(), "web_search".into()]));
+        assert_eq!(d.spec.extension_tools, ["web_search"]);
+        let d = parse(&fm("subagentOnlyExtensions: ./x.ts\ntools: intercom\n")).unwrap();
+        assert_eq!(d.spec.extension_tools, ["intercom"]);
+        assert!(parse(&fm("tools: read, grep\n"))
+            .unwrap()
+            .spec
+            .extension_tools
+            .is_empty());
+        // What an extension cannot make a tool name of is still refused.
+        for (fields, needle) in [
+            ("extensions: ./web.ts\ntools: Read\n", "write read"),
+            ("extensions: ./web.ts\ntools: read bash\n", "commas"),
+            ("extensions: ./web.ts\ntools: mcp:github\n", "MCP"),
+            ("extensions: ./web.ts\ntools: \"a;b\"\n", "not a tool name"),
+            (
+                "extensions: []\ntools: web_search\n",
+                "listed under `extensions`",
+            ),
+        ] {
+            let e = refusal(fields);
+            assert!(e.message.contains(needle), "{fields}: {e:?}");
+        }
+    }
+
+    #[test]
     fn runner_async_and_default_context_accept_only_what_cohort_does() {
         for ok in [
             "runner: pi\n",
             "runner:\n  type: pi\n",
             "async: true\n",
             "defaultContext: fresh\n",
+            "defaultContext: fork\n",
             "advertise: true\n",
             "interactive: true\n",
         ] {
@@ -712,7 +840,6 @@ mod tests {
             ),
             ("runner: external-job\n", "Pi children only"),
             ("async: false\n", "always in the background"),
-            ("defaultContext: fork\n", "fresh session"),
             ("defaultContext: warm\n", "expected fresh or fork"),
             ("advertise: maybe\n", "true or false"),
         ] {
@@ -792,6 +919,17 @@ mod tests {
     struct Fake {
         model: Result<String, String>,
         major: Option<u64>,
+        fork: Result<Option<PathBuf>, String>,
+        notes: std::cell::RefCell<Vec<String>>,
+    }
+
+    fn caller(model: Result<String, String>, major: Option<u64>) -> Fake {
+        Fake {
+            model,
+            major,
+            fork: Ok(None),
+            notes: Default::default(),
+        }
     }
 
     impl Caller for Fake {
@@ -807,24 +945,24 @@ mod tests {
         fn exists(&self, path: &Path) -> bool {
             !path.to_string_lossy().contains("missing")
         }
+        fn fork_source(&self) -> Result<Option<PathBuf>, String> {
+            self.fork.clone()
+        }
+        fn note(&self, line: &str) {
+            self.notes.borrow_mut().push(line.to_string());
+        }
     }
 
     #[test]
     fn settling_replaces_inherit_and_checks_what_needs_the_machine() {
-        let fake = Fake {
-            model: Ok("fake/parent".into()),
-            major: Some(0),
-        };
+        let fake = caller(Ok("fake/parent".into()), Some(0));
         let d = parse(&fm("model: inherit\n")).unwrap();
         assert_eq!(d.spec.model, None, "the literal never reaches Pi");
         assert_eq!(
             settle(&d, &fake).unwrap().model.as_deref(),
             Some("fake/parent")
         );
-        let none = Fake {
-            model: Err("no default model".into()),
-            major: Some(1),
-        };
+        let none = caller(Err("no default model".into()), Some(1));
         let e = settle(&d, &none).unwrap_err();
         assert!(
             e.starts_with("/u/agents/a.md: `model: inherit`: no default"),
@@ -849,6 +987,35 @@ mod tests {
             e.contains("`extensions`") && e.contains("missing.ts"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn fork_is_the_callers_session_else_a_fresh_start_said_on_stderr() {
+        let d = parse(&fm("defaultContext: fork\n")).unwrap();
+        assert!(d.fork);
+        assert!(!parse(&fm("defaultContext: fresh\n")).unwrap().fork);
+        let mut caller = caller(Ok("m/x".into()), Some(0));
+        caller.fork = Ok(Some(PathBuf::from("/s/parent.jsonl")));
+        assert_eq!(
+            settle(&d, &caller).unwrap().fork_session,
+            Some(PathBuf::from("/s/parent.jsonl"))
+        );
+        assert!(caller.notes.borrow().is_empty());
+        caller.fork = Ok(None);
+        assert_eq!(settle(&d, &caller).unwrap().fork_session, None);
+        let notes = caller.notes.borrow().clone();
+        assert_eq!(notes.len(), 1);
+        assert!(
+            notes[0].starts_with("/u/agents/a.md: `defaultContext: fork`")
+                && notes[0].contains("fresh session"),
+            "{notes:?}"
+        );
+        caller.fork = Err("cannot read the parent run's record".into());
+        let e = settle(&d, &caller).unwrap_err();
+        assert!(e.contains("`defaultContext: fork`: cannot read"), "{e}");
+        // An agent that does not fork never asks.
+        let plain = parse(&fm("")).unwrap();
+        assert_eq!(settle(&plain, &caller).unwrap().fork_session, None);
     }
 
     /// The first-column fields of `docs/agents.md`'s compatibility table.

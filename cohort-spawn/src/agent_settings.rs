@@ -1,7 +1,8 @@
 //! The `subagents` keys of Pi's `settings.json` that shape agents, read the way pi-subagents
 //! reads them (`docs/agents.md`, "Settings"): `agentScanDirs`, `agentOverrides`,
-//! `disableBuiltins`, `defaultModel`, and the top-level `packages` list (where installed Pi
-//! packages that may declare agents live).
+//! `agentOverridesByProvider`, `disableBuiltins`, `defaultModel`, `defaultThinking`,
+//! `defaultExtensions`, and the top-level `packages` list (where installed Pi packages that
+//! may declare agents live) and `defaultProvider` (Pi's own default provider).
 //!
 //! [`parse`] reads one file's text (pure); [`apply`] lays an agent's overrides over its parsed
 //! frontmatter (pure). An override replaces the frontmatter's value field by field, `false`
@@ -80,6 +81,38 @@ pub struct AgentSettings {
     pub default_model: Option<String>,
     /// The top-level `packages`: each entry's source (`npm:NAME`, `git:HOST/PATH`, a path).
     pub packages: Vec<String>,
+    /// `subagents.defaultThinking`, when set: the thinking level of every agent that says
+    /// nothing about `thinking` (`thinking: false` stays none).
+    pub default_thinking: Option<String>,
+    /// `subagents.defaultExtensions`, when set: the `extensions` of every agent without that
+    /// field, as written (`[]`: none).
+    pub default_extensions: Option<Vec<String>>,
+    /// `subagents.agentOverridesByProvider`: per provider, the override object of each agent,
+    /// laid over `agentOverrides` when the caller's model is of that provider
+    /// ([`AgentSettings::for_provider`]).
+    pub provider_overrides: BTreeMap<String, BTreeMap<String, Map<String, Json>>>,
+    /// The top-level `defaultProvider` (Pi's own setting): the provider of a top-level
+    /// caller's model.
+    pub pi_default_provider: Option<String>,
+}
+
+impl AgentSettings {
+    /// These settings for a caller whose model is of `provider` (pure): each agent's
+    /// `agentOverridesByProvider.PROVIDER.NAME` laid over its `agentOverrides.NAME` key by key
+    /// (a key of the provider's wins). No provider, or none of its overrides: unchanged.
+    pub fn for_provider(&self, provider: Option<&str>) -> AgentSettings {
+        let mut out = self.clone();
+        let Some(selected) = provider.and_then(|p| self.provider_overrides.get(p)) else {
+            return out;
+        };
+        for (name, over) in selected {
+            let entry = out.overrides.entry(name.clone()).or_default();
+            for (k, v) in over {
+                entry.insert(k.clone(), v.clone());
+            }
+        }
+        out
+    }
 }
 
 /// Read a `settings.json`'s text (pure). A file without `subagents` or `packages` is empty
@@ -111,6 +144,9 @@ pub fn parse(file: &Path, text: &str) -> Result<AgentSettings, String> {
                 _ => {}
             }
         }
+    }
+    if let Some(Json::String(p)) = root.get("defaultProvider") {
+        out.pi_default_provider = Some(p.trim().to_string()).filter(|p| !p.is_empty());
     }
     let sub = match root.get("subagents") {
         None | Some(Json::Null) => return Ok(out),
@@ -150,30 +186,83 @@ pub fn parse(file: &Path, text: &str) -> Result<AgentSettings, String> {
             ))
         }
     }
+    match sub.get("defaultThinking") {
+        None | Some(Json::Null) => {}
+        Some(Json::String(s)) if !s.trim().is_empty() => {
+            out.default_thinking = Some(s.trim().to_string())
+        }
+        Some(_) => {
+            return Err(format!(
+                "{at}: `subagents.defaultThinking` must be a thinking level such as medium"
+            ))
+        }
+    }
+    match sub.get("defaultExtensions") {
+        None | Some(Json::Null) => {}
+        Some(Json::Array(items)) => {
+            let list = items
+                .iter()
+                .map(|i| i.as_str().map(str::trim).filter(|s| !s.is_empty()))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    format!("{at}: `subagents.defaultExtensions` must be a list of extension paths")
+                })?;
+            out.default_extensions = Some(list.into_iter().map(str::to_string).collect());
+        }
+        Some(_) => {
+            return Err(format!(
+                "{at}: `subagents.defaultExtensions` must be a list of extension paths"
+            ))
+        }
+    }
     match sub.get("agentOverrides") {
         None | Some(Json::Null) => {}
+        Some(v) => out.overrides = overrides(&at, "subagents.agentOverrides", v)?,
+    }
+    match sub.get("agentOverridesByProvider") {
+        None | Some(Json::Null) => {}
         Some(Json::Object(all)) => {
-            for (name, ov) in all {
-                let Json::Object(ov) = ov else {
-                    return Err(format!(
-                        "{at}: `subagents.agentOverrides.{name}` must be an object of agent fields"
-                    ));
-                };
-                if let Some(k) = ov.keys().find(|k| !OVERRIDE_KEYS.contains(&k.as_str())) {
-                    return Err(format!(
-                        "{at}: `subagents.agentOverrides.{name}.{k}` is not an override field; \
-                         known: {}",
-                        OVERRIDE_KEYS.join(", ")
-                    ));
-                }
-                out.overrides.insert(name.clone(), ov.clone());
+            for (provider, v) in all {
+                let key = format!("subagents.agentOverridesByProvider.{provider}");
+                out.provider_overrides
+                    .insert(provider.clone(), overrides(&at, &key, v)?);
             }
         }
         Some(_) => {
             return Err(format!(
-                "{at}: `subagents.agentOverrides` must be an object keyed by agent name"
+                "{at}: `subagents.agentOverridesByProvider` must be an object keyed by provider"
             ))
         }
+    }
+    Ok(out)
+}
+
+/// The override objects of `v`, the value of settings key `key` in file `at` (pure): an object
+/// keyed by agent name whose values are objects of [`OVERRIDE_KEYS`].
+fn overrides(
+    at: &std::path::Display,
+    key: &str,
+    v: &Json,
+) -> Result<BTreeMap<String, Map<String, Json>>, String> {
+    let Json::Object(all) = v else {
+        return Err(format!(
+            "{at}: `{key}` must be an object keyed by agent name"
+        ));
+    };
+    let mut out = BTreeMap::new();
+    for (name, ov) in all {
+        let Json::Object(ov) = ov else {
+            return Err(format!(
+                "{at}: `{key}.{name}` must be an object of agent fields"
+            ));
+        };
+        if let Some(k) = ov.keys().find(|k| !OVERRIDE_KEYS.contains(&k.as_str())) {
+            return Err(format!(
+                "{at}: `{key}.{name}.{k}` is not an override field; known: {}",
+                OVERRIDE_KEYS.join(", ")
+            ));
+        }
+        out.insert(name.clone(), ov.clone());
     }
     Ok(out)
 }
@@ -265,6 +354,40 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_defaults_and_the_provider_overrides() {
+        let s = settings(
+            r#"{"defaultProvider": "acme", "subagents": {"defaultThinking": " high ",
+                "defaultExtensions": ["./a.ts", "/b.ts"],
+                "agentOverrides": {"scout": {"model": "p/n", "thinking": "low"}},
+                "agentOverridesByProvider": {"acme": {"scout": {"model": "acme/fast"},
+                                                      "worker": {"thinking": "off"}}}}}"#,
+        )
+        .unwrap();
+        assert_eq!(s.pi_default_provider.as_deref(), Some("acme"));
+        assert_eq!(s.default_thinking.as_deref(), Some("high"));
+        assert_eq!(
+            s.default_extensions,
+            Some(vec!["./a.ts".to_string(), "/b.ts".to_string()])
+        );
+        let acme = s.for_provider(Some("acme"));
+        assert_eq!(acme.overrides["scout"]["model"], "acme/fast");
+        assert_eq!(
+            acme.overrides["scout"]["thinking"], "low",
+            "laid over, key by key"
+        );
+        assert_eq!(acme.overrides["worker"]["thinking"], "off");
+        for other in [None, Some("other")] {
+            assert_eq!(s.for_provider(other).overrides, s.overrides);
+        }
+        assert_eq!(
+            settings(r#"{"subagents": {"defaultExtensions": []}}"#)
+                .unwrap()
+                .default_extensions,
+            Some(vec![])
+        );
+    }
+
+    #[test]
     fn bad_values_name_the_file_and_key() {
         for (text, needle) in [
             ("[1]", "must be a JSON object"),
@@ -283,6 +406,26 @@ mod tests {
             (
                 r#"{"subagents": {"agentOverrides": {"a": {"modle": "x"}}}}"#,
                 "agentOverrides.a.modle` is not an override field",
+            ),
+            (
+                r#"{"subagents": {"defaultThinking": 3}}"#,
+                "defaultThinking",
+            ),
+            (
+                r#"{"subagents": {"defaultExtensions": "a.ts"}}"#,
+                "defaultExtensions",
+            ),
+            (
+                r#"{"subagents": {"defaultExtensions": ["a.ts", ""]}}"#,
+                "defaultExtensions",
+            ),
+            (
+                r#"{"subagents": {"agentOverridesByProvider": []}}"#,
+                "agentOverridesByProvider` must be an object keyed by provider",
+            ),
+            (
+                r#"{"subagents": {"agentOverridesByProvider": {"p": {"a": {"x": 1}}}}}"#,
+                "agentOverridesByProvider.p.a.x` is not an override field",
             ),
         ] {
             let e = settings(text).unwrap_err();

@@ -371,12 +371,22 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         pi_entry: args.pi_entry.clone(),
     };
     let project = crate::agents::project_root(&lookup);
+    // The session a single task's `defaultContext: fork` agent copies (a revival forks nothing).
+    let session = match (&built.revives, built.chain.as_slice()) {
+        (None, [spec::ChainStep::Task(t)])
+            if built.mode == cohort_common::format::record::RunMode::Single =>
+        {
+            t.session_file.clone()
+        }
+        _ => None,
+    };
     let machine = crate::agent_fields::Machine {
         profile: root.profile(),
         project: project.as_deref(),
         nested: placement.as_ref().map(|p| (&root, p)),
         runtime: &runtime_request,
         major: Default::default(),
+        session: session.as_deref(),
     };
     shape::resolve_agents(&mut built.chain, &lookup, &machine)?;
     let started = start(&root, request(&args, built, placement, backend))?;

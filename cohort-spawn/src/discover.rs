@@ -112,6 +112,8 @@ pub struct Layout {
     pub home: Option<PathBuf>,
     /// The project levels, nearest first ([`project_levels`]).
     pub levels: Vec<PathBuf>,
+    /// The directories of `PI_SUBAGENT_EXTRA_AGENT_DIRS` ([`EXTRA_DIRS_ENV`]), in order.
+    pub extra_dirs: Vec<PathBuf>,
     /// The user settings' `agentScanDirs`, expanded.
     pub user_scan_dirs: Vec<PathBuf>,
     /// The project settings' `agentScanDirs`, expanded.
@@ -128,11 +130,29 @@ pub const EXTENSION_BUILTIN_DIRS: [&str; 3] = [
     "npm/node_modules/pi-subagents/agents",
 ];
 
+/// The environment variable naming extra user agent directories, `:`-separated, below every
+/// other user directory (pi-subagents': for a wrapper that ships agents read-only).
+pub const EXTRA_DIRS_ENV: &str = "PI_SUBAGENT_EXTRA_AGENT_DIRS";
+
+/// The directories of an [`EXTRA_DIRS_ENV`] value (pure): `:`-separated, trimmed, empty
+/// entries dropped; `~/` is `home`; a relative entry is relative to `cwd`.
+pub fn extra_dirs(value: &str, home: Option<&Path>, cwd: &Path) -> Vec<PathBuf> {
+    value
+        .split(':')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| match (d.strip_prefix("~/"), home) {
+            (Some(rest), Some(h)) => h.join(rest),
+            _ => cwd.join(d),
+        })
+        .collect()
+}
+
 /// Every directory agents are read from, lowest rank first (pure). Rank 0 is the builtins
 /// compiled into cohort-spawn; then each [`EXTENSION_BUILTIN_DIRS`] (scope builtin); then the
 /// user's packages (one rank: two of them naming one agent is an error naming both files),
-/// the project's packages (one rank); then the user's `agentScanDirs`, `<profile>/agents`,
-/// `~/.agents`; then the project's `agentScanDirs`, and for each project level from the
+/// the project's packages (one rank); then the [`EXTRA_DIRS_ENV`] directories, the user's
+/// `agentScanDirs`, `<profile>/agents`, `~/.agents`; then the project's `agentScanDirs`, and for each project level from the
 /// farthest to the nearest its `.agents/` and `.pi/agents/`. Ranks saturate at 255.
 pub fn agent_dirs(l: &Layout) -> Vec<AgentDir> {
     let mut out = Vec::new();
@@ -161,8 +181,9 @@ pub fn agent_dirs(l: &Layout) -> Vec<AgentDir> {
         }
     }
     let user = l
-        .user_scan_dirs
+        .extra_dirs
         .iter()
+        .chain(&l.user_scan_dirs)
         .cloned()
         .chain([l.profile.join("agents")])
         .chain(l.home.iter().map(|h| h.join(".agents")));
@@ -299,9 +320,11 @@ pub enum Overlaid {
     Refused(String, String),
 }
 
-/// Lay `defaultModel` and the agent's overrides over one agent file's `text` (pure): first
-/// `defaultModel` (the project's, else the user's) fills an absent or empty `model`, then the
-/// overrides replace fields: for a builtin the project's override, else the project's
+/// Lay the settings' defaults and the agent's overrides over one agent file's `text` (pure):
+/// first `defaultModel` (the project's, else the user's) fills an absent or empty `model`,
+/// `defaultThinking` a `thinking` the file does not mention, and `defaultExtensions` (each
+/// relative path made absolute against its settings file's directory) an `extensions` the
+/// file does not mention; then the overrides replace fields: for a builtin the project's override, else the project's
 /// `disableBuiltins: true`, else the user's override, else the user's `disableBuiltins: true`;
 /// for any other agent the user's override then the project's. The result must read as an
 /// agent file ([`Overlaid::Refused`] otherwise).
@@ -312,26 +335,75 @@ pub fn overlay(
     user: &AgentSettings,
     project: Option<&AgentSettings>,
 ) -> Overlaid {
-    let (Ok(doc), Ok(def)) = (
-        crate::frontmatter::split(text),
-        parse_agent(text, scope, path),
-    ) else {
+    let Ok(doc) = crate::frontmatter::split(text) else {
         return Overlaid::Unchanged;
     };
-    let name = def.spec.name;
+    // A file that does not read as it is may read once the settings fill it (an extension
+    // tool with `defaultExtensions`); its name is then the frontmatter's.
+    let parsed = parse_agent(text, scope, path);
+    let name = match &parsed {
+        Ok(def) => def.spec.name.clone(),
+        Err(_) => match frontmatter_name(&doc) {
+            Some(n) => n,
+            None => return Overlaid::Unchanged,
+        },
+    };
     let Ok(over) = overrides_for(scope, &name, user, project) else {
         return Overlaid::Dropped;
     };
     let default_model = project
         .and_then(|p| p.default_model.as_deref())
         .or(user.default_model.as_deref());
-    let fill = default_model.filter(|_| def.spec.model.is_none());
-    if over.is_empty() && fill.is_none() {
+    let names_model = doc
+        .string("model")
+        .ok()
+        .flatten()
+        .is_some_and(|m| !m.trim().is_empty());
+    let fill = default_model.filter(|_| !names_model);
+    let mentions = |key: &str| doc.fields.contains_key(key);
+    let thinking = [project, Some(user)]
+        .into_iter()
+        .flatten()
+        .find_map(|s| s.default_thinking.as_deref())
+        .filter(|_| !mentions("thinking"));
+    let extensions = [project, Some(user)]
+        .into_iter()
+        .flatten()
+        .find_map(|s| s.default_extensions.as_ref().map(|e| (s, e)))
+        .filter(|_| !mentions("extensions"));
+    if over.is_empty() && fill.is_none() && thinking.is_none() && extensions.is_none() {
         return Overlaid::Unchanged;
     }
+    let defaults: Vec<&AgentSettings> = [project, Some(user)]
+        .into_iter()
+        .flatten()
+        .filter(|s| {
+            (fill.is_some() && s.default_model.is_some())
+                || (thinking.is_some() && s.default_thinking.is_some())
+                || (extensions.is_some() && s.default_extensions.is_some())
+        })
+        .collect();
     let (mut fields, mut body) = (doc.fields, doc.body);
     if let Some(m) = fill {
         fields.insert("model".into(), m.into());
+    }
+    if let Some(t) = thinking {
+        fields.insert("thinking".into(), t.into());
+    }
+    if let Some((from, list)) = extensions {
+        let base = from.file.parent().unwrap_or(Path::new("/"));
+        let paths: Vec<serde_yaml_ng::Value> = list
+            .iter()
+            .map(|e| {
+                let p = if e.starts_with("~/") || Path::new(e).is_absolute() {
+                    e.clone()
+                } else {
+                    base.join(e).display().to_string()
+                };
+                p.into()
+            })
+            .collect();
+        fields.insert("extensions".into(), serde_yaml_ng::Value::Sequence(paths));
     }
     let mut disabled = false;
     for s in &over {
@@ -350,10 +422,14 @@ pub fn overlay(
     let new = agent_settings::render(&fields, &body);
     match parse_agent(&new, scope, path) {
         Ok(_) => Overlaid::Changed(new),
+        // The file's own error stands.
+        Err(_) if parsed.is_err() => Overlaid::Unchanged,
         Err(e) => {
-            let files: Vec<String> = over.iter().map(|s| s.file.display().to_string()).collect();
+            let from = if over.is_empty() { &defaults } else { &over };
+            let files: Vec<String> = from.iter().map(|s| s.file.display().to_string()).collect();
             let what = if over.is_empty() {
-                "`subagents.defaultModel`".to_string()
+                "`subagents` defaults (`defaultModel`, `defaultThinking`, `defaultExtensions`)"
+                    .to_string()
             } else {
                 format!("`subagents.agentOverrides.{name}`")
             };
@@ -364,6 +440,22 @@ pub fn overlay(
             };
             Overlaid::Refused(name, format!("{at}: {what}: {}", e.message))
         }
+    }
+}
+
+/// The name an agent file registers as, from its frontmatter alone (pure): `name`, prefixed by
+/// its normalised `package`; `None` without a usable `name`.
+fn frontmatter_name(doc: &crate::frontmatter::Document) -> Option<String> {
+    let local = doc.string("name").ok()??.trim().to_string();
+    if local.is_empty() {
+        return None;
+    }
+    match doc.string("package").ok()? {
+        Some(p) => Some(format!(
+            "{}.{local}",
+            crate::agent_fields::normalise_package(&p)?
+        )),
+        None => Some(local),
     }
 }
 
@@ -557,18 +649,30 @@ fn packages(
 /// Errors ([`Error::Usage`]): the user's or the (trusted) project's `settings.json` cannot be
 /// read or has a bad `subagents` value.
 pub fn discover(profile: &Path, cwd: &Path) -> Result<Catalog> {
+    discover_as(profile, cwd, None)
+}
+
+/// [`discover`] for a caller whose model is of `provider` (a nested run's parent step's),
+/// which selects the settings' `agentOverridesByProvider`; `None` is a top-level caller, whose
+/// provider is Pi's `defaultProvider` (the project's settings, else the user's).
+pub fn discover_as(profile: &Path, cwd: &Path, provider: Option<&str>) -> Result<Catalog> {
     let mut warn = Warnings::default();
-    let catalog = discover_with(profile, cwd, &mut warn);
+    let catalog = discover_with(profile, cwd, provider, &mut warn);
     warn.print();
     catalog
 }
 
 /// [`discover`] without printing its warnings (for shell completion, while the user types).
 pub fn discover_quietly(profile: &Path, cwd: &Path) -> Result<Catalog> {
-    discover_with(profile, cwd, &mut Warnings::default())
+    discover_with(profile, cwd, None, &mut Warnings::default())
 }
 
-fn discover_with(profile: &Path, cwd: &Path, warn: &mut Warnings) -> Result<Catalog> {
+fn discover_with(
+    profile: &Path,
+    cwd: &Path,
+    provider: Option<&str>,
+    warn: &mut Warnings,
+) -> Result<Catalog> {
     let home = home_dir();
     let levels = levels_of(cwd);
     let nearest = levels.first().cloned();
@@ -588,6 +692,15 @@ fn discover_with(profile: &Path, cwd: &Path, warn: &mut Warnings) -> Result<Cata
         }
         None => None,
     };
+    let provider = provider
+        .map(str::to_string)
+        .or_else(|| project.as_ref().and_then(|p| p.pi_default_provider.clone()))
+        .or_else(|| user.pi_default_provider.clone());
+    let user = user.for_provider(provider.as_deref());
+    let project = project.map(|p| p.for_provider(provider.as_deref()));
+    let extra = std::env::var(EXTRA_DIRS_ENV).unwrap_or_default();
+    let here = std::env::current_dir().unwrap_or_else(|_| cwd.to_path_buf());
+    let extra_dirs = extra_dirs(&extra, home.as_deref(), &here);
     let user_scan_dirs = user
         .agent_scan_dirs
         .iter()
@@ -613,6 +726,7 @@ fn discover_with(profile: &Path, cwd: &Path, warn: &mut Warnings) -> Result<Cata
         ),
         home,
         levels,
+        extra_dirs,
         user_scan_dirs,
         project_scan_dirs,
     };
@@ -876,6 +990,7 @@ mod tests {
             profile: "/prof".into(),
             home: Some("/home/u".into()),
             levels: paths(&["/r/a", "/r"]),
+            extra_dirs: paths(&["/nix/agents"]),
             user_scan_dirs: paths(&["/scan/u"]),
             project_scan_dirs: paths(&["/scan/p"]),
             packages: vec![
@@ -908,14 +1023,15 @@ mod tests {
             ("/prof/npm/node_modules/j/agents", "user", 4),
             ("/prof/npm/node_modules/i/a.md", "user", 4),
             ("/r/a/.pi/npm/node_modules/k/agents", "project", 5),
-            ("/scan/u", "user", 6),
-            ("/prof/agents", "user", 7),
-            ("/home/u/.agents", "user", 8),
-            ("/scan/p", "project", 9),
-            ("/r/.agents", "project", 10),
-            ("/r/.pi/agents", "project", 11),
-            ("/r/a/.agents", "project", 12),
-            ("/r/a/.pi/agents", "project", 13),
+            ("/nix/agents", "user", 6),
+            ("/scan/u", "user", 7),
+            ("/prof/agents", "user", 8),
+            ("/home/u/.agents", "user", 9),
+            ("/scan/p", "project", 10),
+            ("/r/.agents", "project", 11),
+            ("/r/.pi/agents", "project", 12),
+            ("/r/a/.agents", "project", 13),
+            ("/r/a/.pi/agents", "project", 14),
         ];
         let want: Vec<(String, &str, u8)> = want
             .iter()
@@ -926,7 +1042,7 @@ mod tests {
             .iter()
             .filter(|d| d.scope == AgentScope::Project)
             .all(|d| d.trust_root.is_some()));
-        assert_eq!(dirs[11].trust_root.as_deref(), Some(Path::new("/r")));
+        assert_eq!(dirs[12].trust_root.as_deref(), Some(Path::new("/r")));
         assert!(dirs
             .iter()
             .filter(|d| d.scope != AgentScope::Project)
@@ -1075,6 +1191,125 @@ mod tests {
     }
 
     #[test]
+    fn the_extra_dirs_variable_is_a_colon_separated_list() {
+        assert_eq!(
+            extra_dirs(" /a : ~/b::rel ", Some(Path::new("/h")), Path::new("/cwd")),
+            paths(&["/a", "/h/b", "/cwd/rel"])
+        );
+        assert!(extra_dirs("", None, Path::new("/")).is_empty());
+    }
+
+    #[test]
+    fn default_thinking_and_extensions_fill_only_what_the_file_does_not_mention() {
+        let user = settings(
+            "/u/settings.json",
+            r#"{"subagents": {"defaultThinking": "low", "defaultExtensions": ["ext/a.ts", "/abs/b.ts"]}}"#,
+        );
+        let proj = settings(
+            "/p/.pi/settings.json",
+            r#"{"subagents": {"defaultThinking": "high"}}"#,
+        );
+        let Overlaid::Changed(t) = overlay(
+            "---\nname: r\n---\n",
+            AgentScope::Builtin,
+            None,
+            &user,
+            Some(&proj),
+        ) else {
+            panic!()
+        };
+        let def = parse_agent(&t, AgentScope::Builtin, None).unwrap();
+        assert_eq!(
+            def.spec.thinking.as_deref(),
+            Some("high"),
+            "the project's wins"
+        );
+        assert_eq!(
+            def.spec.extensions,
+            Some(paths(&["/u/ext/a.ts", "/abs/b.ts"])),
+            "relative to the settings file that gave them"
+        );
+        // What the file says, `false` and `[]` included, stays.
+        for text in [
+            "---\nname: r\nthinking: false\nextensions: []\n---\n",
+            "---\nname: r\nthinking: medium\nextensions: [/x.ts]\n---\n",
+        ] {
+            assert_eq!(
+                overlay(text, AgentScope::User, None, &user, Some(&proj)),
+                Overlaid::Unchanged,
+                "{text}"
+            );
+        }
+        // A file that reads only once the settings give it an extension for its tool.
+        let tool = "---\nname: w\ntools: read, web_search\n---\n";
+        let Overlaid::Changed(t) = overlay(tool, AgentScope::User, None, &user, None) else {
+            panic!()
+        };
+        assert_eq!(
+            parse_agent(&t, AgentScope::User, None)
+                .unwrap()
+                .spec
+                .extension_tools,
+            ["web_search"]
+        );
+        let none = settings("/u/settings.json", "{}");
+        assert_eq!(
+            overlay(tool, AgentScope::User, None, &none, None),
+            Overlaid::Unchanged,
+            "its own error stands"
+        );
+        let bad = settings(
+            "/u/settings.json",
+            r#"{"subagents": {"defaultThinking": "extreme"}}"#,
+        );
+        let Overlaid::Refused(name, why) =
+            overlay("---\nname: r\n---\n", AgentScope::User, None, &bad, None)
+        else {
+            panic!()
+        };
+        assert_eq!(name, "r");
+        assert!(
+            why.starts_with("/u/settings.json: `subagents` defaults") && why.contains("extreme"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn provider_overrides_apply_for_the_callers_provider() {
+        let user = settings(
+            "/u/settings.json",
+            r#"{"subagents": {"agentOverrides": {"r": {"thinking": "low"}},
+                "agentOverridesByProvider": {"acme": {"r": {"model": "acme/m"}}}}}"#,
+        );
+        let text = "---\nname: r\n---\n";
+        let Overlaid::Changed(t) = overlay(
+            text,
+            AgentScope::User,
+            None,
+            &user.for_provider(Some("acme")),
+            None,
+        ) else {
+            panic!()
+        };
+        let def = parse_agent(&t, AgentScope::User, None).unwrap();
+        assert_eq!(def.spec.model.as_deref(), Some("acme/m"));
+        assert_eq!(def.spec.thinking.as_deref(), Some("low"));
+        let Overlaid::Changed(t) = overlay(
+            text,
+            AgentScope::User,
+            None,
+            &user.for_provider(Some("other")),
+            None,
+        ) else {
+            panic!()
+        };
+        assert_eq!(
+            parse_agent(&t, AgentScope::User, None).unwrap().spec.model,
+            None
+        );
+    }
+
+    #[test]
     fn an_override_the_frontmatter_reader_refuses_is_refused_naming_the_settings() {
         let user = settings(
             "/u/settings.json",
@@ -1127,7 +1362,7 @@ mod tests {
             1,
             "{files:?}"
         );
-        let cat = discover_with(&prof, d.path(), &mut Warnings::default()).unwrap();
+        let cat = discover_with(&prof, d.path(), None, &mut Warnings::default()).unwrap();
         assert!(cat.resolve("deep-a").is_ok());
         assert!(cat.resolve("shared-s").is_ok());
         assert!(cat.resolve("c").is_err());

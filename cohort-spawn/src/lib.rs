@@ -10,6 +10,8 @@
 //! - [`trust`]: whether a project-level file may be read (owner and mode along its path);
 //! - [`chains`]: saved chains (`NAME.chain.md`, `NAME.chain.json`), `--list-chains`;
 //! - [`frontmatter`]: the YAML frontmatter both kinds of file open with;
+//! - [`agent_handoff`]: the agent fields naming handoff files (`output`, `defaultReads`,
+//!   `defaultProgress`);
 //! - [`supervision`]: the agent fields the runner applies (`fallbackModels`, `timeoutMs`,
 //!   `maxSubagentDepth`);
 //! - [`chain_file`]: the JSON chain file format (both shapes), its keys and `count`;
@@ -29,6 +31,7 @@
 #![deny(missing_docs)]
 
 pub mod agent_fields;
+pub mod agent_handoff;
 pub mod agent_settings;
 pub mod agents;
 pub mod backend;

@@ -434,6 +434,11 @@ mod tests {
             fallback_models: Vec::new(),
             timeout_ms: None,
             max_subagent_depth: limit,
+            output: None,
+            default_reads: Vec::new(),
+            default_progress: false,
+            fork_session: None,
+            extension_tools: Vec::new(),
         };
         let spec = LaunchSpec {
             format_version: cohort_common::format::spec::SPEC_VERSION,

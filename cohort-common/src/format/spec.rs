@@ -243,6 +243,30 @@ pub struct AgentSpec {
     /// it) may have, as `--max-depth` counts; the tree's own limit still applies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_subagent_depth: Option<u32>,
+    /// `output`: the handoff file the agent's steps leave their answer in, as written
+    /// (relative to the chain directory, or absolute), unless the step names its own `output`
+    /// or `output: false` (`docs/agents.md`, "Handoff files").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    /// `defaultReads`: the files the agent's steps are told to read first, as written, unless
+    /// the step names its own `reads` or `reads: false`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub default_reads: Vec<String>,
+    /// `defaultProgress`: whether the agent's steps keep the chain directory's `progress.md`,
+    /// unless the step says `progress`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub default_progress: bool,
+    /// `defaultContext: fork`, settled at spawn: the caller's session file (a nested run's
+    /// parent step's, or the `--session FILE` given to spawn) that the step's new session
+    /// starts as a copy of. Absent: a fresh session (also when there was nothing to fork). A
+    /// step that continues a session of its own (a revival) does not fork.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork_session: Option<PathBuf>,
+    /// The names of `tools` that are not Pi's own tools, allowed because the agent loads an
+    /// extension: the runner checks before the first model call that the child has them, and
+    /// fails the step naming the missing ones (`docs/agents.md`, "Tools from extensions").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extension_tools: Vec<String>,
 }
 
 impl AgentSpec {

@@ -385,7 +385,8 @@ pub(super) fn resolve_agents(
     {
         return Ok(());
     }
-    let catalog = agents::discover(machine.profile, cwd)?;
+    let provider = machine.caller_provider();
+    let catalog = crate::discover::discover_as(machine.profile, cwd, provider.as_deref())?;
     for t in crate::chain_file::tasks_mut(chain) {
         if let (Some(name), None) = (t.agent.clone(), &t.resolved_agent) {
             let mut def = catalog.resolve(&name)?.clone();
@@ -394,6 +395,11 @@ pub(super) fn resolve_agents(
             let spec = crate::agent_fields::settle(&def, machine).map_err(|e| {
                 cohort_common::Error::Usage(format!("agent {name:?} cannot be used: {e}"))
             })?;
+            // A forked session starts as a copy of `--session FILE`: FILE itself is not
+            // continued, and not written.
+            if spec.fork_session.is_some() && t.session_file == spec.fork_session {
+                t.session_file = None;
+            }
             agents::apply(t, &spec);
         }
     }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use cohort_e2e::fake_server::message_text as text;
-use cohort_e2e::harness::{stderr, stdout, TestEnv};
+use cohort_e2e::harness::{bin_dir, stderr, stdout, TestEnv};
 use serde_json::{json, Value};
 
 /// Write `text` at `dir/file`, creating the directories.
@@ -461,7 +461,9 @@ fn another_users_project_agent_is_skipped_with_a_warning() {
     let (rows, out) = list(&env, &mine);
     assert_eq!(row(&rows, "reviewer").unwrap()["scope"], "project");
     assert!(stderr(&out).is_empty(), "{}", stderr(&out));
-    // Made group-writable, it is skipped again.
+    // Made writable by a group that is not its owner's private group (here the other
+    // user's), it is skipped again.
+    std::os::unix::fs::chown(mine.join(".pi/agents"), None, Some(gid)).unwrap();
     chmod(&mine.join(".pi/agents"), 0o775);
     let (rows, out) = list(&env, &mine);
     assert_eq!(row(&rows, "reviewer").unwrap()["scope"], "builtin");
@@ -472,5 +474,108 @@ fn another_users_project_agent_is_skipped_with_a_warning() {
         )),
         "{}",
         stderr(&out)
+    );
+}
+
+/// A user with a user-private group (`useradd --user-group`), created once; `None`, with a
+/// printed message, when the test does not run as root.
+fn private_group_user() -> Option<(u32, u32)> {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the user-private group test needs root to create a user");
+        return None;
+    }
+    let name = "cohort-e2e-upg";
+    let id = |flag: &str| {
+        Command::new("id")
+            .args([flag, name])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+    };
+    if id("-u").is_none() {
+        let st = Command::new("useradd")
+            .args([
+                "--system",
+                "--user-group",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                name,
+            ])
+            .status()
+            .expect("useradd");
+        assert!(matches!(st.code(), Some(0 | 9)), "useradd: {st}");
+    }
+    Some((id("-u").expect("uid"), id("-g").expect("gid")))
+}
+
+#[test]
+fn a_group_writable_directory_of_its_owners_private_group_is_read() {
+    let Some((uid, gid)) = private_group_user() else {
+        return;
+    };
+    let Some((_, other_gid)) = other_user() else {
+        return;
+    };
+    let env = TestEnv::new();
+    chmod(env.tmp.path(), 0o711);
+    let base = env.tmp.path().join("upg");
+    std::fs::create_dir(&base).unwrap();
+    std::os::unix::fs::chown(&base, Some(uid), Some(gid)).unwrap();
+    chmod(&base, 0o755);
+    // What umask 002 makes on a system with user-private groups: 0775 directories and 0664
+    // files, of the user's own group.
+    let proj = base.join("proj");
+    as_user(
+        uid,
+        gid,
+        &format!(
+            "umask 002 && mkdir -p {b}/profile {p}/.pi/agents && printf -- '---\\nname: mine\\ndescription: m\\n---\\nMINE\\n' > {p}/.pi/agents/mine.md",
+            b = base.display(),
+            p = proj.display()
+        ),
+    );
+    let agents = proj.join(".pi/agents");
+    assert_eq!(
+        std::fs::metadata(&agents).unwrap().permissions().mode() & 0o777,
+        0o775
+    );
+    let list_as_user = || {
+        let out = Command::new(bin_dir().join("cohort-spawn"))
+            .args(["--list-agents", "--json", "--cwd", proj.to_str().unwrap()])
+            .uid(uid)
+            .gid(gid)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", &base)
+            .env("PI_CODING_AGENT_DIR", base.join("profile"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let rows: Vec<Value> = stdout(&out)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (rows, stderr(&out))
+    };
+    use std::os::unix::process::CommandExt;
+    let (rows, err) = list_as_user();
+    assert_eq!(
+        row(&rows, "mine").map(|r| r["scope"].clone()),
+        Some(json!("project")),
+        "{err}"
+    );
+    assert!(err.is_empty(), "{err}");
+    // The same directory with a group someone else is in is skipped, naming it.
+    std::os::unix::fs::chown(&agents, None, Some(other_gid)).unwrap();
+    let (rows, err) = list_as_user();
+    assert!(row(&rows, "mine").is_none(), "{rows:?}");
+    assert!(
+        err.contains(&format!(
+            "{} is writable by its group, which is not its owner's private group",
+            agents.display()
+        )),
+        "{err}"
     );
 }

@@ -12,7 +12,11 @@
 //! of its own and ends only those, by pid.
 
 mod agent_discovery;
+mod agent_ext_tools;
 mod agent_fields;
+mod agent_fork;
+mod agent_handoff;
+mod agent_settings;
 mod agents;
 mod bad_input;
 mod chain_runner;

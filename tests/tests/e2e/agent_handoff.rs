@@ -1,0 +1,144 @@
+//! End-to-end: an agent's `output`, `defaultReads` and `defaultProgress` (`docs/agents.md`,
+//! "Handoff files") as the defaults of its steps' handoff files, on the real Pi CLI and the
+//! fake model server: in a chain (the step's own key wins, `false` turns the default off) and
+//! in a single-task run (output in the run's chain directory, reads from the cwd when they
+//! exist, no progress file). What reached the model is read from the server's request log.
+
+use cohort_e2e::fake_server::message_text;
+use cohort_e2e::harness::TestEnv;
+use serde_json::Value;
+
+/// An agent `name` in the profile's `agents/` with `fields` (YAML lines) and no prompt.
+fn agent(env: &TestEnv, name: &str, fields: &str) {
+    let dir = env.profile.join("agents");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{name}.md")),
+        format!("---\nname: {name}\ndescription: test agent\n{fields}---\n"),
+    )
+    .unwrap();
+}
+
+/// The last user message of each request the server got, in order.
+fn user_texts(env: &TestEnv) -> Vec<String> {
+    env.server
+        .requests()
+        .iter()
+        .filter_map(|r| {
+            r["messages"]
+                .as_array()?
+                .iter()
+                .rev()
+                .find(|m| m["role"] == "user")
+                .map(message_text)
+        })
+        .collect()
+}
+
+fn run(env: &TestEnv, args: &[&str]) -> (String, Value) {
+    let id = env.spawn(args);
+    let rec = env.wait_terminal(&id, 120);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    (id, rec)
+}
+
+#[test]
+fn an_agents_handoff_defaults_apply_in_a_chain_unless_the_step_says_otherwise() {
+    let env = TestEnv::new();
+    agent(&env, "mapper", "model: fake/plain\noutput: context.md\n");
+    agent(
+        &env,
+        "planner",
+        "model: fake/plain\ndefaultReads: context.md\ndefaultProgress: true\n",
+    );
+    let file = env.tmp.path().join("plan.chain.md");
+    std::fs::write(
+        &file,
+        "---\nname: plan\n---\n\n## mapper\n\nMap {task}\n\n## planner\n\nPlan it\n\n\
+         ## planner\nreads: false\nprogress: false\noutput: final.md\n\nAgain\n",
+    )
+    .unwrap();
+    let (id, rec) = run(&env, &["--chain-file", file.to_str().unwrap(), "auth"]);
+    let dir = env.run_dir(&id).join("chain");
+    let ctx = dir.join("context.md");
+    let mapper = format!("[Write to: {}]\n\nMap auth", ctx.display());
+    let texts = user_texts(&env);
+    assert_eq!(texts[0], mapper);
+    // The mapper wrote nothing itself: the runner left its answer in the agent's output file.
+    assert_eq!(
+        std::fs::read_to_string(&ctx).unwrap(),
+        format!("ECHO: {mapper}")
+    );
+    assert_eq!(rec["steps"][0]["outputPath"], ctx.to_str().unwrap());
+    assert_eq!(
+        texts[1],
+        format!(
+            "[Read from: {}]\n\nPlan it\n\n---\n\
+             Create the progress file {} and keep it up to date with what you did.",
+            ctx.display(),
+            dir.join("progress.md").display()
+        )
+    );
+    // The step's own keys beat the agent's: no reads, no progress, its own output file.
+    assert_eq!(
+        texts[2],
+        format!("[Write to: {}]\n\nAgain", dir.join("final.md").display())
+    );
+}
+
+#[test]
+fn a_single_agent_run_keeps_its_output_in_the_run_and_reads_what_exists_in_the_cwd() {
+    let env = TestEnv::new();
+    let cwd = env.tmp.path().join("project");
+    std::fs::create_dir_all(&cwd).unwrap();
+    std::fs::write(cwd.join("plan.md"), "the plan").unwrap();
+    agent(
+        &env,
+        "scout",
+        "model: fake/plain\noutput: context.md\ndefaultReads: plan.md, missing.md\n\
+         defaultProgress: true\n",
+    );
+    let (id, rec) = run(
+        &env,
+        &["--cwd", cwd.to_str().unwrap(), "--agent", "scout", "look"],
+    );
+    let out = env.run_dir(&id).join("chain").join("context.md");
+    let want = format!(
+        "[Read from: {}]\n[Write to: {}]\n\nlook",
+        cwd.join("plan.md").display(),
+        out.display()
+    );
+    assert_eq!(
+        user_texts(&env),
+        std::slice::from_ref(&want),
+        "no progress line"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        format!("ECHO: {want}")
+    );
+    assert_eq!(rec["steps"][0]["outputPath"], out.to_str().unwrap());
+    assert!(
+        !cwd.join("context.md").exists(),
+        "nothing written in the cwd"
+    );
+
+    // An agent without handoff fields: the run has no chain directory.
+    agent(&env, "plain", "model: fake/plain\n");
+    let (id, _) = run(&env, &["--agent", "plain", "hi"]);
+    assert!(!env.run_dir(&id).join("chain").exists());
+}
+
+#[test]
+fn a_handoff_path_that_leaves_the_chain_directory_is_refused_on_its_line() {
+    let env = TestEnv::new();
+    agent(&env, "escape", "output: ../../x.md\n");
+    let out = env.spawn_raw(&["--agent", "escape", "x"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("escape.md:4") && err.contains("leaves the chain directory"),
+        "{err}"
+    );
+    assert_eq!(env.run_count(), 0);
+}

@@ -1,0 +1,160 @@
+//! End-to-end: the `subagents` settings that fill and override agents (`docs/agents.md`,
+//! "Settings"): `defaultThinking`, `defaultExtensions`, `agentOverridesByProvider`, and the
+//! `PI_SUBAGENT_EXTRA_AGENT_DIRS` directories, on the real Pi CLI and the fake model server.
+//! What reached the model is read from the server's request log; the thinking level from the
+//! launch spec the runner ran.
+
+use std::path::{Path, PathBuf};
+
+use cohort_e2e::fake_server::message_text;
+use cohort_e2e::harness::{stderr, TestEnv};
+use serde_json::{json, Value};
+
+fn write(path: &Path, text: &str) -> PathBuf {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+    path.to_path_buf()
+}
+
+/// The profile's settings.json with `extra` merged in at the top level.
+fn add_settings(env: &TestEnv, extra: Value) {
+    let file = env.profile.join("settings.json");
+    let mut s: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    for (k, v) in extra.as_object().unwrap() {
+        s[k] = v.clone();
+    }
+    std::fs::write(file, s.to_string()).unwrap();
+}
+
+fn agent(dir: &Path, name: &str, fields: &str, prompt: &str) {
+    write(
+        &dir.join(format!("{name}.md")),
+        &format!("---\nname: {name}\ndescription: d\n{fields}---\n{prompt}\n"),
+    );
+}
+
+fn complete(env: &TestEnv, args: &[&str]) -> String {
+    let id = env.spawn(args);
+    let rec = env.wait_terminal(&id, 120);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    id
+}
+
+fn tools(req: &Value) -> Vec<String> {
+    let mut t: Vec<String> = req["tools"]
+        .as_array()
+        .map(|a| a.iter().map(|t| t.as_str().unwrap().to_string()).collect())
+        .unwrap_or_default();
+    t.sort();
+    t
+}
+
+#[test]
+fn default_thinking_and_extensions_fill_what_an_agent_leaves_unsaid() {
+    let env = TestEnv::new();
+    write(
+        &env.profile.join("ext/web.ts"),
+        r#"export default function (pi: any) {
+  pi.registerTool({
+    name: "web_search",
+    label: "Web search",
+    description: "Search the web (a test fixture)",
+    parameters: { type: "object", properties: {} },
+    async execute() { return { content: [{ type: "text", text: "none" }], details: {} }; },
+  });
+}
+"#,
+    );
+    add_settings(
+        &env,
+        json!({"subagents": {"defaultThinking": "high", "defaultExtensions": ["ext/web.ts"]}}),
+    );
+    let agents = env.profile.join("agents");
+    agent(
+        &agents,
+        "quiet",
+        "model: fake/plain\ntools: read, web_search\n",
+        "Q",
+    );
+    agent(
+        &agents,
+        "says",
+        "model: fake/plain\nthinking: false\nextensions: []\n",
+        "S",
+    );
+    let id = complete(&env, &["--agent", "quiet", "go"]);
+    // The settings' extension reached the child: its tool was offered to the model.
+    assert_eq!(tools(&env.server.last_request()), ["read", "web_search"]);
+    let spec: Value =
+        serde_json::from_slice(&std::fs::read(env.run_dir(&id).join("launch.json")).unwrap())
+            .unwrap();
+    assert_eq!(spec["chain"][0]["thinking"], "high", "{spec:#}");
+    assert_eq!(
+        spec["chain"][0]["resolvedAgent"]["extensions"],
+        json!([env.profile.join("ext/web.ts")])
+    );
+    // An agent that says `thinking: false` and `extensions: []` keeps them.
+    let id = complete(&env, &["--agent", "says", "go"]);
+    let spec: Value =
+        serde_json::from_slice(&std::fs::read(env.run_dir(&id).join("launch.json")).unwrap())
+            .unwrap();
+    assert!(spec["chain"][0].get("thinking").is_none(), "{spec:#}");
+    assert!(spec["chain"][0]["resolvedAgent"]
+        .get("extensions")
+        .is_none());
+}
+
+#[test]
+fn provider_overrides_apply_for_the_callers_provider() {
+    let env = TestEnv::new();
+    // A top-level caller's provider is Pi's defaultProvider.
+    add_settings(
+        &env,
+        json!({"defaultProvider": "fake", "subagents": {
+        "agentOverrides": {"pick": {"model": "fake/err400"}, "other": {"model": "fake/plain"}},
+        "agentOverridesByProvider": {
+            "fake": {"pick": {"model": "fake/plain"}},
+            "elsewhere": {"other": {"model": "fake/err400"}}
+        }}}),
+    );
+    let agents = env.profile.join("agents");
+    agent(&agents, "pick", "", "P");
+    agent(&agents, "other", "", "O");
+    complete(&env, &["--agent", "pick", "a"]);
+    assert_eq!(env.server.last_request()["model"], "plain");
+    complete(&env, &["--agent", "other", "b"]);
+    assert_eq!(env.server.last_request()["model"], "plain");
+}
+
+#[test]
+fn extra_agent_dirs_are_user_agents_below_the_profiles() {
+    let env = TestEnv::new();
+    let extra = env.tmp.path().join("shipped");
+    agent(&extra, "shipped", "model: fake/plain\n", "You are SHIPPED.");
+    agent(&extra, "shadow", "model: fake/plain\n", "You are EXTRA.");
+    agent(
+        &env.profile.join("agents"),
+        "shadow",
+        "model: fake/plain\n",
+        "You are PROFILE.",
+    );
+    let spawn = |name: &str| {
+        let mut c = env.cmd("cohort-spawn");
+        c.env(
+            "PI_SUBAGENT_EXTRA_AGENT_DIRS",
+            format!("/nonexistent:{}", extra.display()),
+        )
+        .args(["--wait", "--agent", name, "hi", "--", "--no-themes"]);
+        let out = c.output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", stderr(&out));
+        message_text(&env.server.last_request()["messages"][0])
+    };
+    assert!(spawn("shipped").starts_with("You are SHIPPED."));
+    assert!(
+        spawn("shadow").starts_with("You are PROFILE."),
+        "the profile's wins"
+    );
+    // Without the variable the directory is not read.
+    let out = env.spawn_raw(&["--agent", "shipped", "hi"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
