@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use cohort_e2e::harness::{signal, stderr, stdout, wait_for, TestEnv, HERMETIC};
+use cohort_e2e::harness::{json_lines, signal, stderr, stdout, wait_for, TestEnv, HERMETIC};
 use serde_json::Value;
 
 /// `cohort-spawn --wait ARGS -- <hermetic>` with `input` on stdin.
@@ -180,8 +180,14 @@ fn wait_json_prints_the_final_record_with_the_answer() {
         v["runDir"].as_str().unwrap(),
         env.run_dir(&id).to_str().unwrap()
     );
-    // The record's own fields are the stored record's.
-    assert_eq!(v["steps"], env.record(&id)["steps"]);
+    // The steps are as `cohort-status --json` shows them: the stored step with its label under
+    // `label` and the agent (none for a bare task) under `agent`.
+    let shown = json_lines(&stdout(&env.run("cohort-status", &[&id, "--json"])));
+    assert_eq!(v["steps"], shown[0]["steps"]);
+    let mut stored = env.record(&id)["steps"][0].clone();
+    stored["label"] = stored["agent"].clone();
+    stored["agent"] = Value::Null;
+    assert_eq!(v["steps"][0], stored);
 
     // A failed run: the record says so, the answer is null, the exit code is the run's.
     let out = spawn_wait(&env, &["--json", "--model", "fake/err400", "hello"], "");
