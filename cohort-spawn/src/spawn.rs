@@ -142,6 +142,11 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         return Err(Error::Usage("nothing to run: no task".into()).into());
     }
     let submit = backend::submitter(req.backend.kind)?;
+    // Runs and the reap trash stay on one filesystem: a link below the state root is refused
+    // before anything is written.
+    if let Some(linked) = cohort_common::store::links::linked_dirs(root).first() {
+        return Err(Error::Usage(linked.refusal()).into());
+    }
     // Never sort before the newest run, even when the wall clock has stepped back.
     let floor: Option<RunId> = files::read_regular(&root.last_run_id())
         .ok()

@@ -25,6 +25,7 @@ mod hardening;
 mod hook;
 mod hygiene;
 mod limits;
+mod links;
 mod nested;
 mod pi_contract;
 mod readme;
