@@ -32,6 +32,7 @@ pub mod cmd;
 pub mod context;
 pub mod hook;
 pub mod launch;
+pub mod line_budget;
 pub mod nested;
 pub mod process;
 pub mod readers;
