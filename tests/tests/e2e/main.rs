@@ -36,6 +36,7 @@ mod runner;
 mod shell;
 mod slurm;
 mod spawn_wait;
+mod start;
 mod status;
 mod stdin;
 mod supervision;
