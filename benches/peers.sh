@@ -8,7 +8,8 @@
 #     process start time);
 #   - the default listing (cohort-status; `ls` of NQDIR, which is nq's listing; `pueue status`),
 #     settled (nothing changed for 2 s) and right after a spawn;
-# and, once: spawn + wait of a run whose Pi exits at once beside running that Pi directly (the
+# and, once: BURST (default 20) spawns back to back in one shell loop beside a loop of `setsid
+# node … &` of the same child; spawn + wait of a run whose Pi exits at once beside running that Pi directly (the
 # recorded fake, then the real pinned Pi 0.73.1 answered by the bundled fake model server on
 # 127.0.0.1, installed into .pi-cli/ by pi-install; PI_ROW=0 skips it), the CPU an idle runner
 # uses beside 3,000 unrelated sleeping processes (baseline: the same runner with nothing else on
@@ -184,6 +185,37 @@ for size in SIZES:
     print(f"{'default listing right after a spawn':<44} cohort {med(la):8.2f} ms   settled "
           f"{med(settled):8.2f} ms   difference {med(la) - med(settled):8.2f} ms (target <= 15 at 100,000)",
           flush=True)
+
+# A burst: BURST (default 20) starts back to back in one shell loop, as a parallel audit is
+# started, beside `setsid node … &` of the same child in the same loop. Timed: the loop; then
+# (untimed) every child is waited for before the next turn.
+BURST = int(os.environ.get("BURST", "20"))
+
+def burst_cohort(turn):
+    t0 = time.perf_counter()
+    out = subprocess.run(["sh", "-c", f'for i in $(seq {BURST}); do "{BIN}/cohort-spawn" '
+                          f'--pi-entry "{ENTRY}" burst; done'], env=ENV, check=True,
+                         stdout=subprocess.PIPE).stdout.decode().split()
+    dt = time.perf_counter() - t0
+    sh(f'"{BIN}/cohort-status" --wait {" ".join(out)}')
+    return dt
+
+def burst_setsid(turn):
+    tag = f"burst-{os.getpid()}-{turn}"
+    dt, _ = sh(f'for i in $(seq {BURST}); do setsid "{NODE}" "{ENTRY}" {tag} '
+               f'</dev/null >/dev/null 2>&1 & done')
+    end = time.time() + 60
+    while subprocess.run(["pgrep", "-f", tag], stdout=subprocess.DEVNULL).returncode == 0:
+        if time.time() > end:
+            raise SystemExit(f"the {tag} children did not end")
+        time.sleep(0.01)
+    return dt
+
+bc, bs = [], []
+for r in range(max(5, REPS // 3)):
+    bc.append(burst_cohort(r))
+    bs.append(burst_setsid(r))
+row(f"{BURST} starts back to back (target <= 1.5x)", bc, [("setsid &", bs)])
 
 # Spawn + wait of a run whose Pi exits at once, beside running that Pi directly.
 direct, wrapped, nqw = [], [], []

@@ -3,6 +3,10 @@
 # peak RSS and CPU seconds per GiB beside the same figures for `cat` of the same stream to
 # /dev/null, measured in the same run. Targets: peak RSS ≤ 16 MiB + longest line;
 # parse throughput ≥ 200 MiB/s (bytes per runner CPU second).
+# Then the run-wide memory bound: a parallel group of MEMBERS (default 3) synthetic children that
+# each print one kept line of LINE_MIB MiB (default 1024, past the 512 MiB cap) at once. Target:
+# the runner's peak RSS ≤ 16 MiB + 512 MiB (the run's line budget) + 1 MiB per member, whatever
+# the number of members (exits 1 when it is missed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GIB=${GIB:-1}
@@ -43,4 +47,25 @@ print(f"ratio runner/cat: RSS {int(rss)/max(int(crss),1):.1f}x, CPU {cpu/max(ccp
 thr = mib / cpu if cpu else float('inf')
 print(f"parse throughput: {thr:.0f} MiB per runner CPU second (target >= 200)")
 print(f"RSS target: {int(rss)/1024:.1f} MiB <= 16 MiB + longest line ({16 + int(longest)/(1<<20):.1f} MiB): {'ok' if int(rss)/1024 <= 16 + int(longest)/(1<<20) else 'MISSED'}")
+PY
+
+# The run-wide bound: MEMBERS children, each one endless-looking kept line, all at once.
+MEMBERS=${MEMBERS:-3}
+LINE_MIB=${LINE_MIB:-1024}
+tasks=(); for i in $(seq "$MEMBERS"); do tasks+=("member $i"); done
+start=$(date +%s.%N)
+id=$(GIB=0 LINE_MIB=$LINE_MIB "$BIN/cohort-spawn" --pi-entry "$PKG/dist/cli.js" --parallel "${tasks[@]}")
+"$BIN/cohort-status" --wait "$id" >/dev/null || true
+end=$(date +%s.%N)
+ev="$PI_CODING_AGENT_DIR/pi-cohort/async-subagent-runs/$id/events.jsonl"
+line=$(grep -E '"run\.(completed|failed)"' "$ev")
+rss=$(sed 's/.*"maxRssKiB":\([0-9]*\).*/\1/' <<<"$line")
+python3 - "$rss" "$MEMBERS" "$LINE_MIB" "$start" "$end" <<'PY'
+import sys
+rss, members, line_mib, start, end = sys.argv[1:]
+rss_mib = int(rss) / 1024; members = int(members)
+bound = 16 + 512 + members
+print(f"parallel: {members} members, one {line_mib} MiB kept line each, {float(end)-float(start):.1f} s")
+print(f"runner: peak RSS {rss_mib:.0f} MiB; target <= {bound} MiB (16 + the 512 MiB line budget + 1 MiB a member): {'ok' if rss_mib <= bound else 'MISSED'}")
+sys.exit(0 if rss_mib <= bound else 1)
 PY

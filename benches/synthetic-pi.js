@@ -2,6 +2,8 @@
 // events to stdout, as fast as it can, then agent_end. The stream repeats one block of events:
 // an assistant message streamed as message_update lines that repeat the growing partial
 // message (as Pi does), its message_end, a tool call's start/update/end, and turn_end.
+// With LINE_MIB set, it first prints one message_end line of LINE_MIB MiB: a line the runner
+// must hold whole to parse it (past the runner's caps, it is discarded).
 'use strict';
 const fs = require('fs');
 const total = Math.floor(parseFloat(process.env.GIB || '1') * (1 << 30));
@@ -40,6 +42,13 @@ const block = Buffer.from(lines.join('\n') + '\n');
 
 put(Buffer.from(JSON.stringify({ type: 'session', version: 3, id: 'bench', cwd: process.cwd() }) + '\n'));
 put(Buffer.from('{"type":"agent_start"}\n'));
+const lineMiB = parseFloat(process.env.LINE_MIB || '0');
+if (lineMiB > 0) {
+  put(Buffer.from('{"type":"message_end","message":{"role":"assistant","content":[{"type":"text","text":"'));
+  const chunk = Buffer.alloc(1 << 20, 'a');
+  for (let i = 0; i < lineMiB; i++) put(chunk);
+  put(Buffer.from('"}],"stopReason":"stop"}}\n'));
+}
 let written = 0;
 while (written < total) { put(block); written += block.length; }
 const last = { role: 'assistant', content: [{ type: 'text', text: 'done' }], usage, stopReason: 'stop' };

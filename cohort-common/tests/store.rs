@@ -24,7 +24,7 @@ use cohort_common::store::scan::{self, Scan, Seen};
 
 fn known(state: &str, reason: Option<&str>) -> JobReport {
     slurm::report(
-        "7",
+        &slurm::Job::parse("7"),
         JobStatus::Known {
             state: state.into(),
             reason: reason.map(String::from),

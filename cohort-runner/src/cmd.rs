@@ -2,8 +2,9 @@
 //!
 //! Started by `cohort-spawn` (natively), or by the job spawn submitted to a scheduler
 //! (`--backend NAME`), never by hand. It detaches (natively a new session; SIGHUP ignored,
-//! child subreaper), points its stdout at `/dev/null` once it has told spawn it is up, and runs
-//! the run to its end. Its stderr is the run's `runner.log`.
+//! child subreaper), says on its stdout that it holds the run lock (a scheduler's job log shows
+//! it; native spawn gives it `/dev/null` and does not wait), points its stdout at `/dev/null`,
+//! and runs the run to its end. Its stderr is the run's `runner.log`.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
@@ -39,7 +40,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     process::detach(args.backend).context("cannot detach")?;
     let dir = RunDir::new(&args.run_dir);
     supervisor::run(&dir, inherited, || {
-        // Tell spawn we are up, then let go of its pipe so it can return.
+        // Say we hold the lock (a scheduler job's output shows it), then stop writing there.
         let _ = cli::out(&format!("{READY_LINE}\n"));
         if let Ok(null) = std::fs::File::open("/dev/null") {
             let _ = nix::unistd::dup2_stdout(null);

@@ -38,6 +38,7 @@ pub mod context;
 pub mod fork;
 pub mod hook;
 pub mod launch;
+pub mod line_budget;
 pub mod nested;
 pub mod process;
 pub mod readers;

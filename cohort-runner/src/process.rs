@@ -45,13 +45,18 @@ pub fn close_inherited_fds(keep: Option<i32>) {
 }
 
 /// Detach the current process from its spawner: natively a new session (no controlling
-/// terminal, its own process group), SIGHUP ignored, and child-subreaper status so orphaned
+/// terminal, its own process group; kept when the process leads one already, as native spawn
+/// starts it), SIGHUP ignored, and child-subreaper status so orphaned
 /// descendants of its children are reparented to it. Called first thing by `cohort-runner`.
 ///
 /// A runner its scheduler started keeps the job's session and process group, where the
 /// scheduler's signals reach it ([`RunnerSession::Kept`]; the backend's module says why).
 pub fn detach(backend: BackendKind) -> Result<()> {
-    if backend.runner_session() == RunnerSession::New {
+    // Native spawn starts the runner in a session of its own already (at fork, so that no
+    // signal to the spawner's group reaches it before this point); a runner started otherwise
+    // starts one here.
+    let leads_session = nix::unistd::getsid(None).ok() == Some(nix::unistd::getpid());
+    if backend.runner_session() == RunnerSession::New && !leads_session {
         nix::unistd::setsid().map_err(|e| {
             Error::Usage(format!(
                 "setsid failed: {e} (the runner must not be started as a process-group leader)"

@@ -3,7 +3,9 @@
 //! The stdout reader parses Pi's `--mode json` events ([`crate::stream`]), writes the step's
 //! output log (`output-<i>.log`: text as it streams, tool calls, model errors) and its final
 //! text (`final-<i>.txt`, straight from the parsed line), and reports [`Progress`] and the
-//! stream's end to the supervisor. The stderr reader writes each line to the same log and to
+//! stream's end to the supervisor. Its line buffer takes from the run's line budget
+//! ([`crate::line_budget::RUN`]), so the members of a parallel group together hold at most one
+//! line at the cap. The stderr reader writes each line to the same log and to
 //! the step's [`StderrDigest`]. Neither thread decides anything: the supervisor owns the record.
 
 use std::collections::VecDeque;
@@ -296,7 +298,7 @@ pub fn spawn_stdout_reader(
     report: impl Fn(Report) + Send + 'static,
 ) -> std::io::Result<()> {
     std::thread::Builder::new().spawn(move || {
-        let mut parser = StreamParser::default();
+        let mut parser = StreamParser::with_budget(&crate::line_budget::RUN);
         let mut reader = BufReader::with_capacity(256 << 10, stdout);
         let mut state = StdoutState {
             log,

@@ -6,7 +6,8 @@
 //! body cohort does not need, counts the event and discards the rest of the line without
 //! buffering it. Only `session`, `message_end`, `tool_execution_start` and
 //! `tool_execution_end` are parsed in full. Memory stays flat however long the stream is,
-//! bounded by the longest *kept* line.
+//! bounded by the longest *kept* line, and across the run's parallel members by the run's line
+//! budget ([`crate::line_budget`]) when the parser is given one ([`StreamParser::with_budget`]).
 //!
 //! Event shapes are those of Pi 0.73.1 (`dist/modes/print-mode.js` prints the agent session's
 //! events) and Pi 1.6.0, checked on both by `tests/tests/e2e/pi_contract.rs`. 1.6 differs only where
@@ -25,7 +26,10 @@ use serde_json::Value;
 
 use cohort_common::format::record::Usage;
 
-/// Kept lines longer than this are discarded (counted in [`StreamSummary::oversized_lines`]).
+use crate::line_budget::{LineBudget, FREE_PER_LINE};
+
+/// Kept lines longer than this are discarded (counted in [`StreamSummary::oversized_lines`]);
+/// so is one that would take the run's line budget past its bound ([`crate::line_budget`]).
 pub const MAX_KEPT_LINE: usize = 512 << 20;
 /// How many leading bytes decide whether a line is kept.
 const PREFIX_BYTES: usize = 40;
@@ -217,9 +221,21 @@ fn classify_prefix(prefix: &[u8]) -> Option<Skip> {
 pub struct StreamParser {
     /// What has been learned so far.
     pub summary: StreamSummary,
+    /// The budget its line buffer takes from beyond [`FREE_PER_LINE`]; none: only the per-line
+    /// cap bounds it.
+    budget: Option<&'static LineBudget>,
 }
 
 impl StreamParser {
+    /// A parser whose line buffer takes what it holds beyond [`FREE_PER_LINE`] from `budget`
+    /// (the runner's: [`crate::line_budget::RUN`]).
+    pub fn with_budget(budget: &'static LineBudget) -> StreamParser {
+        StreamParser {
+            summary: StreamSummary::default(),
+            budget: Some(budget),
+        }
+    }
+
     /// Read `reader` to EOF, calling `on_notice` for each notice. Memory is bounded by the
     /// longest kept line. Returns the I/O error that ended reading early, if any.
     pub fn run<R: BufRead>(
@@ -227,7 +243,7 @@ impl StreamParser {
         reader: &mut R,
         mut on_notice: impl FnMut(&StreamSummary, Notice<'_>),
     ) -> io::Result<()> {
-        let mut splitter = LineSplitter::default();
+        let mut splitter = LineSplitter::with_budget(self.budget);
         loop {
             let buf = match reader.fill_buf() {
                 Ok(b) => b,
@@ -430,15 +446,38 @@ pub enum Line<'a> {
 }
 
 /// Splits a byte stream into lines, discarding (without buffering) lines whose first bytes
-/// mark them as not needed. Holds at most one kept line.
+/// mark them as not needed. Holds at most one kept line; with a budget, what its buffer holds
+/// beyond [`FREE_PER_LINE`] is taken from the budget first, and a line the budget cannot hold
+/// is discarded as [`Line::Oversized`].
 #[derive(Debug, Default)]
 pub struct LineSplitter {
     buf: Vec<u8>,
     skipping: Option<Skip>,
     oversized: bool,
+    budget: Option<&'static LineBudget>,
+    /// Bytes taken from `budget` for `buf`.
+    held: usize,
+}
+
+impl Drop for LineSplitter {
+    fn drop(&mut self) {
+        self.free();
+    }
 }
 
 impl LineSplitter {
+    /// A splitter whose buffer takes from `budget` beyond [`FREE_PER_LINE`] (none: unbounded
+    /// but for [`MAX_KEPT_LINE`]).
+    pub fn with_budget(budget: Option<&'static LineBudget>) -> LineSplitter {
+        LineSplitter {
+            buf: Vec::new(),
+            skipping: None,
+            oversized: false,
+            budget,
+            held: 0,
+        }
+    }
+
     /// Feed a chunk; `emit` is called for every line completed in it.
     pub fn feed(&mut self, mut chunk: &[u8], mut emit: impl FnMut(Line<'_>)) {
         while !chunk.is_empty() {
@@ -482,16 +521,25 @@ impl LineSplitter {
                 if self.skipping.is_none() && !part.is_empty() {
                     if part.len() > MAX_KEPT_LINE.saturating_sub(self.buf.len()) {
                         self.oversized = true;
-                        self.buf = Vec::new();
+                        self.free();
                     } else {
                         // Grow by an eighth rather than doubling: a kept line costs at most
                         // ~1.125× its length.
                         let need = self.buf.len() + part.len();
+                        let mut fits = true;
                         if need > self.buf.capacity() {
                             let extra = part.len().max(self.buf.capacity() / 8);
-                            self.buf.reserve_exact(extra);
+                            fits = self.take(self.buf.len() + extra);
+                            if fits {
+                                self.buf.reserve_exact(extra);
+                            }
                         }
-                        self.buf.extend_from_slice(part);
+                        if fits {
+                            self.buf.extend_from_slice(part);
+                        } else {
+                            self.oversized = true;
+                            self.free();
+                        }
                     }
                 }
             }
@@ -504,10 +552,35 @@ impl LineSplitter {
                     emit(Line::Kept(&self.buf));
                 }
                 self.buf.clear();
-                if self.buf.capacity() > (1 << 20) {
-                    self.buf = Vec::new();
+                if self.buf.capacity() > FREE_PER_LINE {
+                    self.free();
                 }
             }
+        }
+    }
+
+    /// Take from the budget what a buffer of `capacity` bytes holds beyond [`FREE_PER_LINE`]
+    /// and what is taken already; `false` when the budget cannot give it (nothing taken).
+    fn take(&mut self, capacity: usize) -> bool {
+        let Some(budget) = self.budget else {
+            return true;
+        };
+        let more = capacity
+            .saturating_sub(FREE_PER_LINE)
+            .saturating_sub(self.held);
+        if more == 0 || budget.try_take(more) {
+            self.held += more;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Free the buffer and give its bytes back to the budget.
+    fn free(&mut self) {
+        self.buf = Vec::new();
+        if let Some(budget) = self.budget {
+            budget.give_back(std::mem::take(&mut self.held));
         }
     }
 
@@ -520,7 +593,7 @@ impl LineSplitter {
         } else if !self.buf.is_empty() {
             emit(Line::Kept(&self.buf));
         }
-        self.buf = Vec::new();
+        self.free();
     }
 }
 
@@ -651,6 +724,39 @@ mod tests {
             splitter_peak <= 2 * UPDATE_HEAD,
             "buffered {splitter_peak} bytes"
         );
+    }
+
+    #[test]
+    fn kept_lines_of_parallel_streams_share_the_run_budget() {
+        let budget: &'static LineBudget = Box::leak(Box::new(LineBudget::new(3 << 20)));
+        let head = br#"{"type":"message_end","message":{"role":"assistant","content":[{"type":"text","text":""#;
+        let body = vec![b'z'; 64 << 10];
+        let mut a = LineSplitter::with_budget(Some(budget));
+        let mut b = LineSplitter::with_budget(Some(budget));
+        let mut seen = Vec::new();
+        a.feed(head, |_| {});
+        b.feed(head, |_| {});
+        // Each grows a line of 3 MiB, a first: the budget holds one beyond their free MiB,
+        // not both.
+        for _ in 0..48 {
+            a.feed(&body, |_| {});
+        }
+        for _ in 0..48 {
+            b.feed(&body, |_| {});
+        }
+        assert!(budget.used() <= 3 << 20, "{}", budget.used());
+        a.feed(b"\"}]}}\n", |l| seen.push(matches!(l, Line::Kept(_))));
+        b.feed(b"\"}]}}\n", |l| seen.push(matches!(l, Line::Oversized)));
+        assert_eq!(seen, [true, true], "a kept its line, b's was discarded");
+        assert_eq!(budget.used(), 0, "every byte given back after the lines");
+        // Alone, a line as long fits again; a stream ended mid-line gives its bytes back.
+        for _ in 0..48 {
+            b.feed(&body, |_| {});
+        }
+        assert!(budget.used() > 0);
+        drop(b);
+        assert_eq!(budget.used(), 0);
+        drop(a);
     }
 
     #[test]

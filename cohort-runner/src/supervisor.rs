@@ -34,7 +34,8 @@ use cohort_common::fault;
 use cohort_common::format::events::{EventKind, EventLog};
 use cohort_common::format::layout::RunDir;
 use cohort_common::format::record::{
-    now_ms, ModelAttempt, ParallelGroup, RunMode, RunRecord, RunState, StepRecord, StepStatus,
+    self as record, now_ms, ModelAttempt, ParallelGroup, RunMode, RunRecord, RunState, StepRecord,
+    StepStatus,
 };
 use cohort_common::format::spec::{self, ChainStep, FlatStep, LaunchSpec, Placement};
 use cohort_common::format::template;
@@ -361,9 +362,14 @@ impl Supervisor {
         self.tracker.persist();
         self.rec.finish(outcome.state, outcome.error.clone());
         self.rec.failure = outcome.failure;
+        let written = self.writer.written();
         let _ = self.events.append(
             outcome.event,
-            json!({"error": outcome.error, "rusage": own_rusage()}),
+            json!({
+                "error": outcome.error,
+                "rusage": own_rusage(),
+                "recordWrites": {"count": written.count, "bytes": written.bytes},
+            }),
         );
         self.writer.flush_final(&mut self.rec);
         outcome.state
@@ -503,10 +509,12 @@ impl Supervisor {
                 },
             )
             .unwrap_or_else(|_| t.task.clone());
+            let (task, task_bytes) = record::task_preview(&shown);
             records.push(StepRecord {
                 label: m.label,
                 agent_source: t.resolved_agent.as_ref().map(|a| a.source()),
-                task: shown,
+                task,
+                task_bytes,
                 model: t.model.clone(),
                 phase: t.phase.clone(),
                 dynamic_group: Some(name.clone()),

@@ -142,6 +142,11 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         return Err(Error::Usage("nothing to run: no task".into()).into());
     }
     let submit = backend::submitter(req.backend.kind)?;
+    // Runs and the reap trash stay on one filesystem: a link below the state root is refused
+    // before anything is written.
+    if let Some(linked) = cohort_common::store::links::linked_dirs(root).first() {
+        return Err(Error::Usage(linked.refusal()).into());
+    }
     // Never sort before the newest run, even when the wall clock has stepped back.
     let floor: Option<RunId> = files::read_regular(&root.last_run_id())
         .ok()
@@ -209,20 +214,25 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     }
     rec.steps = flat
         .iter()
-        .map(|f| StepRecord {
-            label: spec::label_of(&f.spec, f.index),
-            agent_source: f.spec.resolved_agent.as_ref().map(|a| a.source()),
-            task: template::fill(
+        .map(|f| {
+            let shown = template::fill(
                 &f.spec.task,
                 &template::Vars {
                     task: req.task.as_deref(),
                     ..Default::default()
                 },
             )
-            .unwrap_or_else(|_| f.spec.task.clone()),
-            model: f.spec.model.clone(),
-            session_file: f.spec.session_file.clone(),
-            ..Default::default()
+            .unwrap_or_else(|_| f.spec.task.clone());
+            let (task, task_bytes) = record::task_preview(&shown);
+            StepRecord {
+                label: spec::label_of(&f.spec, f.index),
+                agent_source: f.spec.resolved_agent.as_ref().map(|a| a.source()),
+                task,
+                task_bytes,
+                model: f.spec.model.clone(),
+                session_file: f.spec.session_file.clone(),
+                ..Default::default()
+            }
         })
         .collect();
     let prepared = prepare(root, &mut rec, &req);

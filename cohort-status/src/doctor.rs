@@ -140,17 +140,26 @@ pub struct RootReport {
     pub warnings: Vec<String>,
 }
 
-/// Inspect the state root (its owner and mode; see [`root_warnings`]).
+/// Inspect the state root (its owner and mode, through a link to it if it is one; see
+/// [`root_warnings`]), and the directories below it that are symlinks
+/// ([`cohort_common::store::links`]).
 pub fn state_root(root: &StateRoot) -> RootReport {
     let path = root.path().to_path_buf();
-    match std::fs::symlink_metadata(&path) {
+    match std::fs::metadata(&path) {
         Ok(m) => RootReport {
             warnings: root_warnings(
                 m.is_dir(),
                 m.permissions().mode(),
                 m.uid(),
                 nix::unistd::getuid().as_raw(),
-            ),
+            )
+            .into_iter()
+            .chain(
+                cohort_common::store::links::linked_dirs(root)
+                    .iter()
+                    .map(|l| l.refusal()),
+            )
+            .collect(),
             path,
             exists: true,
             mode: Some(format!("{:04o}", m.permissions().mode() & 0o7777)),
@@ -170,7 +179,7 @@ pub fn state_root(root: &StateRoot) -> RootReport {
 pub fn root_warnings(is_dir: bool, mode: u32, owner: u32, me: u32) -> Vec<String> {
     let mut w = Vec::new();
     if !is_dir {
-        w.push("the state root is not a directory (a symlink or a file)".into());
+        w.push("the state root is not a directory".into());
     }
     if mode & 0o077 != 0 {
         w.push(format!(
@@ -380,9 +389,11 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
 /// Bytes on disk (allocated blocks) under the state root, by top-level part (`runs`, `nested`,
 /// `sessions`, `index`, `other`, and their `total`), plus `tmp`: the part of `runs` and `nested`
 /// that is the runs' private temp dirs, where Pi keeps the full output of its tool calls. Never
-/// follows symlinks.
+/// follows symlinks below the state root; the state root itself may be one (a profile on
+/// another filesystem), and is measured where it leads.
 pub fn disk_use(root: &StateRoot) -> BTreeMap<String, u64> {
-    let r = root.path();
+    let resolved = std::fs::canonicalize(root.path()).unwrap_or_else(|_| root.path().into());
+    let r = resolved.as_path();
     let mut out = BTreeMap::new();
     let mut total = 0;
     let run_dirs = |parent: &Path| -> Vec<PathBuf> {

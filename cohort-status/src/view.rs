@@ -563,9 +563,9 @@ mod tests {
             cohort_common::format::record::RunMode::Single,
         );
         assert_eq!(backend_line(&rec, None), None);
-        rec.set_backend(Some(slurm::handle(Some("12"))));
+        rec.set_backend(Some(slurm::handle(Some(&slurm::Job::parse("12")))));
         let held = slurm::report(
-            "12",
+            &slurm::Job::parse("12"),
             JobStatus::Known {
                 state: "PENDING".into(),
                 reason: Some("JobHeldUser".into()),

@@ -12,3 +12,4 @@ pub mod fixture;
 pub mod harness;
 pub mod pi;
 pub mod slurm;
+pub mod tmpfs;

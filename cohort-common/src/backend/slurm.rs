@@ -1,8 +1,8 @@
 //! The Slurm backend: a batch job that runs the runner on the node Slurm allocates
 //! (`docs/backends.md`, "Slurm").
 //!
-//! What a record stores about its job ([`handle`], [`job_id`]: `{"kind": "slurm", "jobId":
-//! "…"}`), the launch spec's options ([`launch`], [`sbatch_args`]), the batch script's name in
+//! What a record stores about its job ([`handle`], [`job_of`]: `{"kind": "slurm", "jobId":
+//! "…"}`, with `"cluster": "…"` when the job was submitted to a named cluster), the launch spec's options ([`launch`], [`sbatch_args`]), the batch script's name in
 //! the run directory ([`BATCH_SCRIPT`]), and [`Slurm`], this backend's [`Backend`]: what Slurm
 //! says about a job and what that means for its run ([`report`]), how to stop it
 //! ([`scancel_command`]), the words `cohort-status` prints, and the doctor's probe ([`assess`]).
@@ -17,6 +17,11 @@
 //! controller remembers ended jobs for `MinJobAge`, 300 s by default), then `sacct` (where
 //! accounting is configured), so that absence is only ever concluded from a fresh answer. The
 //! parsers, [`phase`] and [`report`] are pure; the judgement built on them is the store's.
+//!
+//! A job submitted to a named cluster (`--sbatch-arg=--clusters=B`: `sbatch --parsable` prints
+//! `JOBID;B`) is known only to that cluster's controller: every query about it, and the
+//! `scancel` that stops it, carries `-M B` ([`Job::cluster_args`]), and its snapshot is that
+//! cluster's.
 //!
 //! The clients read `SLURM_CONF` and the site's configuration as every Slurm user command does;
 //! each call is bounded ([`QUERY_TIMEOUT`]), so a hung controller never hangs a listing.
@@ -41,6 +46,60 @@ pub const BATCH_SCRIPT: &str = "slurm-job.sh";
 
 /// The handle's field that holds the job id.
 const JOB_ID: &str = "jobId";
+
+/// The handle's field that holds the cluster the job was submitted to, when one was named.
+const CLUSTER: &str = "cluster";
+
+/// A Slurm job as cohort names it: its id, and the cluster it was submitted to when `sbatch`
+/// was given one (`--clusters`, `-M`), whose controller alone knows the job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Job {
+    /// The job id (`sbatch --parsable`'s first field): digits, or `ID_TASK` for an array task.
+    pub id: String,
+    /// The cluster (its second field, after `;`), absent on a single-cluster site.
+    pub cluster: Option<String>,
+}
+
+impl Job {
+    /// A job from its text form (pure): `JOBID` or `JOBID;CLUSTER`, as `sbatch --parsable`
+    /// prints it and [`Job::text`] writes it.
+    pub fn parse(text: &str) -> Job {
+        let (id, cluster) = match text.split_once(';') {
+            Some((id, cluster)) => (id, Some(cluster.trim()).filter(|c| !c.is_empty())),
+            None => (text, None),
+        };
+        Job {
+            id: id.trim().to_string(),
+            cluster: cluster.map(String::from),
+        }
+    }
+
+    /// The text form (pure): `JOBID`, or `JOBID;CLUSTER` (the job the backend asks about,
+    /// [`Backend::job`], and `jobId` in `cohort-status --json`'s report of it).
+    pub fn text(&self) -> String {
+        match &self.cluster {
+            Some(c) => format!("{};{c}", self.id),
+            None => self.id.clone(),
+        }
+    }
+
+    /// How sentences name the job (pure): `42`, or `42 on cluster B`.
+    pub fn name(&self) -> String {
+        match &self.cluster {
+            Some(c) => format!("{} on cluster {c}", self.id),
+            None => self.id.clone(),
+        }
+    }
+
+    /// The arguments that point a Slurm client at the job's cluster (pure): `-M CLUSTER`, or
+    /// none.
+    pub fn cluster_args(&self) -> Vec<&str> {
+        match &self.cluster {
+            Some(c) => vec!["-M", c],
+            None => vec![],
+        }
+    }
+}
 
 /// The launch spec's field that holds the user's `--sbatch-arg`s.
 const SBATCH_ARGS: &str = "sbatchArgs";
@@ -110,7 +169,7 @@ pub fn parse_sacct(out: &str) -> Option<JobStatus> {
 }
 
 /// Parse `squeue -h -o %i|%T|%r` output (pure): job id → its state and reason. Lines that are
-/// not `ID|STATE|REASON` are skipped.
+/// not `ID|STATE|REASON` are skipped (with `-M`, squeue heads the list with `CLUSTER: NAME`).
 pub fn parse_squeue(out: &str) -> HashMap<String, JobStatus> {
     out.lines()
         .filter_map(|l| {
@@ -132,25 +191,26 @@ pub fn parse_squeue(out: &str) -> HashMap<String, JobStatus> {
 
 type Snapshot = (Instant, Result<HashMap<String, JobStatus>, String>);
 
-/// The user's jobs as `squeue --states=all` lists them, at most [`SNAPSHOT_TTL`] old.
-fn snapshot() -> Result<HashMap<String, JobStatus>, String> {
-    static LAST: Mutex<Option<Snapshot>> = Mutex::new(None);
+/// The user's jobs on `job`'s cluster (the default one when it names none) as
+/// `squeue --states=all` lists them, at most [`SNAPSHOT_TTL`] old.
+fn snapshot(job: &Job) -> Result<HashMap<String, JobStatus>, String> {
+    static LAST: Mutex<Option<HashMap<Option<String>, Snapshot>>> = Mutex::new(None);
     let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((at, jobs)) = last.as_ref() {
+    let last = last.get_or_insert_with(HashMap::new);
+    if let Some((at, jobs)) = last.get(&job.cluster) {
         if at.elapsed() < SNAPSHOT_TTL {
             return jobs.clone();
         }
     }
     let uid = nix::unistd::getuid().to_string();
-    let jobs = match run_client(
-        "squeue",
-        &["-h", "--states=all", "-u", &uid, "-o", "%i|%T|%r"],
-    ) {
+    let mut args = job.cluster_args();
+    args.extend(["-h", "--states=all", "-u", &uid, "-o", "%i|%T|%r"]);
+    let jobs = match run_client("squeue", &args) {
         Ok((true, out, _)) => Ok(parse_squeue(&out)),
         Ok((false, _, err)) => Err(last_line(&err)),
         Err(e) => Err(e),
     };
-    *last = Some((Instant::now(), jobs.clone()));
+    last.insert(job.cluster.clone(), (Instant::now(), jobs.clone()));
     jobs
 }
 
@@ -196,20 +256,23 @@ pub fn last_line(text: &str) -> String {
         .to_string()
 }
 
-/// Ask Slurm about job `job_id`: the user's jobs in the controller's queue (a shared
-/// `squeue` snapshot), else the controller about this job (`scontrol show job -o`), then
-/// accounting (`sacct`) when the controller no longer knows it. Never fails: what could not be
-/// learned is [`JobStatus::Unreachable`].
-pub fn query(job_id: &str) -> JobStatus {
-    match snapshot() {
+/// Ask Slurm about `job`, on its cluster when it names one: the user's jobs in the
+/// controller's queue (a shared `squeue` snapshot), else the controller about this job
+/// (`scontrol show job -o`), then accounting (`sacct`) when the controller no longer knows it.
+/// Never fails: what could not be learned is [`JobStatus::Unreachable`].
+pub fn query(job: &Job) -> JobStatus {
+    match snapshot(job) {
         Ok(jobs) => {
-            if let Some(s) = jobs.get(job_id) {
+            if let Some(s) = jobs.get(&job.id) {
                 return s.clone();
             }
         }
         Err(e) => return JobStatus::Unreachable(e),
     }
-    match run_client("scontrol", &["show", "job", "-o", job_id]) {
+    let job_id = job.id.as_str();
+    let mut scontrol = job.cluster_args();
+    scontrol.extend(["show", "job", "-o", job_id]);
+    match run_client("scontrol", &scontrol) {
         Err(e) => return JobStatus::Unreachable(e),
         Ok((true, out, _)) => {
             if let Some(s) = parse_scontrol(&out) {
@@ -223,10 +286,9 @@ pub fn query(job_id: &str) -> JobStatus {
         Ok((false, _, err)) if err.contains("Invalid job id") => {}
         Ok((false, _, err)) => return JobStatus::Unreachable(last_line(&err)),
     }
-    match run_client(
-        "sacct",
-        &["-n", "-X", "-P", "-o", "State,Reason", "-j", job_id],
-    ) {
+    let mut sacct = job.cluster_args();
+    sacct.extend(["-n", "-X", "-P", "-o", "State,Reason", "-j", job_id]);
+    match run_client("sacct", &sacct) {
         Ok((true, out, _)) => parse_sacct(&out).unwrap_or(JobStatus::Gone),
         // No accounting (or no sacct): the controller's word stands.
         _ => JobStatus::Gone,
@@ -243,11 +305,12 @@ fn started(state: &str) -> bool {
     )
 }
 
-/// What Slurm's answer about job `job_id` means for its run (pure): the generic [`Phase`], with
-/// the sentence a settled run's record keeps. A waiting job is pending (or running, once Slurm
-/// has started it); a cancelled one ends the run `stopped`; a failed, ended or forgotten one
-/// `failed`; no answer concludes nothing.
-pub fn report(job_id: &str, status: JobStatus) -> JobReport {
+/// What Slurm's answer about `job` means for its run (pure): the generic [`Phase`], with the
+/// sentence a settled run's record keeps. A waiting job is pending (or running, once Slurm has
+/// started it); a cancelled one ends the run `stopped`; a failed, ended or forgotten one
+/// `failed`; no answer concludes nothing. The report's `job_id` is [`Job::text`].
+pub fn report(job: &Job, status: JobStatus) -> JobReport {
+    let job_id = job.name();
     let because = |reason: &Option<String>| {
         reason
             .as_ref()
@@ -286,7 +349,7 @@ pub fn report(job_id: &str, status: JobStatus) -> JobReport {
         },
     };
     JobReport {
-        job_id: job_id.to_string(),
+        job_id: job.text(),
         status,
         phase,
     }
@@ -301,12 +364,16 @@ pub fn kind() -> BackendKind {
 }
 
 /// The record's handle of a Slurm run: `{"kind": "slurm"}` from publication until the job is
-/// submitted, then `{"kind": "slurm", "jobId": "…"}` (the id `sbatch --parsable` printed,
-/// without a `;cluster` suffix).
-pub fn handle(job_id: Option<&str>) -> Handle {
+/// submitted, then `{"kind": "slurm", "jobId": "…"}` (the id `sbatch --parsable` printed),
+/// with `"cluster": "…"` when it printed one (`JOBID;CLUSTER`).
+pub fn handle(job: Option<&Job>) -> Handle {
     let mut h = Handle::new(kind());
-    if let Some(id) = job_id {
-        h.fields.insert(JOB_ID.into(), Value::String(id.into()));
+    if let Some(job) = job {
+        h.fields
+            .insert(JOB_ID.into(), Value::String(job.id.clone()));
+        if let Some(c) = &job.cluster {
+            h.fields.insert(CLUSTER.into(), Value::String(c.clone()));
+        }
     }
     h
 }
@@ -314,6 +381,18 @@ pub fn handle(job_id: Option<&str>) -> Handle {
 /// The job id of a Slurm run's handle, once its submission is recorded.
 pub fn job_id(h: &Handle) -> Option<&str> {
     h.fields.get(JOB_ID).and_then(Value::as_str)
+}
+
+/// The job of a Slurm run's handle, with its cluster, once its submission is recorded.
+pub fn job_of(h: &Handle) -> Option<Job> {
+    Some(Job {
+        id: job_id(h)?.to_string(),
+        cluster: h
+            .fields
+            .get(CLUSTER)
+            .and_then(Value::as_str)
+            .map(String::from),
+    })
 }
 
 /// The launch spec's `backend` of a Slurm run: the user's `--sbatch-arg`s (`sbatchArgs`,
@@ -345,8 +424,12 @@ pub fn sbatch_args(l: &LaunchBackend) -> Vec<String> {
 /// The command that stops a Slurm run gracefully: Slurm sends SIGTERM to every process of the
 /// batch job (`--full`), so the runner stops its children as it does on any SIGTERM (TERM,
 /// grace, KILL) and records `stopped`.
-pub fn scancel_command(job_id: &str) -> String {
-    format!("scancel --signal=TERM --full {job_id}")
+/// On a named cluster it carries `-M CLUSTER`.
+pub fn scancel_command(job: &Job) -> String {
+    match &job.cluster {
+        Some(c) => format!("scancel -M {c} --signal=TERM --full {}", job.id),
+        None => format!("scancel --signal=TERM --full {}", job.id),
+    }
 }
 
 impl Backend for Slurm {
@@ -367,6 +450,10 @@ impl Backend for Slurm {
         match h.fields.get(JOB_ID) {
             None | Some(Value::Null | Value::String(_)) => Ok(()),
             Some(other) => Err(format!("a Slurm jobId must be a string, not {other}")),
+        }?;
+        match h.fields.get(CLUSTER) {
+            None | Some(Value::Null | Value::String(_)) => Ok(()),
+            Some(other) => Err(format!("a Slurm cluster must be a string, not {other}")),
         }
     }
 
@@ -378,23 +465,25 @@ impl Backend for Slurm {
         }
     }
 
+    /// [`Job::text`]: `JOBID`, or `JOBID;CLUSTER`.
     fn job(&self, h: &Handle) -> Option<String> {
-        job_id(h).map(String::from)
+        job_of(h).map(|j| j.text())
     }
 
     fn query(&self, job: &str) -> JobReport {
-        report(job, query(job))
+        let job = Job::parse(job);
+        report(&job, query(&job))
     }
 
     fn describe(&self, h: &Handle) -> Option<String> {
-        Some(match job_id(h) {
-            Some(id) => format!("slurm job {id}"),
+        Some(match job_of(h) {
+            Some(job) => format!("slurm job {}", job.name()),
             None => "slurm (no job id recorded yet)".to_string(),
         })
     }
 
     fn stop_command(&self, h: &Handle) -> Option<String> {
-        job_id(h).map(scancel_command)
+        job_of(h).map(|j| scancel_command(&j))
     }
 
     fn report_words(&self, r: &JobReport) -> Option<String> {
@@ -409,10 +498,11 @@ impl Backend for Slurm {
     }
 
     fn pid_refusal(&self, h: &Handle) -> Option<String> {
-        Some(match job_id(h) {
+        Some(match job_of(h) {
             Some(job) => format!(
-                "runs as Slurm job {job}, not a local pid; stop it with: {}",
-                scancel_command(job)
+                "runs as Slurm job {}, not a local pid; stop it with: {}",
+                job.name(),
+                scancel_command(&job)
             ),
             None => "is a scheduler run without a job id; it has no local pid".to_string(),
         })
@@ -511,6 +601,52 @@ fn sinfo() -> Result<String, String> {
 mod tests {
     use super::*;
 
+    /// Job `id` on the default cluster.
+    fn j(id: &str) -> Job {
+        Job::parse(id)
+    }
+
+    #[test]
+    fn a_job_on_a_named_cluster_keeps_its_cluster_in_the_record_queries_and_scancel() {
+        let job = Job::parse("42;B");
+        assert_eq!(
+            job,
+            Job {
+                id: "42".into(),
+                cluster: Some("B".into())
+            }
+        );
+        assert_eq!(job.text(), "42;B");
+        assert_eq!(Job::parse(&job.text()), job);
+        assert_eq!(job.name(), "42 on cluster B");
+        assert_eq!(job.cluster_args(), ["-M", "B"]);
+        assert!(j("42").cluster_args().is_empty());
+        assert_eq!(Job::parse("42;").cluster, None);
+        let h = handle(Some(&job));
+        let v = serde_json::to_value(&h).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"kind": "slurm", "jobId": "42", "cluster": "B"})
+        );
+        let back: Handle = serde_json::from_value(v).unwrap();
+        assert_eq!(job_of(&back), Some(job.clone()));
+        assert_eq!(Slurm.job(&back).as_deref(), Some("42;B"));
+        assert_eq!(
+            scancel_command(&job),
+            "scancel -M B --signal=TERM --full 42"
+        );
+        assert!(Slurm
+            .pid_refusal(&back)
+            .unwrap()
+            .contains("Slurm job 42 on cluster B"));
+        let gone = report(&job, JobStatus::Gone);
+        assert_eq!(gone.job_id, "42;B");
+        assert!(matches!(&gone.phase, Phase::Ended(e) if e.error.contains("job 42 on cluster B")));
+        assert!(
+            serde_json::from_str::<Handle>(r#"{"kind":"slurm","jobId":"1","cluster":7}"#).is_err()
+        );
+    }
+
     #[test]
     fn job_states_map_to_phases() {
         for w in [
@@ -599,7 +735,7 @@ mod tests {
 
     #[test]
     fn the_record_shape_round_trips_and_unknown_kinds_are_tolerated() {
-        let b = handle(Some("42"));
+        let b = handle(Some(&j("42")));
         let v = serde_json::to_value(&b).unwrap();
         assert_eq!(v, serde_json::json!({"kind": "slurm", "jobId": "42"}));
         assert_eq!(serde_json::from_value::<Handle>(v).unwrap(), b);
@@ -624,9 +760,9 @@ mod tests {
         assert_eq!("slurm".parse::<BackendKind>(), Ok(kind()));
         assert_eq!(kind().runner_session(), RunnerSession::Kept);
         assert_eq!(super::super::record_format_version(Some(&handle(None))), 2);
-        assert_eq!(scancel_command("7"), "scancel --signal=TERM --full 7");
+        assert_eq!(scancel_command(&j("7")), "scancel --signal=TERM --full 7");
         assert_eq!(
-            Slurm.stop_command(&handle(Some("7"))).as_deref(),
+            Slurm.stop_command(&handle(Some(&j("7")))).as_deref(),
             Some("scancel --signal=TERM --full 7")
         );
         assert_eq!(Slurm.stop_command(&handle(None)), None);
@@ -654,7 +790,7 @@ mod tests {
 
     fn known(state: &str, reason: Option<&str>) -> JobReport {
         report(
-            "17",
+            &j("17"),
             JobStatus::Known {
                 state: state.into(),
                 reason: reason.map(String::from),
@@ -679,7 +815,7 @@ mod tests {
             (known("CONFIGURING", None), Judgement::Scheduled, None),
             (known("RUNNING", None), Judgement::Scheduled, None),
             (
-                report("17", JobStatus::Unreachable("connect failure".into())),
+                report(&j("17"), JobStatus::Unreachable("connect failure".into())),
                 Judgement::Unconfirmed,
                 None,
             ),
@@ -710,7 +846,7 @@ mod tests {
                 Some((RunState::Failed, &["NODE_FAIL"])),
             ),
             (
-                report("17", JobStatus::Gone),
+                report(&j("17"), JobStatus::Gone),
                 Judgement::Abandoned,
                 Some((RunState::Failed, &["no longer knows job 17"])),
             ),
@@ -760,7 +896,7 @@ mod tests {
         r.set_backend(Some(handle(None)));
         assert_eq!(r.format_version, 2);
         assert_eq!(job_to_ask(r.backend.as_ref()), None);
-        r.set_backend(Some(handle(Some("9"))));
+        r.set_backend(Some(handle(Some(&j("9")))));
         assert_eq!(
             job_to_ask(r.backend.as_ref()).map(|j| j.map(|(_, id)| id)),
             Some(Ok("9".into()))
@@ -780,16 +916,19 @@ mod tests {
 
     #[test]
     fn the_words_status_prints() {
-        let h = handle(Some("12"));
+        let h = handle(Some(&j("12")));
         assert_eq!(Slurm.describe(&h).as_deref(), Some("slurm job 12"));
         assert_eq!(
             Slurm.describe(&handle(None)).as_deref(),
             Some("slurm (no job id recorded yet)")
         );
-        assert_eq!(Slurm.report_words(&report("12", JobStatus::Gone)), None);
+        assert_eq!(Slurm.report_words(&report(&j("12"), JobStatus::Gone)), None);
         assert_eq!(
             Slurm
-                .report_words(&report("12", JobStatus::Unreachable("no squeue".into())))
+                .report_words(&report(
+                    &j("12"),
+                    JobStatus::Unreachable("no squeue".into())
+                ))
                 .as_deref(),
             Some("Slurm cannot be asked: no squeue")
         );

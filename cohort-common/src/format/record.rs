@@ -316,8 +316,14 @@ pub struct StepRecord {
     /// The agent the step runs as and where it came from; absent for a bare task.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_source: Option<AgentSource>,
-    /// The task text as given (before `{previous}` is substituted).
+    /// A preview of the task as given (before `{previous}` is substituted): the whole task
+    /// when it is at most [`TASK_PREVIEW_BYTES`] long, else its first bytes ending in `…`
+    /// ([`StepRecord::set_task`]). The whole task is in the launch spec, and as the child got it
+    /// in `task-<i>.md`.
     pub task: String,
+    /// The whole task's length in bytes, present only when `task` is a cut preview.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_bytes: Option<u64>,
     /// The step's status.
     pub status: StepStatus,
     /// The Pi session file the step writes (`--session`).
@@ -405,6 +411,32 @@ pub fn steps_for_readers(v: &mut serde_json::Value, rec: &RunRecord, foreign: bo
                 obj.insert("agent".into(), serde_json::json!(rec.agent_name(foreign)));
             }
         }
+    }
+}
+
+/// The most bytes of a task a record's step keeps (`steps[].task`), `…` included: the record
+/// is rewritten while the run lives, so its size must not follow the task's.
+pub const TASK_PREVIEW_BYTES: usize = 1024;
+
+/// The preview of `task` a record keeps (pure): the task itself when it is at most
+/// [`TASK_PREVIEW_BYTES`] long, else its longest prefix that ends on a character boundary and
+/// leaves room for `…`, with `…` after it; and the whole task's length in bytes when cut.
+pub fn task_preview(task: &str) -> (String, Option<u64>) {
+    if task.len() <= TASK_PREVIEW_BYTES {
+        return (task.to_string(), None);
+    }
+    let mut end = TASK_PREVIEW_BYTES - '…'.len_utf8();
+    while !task.is_char_boundary(end) {
+        end -= 1;
+    }
+    (format!("{}…", &task[..end]), Some(task.len() as u64))
+}
+
+impl StepRecord {
+    /// Keep `task` as this step's task: its preview in `task`, its length in `task_bytes` when
+    /// the preview is cut ([`task_preview`]).
+    pub fn set_task(&mut self, task: &str) {
+        (self.task, self.task_bytes) = task_preview(task);
     }
 }
 
@@ -716,8 +748,15 @@ pub fn create_unsynced(path: &Path, record: &RunRecord) -> Result<()> {
 
 /// Write a record atomically and durably, refusing to overwrite a newer format version.
 pub fn store(path: &Path, record: &RunRecord) -> Result<()> {
+    store_measured(path, record).map(drop)
+}
+
+/// [`store`], returning how many bytes the record took on the disk (the runner's write budget).
+pub fn store_measured(path: &Path, record: &RunRecord) -> Result<u64> {
     check_writable(path)?;
-    files::write_json_atomic(path, record)
+    let bytes = files::json_bytes(path, record)?;
+    files::write_atomic(path, &bytes)?;
+    Ok(bytes.len() as u64)
 }
 
 #[cfg(test)]
@@ -774,6 +813,36 @@ mod tests {
         };
         assert_eq!(r.duration_ms(&now), Some(600));
         assert_eq!(r.ended_ago(&now), None);
+    }
+
+    #[test]
+    fn a_long_task_is_kept_as_a_bounded_preview_with_its_length() {
+        assert_eq!(task_preview("short"), ("short".to_string(), None));
+        let exact = "x".repeat(TASK_PREVIEW_BYTES);
+        assert_eq!(task_preview(&exact), (exact.clone(), None));
+        // A multi-byte character across the cut is left out whole.
+        let task = format!(
+            "{}é{}",
+            "a".repeat(TASK_PREVIEW_BYTES - 5),
+            "b".repeat(1 << 20)
+        );
+        let (preview, bytes) = task_preview(&task);
+        assert!(preview.len() <= TASK_PREVIEW_BYTES, "{}", preview.len());
+        assert!(preview.ends_with("é…"), "{}", &preview[preview.len() - 8..]);
+        assert_eq!(bytes, Some(task.len() as u64));
+        // A character that would end past the cut is dropped whole.
+        let cut = format!("{}ézzzz", "a".repeat(TASK_PREVIEW_BYTES - 4));
+        let (preview, _) = task_preview(&cut);
+        assert_eq!(preview, format!("{}…", "a".repeat(TASK_PREVIEW_BYTES - 4)));
+        let mut step = StepRecord::default();
+        step.set_task(&task);
+        let json = serde_json::to_value(&step).unwrap();
+        assert_eq!(json["taskBytes"], task.len() as u64);
+        step.set_task("t");
+        assert!(serde_json::to_value(&step)
+            .unwrap()
+            .get("taskBytes")
+            .is_none());
     }
 
     #[test]

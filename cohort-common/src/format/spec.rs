@@ -11,8 +11,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-/// The line `cohort-runner` prints on its stdout once it holds the run lock and has published
-/// `running`; spawn waits for it before it prints the run id.
+/// The line `cohort-runner` prints on its stdout once it holds the run lock: in a scheduler's
+/// job the output is the run's `runner.log`, which then shows the runner took the run over.
+/// Native spawn does not wait for it (the lock is the runner's from its `exec` on).
 pub const READY_LINE: &str = "cohort-runner: ready";
 /// The environment variable through which spawn tells the runner that it inherits the held run
 /// lock, and as which descriptor.

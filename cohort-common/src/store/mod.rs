@@ -9,7 +9,8 @@
 //! - [`wait`]: blocking until runs end (a blocking lock, no polling);
 //! - [`answer`]: a run's answer, read from its steps' final texts;
 //! - [`debris`]: leftovers that are not runs and that no run refers to (temp files of the
-//!   state root, orphan session dirs and routes).
+//!   state root, orphan session dirs and routes);
+//! - [`links`]: the state root's own directories that are symlinks (a layout spawn refuses).
 //!
 //! Built on [`crate::format`](mod@crate::format) (what the files hold), [`crate::os`] (how they
 //! are read and locked) and [`crate::backend`] (what a scheduler says about a run's job); the
@@ -19,6 +20,7 @@ pub mod answer;
 pub mod debris;
 pub mod discover;
 pub mod index;
+pub mod links;
 pub mod observe;
 pub mod scan;
 pub mod wait;

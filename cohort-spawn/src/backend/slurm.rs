@@ -3,8 +3,8 @@
 //! Spawn has published `queued` and written the launch spec, and holds the run lock. It writes a
 //! batch script into the run directory ([`batch_script`]), submits it with `sbatch --parsable`
 //! ([`sbatch_args`]: cohort's options first, the user's `--sbatch-arg`s after them, so a user's
-//! option wins), and records the job id Slurm printed ([`parse_job_id`]) in the record before it
-//! lets go of the lock. On the allocated node the script runs `cohort-runner RUN_DIR`, which
+//! option wins), and records the job Slurm printed ([`parse_job`]: its id, and its cluster
+//! when the user named one with `--clusters`) in the record before it lets go of the lock. On the allocated node the script runs `cohort-runner RUN_DIR`, which
 //! takes the run lock by path (nothing is inherited across the scheduler) and runs the chain as
 //! it does natively. Until then the run is `queued` with a free lock, and readers ask Slurm
 //! about the job ([`cohort_common::backend::slurm`]).
@@ -68,21 +68,21 @@ impl Submit for Slurm {
     /// free afterwards can ask Slurm. The rename that published the run is synced first.
     fn start(&self, s: &Start<'_>, rec: &mut RunRecord) -> Result<()> {
         files::sync_dir(s.parent)?;
-        let job_id = submit(
+        let job = submit(
             s.root,
             s.dir,
             &rec.run_id,
             s.runner,
             &common::sbatch_args(s.launch),
         )?;
-        rec.set_backend(Some(common::handle(Some(&job_id))));
+        rec.set_backend(Some(common::handle(Some(&job))));
         rec.last_update = Some(record::now_ms());
         record::store(&s.dir.status(), rec)?;
-        let _ = events::append_once(
-            &s.dir.events(),
-            EventKind::RunSubmitted,
-            json!({"jobId": job_id}),
-        );
+        let mut fields = json!({"jobId": job.id});
+        if let Some(c) = &job.cluster {
+            fields["cluster"] = json!(c);
+        }
+        let _ = events::append_once(&s.dir.events(), EventKind::RunSubmitted, fields);
         Ok(())
     }
 }
@@ -139,14 +139,16 @@ pub fn sbatch_args(run_id: &str, dir: &RunDir, user: &[String]) -> Vec<OsString>
     args
 }
 
-/// The job id in `sbatch --parsable` output (pure): `JOBID` or `JOBID;CLUSTER` on the first
-/// line. Errors with the output when there is none.
-pub fn parse_job_id(stdout: &str) -> std::result::Result<String, String> {
+/// The job in `sbatch --parsable` output (pure): `JOBID`, or `JOBID;CLUSTER` when the job went
+/// to a named cluster, on the first line. Errors with the output when there is no job id.
+pub fn parse_job(stdout: &str) -> std::result::Result<common::Job, String> {
     let line = stdout.lines().map(str::trim).find(|l| !l.is_empty());
-    let id = line.map(|l| l.split(';').next().unwrap_or("").trim());
-    match id {
-        Some(id) if !id.is_empty() && id.chars().all(|c| c.is_ascii_digit() || c == '_') => {
-            Ok(id.to_string())
+    let job = line.map(common::Job::parse);
+    match job {
+        Some(job)
+            if !job.id.is_empty() && job.id.chars().all(|c| c.is_ascii_digit() || c == '_') =>
+        {
+            Ok(job)
         }
         _ => Err(format!(
             "sbatch printed no job id: {:?}",
@@ -163,7 +165,7 @@ fn last_line(text: &str) -> &str {
         .unwrap_or("")
 }
 
-/// Write the batch script of the run in `dir` and submit it; returns the job id.
+/// Write the batch script of the run in `dir` and submit it; returns the job (its id and cluster).
 ///
 /// Errors ([`Error::Usage`], exit 2; spawn then records the run `failed` with it): the runner
 /// path is not absolute-able or not UTF-8, the script cannot be written, `sbatch` cannot be run
@@ -174,7 +176,7 @@ pub fn submit(
     run_id: &str,
     runner: &Path,
     user_args: &[String],
-) -> Result<String> {
+) -> Result<common::Job> {
     let runner = std::path::absolute(runner).map_err(|e| {
         Error::Usage(format!(
             "cannot resolve the runner {}: {e}",
@@ -207,7 +209,7 @@ pub fn submit(
         };
         return Err(Error::Usage(format!("sbatch refused the job: {msg}")));
     }
-    parse_job_id(&stdout).map_err(Error::Usage)
+    parse_job(&stdout).map_err(Error::Usage)
 }
 
 #[cfg(test)]
@@ -216,10 +218,18 @@ mod tests {
 
     #[test]
     fn job_ids_are_read_from_parsable_output() {
-        assert_eq!(parse_job_id("42\n"), Ok("42".into()));
-        assert_eq!(parse_job_id("42;cluster-a\n"), Ok("42".into()));
-        assert!(parse_job_id("").unwrap_err().contains("no job id"));
-        assert!(parse_job_id("Submitted batch job 42").is_err());
+        let job = |id: &str, cluster: Option<&str>| common::Job {
+            id: id.into(),
+            cluster: cluster.map(String::from),
+        };
+        assert_eq!(parse_job("42\n"), Ok(job("42", None)));
+        assert_eq!(
+            parse_job("42;cluster-a\n"),
+            Ok(job("42", Some("cluster-a")))
+        );
+        assert!(parse_job("").unwrap_err().contains("no job id"));
+        assert!(parse_job("Submitted batch job 42").is_err());
+        assert!(parse_job(";b").is_err());
     }
 
     #[test]

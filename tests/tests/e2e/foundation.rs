@@ -69,7 +69,7 @@ fn a_run_goes_queued_running_complete_and_prints_its_reply() {
     std::fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\ncp \"$1/status.json\" '{}'\nexec '{}' \"$@\"\n",
+            "#!/bin/sh\ncp \"$1/status.json\" '{0}.part' && mv '{0}.part' '{0}'\nexec '{1}' \"$@\"\n",
             snap.display(),
             cohort_e2e::harness::bin_dir()
                 .join("cohort-runner")
@@ -93,6 +93,8 @@ fn a_run_goes_queued_running_complete_and_prints_its_reply() {
     assert!(out.status.success(), "{}", stderr(&out));
     let id = stdout(&out).trim().to_string();
 
+    // Spawn returns once the runner exists, before the wrapper's copy is made.
+    wait_for(Duration::from_secs(30), || snap.exists()).expect("the wrapper copied the record");
     let queued: Value = serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap();
     assert_eq!(queued["state"], "queued");
     check_schema(&queued);

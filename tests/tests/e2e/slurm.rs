@@ -512,3 +512,120 @@ fn spawn_wait_waits_through_the_pending_job_and_prints_the_answer() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "ECHO: hello\n");
 }
+
+#[test]
+fn a_job_on_a_named_cluster_is_asked_about_there_stays_pending_and_runs_when_it_starts() {
+    let env = TestEnv::new();
+    // An sbatch that submits to cluster B as `--clusters=B` makes it (`JOBID;CLUSTER`), and
+    // writes down what it was given. Queue clients that know the job only when asked with
+    // `-M B`: the default cluster's controller has never heard of it.
+    let args_file = env.tmp.path().join("sbatch-args");
+    let asked = env.tmp.path().join("asked");
+    let clients = [
+        (
+            "sbatch",
+            format!("echo \"$@\" > '{}'\necho '4242;B'", args_file.display()),
+        ),
+        (
+            "squeue",
+            format!(
+                "echo \"squeue $*\" >> '{}'\n[ \"$1 $2\" = '-M B' ] || exit 0\necho 'CLUSTER: B'\necho '4242|PENDING|Priority'",
+                asked.display()
+            ),
+        ),
+        (
+            "scontrol",
+            format!(
+                "echo \"scontrol $*\" >> '{}'\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1",
+                asked.display()
+            ),
+        ),
+        ("sacct", format!("echo \"sacct $*\" >> '{}'", asked.display())),
+    ];
+    let clients: Vec<(&str, &str)> = clients.iter().map(|(p, b)| (*p, b.as_str())).collect();
+    let out = with_fake_clients(&env, "cohort-spawn", &clients)
+        .args([
+            "--backend",
+            "slurm",
+            "--sbatch-arg=--clusters=B",
+            "--model",
+            "fake/plain",
+            "hello B",
+            "--",
+        ])
+        .args(HERMETIC)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    assert!(std::fs::read_to_string(&args_file)
+        .unwrap()
+        .contains("--clusters=B"));
+    let rec = env.record(&id);
+    assert_eq!(
+        rec["backend"],
+        serde_json::json!({"kind": "slurm", "jobId": "4242", "cluster": "B"}),
+        "{rec:#}"
+    );
+    assert!(env
+        .events(&id)
+        .iter()
+        .any(|e| e["type"] == "run.submitted" && e["jobId"] == "4242" && e["cluster"] == "B"));
+
+    // Asked on cluster B, the job is pending: the run stays queued, and the way to stop it
+    // names the cluster.
+    let status = |args: &[&str]| {
+        with_fake_clients(&env, "cohort-status", &clients)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let shown = stdout(&status(&[&id]));
+    assert!(shown.contains("state        queued"), "{shown}");
+    assert!(
+        shown.contains(
+            "slurm job 4242 on cluster B (stop: scancel -M B --signal=TERM --full 4242); Slurm says PENDING (Priority)"
+        ),
+        "{shown}"
+    );
+    let check = status(&["--check"]);
+    assert_eq!(check.status.code(), Some(0), "{}", stdout(&check));
+    let pid = status(&["--pid", &id]);
+    assert_ne!(pid.status.code(), Some(0));
+    assert!(
+        stderr(&pid).contains("scancel -M B --signal=TERM --full 4242"),
+        "{}",
+        stderr(&pid)
+    );
+    assert_eq!(env.record(&id)["state"], "queued");
+    let asked = std::fs::read_to_string(&asked).unwrap();
+    assert!(
+        asked.lines().all(|l| l.starts_with("squeue -M B ")),
+        "every query names the cluster: {asked}"
+    );
+
+    // The job starts: its batch script runs the runner, which takes the run over and ends it.
+    let log = std::fs::File::create(env.tmp.path().join("job.out")).unwrap();
+    let mut job = env
+        .program("sh")
+        .arg(env.run_dir(&id).join("slurm-job.sh"))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut ended = None;
+    let waited = wait_for(Duration::from_secs(90), || {
+        ended = job.try_wait().unwrap();
+        ended.is_some()
+    });
+    if waited.is_err() {
+        let _ = job.kill();
+        let _ = job.wait();
+        panic!("the job's runner did not end");
+    }
+    assert!(ended.unwrap().success());
+    let rec = env.wait_terminal(&id, 30);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let answer = env.run("cohort-status", &["--output", &id]);
+    assert_eq!(stdout(&answer), "ECHO: hello B\n");
+}

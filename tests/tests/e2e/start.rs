@@ -1,0 +1,111 @@
+//! End-to-end: what `cohort-spawn` waits for. It returns once the runner exists, holding the
+//! run lock it was handed at fork in a session of its own, not after the runner's start-up: a
+//! runner held up before its first instruction of its own (a wrapper that waits) does not hold
+//! spawn up. Every guarantee stays: the run is found right after spawn (`queued`, its lock
+//! held), a runner that then starts runs it, and one that dies before it could leaves a run
+//! the next reader settles `failed` ("start abandoned").
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use cohort_e2e::harness::{bin_dir, stderr, stdout, wait_for, TestEnv, HERMETIC};
+use serde_json::Value;
+
+/// A runner wrapper (`COHORT_RUNNER`) that waits until `gate` is gone, then runs `then`
+/// (`exec` of the real runner, or `exit 1`).
+fn gated_runner(env: &TestEnv, name: &str, gate: &std::path::Path, then: &str) -> String {
+    let path = env.tmp.path().join(name);
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\nwhile [ -e '{}' ]; do sleep 0.02; done\n{then}\n",
+            gate.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// `cohort-spawn` of `task` with `runner`, which must return within 20 s while `gate` holds
+/// the runner up; on a spawn that does not, the gate is opened (so spawn and its run end) and
+/// the test fails.
+fn spawn_with(env: &TestEnv, runner: &str, gate: &std::path::Path, task: &str) -> String {
+    let mut child = env
+        .cmd("cohort-spawn")
+        .env("COHORT_RUNNER", runner)
+        .args(["--model", "fake/plain", task, "--"])
+        .args(HERMETIC)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let returned = wait_for(Duration::from_secs(20), || {
+        child.try_wait().unwrap().is_some()
+    });
+    if returned.is_err() {
+        let _ = std::fs::remove_file(gate);
+        let _ = child.wait();
+        panic!("spawn waited for the runner's start-up");
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    stdout(&out).trim().to_string()
+}
+
+#[test]
+fn spawn_returns_before_the_runner_starts_up_and_every_guarantee_holds() {
+    let env = TestEnv::new();
+    let real = bin_dir().join("cohort-runner");
+
+    // A runner held up before it runs: spawn returns all the same (the gate stays until
+    // after the checks below; a spawn that waited for the runner would never return).
+    let gate = env.tmp.path().join("gate");
+    std::fs::write(&gate, "").unwrap();
+    let runner = gated_runner(
+        &env,
+        "held-runner.sh",
+        &gate,
+        &format!("exec '{}' \"$@\"", real.display()),
+    );
+    let id = spawn_with(&env, &runner, &gate, "held");
+    // Found right after spawn: queued, its lock held (by the waiting runner), not abandoned.
+    let shown = env.run("cohort-status", &["--json", &id]);
+    assert_eq!(shown.status.code(), Some(0), "{}", stderr(&shown));
+    let v: Value = serde_json::from_str(stdout(&shown).lines().next().unwrap()).unwrap();
+    assert_eq!(v["state"], "queued", "{v:#}");
+    assert!(
+        cohort_common::os::lock::probe(&env.run_dir(&id).join("runner.lock"))
+            .unwrap()
+            .is_alive()
+    );
+    let check = env.run("cohort-status", &["--check"]);
+    assert_eq!(check.status.code(), Some(0), "{}", stdout(&check));
+    assert_eq!(env.record(&id)["state"], "queued");
+    // The runner goes on: it takes the run over and completes it.
+    std::fs::remove_file(&gate).unwrap();
+    let rec = env.wait_terminal(&id, 60);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let answer = env.run("cohort-status", &["--output", &id]);
+    assert_eq!(stdout(&answer), "ECHO: held\n");
+
+    // A runner that dies before its start-up: spawn succeeded, and the next reader settles the
+    // run `failed`, its start abandoned.
+    let gate = env.tmp.path().join("gate-2");
+    std::fs::write(&gate, "").unwrap();
+    let runner = gated_runner(&env, "dying-runner.sh", &gate, "exit 1");
+    let id = spawn_with(&env, &runner, &gate, "dies");
+    std::fs::remove_file(&gate).unwrap();
+    let lock = env.run_dir(&id).join("runner.lock");
+    wait_for(Duration::from_secs(30), || {
+        !cohort_common::os::lock::probe(&lock).unwrap().is_alive()
+    })
+    .expect("the wrapper exited");
+    let shown = env.run("cohort-status", &["--json", &id]);
+    let v: Value = serde_json::from_str(stdout(&shown).lines().next().unwrap()).unwrap();
+    assert_eq!(v["state"], "failed", "{v:#}");
+    assert!(
+        v["error"].as_str().unwrap().starts_with("start abandoned"),
+        "{v:#}"
+    );
+}
