@@ -156,10 +156,10 @@ impl RunCgroup {
                 let _ = cgroup::move_into(up, 0);
             }
         }
-        remove_run_cgroups(&self.path);
+        cgroup::remove_run(&self.path);
         // A nested run's base is its parent's step cgroup: remove it and the parent run's
         // cgroup if nothing else is left in them (rmdir refuses otherwise).
-        if let Some(step) = self.path.parent().filter(|p| is_step_dir(p)) {
+        if let Some(step) = self.path.parent().filter(|p| cgroup::is_step_dir(p)) {
             if std::fs::remove_dir(step).is_ok() {
                 if let Some(run) = step.parent() {
                     let _ = std::fs::remove_dir(run);
@@ -175,26 +175,6 @@ impl Drop for RunCgroup {
     fn drop(&mut self) {
         self.remove();
     }
-}
-
-fn is_step_dir(p: &Path) -> bool {
-    p.file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.strip_prefix("step-"))
-        .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
-}
-
-/// Remove run cgroup `run`'s own cgroups (its runner leaf, each step's leaf and, when no nested
-/// run's cgroup is left in it, each step's cgroup) and then `run` itself. Nested runs' cgroups
-/// are theirs to remove.
-fn remove_run_cgroups(run: &Path) {
-    for c in cgroup::children(run) {
-        if is_step_dir(&c) {
-            let _ = std::fs::remove_dir(c.join(cgroup::STEP_LEAF));
-        }
-        let _ = std::fs::remove_dir(&c);
-    }
-    let _ = std::fs::remove_dir(run);
 }
 
 /// The members of step leaf `leaf` that belong to the step: every one but a nested run's

@@ -507,6 +507,50 @@ pub fn remove_tree(dir: &Path) -> Result<()> {
     }
 }
 
+/// Whether `p` is a step's cgroup (`step-<i>`) by its name (pure).
+pub fn is_step_dir(p: &Path) -> bool {
+    step_index(p).is_some()
+}
+
+/// The flat step index of a step cgroup `step-<i>` (pure).
+pub fn step_index(p: &Path) -> Option<usize> {
+    p.file_name()?
+        .to_str()?
+        .strip_prefix("step-")
+        .filter(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))?
+        .parse()
+        .ok()
+}
+
+/// The leaves of run cgroup `run` that hold the run's own processes: its `runner` leaf and each
+/// step's `pi` leaf, with the flat step of each (`None` for the runner's). Nested runs'
+/// cgroups (inside a step's) are not among them: they are their own runs'.
+pub fn own_leaves(run: &Path) -> Vec<(Option<usize>, PathBuf)> {
+    let mut out = vec![(None, run.join(RUNNER_LEAF))];
+    for c in children(run) {
+        if let Some(i) = step_index(&c) {
+            out.push((Some(i), c.join(STEP_LEAF)));
+        }
+    }
+    out
+}
+
+/// Remove run cgroup `run`'s own cgroups ([`own_leaves`], then each step's cgroup unless a
+/// nested run's cgroup is left in it) and then `run` itself. A cgroup that still holds a
+/// process stays, and so do the cgroups above it (rmdir refuses); nested runs' cgroups are
+/// theirs to remove.
+pub fn remove_run(run: &Path) {
+    for (_, leaf) in own_leaves(run) {
+        let _ = fs::remove_dir(leaf);
+    }
+    for c in children(run) {
+        if is_step_dir(&c) {
+            let _ = fs::remove_dir(&c);
+        }
+    }
+    let _ = fs::remove_dir(run);
+}
+
 /// The cgroup v2 directory of process `pid` under `mount` (I/O: `/proc/<pid>/cgroup`).
 pub fn cgroup_of(pid: u32, mount: &Path) -> Option<PathBuf> {
     let t = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
@@ -625,6 +669,14 @@ mod tests {
             Some("--pids-max needs a cgroup of the run's own, and none can be made here: no cgroup v2 hierarchy is mounted")
         );
         assert_eq!(Limit::Cpu.file(), "cpu.max");
+    }
+
+    #[test]
+    fn step_cgroups_are_recognised_by_name() {
+        assert_eq!(step_index(Path::new("/m/R/step-12")), Some(12));
+        assert_eq!(step_index(Path::new("/m/R/step-")), None);
+        assert_eq!(step_index(Path::new("/m/R/step-1x")), None);
+        assert_eq!(step_index(Path::new("/m/R/runner")), None);
     }
 
     #[test]
