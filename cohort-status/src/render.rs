@@ -418,6 +418,9 @@ pub fn show(dir: &RunDir, origin: &Origin, o: &Observed, children: &[Row]) -> St
             ),
         );
     }
+    if let Some(c) = &r.containment {
+        line(&mut s, "containment", c.describe());
+    }
     if let Some(rv) = &r.revives {
         line(&mut s, "revives", rv.clone());
     }
