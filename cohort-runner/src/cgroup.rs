@@ -146,13 +146,19 @@ impl RunCgroup {
     /// sweep) or a nested run's cgroup stays, and so do the cgroups above it; a nested run
     /// also removes its parent step's cgroup and its parent run's when they are left empty.
     fn remove(&self) {
-        let back = self
-            .came_from
-            .as_deref()
-            .filter(|d| d.exists() && !d.starts_with(&self.path))
-            .map(|d| cgroup::move_into(d, 0));
-        if !matches!(back, Some(Ok(()))) {
-            if let Some(up) = self.path.parent() {
+        let nested = self.path.parent().is_some_and(cgroup::is_step_dir);
+        // A top-level runner goes back where it came from; a nested one leaves its whole tree
+        // (it came from its parent step's leaf), for the place the tree's base hangs from.
+        let target = if nested {
+            top_base(&self.path).parent().map(Path::to_path_buf)
+        } else {
+            self.came_from
+                .clone()
+                .filter(|d| d.exists() && !d.starts_with(&self.path))
+        };
+        let moved = target.is_some_and(|t| cgroup::move_into(&t, 0).is_ok());
+        if !moved {
+            if let Some(up) = top_base(&self.path).parent() {
                 let _ = cgroup::move_into(up, 0);
             }
         }
@@ -167,6 +173,19 @@ impl RunCgroup {
             }
         }
     }
+}
+
+/// The base the tree of run cgroup `run` hangs from: up through every parent step's cgroup and
+/// its run's, to the first directory that is not a run's (the `cohort` directory).
+fn top_base(run: &Path) -> &Path {
+    let mut top = run;
+    while let Some(step) = top.parent().filter(|p| cgroup::is_step_dir(p)) {
+        match step.parent() {
+            Some(r) => top = r,
+            None => break,
+        }
+    }
+    top.parent().unwrap_or(top)
 }
 
 impl Drop for RunCgroup {
@@ -244,5 +263,19 @@ fn wait_gone(leaf: &Path, nested_runs: &Path, deadline: Instant) -> bool {
             return cgroup::wait_empty(leaf, deadline) || members(leaf, nested_runs).0.is_empty();
         }
         std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nested_runs_tree_hangs_from_the_top_level_base() {
+        assert_eq!(
+            top_base(Path::new("/m/cohort/R/step-0/N/step-2/M")),
+            Path::new("/m/cohort")
+        );
+        assert_eq!(top_base(Path::new("/m/cohort/R")), Path::new("/m/cohort"));
     }
 }

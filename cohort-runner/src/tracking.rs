@@ -210,9 +210,7 @@ impl Tracker {
         }
         let procs = match &self.cgroup {
             Some(c) => leaf_members(c, active),
-            None => {
-                procinfo::subtree(std::process::id()).unwrap_or_else(procinfo::all_processes)
-            }
+            None => procinfo::subtree(std::process::id()).unwrap_or_else(procinfo::all_processes),
         };
         let print = tree_fingerprint(&procs);
         self.interval = next_track_interval(self.interval, print != self.print);

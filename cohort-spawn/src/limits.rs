@@ -25,9 +25,9 @@ pub fn parse_memory(text: &str) -> Result<u64, String> {
         }
         _ => (t, 0),
     };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (a whole number, optionally with K, M, G or T)"))?;
+    let n: u64 = digits.parse().map_err(|_| {
+        format!("{text:?} is not a size (a whole number, optionally with K, M, G or T)")
+    })?;
     let bytes = n
         .checked_mul(1 << shift)
         .ok_or_else(|| format!("{text:?} is too large"))?;
@@ -43,11 +43,10 @@ pub fn parse_memory(text: &str) -> Result<u64, String> {
 /// Errors: a one-line reason for the flag's usage error.
 pub fn parse_cpu(text: &str) -> Result<u64, String> {
     let t = text.trim();
-    let n: u64 = t
-        .strip_suffix('%')
-        .unwrap_or(t)
-        .parse()
-        .map_err(|_| format!("{text:?} is not a share of a core in percent (e.g. 50% or 150%)"))?;
+    let n: u64 =
+        t.strip_suffix('%').unwrap_or(t).parse().map_err(|_| {
+            format!("{text:?} is not a share of a core in percent (e.g. 50% or 150%)")
+        })?;
     if !(1..=100_000).contains(&n) {
         return Err(format!("{text:?} must be between 1% and 100000%"));
     }

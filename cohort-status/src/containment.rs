@@ -42,7 +42,10 @@ pub fn render(r: &ContainmentReport) -> String {
     match (&r.cgroup_base, &r.proc_tracking_why) {
         (Some(base), _) => format!(
             "containment:\n  a cgroup per run, under {} (controllers for limits: {})\n",
-            cohort_cli::text::escape(base.as_os_str().as_encoded_bytes(), cohort_cli::text::Keep::Nothing),
+            cohort_cli::text::escape(
+                base.as_os_str().as_encoded_bytes(),
+                cohort_cli::text::Keep::Nothing
+            ),
             if r.controllers.is_empty() {
                 "none".to_string()
             } else {

@@ -177,7 +177,10 @@ pub fn locate(
             .and_then(|n| n.strip_prefix("step-"))
             .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()));
     let (check, base) = if in_step {
-        let step = own_dir.parent().expect("a step leaf has a parent").to_path_buf();
+        let step = own_dir
+            .parent()
+            .expect("a step leaf has a parent")
+            .to_path_buf();
         (step.clone(), step)
     } else if facts.euid == 0 {
         (mount.to_path_buf(), mount.join(BASE_NAME))
@@ -198,10 +201,9 @@ pub fn why_not_writable(dir: &Path) -> Option<String> {
         if let Err(e) = access(&p, AccessFlags::W_OK) {
             return Some(match e {
                 nix::errno::Errno::EROFS => "read-only file system".to_string(),
-                nix::errno::Errno::EACCES | nix::errno::Errno::EPERM => format!(
-                    "not delegated to uid {}",
-                    nix::unistd::geteuid().as_raw()
-                ),
+                nix::errno::Errno::EACCES | nix::errno::Errno::EPERM => {
+                    format!("not delegated to uid {}", nix::unistd::geteuid().as_raw())
+                }
                 other => format!("{}: {}", p.display(), other.desc()),
             });
         }
@@ -363,7 +365,10 @@ pub fn enable(dir: &Path, controller: &str) -> Result<()> {
     if parse_controllers(&now).contains(controller) {
         return Ok(());
     }
-    write_file(&dir.join("cgroup.subtree_control"), &format!("+{controller}"))
+    write_file(
+        &dir.join("cgroup.subtree_control"),
+        &format!("+{controller}"),
+    )
 }
 
 /// Write `value` to `limit`'s file in cgroup `dir`.
@@ -484,7 +489,10 @@ pub fn wait_empty(dir: &Path, deadline: Instant) -> bool {
             Some(i) => {
                 let ms = left.as_millis().min(i32::MAX as u128) as i32;
                 let mut fds = [PollFd::new(i.as_fd(), PollFlags::POLLIN)];
-                let _ = poll(&mut fds, PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX));
+                let _ = poll(
+                    &mut fds,
+                    PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+                );
                 let _ = i.read_events();
             }
             None => std::thread::sleep(left.min(Duration::from_millis(20))),
@@ -573,7 +581,8 @@ mod tests {
             parse_mountinfo(HYBRID),
             Some(PathBuf::from("/sys/fs/cgroup/unified"))
         );
-        let pure = "25 30 0:23 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw,nsdelegate\n";
+        let pure =
+            "25 30 0:23 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw,nsdelegate\n";
         assert_eq!(parse_mountinfo(pure), Some(PathBuf::from("/sys/fs/cgroup")));
         let v1 = "39 31 0:36 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n";
         assert_eq!(parse_mountinfo(v1), None);
@@ -610,7 +619,9 @@ mod tests {
         );
         assert_eq!(
             locate(&f("/user.slice/user@1000.service/app.slice", 1000), ok),
-            Ok(PathBuf::from("/m/user.slice/user@1000.service/app.slice/cohort"))
+            Ok(PathBuf::from(
+                "/m/user.slice/user@1000.service/app.slice/cohort"
+            ))
         );
         assert_eq!(
             locate(&f("/cohort/R/step-3/pi", 0), ok),
@@ -649,7 +660,11 @@ mod tests {
         assert!(is_run_cgroup(Path::new("/m/cohort/p/step-0/abc"), "abc", m));
         assert!(!is_run_cgroup(Path::new("/m/cohort"), "abc", m));
         assert!(!is_run_cgroup(Path::new("/m"), "m", Path::new("/m")));
-        assert!(!is_run_cgroup(Path::new("/m/cohort/abc/../x/abc"), "abc", m));
+        assert!(!is_run_cgroup(
+            Path::new("/m/cohort/abc/../x/abc"),
+            "abc",
+            m
+        ));
         assert!(!is_run_cgroup(Path::new("/etc/abc"), "abc", m));
         assert!(!is_run_cgroup(Path::new("m/cohort/abc"), "abc", m));
     }

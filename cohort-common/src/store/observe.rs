@@ -49,8 +49,8 @@ use crate::format::processes::{self, TrackedProcess};
 use crate::format::record::{self, Failure, RunRecord, RunState, StepStatus};
 use crate::format::spec::LaunchSpec;
 use crate::identity::procinfo;
-use crate::os::{cgroup, files};
 use crate::os::lock::{self, Liveness, RunLock};
+use crate::os::{cgroup, files};
 use crate::store::discover::{Found, Origin};
 
 pub use crate::format::record::{RUNNER_LOST, START_ABANDONED};

@@ -15,6 +15,7 @@ mod agent_discovery;
 mod agent_fields;
 mod agents;
 mod bad_input;
+mod cgroup;
 mod chain_runner;
 mod chains;
 mod engines;
