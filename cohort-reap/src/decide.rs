@@ -99,8 +99,8 @@ pub enum Refusal {
     /// Processes its runner tracked (`processes.json`) are still alive as the same processes
     /// (pid, start time, boot id): `"<pid> <cmdline>"` each.
     ProcessesAlive(Vec<String>),
-    /// Its cgroup still holds a process: the kernel says the run is not over, whatever its
-    /// record says.
+    /// Its cgroup's own leaves (its runner's, its steps') still hold a process: the kernel says
+    /// the run is not over, whatever its record says.
     CgroupPopulated(std::path::PathBuf),
     /// Its record is not terminal.
     NotTerminal(RunState),
@@ -284,8 +284,8 @@ pub struct RunObservation {
     /// Its tracked processes still alive as the same processes (`"<pid> <cmdline>"`), or why
     /// `processes.json` cannot be read.
     pub live_processes: std::result::Result<Vec<String>, String>,
-    /// The run's cgroup, when its record names one that still holds a process (a member that
-    /// outlived its sweep, or a run not yet settled).
+    /// The run's cgroup, when its record names one whose own leaves still hold a process (a
+    /// member that outlived its sweep, or a run not yet settled).
     pub populated_cgroup: Option<std::path::PathBuf>,
 }
 

@@ -518,12 +518,13 @@ fn read_record(path: &Path) -> std::result::Result<RunRecord, String> {
     observe::load_record(path, &dir_name).map_err(|e| observe::reason(&e))
 }
 
-/// The cgroup `rec` names, when it still holds a process (I/O: its `cgroup.events`). Only a
-/// path that can be the run's cgroup is read ([`cgroup::is_run_cgroup`]).
+/// The cgroup `rec` names, when one of its own leaves still holds a process (I/O: their
+/// `cgroup.events`; the nested runs inside it are judged as runs of their own). Only a path that
+/// can be the run's cgroup is read ([`cgroup::is_run_cgroup`]).
 fn populated_cgroup(rec: &RunRecord) -> Option<PathBuf> {
     use cohort_common::os::cgroup;
     let path = rec.containment.as_ref()?.cgroup()?;
     let mount = cgroup::facts().mount?;
-    (cgroup::is_run_cgroup(path, &rec.run_id, &mount) && cgroup::populated(path) == Some(true))
+    (cgroup::is_run_cgroup(path, &rec.run_id, &mount) && cgroup::own_populated(path))
         .then(|| path.to_path_buf())
 }

@@ -543,6 +543,14 @@ pub fn own_leaves(run: &Path) -> Vec<(Option<usize>, PathBuf)> {
     out
 }
 
+/// Whether one of run cgroup `run`'s own leaves ([`own_leaves`]) holds a process: the run's own
+/// processes, not its nested runs' (those are judged as runs of their own).
+pub fn own_populated(run: &Path) -> bool {
+    own_leaves(run)
+        .iter()
+        .any(|(_, leaf)| populated(leaf) == Some(true))
+}
+
 /// Remove run cgroup `run`'s own cgroups ([`own_leaves`], then each step's cgroup unless a
 /// nested run's cgroup is left in it) and then `run` itself. A cgroup that still holds a
 /// process stays, and so do the cgroups above it (rmdir refuses); nested runs' cgroups are
