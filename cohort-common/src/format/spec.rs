@@ -611,6 +611,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn limits_are_written_as_their_files_take_them_and_absent_when_none() {
+        use crate::os::cgroup::Limit;
+        let l = Limits {
+            memory_max: Some(512 << 20),
+            pids_max: Some(20),
+            cpu_max_percent: Some(150),
+        };
+        assert_eq!(
+            l.values(),
+            vec![
+                (Limit::Memory, "536870912".to_string()),
+                (Limit::Pids, "20".to_string()),
+                (Limit::Cpu, "150000 100000".to_string()),
+            ]
+        );
+        let o = RunOptions::default();
+        let v = serde_json::to_value(&o).unwrap();
+        assert!(v.get("limits").is_none(), "{v}");
+        let back: RunOptions = serde_json::from_value(v).unwrap();
+        assert!(back.limits.is_empty());
+    }
+
+    #[test]
     fn a_launch_spec_chain_from_before_agents_still_reads() {
         // A step as spawn wrote it before agents existed: no `agent`, no `resolvedAgent`.
         let old = r#"[{"task":"x","label":"l","model":"p/m"},{"parallel":[{"task":"y"}]}]"#;
