@@ -99,6 +99,9 @@ pub enum Refusal {
     /// Processes its runner tracked (`processes.json`) are still alive as the same processes
     /// (pid, start time, boot id): `"<pid> <cmdline>"` each.
     ProcessesAlive(Vec<String>),
+    /// Its cgroup's own leaves (its runner's, its steps') still hold a process: the kernel says
+    /// the run is not over, whatever its record says.
+    CgroupPopulated(std::path::PathBuf),
     /// Its record is not terminal.
     NotTerminal(RunState),
     /// It does not carry cohort's liveness protocol and nothing else proves it finished: a
@@ -145,6 +148,7 @@ impl Refusal {
             Refusal::Unreadable(_) => "unreadable",
             Refusal::Running => "running",
             Refusal::ProcessesAlive(_) => "processes-alive",
+            Refusal::CgroupPopulated(_) => "cgroup-populated",
             Refusal::NotTerminal(_) => "not-terminal",
             Refusal::Unresolved(_) => "unresolved",
             Refusal::NotSelected => "not-selected",
@@ -188,6 +192,11 @@ impl fmt::Display for Refusal {
                 "its record cannot be read ({why}); inspect it with cohort-status"
             ),
             Refusal::Running => write!(f, "its runner holds the lock (still running)"),
+            Refusal::CgroupPopulated(cg) => write!(
+                f,
+                "its cgroup {} still holds a process (see its cgroup.procs); `cohort-status <id>` ends them when it settles a lost run, or end them yourself",
+                cg.display()
+            ),
             Refusal::ProcessesAlive(ps) => write!(
                 f,
                 "{} process{} of it still alive ({}); `cohort-status <id>` ends them when it settles a lost run, or end them yourself",
@@ -275,6 +284,9 @@ pub struct RunObservation {
     /// Its tracked processes still alive as the same processes (`"<pid> <cmdline>"`), or why
     /// `processes.json` cannot be read.
     pub live_processes: std::result::Result<Vec<String>, String>,
+    /// The run's cgroup, when its record names one whose own leaves still hold a process (a
+    /// member that outlived its sweep, or a run not yet settled).
+    pub populated_cgroup: Option<std::path::PathBuf>,
 }
 
 /// What was observed of one run in a nested subtree.
@@ -366,6 +378,9 @@ pub fn decide_run(obs: &RunObservation, sel: &Selection, picked: Picked, now: &N
     }
     if let Some(r) = check_finished(obs.liveness, &obs.live_processes, Ok(rec.state)) {
         return Refuse(r);
+    }
+    if let Some(cg) = &obs.populated_cgroup {
+        return Refuse(Refusal::CgroupPopulated(cg.clone()));
     }
     if !sel.matches(rec, now) {
         return Refuse(Refusal::NotSelected);
@@ -474,6 +489,7 @@ mod tests {
             record: Ok(rec(state, Some(1_000))),
             liveness: live,
             live_processes: Ok(Vec::new()),
+            populated_cgroup: None,
         }
     }
 
@@ -590,6 +606,14 @@ mod tests {
                 .map(Refusal::code),
             Some("nested-run")
         );
+        // A cgroup that still holds a process: refused, named or picked by the filters.
+        let mut o = obs(RunState::Complete, Liveness::Free);
+        o.populated_cgroup = Some("/m/cohort/x".into());
+        for picked in [Picked::ByName, Picked::ByFilters] {
+            let d = decide_run(&o, &sel, picked, &Now::wall(0));
+            assert_eq!(d.refusal().map(Refusal::code), Some("cgroup-populated"));
+            assert!(d.refusal().unwrap().to_string().contains("/m/cohort/x"));
+        }
         // A recorded process still alive: refused whatever the state says, named or not.
         for state in [RunState::Complete, RunState::Running] {
             let mut o = obs(state, Liveness::Free);

@@ -323,6 +323,7 @@ impl<'a> Examiner<'a> {
             record: Err("not read".into()),
             liveness: Liveness::Free,
             live_processes: Ok(Vec::new()),
+            populated_cgroup: None,
         };
         if obs.unsafe_path.is_some() {
             return Some(obs);
@@ -353,6 +354,7 @@ impl<'a> Examiner<'a> {
         if obs.unsafe_path.is_none() {
             obs.record = read_record(&dir.status());
             obs.live_processes = live_processes(&dir);
+            obs.populated_cgroup = obs.record.as_ref().ok().and_then(populated_cgroup);
             // A record cohort did not write has no process list: its recorded runner is what
             // it records alive.
             if let (Ok(rec), Ok(ps)) = (&obs.record, &mut obs.live_processes) {
@@ -514,4 +516,15 @@ fn read_record(path: &Path) -> std::result::Result<RunRecord, String> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     observe::load_record(path, &dir_name).map_err(|e| observe::reason(&e))
+}
+
+/// The cgroup `rec` names, when one of its own leaves still holds a process (I/O: their
+/// `cgroup.events`; the nested runs inside it are judged as runs of their own). Only a path that
+/// can be the run's cgroup is read ([`cgroup::is_run_cgroup`]).
+fn populated_cgroup(rec: &RunRecord) -> Option<PathBuf> {
+    use cohort_common::os::cgroup;
+    let path = rec.containment.as_ref()?.cgroup()?;
+    let mount = cgroup::facts().mount?;
+    (cgroup::is_run_cgroup(path, &rec.run_id, &mount) && cgroup::own_populated(path))
+        .then(|| path.to_path_buf())
 }

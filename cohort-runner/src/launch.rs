@@ -38,6 +38,9 @@ pub struct Launch<'a> {
     pub run_id: &'a str,
     /// The run's depth in its tree.
     pub depth: u32,
+    /// The step's cgroup leaf, when the run has a cgroup: the child is placed in it before it
+    /// executes.
+    pub cgroup: Option<&'a Path>,
 }
 
 /// A Pi child just started, and what its step holds while it runs.
@@ -112,7 +115,12 @@ pub fn start(
     .map_err(|e| e.to_string())?;
     let tmp = private_tmp(l.dir).map_err(|e| e.to_string())?;
     let mut cmd = pi_command(l, &rt, &args, task_in, &tmp, step);
-    end_with_runner(&mut cmd);
+    let procs = l
+        .cgroup
+        .map(cohort_common::os::cgroup::open_procs)
+        .transpose()
+        .map_err(|e| format!("cannot place the Pi child in its cgroup: {e}"))?;
+    end_with_runner(&mut cmd, procs);
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", rt.node_exec_path.display()))?;
@@ -266,14 +274,27 @@ fn pi_command(
 
 /// Tie the child of `cmd` to this runner: if the runner dies (SIGKILL, the OOM killer), Pi
 /// gets SIGTERM instead of writing on unsupervised into a session a revival may then continue.
-/// A child whose parent is already gone by its exec does not start.
-fn end_with_runner(cmd: &mut Command) {
+/// A child whose parent is already gone by its exec does not start. With `cgroup_procs` (the
+/// `cgroup.procs` of the step's cgroup leaf, opened by the runner), the child moves itself into
+/// the leaf before it executes, so Pi and everything it starts are born there; a child that
+/// cannot move does not start.
+fn end_with_runner(cmd: &mut Command, cgroup_procs: Option<File>) {
+    use std::os::fd::AsRawFd;
     let runner_pid = std::process::id();
+    let procs_fd = cgroup_procs.as_ref().map(|f| f.as_raw_fd());
     // SAFETY: the closure runs in the forked child before exec. It only makes the
-    // async-signal-safe system calls prctl(2) and getppid(2) and builds an io::Error from
-    // a raw errno, allocating nothing.
+    // async-signal-safe system calls prctl(2), getppid(2) and write(2) (of a constant "0",
+    // which moves the writer, to a descriptor the parent holds open until `spawn` returns:
+    // the `File` moves into the closure, which the `Command` keeps) and builds an io::Error
+    // from a raw errno, allocating nothing.
     unsafe {
         cmd.pre_exec(move || {
+            let _keep = &cgroup_procs;
+            if let Some(fd) = procs_fd {
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
             if nix::unistd::getppid().as_raw() as u32 != runner_pid {
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));

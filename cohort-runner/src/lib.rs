@@ -11,6 +11,8 @@
 //! - [`context`]: the project's context files, for an agent that must not see the profile's;
 //! - [`fork`]: `defaultContext: fork`, a step's new session written as a copy of the caller's;
 //! - [`readers`]: the stdout and stderr reader threads of a child, and its capped output log;
+//! - [`cgroup`]: the run's own cgroup: made at its start, a leaf per step, the sweep of a
+//!   step's leaf, removed at its end;
 //! - [`tracking`]: the run's tracked processes, the looks at its tree, `processes.json`;
 //! - [`writer`]: the record writes: coalesced progress, the heartbeat, the terminal write;
 //! - [`nested`]: stopping the nested runs of a stopped run;
@@ -31,6 +33,7 @@
 // disk is full and would take the runner down; log with `process::log`, which never panics.
 #![deny(clippy::print_stderr, clippy::print_stdout)]
 
+pub mod cgroup;
 pub mod chain;
 pub mod cmd;
 pub mod compile_cache;

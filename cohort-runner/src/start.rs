@@ -2,8 +2,9 @@
 //! spec, event log and tree route (`docs/architecture.md`, "The runner").
 //!
 //! [`take_queued`] takes the runner lock and refuses a record that is not `queued`; nothing is
-//! written yet, so a failure there is returned alone. [`into_running`] publishes `running`
-//! with the runner's pid identity and then reads what the chain needs; a failure after
+//! written yet, so a failure there is returned alone. [`into_running`] reads the launch spec,
+//! makes the run's cgroup ([`crate::cgroup`]), publishes `running` with the runner's pid
+//! identity and the run's containment, and then reads what the chain needs; a failure after
 //! `running` is published is recorded (`failed`, with a `run.failed` event) and returned.
 //! A runner that dies between the two leaves a `queued` run with a free lock: the next reader
 //! settles it `failed` ("start abandoned").
@@ -21,6 +22,8 @@ use cohort_common::identity::procinfo;
 use cohort_common::os::files;
 use cohort_common::os::lock::{RunLock, RUNNER_LOCK_WAIT};
 
+use crate::cgroup::RunCgroup;
+
 /// A run just published `running`, with what its chain needs.
 #[derive(Debug)]
 pub struct Running {
@@ -34,6 +37,8 @@ pub struct Running {
     pub state_root: StateRoot,
     /// The route of the run's tree.
     pub tree: Placement,
+    /// The run's cgroup, where one could be made (the record's `containment` says which).
+    pub cgroup: Option<RunCgroup>,
 }
 
 /// Take the runner lock of `dir` (`inherited`, the held lock spawn handed down, or a fresh
@@ -85,9 +90,6 @@ pub fn fail_queued(dir: &RunDir, mut rec: RunRecord, e: Error) -> Error {
 /// Errors: the `running` record cannot be stored; after that, the spec, the event log or the
 /// route fail, and the run is recorded `failed` with the reason before the error is returned.
 pub fn into_running(dir: &RunDir, mut rec: RunRecord) -> Result<Running> {
-    publish_running(dir, &mut rec)?;
-    fault::point("runner.running");
-
     // From here on a failure is recorded in the record and returned.
     let fail = |mut rec: RunRecord, why: String, e: Error| -> Result<Running> {
         rec.fail(Failure::StartFailed, why.clone());
@@ -99,6 +101,17 @@ pub fn into_running(dir: &RunDir, mut rec: RunRecord) -> Result<Running> {
         Ok(s) => s,
         Err(e) => return fail(rec, format!("cannot read the launch spec: {e}"), e),
     };
+    // The runner is in its own cgroup before `running` is published and before any child
+    // exists, so every process of the run is born in it.
+    let cgroup = match crate::cgroup::make(&rec.run_id, &spec.options.limits) {
+        Ok((cg, containment)) => {
+            rec.containment = Some(containment);
+            cg
+        }
+        Err(why) => return fail(rec, why.clone(), Error::State(why)),
+    };
+    publish_running(dir, &mut rec)?;
+    fault::point("runner.running");
     let mut events = match EventLog::open(&dir.events(), spec.options.events_cap_bytes) {
         Ok(l) => l,
         Err(e) => return fail(rec, format!("cannot open the event log: {e}"), e),
@@ -115,6 +128,7 @@ pub fn into_running(dir: &RunDir, mut rec: RunRecord) -> Result<Running> {
         events,
         state_root,
         tree,
+        cgroup,
     })
 }
 

@@ -244,12 +244,13 @@ impl Supervisor {
             events,
             state_root,
             tree,
+            cgroup,
         } = running;
         let nested_runs = state_root.nested_runs_dir(&tree.root_run_id);
         let worktrees_dir = state_root.worktrees_dir();
         let since = rec.pid_start_time.unwrap_or(0);
         Supervisor {
-            tracker: Tracker::new(dir, nested_runs, rec.run_id.clone(), since),
+            tracker: Tracker::new(dir, nested_runs, rec.run_id.clone(), since, cgroup),
             nested: NestedRuns::new(state_root, tree.root_run_id.clone(), rec.run_id.clone()),
             writer: RecordWriter::new(dir),
             handoff: Handoff::default(),
@@ -813,7 +814,9 @@ impl Supervisor {
                 plan.last_error.as_deref().unwrap_or("?")
             )
         });
+        let leaf = self.tracker.step_leaf(i)?;
         let l = Launch {
+            cgroup: leaf.as_deref(),
             dir: &self.dir,
             spec: &self.spec,
             tree: &self.tree,
@@ -1052,9 +1055,10 @@ impl Supervisor {
 
     fn signal_all(&mut self, why: Ending) {
         let now = Instant::now();
-        for a in self.active.values_mut() {
+        for (&i, a) in self.active.iter_mut() {
             if let Some(sig) = a.terminate(why, now) {
                 signal_group(a.pid, sig);
+                self.tracker.signal_step(i, sig == step::Signal::Kill);
             }
         }
     }
@@ -1070,9 +1074,10 @@ impl Supervisor {
             }
         }
         let grace = Duration::from_millis(self.spec.options.grace_ms);
-        for a in self.active.values_mut() {
+        for (&i, a) in self.active.iter_mut() {
             if let Some(sig) = a.due_signal(now, grace) {
                 signal_group(a.pid, sig);
+                self.tracker.signal_step(i, sig == step::Signal::Kill);
             }
         }
     }

@@ -7,7 +7,9 @@
 //! values, descends from its child, or was seen earlier under the same start time: TERM, grace,
 //! KILL. Nested cohort runners are recognised by their argument (their run dir under the tree's
 //! nested runs dir) and left, with everything under them, to their own runs.
-//! [`select_step_processes`] is the pure decision over a process table.
+//! [`select_step_processes`] is the pure decision over a process table. A run with a cgroup of
+//! its own is swept through its step's cgroup leaf instead ([`crate::cgroup::sweep_step`]),
+//! which no process can leave.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -45,6 +47,9 @@ pub struct StepTrack {
     /// this: the environments of older processes are not read (on a host with thousands of
     /// processes that is most of the cost of a step's end).
     pub since: u64,
+    /// The step's cgroup leaf, when the run has a cgroup ([`crate::cgroup`]): then the step's
+    /// processes are its members, and nothing else is read.
+    pub cgroup: Option<PathBuf>,
 }
 
 /// The processes of a step in a process table (pure over `procs` and `env_of`): descendants of
@@ -152,6 +157,9 @@ pub fn runs_under(pid: u32, dir: &Path) -> bool {
 /// TERM every process of the step, wait up to `grace` for them to go, KILL the rest; returns
 /// the ones still alive after that (`"<pid> <cmdline>"`).
 pub fn sweep_descendants(t: &StepTrack, busy: &[u32], grace: Duration) -> Vec<String> {
+    if let Some(leaf) = &t.cgroup {
+        return crate::cgroup::sweep_step(leaf, &t.nested_runs, grace);
+    }
     let first = step_processes(t, busy);
     if first.is_empty() {
         return Vec::new();
@@ -225,6 +233,7 @@ mod tests {
             orphans: false,
             nested_runs: PathBuf::from("/nested"),
             since: 2,
+            cgroup: None,
         };
         let asked = std::cell::RefCell::new(Vec::new());
         let nested = |pid: u32| {
@@ -277,6 +286,7 @@ mod tests {
             orphans: false,
             nested_runs: PathBuf::from("/nested"),
             since: 2,
+            cgroup: None,
         };
         assert_eq!(
             select_step_processes(&t, 100, &[200], &procs, |_| None, |pid| pid == 50),

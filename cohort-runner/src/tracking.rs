@@ -9,6 +9,11 @@
 //! replaced, so that if the runner dies the reader that settles the run can name and end the
 //! ones that outlived it. Nested cohort runners and what runs under them belong to their own
 //! runs and are never tracked here.
+//!
+//! A run with a cgroup of its own ([`crate::cgroup`]) is tracked from it: a look reads each
+//! live step's leaf (`cgroup.procs`, a few lines) instead of the process tree, the sweeps and
+//! signals go to the leaf's members, and the cgroup is removed when the tracker goes (the
+//! run's end).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -18,6 +23,7 @@ use cohort_common::format::layout::RunDir;
 use cohort_common::format::processes::{self, Tracked, TrackedProcess};
 use cohort_common::identity::procinfo;
 
+use crate::cgroup::RunCgroup;
 use crate::step::StepRun;
 use crate::sweep::{runs_under, StepTrack};
 
@@ -48,6 +54,19 @@ pub fn tree_fingerprint(procs: &HashMap<u32, procinfo::Stat>) -> u64 {
             h.finish()
         })
         .fold(procs.len() as u64, u64::wrapping_add)
+}
+
+/// The members of the live steps' cgroup leaves, with their stats: the table a look of a run
+/// with a cgroup reads (a few small files, whatever else runs on the host).
+fn leaf_members(c: &RunCgroup, active: &HashMap<usize, StepRun>) -> HashMap<u32, procinfo::Stat> {
+    active
+        .iter()
+        .filter(|(_, a)| a.is_alive())
+        .flat_map(|(&i, _)| {
+            cohort_common::os::cgroup::procs(&cohort_common::os::cgroup::step_leaf(c.path(), i))
+        })
+        .filter_map(|pid| procinfo::stat(pid).map(|s| (pid, s)))
+        .collect()
 }
 
 /// A process of step `i` as `processes.json` lists it; its command line cut to 200 characters
@@ -83,12 +102,20 @@ pub struct Tracker {
     interval: Duration,
     /// A fingerprint of the tree at the last look ([`tree_fingerprint`]).
     print: u64,
+    /// The run's cgroup, when it has one.
+    cgroup: Option<RunCgroup>,
 }
 
 impl Tracker {
     /// Nothing tracked yet for run `run_id` in `dir`, whose runner started at `since` (clock
     /// ticks since boot) in a tree whose nested runs live under `nested_runs`.
-    pub fn new(dir: &RunDir, nested_runs: PathBuf, run_id: String, since: u64) -> Tracker {
+    pub fn new(
+        dir: &RunDir,
+        nested_runs: PathBuf,
+        run_id: String,
+        since: u64,
+        cgroup: Option<RunCgroup>,
+    ) -> Tracker {
         Tracker {
             tracked: BTreeMap::new(),
             written: Vec::new(),
@@ -99,6 +126,33 @@ impl Tracker {
             last_look: Instant::now(),
             interval: TRACK_INTERVAL,
             print: 0,
+            cgroup,
+        }
+    }
+
+    /// Step `i`'s cgroup leaf for its child to be placed in, when the run has a cgroup (made
+    /// now if it is not there yet).
+    ///
+    /// Errors: the leaf cannot be made (a one-line reason for the step's error).
+    pub fn step_leaf(&self, i: usize) -> Result<Option<PathBuf>, String> {
+        self.cgroup
+            .as_ref()
+            .map(|c| {
+                c.step_leaf(i)
+                    .map_err(|e| format!("cannot make the step's cgroup: {e}"))
+            })
+            .transpose()
+    }
+
+    /// Beside the signal to step `i`'s process group, signal the members of its cgroup leaf
+    /// (TERM each; KILL through `cgroup.kill`), when the run has a cgroup.
+    pub fn signal_step(&self, i: usize, kill: bool) {
+        if let Some(c) = &self.cgroup {
+            crate::cgroup::signal_step(
+                &cohort_common::os::cgroup::step_leaf(c.path(), i),
+                &self.nested_runs,
+                kill,
+            );
         }
     }
 
@@ -113,6 +167,10 @@ impl Tracker {
             orphans: false,
             nested_runs: self.nested_runs.clone(),
             since: self.since,
+            cgroup: self
+                .cgroup
+                .as_ref()
+                .map(|c| cohort_common::os::cgroup::step_leaf(c.path(), step)),
         }
     }
 
@@ -150,12 +208,25 @@ impl Tracker {
         if !active.values().any(StepRun::is_alive) {
             return;
         }
-        let procs = procinfo::subtree(std::process::id()).unwrap_or_else(procinfo::all_processes);
+        let procs = match &self.cgroup {
+            Some(c) => leaf_members(c, active),
+            None => procinfo::subtree(std::process::id()).unwrap_or_else(procinfo::all_processes),
+        };
         let print = tree_fingerprint(&procs);
         self.interval = next_track_interval(self.interval, print != self.print);
         self.print = print;
         for (&i, a) in active.iter_mut().filter(|(_, a)| a.is_alive()) {
-            for d in procinfo::descendants(&procs, a.pid) {
+            let found = match &self.cgroup {
+                Some(c) => {
+                    let leaf = cohort_common::os::cgroup::step_leaf(c.path(), i);
+                    cohort_common::os::cgroup::procs(&leaf)
+                        .into_iter()
+                        .filter(|&p| p != a.pid)
+                        .collect()
+                }
+                None => procinfo::descendants(&procs, a.pid),
+            };
+            for d in found {
                 if let Some(st) = procs.get(&d) {
                     if a.seen.get(&d) != Some(&st.start_time) && !runs_under(d, &self.nested_runs) {
                         a.seen.insert(d, st.start_time);

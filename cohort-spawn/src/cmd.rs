@@ -18,7 +18,7 @@ use cohort_common::backend::{LaunchBackend, BACKEND_ENV};
 use cohort_common::exit;
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::route;
-use cohort_common::format::spec::{self, Placement, RunOptions};
+use cohort_common::format::spec::{self, Limits, Placement, RunOptions};
 use cohort_common::identity::runtime::RuntimeRequest;
 
 use crate::spawn::{self, SpawnRequest, Spawned};
@@ -140,6 +140,21 @@ pub struct Args {
     /// Cap of the run's events.jsonl, in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     events_cap: u64,
+    /// The most memory the run's processes may use together (e.g. 512M, 2G), written to its
+    /// cgroup's memory.max. Refused where the run cannot have a cgroup with the memory
+    /// controller.
+    #[arg(long, value_name = "SIZE", value_parser = crate::limits::parse_memory)]
+    memory_max: Option<u64>,
+    /// The most processes and threads the run may have at once, written to its cgroup's
+    /// pids.max (a fork beyond it fails with EAGAIN inside the run). Refused where the run
+    /// cannot have a cgroup with the pids controller.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pids_max: Option<u64>,
+    /// The CPU the run's processes may use together, in percent of one core (e.g. 50%,
+    /// 200%), written to its cgroup's cpu.max. Refused where the run cannot have a cgroup
+    /// with the cpu controller.
+    #[arg(long, value_name = "PERCENT", value_parser = crate::limits::parse_cpu)]
+    cpu_max: Option<u64>,
     /// The deepest nesting depth this run's tree allows (top-level spawns only; default 2).
     #[arg(long)]
     max_depth: Option<u32>,
@@ -347,6 +362,9 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     // Route variables decide whether and where a record is created: check them first.
     let root = StateRoot::from_env()?;
     let placement = placement(&root, &args)?;
+    if let Err(why) = crate::limits::check(&limits_of(&args)) {
+        bail!(cohort_common::Error::State(why));
+    }
     // Agents and saved chains are looked up from the run's cwd (its project) and the profile.
     let lookup = match &args.cwd {
         Some(c) => c.clone(),
@@ -403,6 +421,15 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     Ok(exit::SUCCESS)
 }
 
+/// The cgroup limits `args` ask for.
+fn limits_of(args: &Args) -> Limits {
+    Limits {
+        memory_max: args.memory_max,
+        pids_max: args.pids_max,
+        cpu_max_percent: args.cpu_max,
+    }
+}
+
 /// Where a nested start sits in its tree, from the inherited route variables (checked against
 /// the state root); `None` for a top-level start. A nested start cannot set `--max-depth`.
 fn placement(root: &StateRoot, args: &Args) -> anyhow::Result<Option<Placement>> {
@@ -450,6 +477,7 @@ fn request(
             events_cap_bytes: args.events_cap,
             on_exit: on_exit_command(args.on_exit.clone(), std::env::var(spec::ON_EXIT_ENV).ok()),
             on_exit_timeout_ms: Some(args.on_exit_timeout.as_millis() as u64),
+            limits: limits_of(args),
         },
         revives: built.revives,
         placement,

@@ -26,6 +26,8 @@
 //! - [`session`]: the session-file rules (a Pi session, not in use by a live run);
 //! - [`stdin`]: the text on stdin sent with a TASK (`cohort-spawn TASK < notes.md`), read only
 //!   when it cannot hang;
+//! - [`limits`]: `--memory-max`, `--pids-max`, `--cpu-max`: limits on the run's cgroup, refused
+//!   where they cannot be set;
 //! - [`wait`]: `--wait`, waiting for the run and printing its answer.
 
 #![deny(missing_docs)]
@@ -43,6 +45,7 @@ pub mod cmd;
 pub mod complete;
 pub mod discover;
 pub mod frontmatter;
+pub mod limits;
 pub mod revive;
 pub mod route;
 pub mod session;

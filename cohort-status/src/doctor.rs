@@ -18,7 +18,8 @@
 //! - whether logout kills runners (systemd-logind, [`crate::logind`]);
 //! - the execution backends usable here ([`crate::backends`]: native always, a scheduler
 //!   backend when its clients are on `PATH` and its controller answers);
-//! - the open-files limit Pi children inherit ([`crate::limits`]).
+//! - the open-files limit Pi children inherit ([`crate::limits`]);
+//! - whether a run would get a cgroup of its own, and where ([`crate::containment`]).
 //!
 //! The text form ([`render`]) shows paths, errors and ids with control characters escaped
 //! ([`cohort_cli::text`]): they come from records and from the environment.
@@ -315,6 +316,8 @@ pub struct Report {
     pub backends: crate::backends::BackendsReport,
     /// The resource limits Pi children inherit.
     pub limits: crate::limits::LimitsReport,
+    /// Whether a run would get a cgroup of its own.
+    pub containment: crate::containment::ContainmentReport,
 }
 
 impl Report {
@@ -383,6 +386,7 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         logind: crate::logind::check(),
         backends: crate::backends::check(),
         limits: crate::limits::check(),
+        containment: crate::containment::check(),
     })
 }
 
@@ -587,6 +591,7 @@ pub fn render(r: &Report) -> String {
     }
     s.push_str(&crate::backends::render(&r.backends));
     s.push_str(&crate::limits::render(&r.limits));
+    s.push_str(&crate::containment::render(&r.containment));
     s
 }
 

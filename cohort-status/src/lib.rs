@@ -14,6 +14,7 @@
 //! - [`doctor`]: the installation report;
 //! - [`backends`]: the doctor's backend section (every backend's probe);
 //! - [`limits`]: the doctor's limits section (the open-files limit Pi inherits);
+//! - [`containment`]: the doctor's containment section (a cgroup per run, or why not);
 //! - [`engines`]: whether a runtime's Node meets its Pi package's `engines.node`.
 //! - [`logind`]: whether logout kills runners on a systemd host.
 //!
@@ -25,6 +26,7 @@
 pub mod backends;
 pub mod check;
 pub mod cmd;
+pub mod containment;
 pub mod doctor;
 pub use cohort_common::identity::engines;
 pub mod follow;

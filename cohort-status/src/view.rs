@@ -56,7 +56,7 @@ fn line(s: &mut String, k: &str, v: &str) {
 
 /// What the run is and what to believe about it (pure): id, state, where the record comes
 /// from, why it is unresolved, nested runs still running under an ended run, the mode, the
-/// backend's job, the error and survivors, what it revives, where it sits in its tree.
+/// backend's job, the error and survivors, its containment, what it revives, where it sits in its tree.
 pub fn header(origin: &Origin, o: &Observed, children: &[Row]) -> String {
     let r = &o.record;
     let mut s = String::new();
@@ -120,6 +120,9 @@ pub fn header(origin: &Origin, o: &Observed, children: &[Row]) -> String {
                 r.survivors.join(", ")
             ),
         );
+    }
+    if let Some(c) = &r.containment {
+        line(&mut s, "containment", &c.describe());
     }
     if let Some(rv) = &r.revives {
         line(&mut s, "revives", rv);

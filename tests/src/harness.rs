@@ -109,6 +109,51 @@ pub struct TestEnv {
     pub node: PathBuf,
 }
 
+impl Drop for TestEnv {
+    /// End what is left in the cgroups of the world's runs (a test that killed a runner and
+    /// never settled its run, a run still going) and remove the cgroups: tests leave none.
+    fn drop(&mut self) {
+        use cohort_common::os::cgroup;
+        let Some(mount) = cgroup::facts().mount else {
+            return;
+        };
+        let root = self.state_root();
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for d in [root.runs_dir(), root.nested_root()] {
+            let mut stack = vec![d];
+            while let Some(d) = stack.pop() {
+                for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                    let p = e.path();
+                    if p.join("status.json").is_file() {
+                        dirs.push(p);
+                    } else if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        stack.push(p);
+                    }
+                }
+            }
+        }
+        for dir in dirs {
+            let Ok(text) = std::fs::read_to_string(dir.join("status.json")) else {
+                continue;
+            };
+            let Ok(v) = serde_json::from_str::<Value>(&text) else {
+                continue;
+            };
+            let (Some(path), Some(id)) = (v["containment"]["path"].as_str(), v["runId"].as_str())
+            else {
+                continue;
+            };
+            let path = Path::new(path);
+            if !cgroup::is_run_cgroup(path, id, &mount) || !path.is_dir() {
+                continue;
+            }
+            let _ = cgroup::kill(path);
+            cgroup::wait_empty(path, Instant::now() + Duration::from_secs(5));
+            let _ = cgroup::remove_tree(path);
+        }
+    }
+}
+
 impl TestEnv {
     /// A fresh world.
     pub fn new() -> TestEnv {

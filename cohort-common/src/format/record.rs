@@ -455,6 +455,41 @@ pub struct ModelAttempt {
     pub error: Option<String>,
 }
 
+/// How a run's processes are contained (`status.json`'s `containment`,
+/// [`crate::os::cgroup`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum Containment {
+    /// The run has a cgroup of its own: its processes are the members of `path` and below.
+    Cgroup {
+        /// The run's cgroup directory (`<base>/<run-id>`).
+        path: PathBuf,
+    },
+    /// No cgroup could be made: the runner tracks the run's processes from `/proc`.
+    Proc {
+        /// Why no cgroup could be made, in words.
+        why: String,
+    },
+}
+
+impl Containment {
+    /// The run's cgroup, when it has one.
+    pub fn cgroup(&self) -> Option<&std::path::Path> {
+        match self {
+            Containment::Cgroup { path } => Some(path),
+            Containment::Proc { .. } => None,
+        }
+    }
+
+    /// One line for people: `cgroup PATH` or `/proc tracking (WHY)`.
+    pub fn describe(&self) -> String {
+        match self {
+            Containment::Cgroup { path } => format!("cgroup {}", path.display()),
+            Containment::Proc { why } => format!("/proc tracking ({why})"),
+        }
+    }
+}
+
 /// The record of one run: the content of `status.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -541,6 +576,11 @@ pub struct RunRecord {
     /// (events `run.survivors`, `run.survivorsEnded`). Absent when there were none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub survivors: Vec<String>,
+    /// How the run's processes are contained: a cgroup of its own, or `/proc` tracking and
+    /// why. Written by the runner when it starts; absent before that and on records written
+    /// before the field existed (they have `/proc` tracking).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containment: Option<Containment>,
     /// `startedAt` and `endedAt` on the boot clock, for ages and durations that a wall-clock
     /// step cannot bend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -582,6 +622,7 @@ impl RunRecord {
             revives: None,
             backend: None,
             survivors: Vec::new(),
+            containment: None,
             clock: crate::identity::procinfo::boot_clock_ms().map(|t| BootTimes {
                 boot_id: crate::identity::procinfo::boot_id(),
                 started_at: Some(t),

@@ -436,6 +436,50 @@ pub struct RunOptions {
     /// ms. Absent: [`DEFAULT_ON_EXIT_TIMEOUT_MS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_exit_timeout_ms: Option<u64>,
+    /// Limits written to the run's cgroup (`cohort-spawn --memory-max`, `--pids-max`,
+    /// `--cpu-max`); absent: none.
+    #[serde(default, skip_serializing_if = "Limits::is_empty")]
+    pub limits: Limits,
+}
+
+/// Limits on a run's cgroup ([`crate::os::cgroup::Limit`]); each absent is no limit.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Limits {
+    /// `memory.max`, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_max: Option<u64>,
+    /// `pids.max`: processes and threads at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_max: Option<u64>,
+    /// `cpu.max`: the share of one core, in percent (150 is one and a half cores), written as
+    /// a quota over a 100 ms period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_max_percent: Option<u64>,
+}
+
+impl Limits {
+    /// No limit is asked for.
+    pub fn is_empty(&self) -> bool {
+        self == &Limits::default()
+    }
+
+    /// Each limit asked for with the value its file takes (`pids.max` `20`, `cpu.max`
+    /// `150000 100000`).
+    pub fn values(&self) -> Vec<(crate::os::cgroup::Limit, String)> {
+        use crate::os::cgroup::Limit;
+        let mut out = Vec::new();
+        if let Some(m) = self.memory_max {
+            out.push((Limit::Memory, m.to_string()));
+        }
+        if let Some(p) = self.pids_max {
+            out.push((Limit::Pids, p.to_string()));
+        }
+        if let Some(c) = self.cpu_max_percent {
+            out.push((Limit::Cpu, format!("{} 100000", c * 1000)));
+        }
+        out
+    }
 }
 
 /// The default bound of the on-exit hook's run time: 60 s, ms.
@@ -458,6 +502,7 @@ impl Default for RunOptions {
             events_cap_bytes: 4 << 20,
             on_exit: None,
             on_exit_timeout_ms: None,
+            limits: Limits::default(),
         }
     }
 }
@@ -597,6 +642,29 @@ pub fn join_group_texts(members: &[(String, String)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_are_written_as_their_files_take_them_and_absent_when_none() {
+        use crate::os::cgroup::Limit;
+        let l = Limits {
+            memory_max: Some(512 << 20),
+            pids_max: Some(20),
+            cpu_max_percent: Some(150),
+        };
+        assert_eq!(
+            l.values(),
+            vec![
+                (Limit::Memory, "536870912".to_string()),
+                (Limit::Pids, "20".to_string()),
+                (Limit::Cpu, "150000 100000".to_string()),
+            ]
+        );
+        let o = RunOptions::default();
+        let v = serde_json::to_value(&o).unwrap();
+        assert!(v.get("limits").is_none(), "{v}");
+        let back: RunOptions = serde_json::from_value(v).unwrap();
+        assert!(back.limits.is_empty());
+    }
 
     #[test]
     fn a_launch_spec_chain_from_before_agents_still_reads() {

@@ -445,6 +445,19 @@ pub fn judge_signal(
     }
 }
 
+/// Whether `pid`, a member of run's cgroup, may be signalled for the run (I/O): the rules of
+/// every signalled process (not pid 1, not the caller or its ancestors, the caller's user);
+/// membership of the run's cgroup, which the kernel keeps and no process can forge, is the
+/// proof that it is the run's, in place of the marker in its environment.
+pub fn member_may_be_signalled(pid: u32) -> Result<(), NotTheRuns> {
+    judge_any(
+        pid,
+        &caller_line(),
+        nix::unistd::geteuid().as_raw(),
+        &facts_of(pid),
+    )
+}
+
 /// Whether `pid` may be signalled for run `run_id` ([`judge_signal`] over [`facts_of`] and
 /// [`caller_line`], with this process's effective uid) (I/O).
 pub fn belongs_to_run(pid: u32, run_id: &str) -> Result<(), NotTheRuns> {

@@ -4,12 +4,14 @@
 //! - [`files`]: atomic durable writes, private directories and files, reads that never follow a
 //!   symlink nor block on a FIFO, rename without replace, the directory lister;
 //! - [`lock`]: the runner lock (liveness by flock) and the one lock-with-deadline helper;
+//! - [`cgroup`]: a cgroup per run: where it lives, its layout, its members, `cgroup.kill`;
 //! - [`tree`]: measuring and deleting a directory tree without following a symlink;
 //! - [`git`]: git as a subprocess, with a clean environment and a deadline;
 //!
 //! Nothing here knows what a run is; the layers above ([`crate::format`](mod@crate::format), [`crate::store`])
 //! and the programs build on these.
 
+pub mod cgroup;
 pub mod files;
 pub mod git;
 pub mod lock;

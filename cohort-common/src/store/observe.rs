@@ -49,8 +49,8 @@ use crate::format::processes::{self, TrackedProcess};
 use crate::format::record::{self, Failure, RunRecord, RunState, StepStatus};
 use crate::format::spec::LaunchSpec;
 use crate::identity::procinfo;
-use crate::os::files;
 use crate::os::lock::{self, Liveness, RunLock};
+use crate::os::{cgroup, files};
 use crate::store::discover::{Found, Origin};
 
 pub use crate::format::record::{RUNNER_LOST, START_ABANDONED};
@@ -528,6 +528,12 @@ pub fn live_processes(dir: &RunDir) -> Result<Vec<TrackedProcess>> {
 /// alive: …` ([`processes::lost_error`]). A crash in between leaves the record `running`, so the
 /// next reader does it again.
 pub fn settle_survivors(dir: &RunDir, rec: &mut RunRecord) -> String {
+    if let Some(path) = rec.containment.as_ref().and_then(|c| c.cgroup()) {
+        let path = path.to_path_buf();
+        if let Some(error) = settle_cgroup(dir, rec, &path) {
+            return error;
+        }
+    }
     let (survivors, unreadable) = match live_processes(dir) {
         Ok(s) => (s, None),
         Err(e) => (Vec::new(), Some(reason(&e))),
@@ -557,6 +563,89 @@ pub fn settle_survivors(dir: &RunDir, rec: &mut RunRecord) -> String {
     );
     rec.survivors = survivors.iter().map(TrackedProcess::describe).collect();
     error
+}
+
+/// [`settle_survivors`] for a run with a cgroup of its own: every member of the run's own
+/// leaves (its runner's and its steps', not its nested runs') that outlived the runner is
+/// named, ended at once through `cgroup.kill` (each one by SIGKILL instead when a member may
+/// not be signalled, [`procinfo::member_may_be_signalled`]: pid 1, the caller or one of its
+/// ancestors, another user), recorded in `survivors` with the events, and the run's cgroups
+/// removed. Membership is the proof that a process is the run's: no environment is read.
+///
+/// `None` (the caller falls back to `processes.json`) when the recorded path is not this run's
+/// cgroup under the cgroup2 mount ([`cgroup::is_run_cgroup`]: a record anyone could edit never
+/// aims `cgroup.kill` elsewhere), when it is gone, or when the caller itself is inside it.
+pub fn settle_cgroup(dir: &RunDir, rec: &mut RunRecord, path: &Path) -> Option<String> {
+    let facts = cgroup::facts();
+    let mount = facts.mount.as_deref()?;
+    if !cgroup::is_run_cgroup(path, &rec.run_id, mount) || !path.is_dir() {
+        return None;
+    }
+    let own = facts.own.as_deref().map(|o| cgroup::dir_of(mount, o));
+    if own.is_some_and(|o| o.starts_with(path)) {
+        return None;
+    }
+    let leaves = cgroup::own_leaves(path);
+    let mut survivors: Vec<TrackedProcess> = Vec::new();
+    for (step, leaf) in &leaves {
+        for pid in cgroup::procs(leaf) {
+            if let Some(st) = procinfo::stat(pid) {
+                survivors.push(TrackedProcess {
+                    pid,
+                    start_time: st.start_time,
+                    step: step.unwrap_or(0),
+                    cmdline: procinfo::cmdline(pid).chars().take(200).collect(),
+                });
+            }
+        }
+    }
+    let error = processes::lost_error(RUNNER_LOST, &survivors);
+    if !survivors.is_empty() {
+        let _ = events::append_once(
+            &dir.events(),
+            EventKind::RunSurvivors,
+            json!({"processes": survivors, "cgroup": path}),
+        );
+        let refused: Vec<(u32, u64)> = survivors
+            .iter()
+            .filter(|p| procinfo::member_may_be_signalled(p.pid).is_err())
+            .map(|p| (p.pid, p.start_time))
+            .collect();
+        for (_, leaf) in &leaves {
+            if refused.is_empty() {
+                let _ = cgroup::kill(leaf);
+            } else {
+                for pid in cgroup::procs(leaf) {
+                    if !refused.iter().any(|&(p, _)| p == pid)
+                        && procinfo::member_may_be_signalled(pid).is_ok()
+                    {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid as i32),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+            }
+        }
+        let deadline = std::time::Instant::now() + SURVIVOR_GRACE_MAX;
+        for (_, leaf) in &leaves {
+            cgroup::wait_empty(leaf, deadline);
+        }
+        let remaining: Vec<u32> = leaves.iter().flat_map(|(_, l)| cgroup::procs(l)).collect();
+        let killed: Vec<u32> = survivors
+            .iter()
+            .map(|p| p.pid)
+            .filter(|p| !remaining.contains(p))
+            .collect();
+        let _ = events::append_once(
+            &dir.events(),
+            EventKind::RunSurvivorsEnded,
+            json!({"terminated": [], "killed": killed, "remaining": remaining}),
+        );
+        rec.survivors = survivors.iter().map(TrackedProcess::describe).collect();
+    }
+    cgroup::remove_run(path);
+    Some(error)
 }
 
 /// The runner's pid, only if the runner is alive now (it holds the lock), the process with

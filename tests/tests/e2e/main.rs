@@ -20,6 +20,7 @@ mod agent_settings;
 mod agents;
 mod bad_input;
 mod bounds;
+mod cgroup;
 mod chain_runner;
 mod chains;
 mod completion;

@@ -1,0 +1,711 @@
+//! A cgroup per run: where a run's cgroup v2 directory lives, its layout, and the few
+//! operations the runner and the readers must do the same way (`docs/architecture.md`,
+//! "Containment").
+//!
+//! Membership of a cgroup is kept by the kernel: a process cannot leave it by forking, by
+//! `setsid` or by clearing its environment, and every one of its descendants is born in it.
+//! So where a writable cgroup v2 hierarchy exists a run's processes are the members of its
+//! cgroup, found by reading a few small files whatever else runs on the host, and ended at
+//! once by `cgroup.kill`. The layout keeps the kernel's "no internal processes" rule (a cgroup
+//! that hands controllers to its children holds no process itself):
+//!
+//! ```text
+//! <base>/<run-id>/               the run: no process of its own; its limits
+//!   runner/                      the runner (and its on-exit hook)
+//!   step-<i>/                    flat step i: no process of its own
+//!     pi/                        the step's Pi child and everything it starts
+//!     <nested-run-id>/           a run started by one of the step's tools (same layout)
+//! ```
+//!
+//! `<base>` is `<cgroup2 mount>/cohort` for root, the `cohort` child of the caller's own
+//! cgroup (a delegated subtree) for another user, and the parent step's `step-<i>` for a
+//! nested run, found by the runner from its own cgroup ([`locate`], a pure decision over
+//! [`Facts`]). Where none is writable the run falls back to `/proc` tracking, and the record
+//! says why ([`Unavailable`]).
+//!
+//! Why not systemd: cohort has no daemon and must work where systemd is not PID 1; the cgroup
+//! files are the kernel's interface, and writing them is all systemd does for a unit.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+/// The directory, under the cgroup2 mount or a delegated cgroup, that holds top-level runs.
+pub const BASE_NAME: &str = "cohort";
+/// The leaf of a run's cgroup that holds its runner.
+pub const RUNNER_LEAF: &str = "runner";
+/// The leaf of a step's cgroup that holds its Pi child and what that starts.
+pub const STEP_LEAF: &str = "pi";
+
+/// The name of flat step `i`'s cgroup inside its run's (`step-<i>`).
+pub fn step_name(i: usize) -> String {
+    format!("step-{i}")
+}
+
+/// The cgroup of flat step `i` of the run whose cgroup is `run` (where its nested runs go).
+pub fn step_dir(run: &Path, i: usize) -> PathBuf {
+    run.join(step_name(i))
+}
+
+/// The leaf that holds step `i`'s Pi child and its tools.
+pub fn step_leaf(run: &Path, i: usize) -> PathBuf {
+    step_dir(run, i).join(STEP_LEAF)
+}
+
+/// The mount point of the cgroup v2 hierarchy in `/proc/self/mountinfo`'s text (pure): the
+/// first line whose filesystem type (the field after ` - `) is `cgroup2`, its fifth field with
+/// the kernel's octal escapes (`\040` for a space) undone. `None` when there is none (a host
+/// with only cgroup v1, or no cgroups at all).
+pub fn parse_mountinfo(text: &str) -> Option<PathBuf> {
+    text.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        if right.split(' ').next()? != "cgroup2" {
+            return None;
+        }
+        left.split(' ').nth(4).map(unescape_mount)
+    })
+}
+
+fn unescape_mount(field: &str) -> PathBuf {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                out.push(((d[0] - b'0') << 6) | ((d[1] - b'0') << 3) | (d[2] - b'0'));
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    PathBuf::from(std::ffi::OsStr::from_bytes(&out))
+}
+
+/// The cgroup v2 path of a process in its `/proc/<pid>/cgroup` text (pure): the `0::` line's
+/// path, such as `/` or `/user.slice/user-1000.slice/user@1000.service/app.slice`.
+pub fn parse_own_cgroup(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
+/// The directory of cgroup `path` (as `/proc/<pid>/cgroup` names it) under `mount` (pure).
+pub fn dir_of(mount: &Path, path: &str) -> PathBuf {
+    let rel = path.trim_start_matches('/');
+    if rel.is_empty() {
+        mount.to_path_buf()
+    } else {
+        mount.join(rel)
+    }
+}
+
+/// What [`locate`] decides from.
+#[derive(Clone, Debug, Default)]
+pub struct Facts {
+    /// The cgroup2 mount point ([`parse_mountinfo`]).
+    pub mount: Option<PathBuf>,
+    /// This process's cgroup v2 path ([`parse_own_cgroup`]).
+    pub own: Option<String>,
+    /// This process's effective uid.
+    pub euid: u32,
+}
+
+/// Why a run has no cgroup of its own: the words its record, `cohort-status RUN` and
+/// `--doctor` give.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unavailable {
+    /// No cgroup v2 hierarchy is mounted.
+    NoMount,
+    /// This process's own cgroup v2 path cannot be read.
+    NoOwnCgroup,
+    /// The directory where the run's cgroup would go cannot be written (`why`: the reason).
+    NotWritable {
+        /// The directory.
+        dir: PathBuf,
+        /// Why, in words ("read-only file system", "not delegated to uid 1000").
+        why: String,
+    },
+}
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unavailable::NoMount => write!(f, "no cgroup v2 hierarchy is mounted"),
+            Unavailable::NoOwnCgroup => write!(f, "this process's cgroup v2 path cannot be read"),
+            Unavailable::NotWritable { dir, why } => {
+                write!(f, "{} cannot be written: {why}", dir.display())
+            }
+        }
+    }
+}
+
+/// Where a new run's cgroup would go (pure over [`Facts`] and `writable`, which says why a
+/// directory cannot be written, or `None` when it can).
+///
+/// - a process whose own cgroup is a step leaf (`…/step-<i>/pi`) is a nested run's runner:
+///   its run's cgroup goes in that step's cgroup, so stopping the parent run stops it too;
+/// - root: `<mount>/cohort`;
+/// - another user: `<own cgroup>/cohort`, when the own cgroup is writable (delegated to the
+///   user, as systemd's `user@UID.service` is).
+///
+/// Returns the parent directory of the run's cgroup.
+pub fn locate(
+    facts: &Facts,
+    writable: impl Fn(&Path) -> Option<String>,
+) -> std::result::Result<PathBuf, Unavailable> {
+    let mount = facts.mount.as_deref().ok_or(Unavailable::NoMount)?;
+    let own = facts.own.as_deref().ok_or(Unavailable::NoOwnCgroup)?;
+    let own_dir = dir_of(mount, own);
+    let in_step = own_dir.file_name().is_some_and(|n| n == STEP_LEAF)
+        && own_dir
+            .parent()
+            .and_then(Path::file_name)
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("step-"))
+            .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()));
+    let (check, base) = if in_step {
+        let step = own_dir
+            .parent()
+            .expect("a step leaf has a parent")
+            .to_path_buf();
+        (step.clone(), step)
+    } else if facts.euid == 0 {
+        (mount.to_path_buf(), mount.join(BASE_NAME))
+    } else {
+        (own_dir.clone(), own_dir.join(BASE_NAME))
+    };
+    match writable(&check) {
+        None => Ok(base),
+        Some(why) => Err(Unavailable::NotWritable { dir: check, why }),
+    }
+}
+
+/// Why `dir` cannot take a new child cgroup and processes moved into it, or `None` when it can:
+/// the directory and its `cgroup.procs` must both be writable by this process (I/O).
+pub fn why_not_writable(dir: &Path) -> Option<String> {
+    use nix::unistd::{access, AccessFlags};
+    for p in [dir.to_path_buf(), dir.join("cgroup.procs")] {
+        if let Err(e) = access(&p, AccessFlags::W_OK) {
+            return Some(match e {
+                nix::errno::Errno::EROFS => "read-only file system".to_string(),
+                nix::errno::Errno::EACCES | nix::errno::Errno::EPERM => {
+                    format!("not delegated to uid {}", nix::unistd::geteuid().as_raw())
+                }
+                other => format!("{}: {}", p.display(), other.desc()),
+            });
+        }
+    }
+    None
+}
+
+/// The [`Facts`] of this process (I/O: `/proc/self/mountinfo`, `/proc/self/cgroup`).
+pub fn facts() -> Facts {
+    Facts {
+        mount: fs::read_to_string("/proc/self/mountinfo")
+            .ok()
+            .and_then(|t| parse_mountinfo(&t)),
+        own: fs::read_to_string("/proc/self/cgroup")
+            .ok()
+            .and_then(|t| parse_own_cgroup(&t)),
+        euid: nix::unistd::geteuid().as_raw(),
+    }
+}
+
+/// Where a run's cgroup would go for this process ([`locate`] over [`facts`]).
+pub fn locate_here() -> std::result::Result<PathBuf, Unavailable> {
+    locate(&facts(), why_not_writable)
+}
+
+/// Whether the directory a record names may be acted on as run `run_id`'s cgroup (pure): an
+/// absolute path without `.` or `..` under `mount`, strictly below it, whose last component is
+/// the run id. A record anyone could have edited cannot send `cgroup.kill` to another cgroup.
+pub fn is_run_cgroup(path: &Path, run_id: &str, mount: &Path) -> bool {
+    path.is_absolute()
+        && path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        && path.starts_with(mount)
+        && path != mount
+        && path.file_name().is_some_and(|n| n == run_id)
+}
+
+/// The limits a run's cgroup can carry, each the name of the controller it needs and its file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    /// `memory.max`, in bytes.
+    Memory,
+    /// `pids.max`, a number of tasks (processes and threads).
+    Pids,
+    /// `cpu.max`, as `QUOTA PERIOD` in microseconds.
+    Cpu,
+}
+
+impl Limit {
+    /// The controller the limit needs (`memory`, `pids`, `cpu`).
+    pub fn controller(self) -> &'static str {
+        match self {
+            Limit::Memory => "memory",
+            Limit::Pids => "pids",
+            Limit::Cpu => "cpu",
+        }
+    }
+
+    /// The file it is written to in the run's cgroup.
+    pub fn file(self) -> &'static str {
+        match self {
+            Limit::Memory => "memory.max",
+            Limit::Pids => "pids.max",
+            Limit::Cpu => "cpu.max",
+        }
+    }
+
+    /// The spawn flag that asks for it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Limit::Memory => "--memory-max",
+            Limit::Pids => "--pids-max",
+            Limit::Cpu => "--cpu-max",
+        }
+    }
+}
+
+/// The controllers listed in a `cgroup.controllers` or `cgroup.subtree_control` text (pure).
+pub fn parse_controllers(text: &str) -> BTreeSet<String> {
+    text.split_whitespace().map(str::to_string).collect()
+}
+
+/// The controllers `dir` can hand to its children: its `cgroup.controllers`, or, when `dir`
+/// does not exist yet (a first run's `cohort` directory), its parent's (I/O).
+pub fn available_under(dir: &Path) -> BTreeSet<String> {
+    let at = if dir.exists() {
+        dir
+    } else {
+        dir.parent().unwrap_or(dir)
+    };
+    fs::read_to_string(at.join("cgroup.controllers"))
+        .map(|t| parse_controllers(&t))
+        .unwrap_or_default()
+}
+
+/// Why `limit` cannot be set on a run whose cgroup goes under `base` (`locate`'s answer), or
+/// `None` when it can (pure over the controllers `base` can hand on).
+pub fn limit_refusal(
+    limit: Limit,
+    base: &std::result::Result<PathBuf, Unavailable>,
+    available: &BTreeSet<String>,
+) -> Option<String> {
+    match base {
+        Err(why) => Some(format!(
+            "{} needs a cgroup of the run's own, and none can be made here: {why}",
+            limit.flag()
+        )),
+        Ok(dir) if !available.contains(limit.controller()) => Some(format!(
+            "{} needs the cgroup v2 {} controller, which is not available under {} (available: {})",
+            limit.flag(),
+            limit.controller(),
+            dir.display(),
+            if available.is_empty() {
+                "none".to_string()
+            } else {
+                available.iter().cloned().collect::<Vec<_>>().join(" ")
+            }
+        )),
+        Ok(_) => None,
+    }
+}
+
+fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.to_path_buf();
+    move |source| Error::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+/// Create cgroup `dir` (an existing one is fine; its parent must exist).
+///
+/// Errors: `mkdir` fails otherwise.
+pub fn create(dir: &Path) -> Result<()> {
+    match fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(io("create cgroup", dir)(e)),
+    }
+}
+
+fn write_file(path: &Path, text: &str) -> Result<()> {
+    fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(io("write", path))
+}
+
+/// Let `dir`'s children use `controller` (`+controller` into its `cgroup.subtree_control`;
+/// nothing when it is there already).
+///
+/// Errors: the write fails (the controller is not available to `dir`, or `dir` holds
+/// processes of its own).
+pub fn enable(dir: &Path, controller: &str) -> Result<()> {
+    let now = fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
+    if parse_controllers(&now).contains(controller) {
+        return Ok(());
+    }
+    write_file(
+        &dir.join("cgroup.subtree_control"),
+        &format!("+{controller}"),
+    )
+}
+
+/// Write `value` to `limit`'s file in cgroup `dir`.
+///
+/// Errors: the write fails (the controller is not enabled for `dir`, or the value is refused).
+pub fn set_limit(dir: &Path, limit: Limit, value: &str) -> Result<()> {
+    write_file(&dir.join(limit.file()), value)
+}
+
+/// Move process `pid` (0: the caller) into cgroup `dir`.
+///
+/// Errors: the write to its `cgroup.procs` fails.
+pub fn move_into(dir: &Path, pid: u32) -> Result<()> {
+    write_file(&dir.join("cgroup.procs"), &pid.to_string())
+}
+
+/// `dir`'s `cgroup.procs`, opened for writing, for a child to place itself in before it
+/// executes (write `0`, which means the writer, between fork and exec: `write` is
+/// async-signal-safe). Close-on-exec.
+///
+/// Errors: the file cannot be opened.
+pub fn open_procs(dir: &Path) -> Result<fs::File> {
+    let p = dir.join("cgroup.procs");
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .map_err(io("open", &p))
+}
+
+/// The processes in cgroup `dir` itself (its `cgroup.procs`), not in its children. Empty when
+/// the cgroup is gone.
+pub fn procs(dir: &Path) -> Vec<u32> {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// The child cgroups of `dir` (its subdirectories; cgroupfs holds no links).
+pub fn children(dir: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<PathBuf> = rd
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
+}
+
+/// The processes in `dir` and every cgroup below it.
+pub fn procs_recursive(dir: &Path) -> Vec<u32> {
+    let mut out = procs(dir);
+    for c in children(dir) {
+        out.extend(procs_recursive(&c));
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Whether `dir` or a cgroup below it holds a process (`populated 1` in its `cgroup.events`).
+/// `None` when the file cannot be read (the cgroup is gone).
+pub fn populated(dir: &Path) -> Option<bool> {
+    let t = fs::read_to_string(dir.join("cgroup.events")).ok()?;
+    t.lines()
+        .find_map(|l| l.strip_prefix("populated "))
+        .map(|v| v.trim() == "1")
+}
+
+/// Kill every process in `dir` and below it at once: `1` into its `cgroup.kill` (Linux 5.14),
+/// or, where the file does not exist, SIGKILL to each member found.
+///
+/// Errors: neither could be done.
+pub fn kill(dir: &Path) -> Result<()> {
+    let file = dir.join("cgroup.kill");
+    if file.exists() {
+        return write_file(&file, "1");
+    }
+    for pid in procs_recursive(dir) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    Ok(())
+}
+
+/// Send `sig` to every process in `dir` itself and below it.
+pub fn signal(dir: &Path, sig: nix::sys::signal::Signal) {
+    for pid in procs_recursive(dir) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+    }
+}
+
+/// Wait until cgroup `dir` holds no process (or is gone), at most until `deadline`, sleeping
+/// on its `cgroup.events` with inotify (the kernel signals a modification when `populated`
+/// changes); where inotify is unavailable, looking every 20 ms. Returns whether it is empty.
+pub fn wait_empty(dir: &Path, deadline: Instant) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let watch = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)
+        .ok()
+        .filter(|i| {
+            i.add_watch(&dir.join("cgroup.events"), AddWatchFlags::IN_MODIFY)
+                .is_ok()
+        });
+    loop {
+        if populated(dir) != Some(true) {
+            return true;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        match &watch {
+            Some(i) => {
+                let ms = left.as_millis().min(i32::MAX as u128) as i32;
+                let mut fds = [PollFd::new(i.as_fd(), PollFlags::POLLIN)];
+                let _ = poll(
+                    &mut fds,
+                    PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+                );
+                let _ = i.read_events();
+            }
+            None => std::thread::sleep(left.min(Duration::from_millis(20))),
+        }
+    }
+}
+
+/// Remove cgroup `dir` and every cgroup below it, deepest first. A cgroup that still holds a
+/// process cannot be removed.
+///
+/// Errors: a `rmdir` fails (other than for a cgroup already gone).
+pub fn remove_tree(dir: &Path) -> Result<()> {
+    for c in children(dir) {
+        remove_tree(&c)?;
+    }
+    match fs::remove_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io("remove cgroup", dir)(e)),
+    }
+}
+
+/// Whether `p` is a step's cgroup (`step-<i>`) by its name (pure).
+pub fn is_step_dir(p: &Path) -> bool {
+    step_index(p).is_some()
+}
+
+/// The flat step index of a step cgroup `step-<i>` (pure).
+pub fn step_index(p: &Path) -> Option<usize> {
+    p.file_name()?
+        .to_str()?
+        .strip_prefix("step-")
+        .filter(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))?
+        .parse()
+        .ok()
+}
+
+/// The leaves of run cgroup `run` that hold the run's own processes: its `runner` leaf and each
+/// step's `pi` leaf, with the flat step of each (`None` for the runner's). Nested runs'
+/// cgroups (inside a step's) are not among them: they are their own runs'.
+pub fn own_leaves(run: &Path) -> Vec<(Option<usize>, PathBuf)> {
+    let mut out = vec![(None, run.join(RUNNER_LEAF))];
+    for c in children(run) {
+        if let Some(i) = step_index(&c) {
+            out.push((Some(i), c.join(STEP_LEAF)));
+        }
+    }
+    out
+}
+
+/// Whether one of run cgroup `run`'s own leaves ([`own_leaves`]) holds a process: the run's own
+/// processes, not its nested runs' (those are judged as runs of their own).
+pub fn own_populated(run: &Path) -> bool {
+    own_leaves(run)
+        .iter()
+        .any(|(_, leaf)| populated(leaf) == Some(true))
+}
+
+/// Remove run cgroup `run`'s own cgroups ([`own_leaves`], then each step's cgroup unless a
+/// nested run's cgroup is left in it) and then `run` itself. A cgroup that still holds a
+/// process stays, and so do the cgroups above it (rmdir refuses); nested runs' cgroups are
+/// theirs to remove.
+pub fn remove_run(run: &Path) {
+    for (_, leaf) in own_leaves(run) {
+        let _ = fs::remove_dir(leaf);
+    }
+    for c in children(run) {
+        if is_step_dir(&c) {
+            let _ = fs::remove_dir(&c);
+        }
+    }
+    let _ = fs::remove_dir(run);
+}
+
+/// The cgroup v2 directory of process `pid` under `mount` (I/O: `/proc/<pid>/cgroup`).
+pub fn cgroup_of(pid: u32, mount: &Path) -> Option<PathBuf> {
+    let t = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    parse_own_cgroup(&t).map(|p| dir_of(mount, &p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn the_cgroup2_mount_is_found_on_hybrid_pure_and_v1_hosts() {
+        assert_eq!(
+            parse_mountinfo(HYBRID),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        let pure =
+            "25 30 0:23 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert_eq!(parse_mountinfo(pure), Some(PathBuf::from("/sys/fs/cgroup")));
+        let v1 = "39 31 0:36 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n";
+        assert_eq!(parse_mountinfo(v1), None);
+        let spaced = "41 31 0:38 / /mnt/c\\040g rw - cgroup2 none rw\n";
+        assert_eq!(parse_mountinfo(spaced), Some(PathBuf::from("/mnt/c g")));
+    }
+
+    #[test]
+    fn the_own_cgroup_is_the_v2_line() {
+        let t = "9:name=systemd:/\n4:memory:/x\n0::/user.slice/u@1000.service\n";
+        assert_eq!(
+            parse_own_cgroup(t).as_deref(),
+            Some("/user.slice/u@1000.service")
+        );
+        assert_eq!(parse_own_cgroup("4:memory:/x\n"), None);
+        let m = Path::new("/m");
+        assert_eq!(dir_of(m, "/"), PathBuf::from("/m"));
+        assert_eq!(dir_of(m, "/a/b"), PathBuf::from("/m/a/b"));
+    }
+
+    #[test]
+    fn a_runs_cgroup_goes_under_the_mount_for_root_the_delegation_for_a_user_and_the_step_when_nested(
+    ) {
+        let f = |own: &str, euid| Facts {
+            mount: Some("/m".into()),
+            own: Some(own.into()),
+            euid,
+        };
+        let ok = |_: &Path| None;
+        assert_eq!(locate(&f("/", 0), ok), Ok(PathBuf::from("/m/cohort")));
+        assert_eq!(
+            locate(&f("/system.slice/x.service", 0), ok),
+            Ok(PathBuf::from("/m/cohort"))
+        );
+        assert_eq!(
+            locate(&f("/user.slice/user@1000.service/app.slice", 1000), ok),
+            Ok(PathBuf::from(
+                "/m/user.slice/user@1000.service/app.slice/cohort"
+            ))
+        );
+        assert_eq!(
+            locate(&f("/cohort/R/step-3/pi", 0), ok),
+            Ok(PathBuf::from("/m/cohort/R/step-3")),
+            "a nested run's cgroup is inside its parent step's"
+        );
+        assert_eq!(
+            locate(&f("/cohort/R/step-x/pi", 0), ok),
+            Ok(PathBuf::from("/m/cohort")),
+            "only a step leaf's name makes a run nested"
+        );
+        let ro = |d: &Path| Some(format!("{} is read-only", d.display()));
+        assert_eq!(
+            locate(&f("/session-3.scope", 1000), ro),
+            Err(Unavailable::NotWritable {
+                dir: "/m/session-3.scope".into(),
+                why: "/m/session-3.scope is read-only".into()
+            })
+        );
+        let none = Facts {
+            mount: None,
+            ..f("/", 0)
+        };
+        assert_eq!(locate(&none, ok), Err(Unavailable::NoMount));
+        let no_own = Facts {
+            own: None,
+            ..f("/", 0)
+        };
+        assert_eq!(locate(&no_own, ok), Err(Unavailable::NoOwnCgroup));
+    }
+
+    #[test]
+    fn only_a_directory_named_by_the_run_id_below_the_mount_is_the_runs_cgroup() {
+        let m = Path::new("/m");
+        assert!(is_run_cgroup(Path::new("/m/cohort/abc"), "abc", m));
+        assert!(is_run_cgroup(Path::new("/m/cohort/p/step-0/abc"), "abc", m));
+        assert!(!is_run_cgroup(Path::new("/m/cohort"), "abc", m));
+        assert!(!is_run_cgroup(Path::new("/m"), "m", Path::new("/m")));
+        assert!(!is_run_cgroup(
+            Path::new("/m/cohort/abc/../x/abc"),
+            "abc",
+            m
+        ));
+        assert!(!is_run_cgroup(Path::new("/etc/abc"), "abc", m));
+        assert!(!is_run_cgroup(Path::new("m/cohort/abc"), "abc", m));
+    }
+
+    #[test]
+    fn a_limit_is_refused_without_a_cgroup_or_its_controller() {
+        let avail = parse_controllers("hugetlb pids\n");
+        let base: std::result::Result<PathBuf, Unavailable> = Ok("/m/cohort".into());
+        assert_eq!(limit_refusal(Limit::Pids, &base, &avail), None);
+        assert_eq!(
+            limit_refusal(Limit::Memory, &base, &avail).as_deref(),
+            Some("--memory-max needs the cgroup v2 memory controller, which is not available under /m/cohort (available: hugetlb pids)")
+        );
+        let none = Err(Unavailable::NoMount);
+        assert_eq!(
+            limit_refusal(Limit::Pids, &none, &avail).as_deref(),
+            Some("--pids-max needs a cgroup of the run's own, and none can be made here: no cgroup v2 hierarchy is mounted")
+        );
+        assert_eq!(Limit::Cpu.file(), "cpu.max");
+    }
+
+    #[test]
+    fn step_cgroups_are_recognised_by_name() {
+        assert_eq!(step_index(Path::new("/m/R/step-12")), Some(12));
+        assert_eq!(step_index(Path::new("/m/R/step-")), None);
+        assert_eq!(step_index(Path::new("/m/R/step-1x")), None);
+        assert_eq!(step_index(Path::new("/m/R/runner")), None);
+    }
+
+    #[test]
+    fn step_cgroups_are_named_by_their_flat_index() {
+        let r = Path::new("/m/cohort/R");
+        assert_eq!(step_leaf(r, 2), PathBuf::from("/m/cohort/R/step-2/pi"));
+        assert_eq!(step_dir(r, 0), PathBuf::from("/m/cohort/R/step-0"));
+    }
+}

@@ -1,0 +1,336 @@
+//! End-to-end: a cgroup per run, on the real cgroup v2 hierarchy. A bare process a tool
+//! double-forks (`setsid env -i`, nothing names it) is ended at its step's end and, after the
+//! runner is SIGKILLed, by the first reader, and named in the record; a stop ends every member;
+//! a nested run's cgroup is inside its parent step's; a limit is refused where its controller
+//! is missing, and works where it is there; a user without a delegated cgroup keeps `/proc`
+//! tracking. Tests that need a writable cgroup v2 hierarchy print why and pass without one;
+//! each leaves no cgroup behind (the runs' own removal, or `TestEnv`'s drop).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cohort_common::os::cgroup;
+use cohort_e2e::harness::{
+    alive, bin_dir, read_pid, signal, stderr, stdout, wait_for, TestEnv, HERMETIC,
+};
+use serde_json::Value;
+
+/// Where this test's runs get their cgroups; prints why the test is skipped when they cannot.
+fn cgroups_here(test: &str) -> Option<PathBuf> {
+    match cgroup::locate_here() {
+        Ok(base) => Some(base),
+        Err(why) => {
+            eprintln!("{test}: skipped: no cgroup can be made here ({why})");
+            None
+        }
+    }
+}
+
+/// The run's cgroup as its record names it (the record must say `cgroup`).
+fn run_cgroup(rec: &Value) -> PathBuf {
+    assert_eq!(rec["containment"]["kind"], "cgroup", "{rec:#}");
+    PathBuf::from(rec["containment"]["path"].as_str().unwrap())
+}
+
+/// The cgroup v2 directory process `pid` is in.
+fn cgroup_of(pid: u32) -> PathBuf {
+    let mount = cgroup::facts().mount.unwrap();
+    cgroup::cgroup_of(pid, &mount).unwrap()
+}
+
+/// A task whose tool double-forks a bare process (new session, empty environment) that writes
+/// its pid to `pidfile` and sleeps, and then itself sleeps `then` seconds.
+fn bare_process_task(pidfile: &Path, then: &str) -> String {
+    format!(
+        "RUN: setsid env -i /bin/sh -c 'echo $$ > {}; exec sleep 1001' & sleep {then}; echo left",
+        pidfile.display()
+    )
+}
+
+#[test]
+fn a_bare_double_forked_process_is_ended_at_its_steps_end_through_the_cgroup() {
+    let test = "a_bare_double_forked_process_is_ended_at_its_steps_end_through_the_cgroup";
+    let Some(base) = cgroups_here(test) else {
+        return;
+    };
+    let env = TestEnv::new();
+    let pidfile = env.tmp.path().join("bare.pid");
+    let id = env.spawn(&["--model", "fake/tool", &bare_process_task(&pidfile, "2")]);
+    let bare = read_pid(&pidfile);
+    let rec = env.record(&id);
+    let cg = run_cgroup(&rec);
+    assert_eq!(cg, base.join(&id));
+    assert_eq!(
+        cgroup_of(bare),
+        cg.join("step-0/pi"),
+        "the bare process was born in its step's leaf"
+    );
+    assert_eq!(
+        cgroup_of(env.runner_pid(&id)),
+        cg.join("runner"),
+        "the runner is in a leaf of its own"
+    );
+    let rec = env.wait_terminal(&id, 60);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    wait_for(Duration::from_secs(5), || !alive(bare)).expect("the bare process was ended");
+    wait_for(Duration::from_secs(5), || !cg.exists()).expect("the run's cgroup was removed");
+    let view = stdout(&env.run("cohort-status", &[&id]));
+    assert!(
+        view.lines()
+            .any(|l| l.starts_with("containment") && l.contains(&cg.display().to_string())),
+        "{view}"
+    );
+}
+
+#[test]
+fn after_the_runner_is_killed_the_first_reader_ends_the_survivors_through_the_cgroup() {
+    let test = "after_the_runner_is_killed_the_first_reader_ends_the_survivors_through_the_cgroup";
+    if cgroups_here(test).is_none() {
+        return;
+    }
+    let env = TestEnv::new();
+    let pidfile = env.tmp.path().join("bare.pid");
+    let id = env.spawn(&["--model", "fake/tool", &bare_process_task(&pidfile, "1002")]);
+    let bare = read_pid(&pidfile);
+    let cg = run_cgroup(&env.record(&id));
+    let runner = env.runner_pid(&id);
+    signal(runner, nix::sys::signal::Signal::SIGKILL);
+    wait_for(Duration::from_secs(10), || !alive(runner)).expect("the runner is dead");
+    assert!(alive(bare), "the bare process outlives the runner");
+    assert_eq!(cgroup::populated(&cg), Some(true));
+
+    // A reap in between is refused: the run's processes live.
+    let reap = env.run("cohort-reap", &["--json", &id]);
+    assert_eq!(reap.status.code(), Some(1), "{}", stderr(&reap));
+    assert!(env.run_dir(&id).is_dir() && alive(bare));
+
+    // The first reader settles the run, ends the survivor through the cgroup and names it.
+    let view = env.run("cohort-status", &[&id]);
+    assert!(view.status.success(), "{}", stderr(&view));
+    wait_for(Duration::from_secs(5), || !alive(bare)).expect("the survivor was ended");
+    let rec = env.record(&id);
+    assert_eq!(rec["state"], "failed", "{rec:#}");
+    assert!(
+        rec["survivors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s.as_str().unwrap().starts_with(&format!("{bare} "))),
+        "{rec:#}"
+    );
+    let events = env.events(&id);
+    let found = events
+        .iter()
+        .find(|e| e["type"] == "run.survivors")
+        .expect("run.survivors event");
+    assert_eq!(found["cgroup"], cg.display().to_string(), "{found:#}");
+    assert!(found["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["pid"] == bare));
+    wait_for(Duration::from_secs(5), || !cg.exists()).expect("the settled run's cgroup is gone");
+    let reap = env.run("cohort-reap", &[&id]);
+    assert!(reap.status.success(), "{}", stderr(&reap));
+}
+
+#[test]
+fn a_stop_ends_every_member_of_the_run() {
+    let test = "a_stop_ends_every_member_of_the_run";
+    if cgroups_here(test).is_none() {
+        return;
+    }
+    let env = TestEnv::new();
+    let files: Vec<PathBuf> = (0..3)
+        .map(|i| env.tmp.path().join(format!("m{i}.pid")))
+        .collect();
+    let task = format!(
+        "RUN: setsid env -i /bin/sh -c 'echo $$ > {}; exec sleep 1001' & \
+         (/bin/sh -c 'echo $$ > {}; trap \"\" TERM; exec sleep 1002' &) ; \
+         /bin/sh -c 'echo $$ > {}; exec sleep 1003' & sleep 1004",
+        files[0].display(),
+        files[1].display(),
+        files[2].display()
+    );
+    let id = env.spawn(&["--model", "fake/tool", "--grace", "1s", &task]);
+    let pids: Vec<u32> = files.iter().map(|f| read_pid(f)).collect();
+    let cg = run_cgroup(&env.record(&id));
+    env.stop(&id);
+    let rec = env.wait_terminal(&id, 60);
+    assert_eq!(rec["state"], "stopped", "{rec:#}");
+    for p in &pids {
+        wait_for(Duration::from_secs(5), || !alive(*p))
+            .unwrap_or_else(|_| panic!("member {p} outlived the stop"));
+    }
+    wait_for(Duration::from_secs(5), || !cg.exists()).expect("the run's cgroup was removed");
+}
+
+#[test]
+fn a_nested_runs_cgroup_is_inside_its_parent_steps() {
+    let test = "a_nested_runs_cgroup_is_inside_its_parent_steps";
+    if cgroups_here(test).is_none() {
+        return;
+    }
+    let env = TestEnv::new();
+    let spawn = format!(
+        "{} --model fake/plain 'hello from below' -- {}",
+        bin_dir().join("cohort-spawn").display(),
+        HERMETIC.join(" ")
+    );
+    let root = env.spawn(&["--model", "fake/tool", &format!("RUN: {spawn}")]);
+    let rec = env.wait_terminal(&root, 60);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let parent = run_cgroup(&rec);
+    let nested_dir = env.state_root().nested_runs_dir(&root);
+    let mut found = Vec::new();
+    wait_for(Duration::from_secs(60), || {
+        found = std::fs::read_dir(&nested_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.join("status.json").is_file())
+            .collect();
+        found.len() == 1
+    })
+    .expect("a nested run appears");
+    let nested = env.wait_terminal_at(&found[0], 60);
+    assert_eq!(nested["state"], "complete", "{nested:#}");
+    let child = run_cgroup(&nested);
+    assert_eq!(
+        child.parent(),
+        Some(parent.join("step-0").as_path()),
+        "the nested run's cgroup is in its parent step's"
+    );
+    wait_for(Duration::from_secs(5), || {
+        !child.exists() && !parent.exists()
+    })
+    .expect("both runs' cgroups were removed");
+}
+
+#[test]
+fn a_limit_is_refused_where_its_controller_is_missing_and_set_where_it_is_there() {
+    let test = "a_limit_is_refused_where_its_controller_is_missing_and_set_where_it_is_there";
+    let Some(base) = cgroups_here(test) else {
+        return;
+    };
+    let env = TestEnv::new();
+    let available = cgroup::available_under(&base);
+    if !available.contains("pids") {
+        let out = env.spawn_raw(&["--model", "fake/plain", "--pids-max", "20", "say hi"]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(
+            err.contains("--pids-max") && err.contains("pids controller"),
+            "{err}"
+        );
+        assert_eq!(env.run_count(), 0, "a refused limit makes no run");
+        eprintln!(
+            "{test}: the pids controller is not available under {} (available: {available:?}): the refusal is tested, the limit itself is not",
+            base.display()
+        );
+        return;
+    }
+    // The tool forks 50 sleeping processes; beyond pids.max a fork fails with EAGAIN inside
+    // the run, and nothing outside it is limited.
+    let task = "RUN: for i in $(seq 50); do sleep 30 & done; kill $(jobs -p); echo done";
+    let id = env.spawn(&["--model", "fake/tool", "--pids-max", "20", task]);
+    let rec = env.record(&id);
+    let cg = run_cgroup(&rec);
+    assert_eq!(
+        std::fs::read_to_string(cg.join("pids.max")).unwrap().trim(),
+        "20"
+    );
+    let rec = env.wait_terminal(&id, 60);
+    let log = std::fs::read_to_string(env.run_dir(&id).join("output-0.log")).unwrap_or_default();
+    assert!(
+        log.contains("Resource temporarily unavailable") || log.contains("retry"),
+        "the run's forks beyond the limit failed: {log}\n{rec:#}"
+    );
+}
+
+#[test]
+fn a_user_without_a_delegated_cgroup_keeps_proc_tracking() {
+    let test = "a_user_without_a_delegated_cgroup_keeps_proc_tracking";
+    if !nix::unistd::geteuid().is_root() || !Path::new("/usr/bin/setpriv").exists() {
+        eprintln!("{test}: skipped: needs root and setpriv to run cohort as a user of its own");
+        return;
+    }
+    let env = TestEnv::new();
+    let uid = 61_724;
+    fn walk(p: &Path, uid: u32) {
+        std::os::unix::fs::lchown(p, Some(uid), Some(uid)).unwrap();
+        if p.symlink_metadata().unwrap().is_dir() {
+            for e in std::fs::read_dir(p).unwrap().flatten() {
+                walk(&e.path(), uid);
+            }
+        }
+    }
+    walk(env.tmp.path(), uid);
+    let as_user = |program: &Path, args: &[&str]| {
+        let mut c = env.program("setpriv");
+        c.arg(format!("--reuid={uid}"))
+            .arg(format!("--regid={uid}"))
+            .arg("--clear-groups")
+            .arg("--")
+            .arg(program)
+            .args(args);
+        c.output().unwrap()
+    };
+    let mount = cgroup::facts().mount;
+    let own = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|t| cgroup::parse_own_cgroup(&t));
+    if let (Some(m), Some(o)) = (&mount, &own) {
+        let dir = cgroup::dir_of(m, o);
+        if std::fs::metadata(&dir).is_ok_and(|md| std::os::unix::fs::MetadataExt::uid(&md) == uid) {
+            eprintln!(
+                "{test}: skipped: {} is delegated to uid {uid}",
+                dir.display()
+            );
+            return;
+        }
+    }
+    // Today's /proc-based assertions: the bare process is swept at its step's end.
+    let pidfile = env.tmp.path().join("bare.pid");
+    let task = bare_process_task(&pidfile, "0.5");
+    let mut args = vec!["--model", "fake/tool", &task, "--"];
+    args.extend(HERMETIC);
+    let out = as_user(&bin_dir().join("cohort-spawn"), &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    let bare = read_pid(&pidfile);
+    let rec = env.wait_terminal(&id, 60);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    assert_eq!(rec["containment"]["kind"], "proc", "{rec:#}");
+    let why = rec["containment"]["why"].as_str().unwrap();
+    if mount.is_some() {
+        assert!(why.contains("cannot be written"), "{why}");
+    }
+    wait_for(Duration::from_secs(10), || !alive(bare))
+        .expect("the environment-less process was swept by /proc tracking");
+    // The view and the doctor say so.
+    let view = stdout(&as_user(&bin_dir().join("cohort-status"), &[&id]));
+    assert!(
+        view.lines()
+            .any(|l| l.starts_with("containment") && l.contains("/proc tracking")),
+        "{view}"
+    );
+    let doctor = stdout(&as_user(&bin_dir().join("cohort-status"), &["--doctor"]));
+    assert!(
+        doctor.contains("containment:\n  /proc tracking: "),
+        "{doctor}"
+    );
+    // A limit cannot be had without a cgroup: refused in one line.
+    let out = as_user(
+        &bin_dir().join("cohort-spawn"),
+        &["--model", "fake/plain", "--memory-max", "512M", "say hi"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--memory-max needs a cgroup of the run's own"),
+        "{}",
+        stderr(&out)
+    );
+}
