@@ -16,6 +16,7 @@
 //!   (Pi's verdict, the stderr digest, the recorded outcome);
 //! - [`structured`]: a step's `outputSchema`: parsing its answer as JSON and validating it;
 //! - [`stream`]: reading a Pi child's `--mode json` event stream in bounded memory;
+//! - [`pricing`]: what an assistant message cost (Pi's figure, else `models.json` prices);
 //! - [`hook`]: the on-exit hook, run once after the terminal record is durable;
 //! - [`sweep`]: finding and ending the processes a step left behind;
 //! - [`session`]: locking the session files a step writes;
@@ -33,6 +34,7 @@ pub mod context;
 pub mod hook;
 pub mod launch;
 pub mod nested;
+pub mod pricing;
 pub mod process;
 pub mod readers;
 pub mod reserve;

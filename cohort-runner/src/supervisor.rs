@@ -45,6 +45,7 @@ use crate::hook;
 use crate::launch::{self, Launch};
 use crate::nested::NestedRuns;
 use crate::process::own_rusage;
+use crate::pricing::PriceBook;
 use crate::readers::{self, Report};
 use crate::session;
 use crate::start::{self, Running};
@@ -776,6 +777,7 @@ impl Supervisor {
             child.stdout,
             log.clone(),
             self.dir.final_text(i),
+            PriceBook::of_profile(&self.spec.profile_dir),
             move |r| {
                 let _ = tx.send(Msg::Stream(i, r));
             },
