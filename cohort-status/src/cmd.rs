@@ -81,6 +81,14 @@ pub struct Args {
     /// disk use.
     #[arg(long, conflicts_with_all = ["wait", "output", "pid"])]
     doctor: bool,
+    /// Sum the tokens and cost of every run tree (nested runs included) in one table; with
+    /// --since, of the trees started within that long. A cost Pi did not report and the
+    /// profile's models.json cannot price shows as unknown.
+    #[arg(long, conflicts_with_all = ["wait", "output", "pid", "check", "doctor", "follow"])]
+    usage: bool,
+    /// With --usage: one row per agent, model, day (UTC) or top-level run.
+    #[arg(long, value_enum, requires = "usage")]
+    by: Option<crate::usage::By>,
     #[command(flatten)]
     generate: cli::GenerateArg,
 }
@@ -149,6 +157,8 @@ pub enum Mode<'a> {
     Check,
     /// `--doctor`: the installation report.
     Doctor,
+    /// `--usage`: tokens and cost summed across runs.
+    Usage,
     /// `--follow RUN`: stream one run's output logs.
     Follow(&'a [String]),
     /// `--wait RUN…`: block until the runs end.
@@ -165,7 +175,7 @@ pub enum Mode<'a> {
 
 impl<'a> Mode<'a> {
     /// The mode `args` asks for (pure). clap refuses most combinations; of the ones it lets
-    /// through, the first in this order wins: generate, check, doctor, follow, wait, output,
+    /// through, the first in this order wins: generate, check, doctor, usage, follow, wait, output,
     /// pid, then show when runs are named, else list.
     pub fn of(args: &'a Args) -> Mode<'a> {
         let ids = args.ids.as_slice();
@@ -175,6 +185,8 @@ impl<'a> Mode<'a> {
             Mode::Check
         } else if args.doctor {
             Mode::Doctor
+        } else if args.usage {
+            Mode::Usage
         } else if args.follow {
             Mode::Follow(ids)
         } else if args.wait {
@@ -200,6 +212,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         }
         Mode::Check => check(&every_run_root(&args)?, &args),
         Mode::Doctor => doctor(&every_run_root(&args)?, args.json),
+        Mode::Usage => usage_ledger(&every_run_root(&args)?, &args),
         Mode::Follow(ids) => follow(&root_of_env()?, ids),
         Mode::Wait(ids) => wait(&root_of_env()?, ids, args.timeout),
         Mode::Output(ids) => output(&root_of_env()?, ids, args.step),
@@ -214,7 +227,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
 fn every_run_root(args: &Args) -> anyhow::Result<StateRoot> {
     if !args.ids.is_empty() {
         anyhow::bail!(cohort_cli::usage_error(
-            "--check and --doctor look at every run; they take no run ids"
+            "--check, --doctor and --usage look at every run; they take no run ids"
         ));
     }
     Ok(root_of_env()?)
@@ -319,6 +332,9 @@ fn show(root: &StateRoot, ids: &[String], json: bool) -> anyhow::Result<u8> {
             let children = listing::descendants(root, &obs.record)?;
             let row = Row::new(found.id.clone(), found.origin.clone(), Ok(obs));
             let mut text = render::json_line(&row);
+            if let Ok(o) = &row.observed {
+                text = crate::usage::with_totals(&text, &o.record, &children);
+            }
             text.push('\n');
             for c in &children {
                 text.push_str(&render::json_line(c));
@@ -327,8 +343,27 @@ fn show(root: &StateRoot, ids: &[String], json: bool) -> anyhow::Result<u8> {
             cli::out(&text)?;
         } else {
             let children = listing::descendants(root, &obs.record)?;
-            cli::out(&render::show(&found.dir, &found.origin, &obs, &children))?;
+            let mut text = render::show(&found.dir, &found.origin, &obs, &children);
+            text.push_str(&crate::usage::show_section(&obs.record, &children));
+            cli::out(&text)?;
         }
+    }
+    Ok(exit::SUCCESS)
+}
+
+fn usage_ledger(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
+    let trees = crate::usage::collect(root, args.since)?;
+    let (rows, total) = crate::usage::lines(trees.iter(), args.by);
+    if trees.unreadable > 0 {
+        eprintln!(
+            "cohort-status: {} run(s) could not be read and are not counted",
+            trees.unreadable
+        );
+    }
+    if args.json {
+        cli::out(&crate::usage::json_lines(&rows, &total, args.by))?;
+    } else {
+        cli::out(&crate::usage::table(&rows, &total, args.by))?;
     }
     Ok(exit::SUCCESS)
 }
@@ -456,6 +491,7 @@ mod tests {
             (&["--json", "a"][..], r#"Show(["a"])"#),
             (&["--check"][..], "Check"),
             (&["--doctor", "--json"][..], "Doctor"),
+            (&["--usage", "--by", "model", "--since", "3d"][..], "Usage"),
             (&["--follow", "a"][..], r#"Follow(["a"])"#),
             (&["--output", "--step", "1", "a"][..], r#"Output(["a"])"#),
             (&["--pid", "a", "b"][..], r#"Pid(["a", "b"])"#),

@@ -9,6 +9,8 @@
 //! - [`watch`]: sleeping until a run directory changes (inotify), for `--pid` on a starting run;
 //! - [`check`]: the cron check;
 //! - [`doctor`]: the installation report;
+//! - [`usage`]: `--usage`, tokens and cost summed across run trees, and the single view's
+//!   usage lines;
 //! - [`backends`]: the doctor's backend section (every backend's probe);
 //! - [`limits`]: the doctor's limits section (the open-files limit Pi inherits);
 //! - [`engines`]: whether a runtime's Node meets its Pi package's `engines.node`.
@@ -29,4 +31,5 @@ pub mod limits;
 pub mod listing;
 pub mod logind;
 pub mod render;
+pub mod usage;
 pub mod watch;

@@ -14,6 +14,7 @@
 //! | `partial` | streams `PARTIAL ANSWER` and ends with `finish_reason` `overloaded` (Pi records a model error after text: an answer cut short) |
 //! | `slow` | streams `tick ` every 200 ms for 60 s |
 //! | `say` | replies with the text after the first `SAY:` in the last user message, up to a line `---` (where cohort's handoff instructions start) or its end, trimmed (`SAY:` absent: the whole message) |
+//! | `metered` | replies as `plain`, reporting 1000 prompt tokens of which 300 were cached, and 200 completion tokens; the profile gives it prices ([`METERED_PRICES`]) |
 //! | `big` | replies with 10 MiB of text in 1 MiB chunks (Pi 0.73.1 on Node 20 dies with ENOBUFS writing much larger lines to a pipe) |
 //!
 //! Every request is appended to the request log (JSON Lines: `ts`, `model`, `messages` (the
@@ -30,8 +31,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 /// The model ids the server knows.
-pub const MODELS: [&str; 9] = [
+pub const MODELS: [&str; 10] = [
     "plain",
+    "metered",
     "tool",
     "err400",
     "err500",
@@ -41,6 +43,10 @@ pub const MODELS: [&str; 9] = [
     "partial",
     "say",
 ];
+
+/// The prices `models.json` gives model `metered`: dollars per million input, output,
+/// cache-read and cache-write tokens. No other model has prices.
+pub const METERED_PRICES: [f64; 4] = [3.0, 15.0, 0.3, 3.75];
 
 /// A running server.
 pub struct FakeServer {
@@ -109,7 +115,16 @@ impl FakeServer {
 /// a Pi profile dir.
 pub fn write_pi_profile(agent_dir: &Path, server: &FakeServer) -> std::io::Result<()> {
     std::fs::create_dir_all(agent_dir)?;
-    let models: Vec<Value> = MODELS.iter().map(|m| json!({"id": m})).collect();
+    let [input, output, cache_read, cache_write] = METERED_PRICES;
+    let models: Vec<Value> = MODELS
+        .iter()
+        .map(|&m| match m {
+            "metered" => json!({"id": m, "cost": {
+                "input": input, "output": output, "cacheRead": cache_read, "cacheWrite": cache_write,
+            }}),
+            _ => json!({"id": m}),
+        })
+        .collect();
     std::fs::write(
         agent_dir.join("models.json"),
         json!({"providers": {"fake": {
@@ -208,10 +223,15 @@ fn chunk(
 }
 
 fn finish(out: &mut TcpStream, model: &str, reason: &str) -> std::io::Result<()> {
+    let usage = match model {
+        "metered" => json!({"prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200,
+            "prompt_tokens_details": {"cached_tokens": 300}}),
+        _ => json!({"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}),
+    };
     let c = json!({
         "id": "fake", "object": "chat.completion.chunk", "created": 1, "model": model,
         "choices": [{"index": 0, "delta": {}, "finish_reason": reason}],
-        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+        "usage": usage,
     });
     write!(out, "data: {c}\n\ndata: [DONE]\n\n")?;
     out.flush()

@@ -45,7 +45,7 @@ pub fn sum(a: Part, b: Part) -> Part {
 pub fn usd(cost: Option<f64>) -> String {
     match cost {
         None => "unknown".into(),
-        Some(c) if c == 0.0 => "$0".into(),
+        Some(0.0) => "$0".into(),
         Some(c) if c < 0.0001 => "<$0.0001".into(),
         Some(c) if c >= 100.0 => format!("${c:.2}"),
         Some(c) => format!("${c:.4}"),

@@ -755,13 +755,19 @@ mod tests {
         assert_eq!(u.cost_source, Some(CostSource::Mixed));
         r.steps.push(step(3, None, None));
         let u = r.usage();
-        assert_eq!((u.total_tokens, u.known_cost(), u.cost_source), (18, None, None));
+        assert_eq!(
+            (u.total_tokens, u.known_cost(), u.cost_source),
+            (18, None, None)
+        );
         // Stored without the cost fields when unknown; old records read as unknown.
         let json = serde_json::to_string(&u).unwrap();
         assert!(!json.contains("cost"), "{json}");
         let old: Usage = serde_json::from_str(r#"{"input":3,"totalTokens":3}"#).unwrap();
         assert_eq!(old.known_cost(), None);
-        assert_eq!(RunRecord::queued(&id, RunMode::Single).usage().known_cost(), Some(0.0));
+        assert_eq!(
+            RunRecord::queued(&id, RunMode::Single).usage().known_cost(),
+            Some(0.0)
+        );
     }
 
     #[test]

@@ -38,3 +38,4 @@ mod status;
 mod stdin;
 mod supervision;
 mod trust;
+mod usage;
