@@ -21,6 +21,7 @@ use cohort_common::error::Result;
 use cohort_common::format::cost::{self, CostSource};
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::{now_ms, RunRecord, Usage};
+use cohort_common::os::files::{self, Hidden};
 use cohort_common::store::discover;
 use cohort_common::store::ledger::{self, Ledger, TreeUsage};
 use cohort_common::store::observe;
@@ -224,6 +225,13 @@ pub fn collect(root: &StateRoot, since: Option<Duration>) -> Result<Trees> {
                 .is_none_or(|k| in_window(k.started_at, since, now))
         });
     }
+    // One listing of the nested runs' parent instead of a failed open per tree without any.
+    let trees_with_nested: HashSet<std::ffi::OsString> = match to_read.is_empty() {
+        true => HashSet::new(),
+        false => files::list_dir(&root.nested_root(), Hidden::Skip)
+            .map(|v| v.into_iter().map(|e| e.name).collect())
+            .unwrap_or_default(),
+    };
     let mut read = Vec::new();
     for (f, seen) in to_read.iter().zip(scan.observe(&to_read)) {
         let top = match seen {
@@ -234,10 +242,14 @@ pub fn collect(root: &StateRoot, since: Option<Duration>) -> Result<Trees> {
             }
             Seen::Read(Ok(o)) => o.record,
         };
-        let nested_found = discover::nested_of(root, &f.id)?;
-        let nested: Vec<Option<RunRecord>> = cohort_common::store::par_map(&nested_found, |n| {
-            observe::observe_found(n).ok().map(|o| o.record)
-        });
+        let nested: Vec<Option<RunRecord>> = if trees_with_nested.contains(OsStr::new(&f.id)) {
+            discover::nested_of(root, &f.id)?
+                .iter()
+                .map(|n| observe::observe_found(n).ok().map(|o| o.record))
+                .collect()
+        } else {
+            Vec::new()
+        };
         unreadable += nested.iter().filter(|n| n.is_none()).count();
         let tree = TreeUsage::of_tree(&top, nested.iter().flatten());
         if ledger::closed(std::iter::once(Some(&top)).chain(nested.iter().map(Option::as_ref))) {

@@ -15,6 +15,7 @@
 //! | `slow` | streams `tick ` every 200 ms for 60 s |
 //! | `say` | replies with the text after the first `SAY:` in the last user message, up to a line `---` (where cohort's handoff instructions start) or its end, trimmed (`SAY:` absent: the whole message) |
 //! | `metered` | replies as `plain`, reporting 1000 prompt tokens of which 300 were cached, and 200 completion tokens; the profile gives it prices ([`METERED_PRICES`]) |
+//! | `delegate` | delegates as the `cohort` skill teaches: first `read`s the skill's file, from the `<location>` of the skill named `cohort` in the system prompt (no such skill: replies `NO COHORT SKILL`); then runs with `bash` the skill's first `cohort-spawn --wait "TASK"` line, `TASK` replaced by the text after `DELEGATE:` in the user's message (no such line: replies `NO WAIT EXAMPLE`); then replies `DELEGATED: <bash output>` |
 //! | `big` | replies with 10 MiB of text in 1 MiB chunks (Pi 0.73.1 on Node 20 dies with ENOBUFS writing much larger lines to a pipe) |
 //!
 //! Every request is appended to the request log (JSON Lines: `ts`, `model`, `messages` (the
@@ -31,9 +32,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 /// The model ids the server knows.
-pub const MODELS: [&str; 10] = [
+pub const MODELS: [&str; 11] = [
     "plain",
     "metered",
+    "delegate",
     "tool",
     "err400",
     "err500",
@@ -336,8 +338,76 @@ fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()>
             finish(out, model, "overloaded")
         }
         "say" => reply(out, model, say_text(&last_user)),
+        "delegate" => delegate(out, model, &messages, &last_user),
         _ => reply(out, model, &format!("ECHO: {last_user}")),
     }
+}
+
+/// One tool call of `name` with `args`, then `tool_calls`.
+fn tool_call(out: &mut TcpStream, model: &str, name: &str, args: Value) -> std::io::Result<()> {
+    chunk(
+        out,
+        model,
+        json!({"role": "assistant", "tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": name, "arguments": args.to_string()}}]}),
+        None,
+    )?;
+    finish(out, model, "tool_calls")
+}
+
+/// Model `delegate`'s turn, from the tool results so far (see the module's table).
+fn delegate(
+    out: &mut TcpStream,
+    model: &str,
+    messages: &[Value],
+    last_user: &str,
+) -> std::io::Result<()> {
+    let tool_results: Vec<String> = messages
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(message_text)
+        .collect();
+    match tool_results.as_slice() {
+        [] => {
+            let system = messages.first().map(message_text).unwrap_or_default();
+            match skill_location(&system, "cohort") {
+                Some(path) => tool_call(out, model, "read", json!({"path": path})),
+                None => reply(out, model, "NO COHORT SKILL"),
+            }
+        }
+        [skill] => {
+            let task = last_user
+                .split_once("DELEGATE:")
+                .map_or("", |(_, t)| t.trim());
+            match wait_example(skill) {
+                Some(line) => {
+                    let command = line.replacen("TASK", task, 1);
+                    tool_call(out, model, "bash", json!({"command": command}))
+                }
+                None => reply(out, model, "NO WAIT EXAMPLE"),
+            }
+        }
+        [.., answer] => reply(out, model, &format!("DELEGATED: {}", answer.trim())),
+    }
+}
+
+/// The `<location>` of the skill named `name` in a system prompt's `<available_skills>`.
+pub fn skill_location(system: &str, name: &str) -> Option<String> {
+    let at = system.find(&format!("<name>{name}</name>"))?;
+    let rest = &system[at..];
+    let end = rest.find("</skill>")?;
+    let (_, loc) = rest[..end].split_once("<location>")?;
+    let (loc, _) = loc.split_once("</location>")?;
+    Some(loc.trim().to_string())
+}
+
+/// The first `cohort-spawn --wait "TASK"` command in a skill's text (up to the line's end, a
+/// closing backtick or a `#` comment).
+pub fn wait_example(skill: &str) -> Option<String> {
+    let at = skill.find("cohort-spawn --wait \"TASK\"")?;
+    let line = skill[at..].lines().next()?;
+    let line = line.split('`').next().unwrap_or(line);
+    let line = line.split(" #").next().unwrap_or(line);
+    Some(line.trim_end().to_string())
 }
 
 /// What model `say` answers to `message`: the text after the first `SAY:`, up to a line `---`

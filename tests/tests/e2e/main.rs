@@ -32,6 +32,7 @@ mod reliability;
 mod revive;
 mod runner;
 mod shell;
+mod skill;
 mod slurm;
 mod spawn_wait;
 mod status;
