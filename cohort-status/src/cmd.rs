@@ -126,6 +126,10 @@ pub const MAN: cli::ManPage = cli::ManPage {
             "From cron: mail me when a run failed or is stuck.",
         ),
         (
+            "cohort-status --usage --by model --since 7d",
+            "Tokens and cost of the last week's run trees, by model.",
+        ),
+        (
             "cohort-status --doctor",
             "The runtime, state root, counts and disk use.",
         ),
