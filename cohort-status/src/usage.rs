@@ -122,42 +122,43 @@ pub fn lines<'t>(
     trees: impl IntoIterator<Item = (&'t str, &'t TreeUsage)>,
     by: Option<By>,
 ) -> (Vec<Line>, Line) {
-    let mut rows: HashMap<String, (Line, HashSet<usize>)> = HashMap::new();
+    // Per key: its row and the last tree counted in it (trees come one at a time).
+    let mut rows: HashMap<String, (Line, usize)> = HashMap::new();
     let mut total = Line {
         key: "total".into(),
         ..Line::default()
     };
     for (i, (id, t)) in trees.into_iter().enumerate() {
         total.runs += 1;
+        let day = match by {
+            Some(By::Day) => t.started_at.map(utc_day),
+            _ => None,
+        };
         for g in &t.groups {
             total.add(&g.usage, g.steps);
-            let key = match by {
+            let key: &str = match by {
                 None => continue,
-                Some(By::Agent) => g.agent.clone().unwrap_or_else(|| "-".into()),
-                Some(By::Model) => g.model.clone().unwrap_or_else(|| "-".into()),
-                Some(By::Day) => t.started_at.map(utc_day).unwrap_or_else(|| "-".into()),
-                Some(By::Run) => id.to_string(),
+                Some(By::Agent) => g.agent.as_deref().unwrap_or("-"),
+                Some(By::Model) => g.model.as_deref().unwrap_or("-"),
+                Some(By::Day) => day.as_deref().unwrap_or("-"),
+                Some(By::Run) => id,
             };
-            let (line, runs) = rows.entry(key).or_insert_with_key(|key| {
-                (
-                    Line {
-                        key: key.clone(),
-                        ..Line::default()
-                    },
-                    HashSet::new(),
-                )
-            });
+            if !rows.contains_key(key) {
+                let line = Line {
+                    key: key.to_string(),
+                    ..Line::default()
+                };
+                rows.insert(key.to_string(), (line, usize::MAX));
+            }
+            let (line, last) = rows.get_mut(key).expect("just inserted");
             line.add(&g.usage, g.steps);
-            runs.insert(i);
+            if *last != i {
+                *last = i;
+                line.runs += 1;
+            }
         }
     }
-    let mut out: Vec<Line> = rows
-        .into_values()
-        .map(|(mut l, runs)| {
-            l.runs = runs.len() as u64;
-            l
-        })
-        .collect();
+    let mut out: Vec<Line> = rows.into_values().map(|(l, _)| l).collect();
     out.sort_by(|a, b| a.key.cmp(&b.key));
     (out, total)
 }
