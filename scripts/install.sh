@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
 # Build the cohort workspace once, in release mode, and install the four binaries into
-# PREFIX/bin (default ~/.local), with their man pages and shell completions under PREFIX/share.
+# PREFIX/bin (default ~/.local), with their man pages and shell completions under PREFIX/share,
+# and the Pi skill that teaches a Pi session to delegate with cohort into the profile's skills
+# directory ($PI_CODING_AGENT_DIR/skills/cohort/, default ~/.pi/agent/skills/cohort/).
 # Four `cargo install --path` commands would compile every dependency four times.
 #
-#   scripts/install.sh              # ~/.local/bin/cohort-{spawn,runner,status,reap}
+#   scripts/install.sh              # ~/.local/bin/cohort-{spawn,runner,status,reap}, the skill
 #   scripts/install.sh /usr/local   # as root
+#   scripts/install.sh --no-skill   # the programs only
 #
 # cohort-spawn starts cohort-runner from its own directory, so the four stay side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PREFIX=${1:-$HOME/.local}
-case $PREFIX in
-  -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  -*) echo "install.sh: unknown option $PREFIX (usage: scripts/install.sh [PREFIX])" >&2; exit 2 ;;
-esac
+PREFIX=
+SKILL=1
+for arg in "$@"; do
+  case $arg in
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --no-skill) SKILL=0 ;;
+    -*) echo "install.sh: unknown option $arg (usage: scripts/install.sh [--no-skill] [PREFIX])" >&2; exit 2 ;;
+    *)
+      [ -z "$PREFIX" ] || { echo "install.sh: one PREFIX only (usage: scripts/install.sh [--no-skill] [PREFIX])" >&2; exit 2; }
+      PREFIX=$arg ;;
+  esac
+done
+PREFIX=${PREFIX:-$HOME/.local}
 command -v cargo >/dev/null || { echo "install.sh: cargo is required (https://rustup.rs)" >&2; exit 2; }
 
 BINS=(cohort-spawn cohort-runner cohort-status cohort-reap)
@@ -45,6 +56,14 @@ for b in cohort-spawn cohort-status cohort-reap; do
   "$PREFIX/bin/$b" --generate complete-fish > "$FISH_DIR/$b.fish"
 done
 echo "man pages in $MAN; completions in $BASH_DIR, $ZSH_DIR, $FISH_DIR" >&2
+if [ "$SKILL" = 1 ]; then
+  # Pi finds user skills in the profile's skills/ directory, a skill per directory named as
+  # its `name`.
+  SKILL_DIR="${PI_CODING_AGENT_DIR:-$HOME/.pi/agent}/skills/cohort"
+  install -d "$SKILL_DIR"
+  install -m 0644 skills/cohort/SKILL.md "$SKILL_DIR/SKILL.md"
+  echo "Pi skill in $SKILL_DIR/SKILL.md (--no-skill leaves it out)" >&2
+fi
 case ":$PATH:" in
   *":$PREFIX/bin:"*) ;;
   *) echo "note: $PREFIX/bin is not on PATH; add it (export PATH=\"$PREFIX/bin:\$PATH\")" >&2 ;;

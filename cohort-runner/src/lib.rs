@@ -22,6 +22,7 @@
 //! - [`structured`]: a step's `outputSchema`: parsing its answer as JSON and validating it;
 //! - [`worktree`]: the git worktrees of a `worktree: true` group, made before its members start;
 //! - [`stream`]: reading a Pi child's `--mode json` event stream in bounded memory;
+//! - [`pricing`]: what an assistant message cost (Pi's figure, else `models.json` prices);
 //! - [`hook`]: the on-exit hook, run once after the terminal record is durable;
 //! - [`sweep`]: finding and ending the processes a step left behind;
 //! - [`session`]: locking the session files a step writes;
@@ -43,6 +44,7 @@ pub mod hook;
 pub mod launch;
 pub mod line_budget;
 pub mod nested;
+pub mod pricing;
 pub mod process;
 pub mod readers;
 pub mod reserve;

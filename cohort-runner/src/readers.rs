@@ -20,6 +20,7 @@ use cohort_common::error::Result;
 use cohort_common::format::record::{RecentTool, StepRecord, Usage};
 use cohort_common::os::files;
 
+use crate::pricing::PriceBook;
 use crate::step::StderrDigest;
 use crate::stream::{preview, Notice, StreamParser, StreamSummary};
 use crate::writer::WRITE_INTERVAL;
@@ -288,17 +289,18 @@ impl StdoutState {
 /// Start the thread that reads a step's Pi stdout to its end, writing `log` and the step's
 /// final text at `final_path` (empty when Pi said nothing), and calling `report` with progress
 /// (streamed text at most every [`WRITE_INTERVAL`]; every other notice at once) and, last, the
-/// stream's end.
+/// stream's end. A message Pi gave no cost for is priced from `prices`.
 ///
 /// Errors: the thread cannot be created (the process limit); nothing was started then.
 pub fn spawn_stdout_reader(
     stdout: ChildStdout,
     log: Arc<Mutex<OutputLog>>,
     final_path: PathBuf,
+    prices: PriceBook,
     report: impl Fn(Report) + Send + 'static,
 ) -> std::io::Result<()> {
     std::thread::Builder::new().spawn(move || {
-        let mut parser = StreamParser::with_budget(&crate::line_budget::RUN);
+        let mut parser = StreamParser::with_prices(prices).with_budget(&crate::line_budget::RUN);
         let mut reader = BufReader::with_capacity(256 << 10, stdout);
         let mut state = StdoutState {
             log,

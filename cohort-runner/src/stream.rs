@@ -27,6 +27,7 @@ use serde_json::Value;
 use cohort_common::format::record::Usage;
 
 use crate::line_budget::{LineBudget, FREE_PER_LINE};
+use crate::pricing::{self, PriceBook, Tokens};
 
 /// Kept lines longer than this are discarded (counted in [`StreamSummary::oversized_lines`]);
 /// so is one that would take the run's line budget past its bound ([`crate::line_budget`]).
@@ -125,7 +126,7 @@ struct Message<'a> {
     #[serde(default, borrow)]
     content: Option<&'a RawValue>,
     #[serde(default)]
-    usage: Option<Usage>,
+    usage: Option<PiUsage>,
     #[serde(default)]
     stop_reason: Option<String>,
     #[serde(default)]
@@ -134,6 +135,26 @@ struct Message<'a> {
     model: Option<String>,
     #[serde(default)]
     provider: Option<String>,
+}
+
+/// An assistant message's `usage` as Pi prints it: token counts and `cost` (dollars).
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct PiUsage {
+    input: u64,
+    output: u64,
+    cache_read: u64,
+    cache_write: u64,
+    #[serde(rename = "cacheWrite1h")]
+    cache_write_1h: u64,
+    total_tokens: u64,
+    cost: Option<PiCost>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PiCost {
+    total: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -224,15 +245,27 @@ pub struct StreamParser {
     /// The budget its line buffer takes from beyond [`FREE_PER_LINE`]; none: only the per-line
     /// cap bounds it.
     budget: Option<&'static LineBudget>,
+    /// The model prices a message's cost falls back on ([`crate::pricing`]); none by default.
+    pub prices: PriceBook,
 }
 
 impl StreamParser {
-    /// A parser whose line buffer takes what it holds beyond [`FREE_PER_LINE`] from `budget`
-    /// (the runner's: [`crate::line_budget::RUN`]).
-    pub fn with_budget(budget: &'static LineBudget) -> StreamParser {
+    /// A parser pricing messages Pi gave no cost for from `prices`, its line buffer bounded only
+    /// by the per-line cap.
+    pub fn with_prices(prices: PriceBook) -> StreamParser {
         StreamParser {
             summary: StreamSummary::default(),
+            budget: None,
+            prices,
+        }
+    }
+
+    /// This parser with its line buffer taking what it holds beyond [`FREE_PER_LINE`] from
+    /// `budget` (the runner's: [`crate::line_budget::RUN`]).
+    pub fn with_budget(self, budget: &'static LineBudget) -> StreamParser {
+        StreamParser {
             budget: Some(budget),
+            ..self
         }
     }
 
@@ -320,10 +353,11 @@ impl StreamParser {
                     return None;
                 }
                 let text = m.content.map(text_of_raw).unwrap_or_default();
-                let s = &mut self.summary;
                 if let Some(u) = &m.usage {
-                    s.usage.add(u);
+                    let usage = self.priced(u, m.provider.as_deref(), m.model.as_deref());
+                    self.summary.usage.add(&usage);
                 }
+                let s = &mut self.summary;
                 if let Some(model) = &m.model {
                     s.model = Some(match &m.provider {
                         Some(p) => format!("{p}/{model}"),
@@ -372,6 +406,33 @@ impl StreamParser {
                 None
             }
             _ => None,
+        }
+    }
+}
+
+impl StreamParser {
+    /// A message's usage for the record, its cost decided by [`pricing::decide`].
+    fn priced(&mut self, u: &PiUsage, provider: Option<&str>, model: Option<&str>) -> Usage {
+        let tokens = Tokens {
+            input: u.input,
+            output: u.output,
+            cache_read: u.cache_read,
+            cache_write: u.cache_write,
+            cache_write_1h: u.cache_write_1h,
+            total: u.total_tokens,
+        };
+        let prices = &mut self.prices;
+        let cost = pricing::decide(&tokens, u.cost.as_ref().and_then(|c| c.total), || {
+            prices.get(provider?, model?)
+        });
+        Usage {
+            input: u.input,
+            output: u.output,
+            cache_read: u.cache_read,
+            cache_write: u.cache_write,
+            total_tokens: u.total_tokens,
+            cost: cost.map(|(c, _)| c),
+            cost_source: cost.and_then(|(_, s)| s),
         }
     }
 }
@@ -640,6 +701,7 @@ pub fn text_delta(head: &[u8]) -> Option<Cow<'_, str>> {
 mod tests {
     use super::*;
     use crate::step::{decide_step, ChildExit, StepVerdict};
+    use cohort_common::format::cost::CostSource;
 
     /// Parse with the given chunk size; returns the summary, the notices (owned) and the final
     /// text.
@@ -811,6 +873,44 @@ mod tests {
         assert_eq!(preview("a\nb", 10), "a ⏎ b");
         assert_eq!(preview(&"x".repeat(1000), 5), "xxxx…");
         assert_eq!(preview("ééééééé", 3), "éé…");
+    }
+
+    #[test]
+    fn message_costs_come_from_pi_else_the_profiles_prices() {
+        let end = |usage: &str| {
+            format!(
+                r#"{{"type":"message_end","message":{{"role":"assistant","content":[],"provider":"fake","model":"metered","usage":{usage},"stopReason":"stop"}}}}"#
+            )
+        };
+        let with_cost = end(
+            r#"{"input":11,"output":7,"cacheRead":0,"cacheWrite":0,"totalTokens":18,"cost":{"input":0.1,"output":0.2,"cacheRead":0,"cacheWrite":0,"total":0.3}}"#,
+        );
+        let zero_cost = end(
+            r#"{"input":1000,"output":0,"cacheRead":0,"cacheWrite":0,"totalTokens":1000,"cost":{"total":0}}"#,
+        );
+        // Pi's figures add up.
+        let mut p = StreamParser::default();
+        p.parse_line(with_cost.as_bytes());
+        p.parse_line(with_cost.as_bytes());
+        assert_eq!(p.summary.usage.total_tokens, 36);
+        assert!((p.summary.usage.cost.unwrap() - 0.6).abs() < 1e-12);
+        assert_eq!(p.summary.usage.cost_source, Some(CostSource::Pi));
+        // A zero from Pi with no prices in the profile: unknown, and the sum with it too.
+        p.parse_line(zero_cost.as_bytes());
+        assert_eq!(p.summary.usage.cost, None);
+        // The same zero with prices in the profile's models.json: priced from them.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("models.json"),
+            r#"{"providers":{"fake":{"models":[{"id":"metered","cost":{"input":3,"output":15,"cacheRead":0.3,"cacheWrite":3.75}}]}}}"#,
+        )
+        .unwrap();
+        let mut p = StreamParser::with_prices(PriceBook::of_profile(dir.path()));
+        p.parse_line(zero_cost.as_bytes());
+        assert_eq!(p.summary.usage.cost, Some(3.0 / 1e6 * 1000.0));
+        assert_eq!(p.summary.usage.cost_source, Some(CostSource::Prices));
+        p.parse_line(with_cost.as_bytes());
+        assert_eq!(p.summary.usage.cost_source, Some(CostSource::Mixed));
     }
 
     #[test]

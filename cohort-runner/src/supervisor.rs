@@ -45,6 +45,7 @@ use crate::chain::{self, Handoff};
 use crate::hook;
 use crate::launch::{self, Launch};
 use crate::nested::NestedRuns;
+use crate::pricing::PriceBook;
 use crate::process::own_rusage;
 use crate::readers::{self, Report};
 use crate::session;
@@ -852,6 +853,7 @@ impl Supervisor {
             child.stdout,
             log.clone(),
             self.dir.final_text(i),
+            PriceBook::of_profile(&self.spec.profile_dir),
             move |r| {
                 let _ = tx.send(Msg::Stream(i, r));
             },

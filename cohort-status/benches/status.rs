@@ -13,7 +13,10 @@
 //! - the default listing (`cohort-status`), median of 9;
 //! - `cohort-status --state running`, median of 9;
 //! - the full listing `cohort-status --json --limit 0`, median of 5;
-//! - the floor: `cat` of every `status.json` (`xargs -0 cat`), median of 5, in the same run.
+//! - the floor: `cat` of every `status.json` (`xargs -0 cat`), median of 5, in the same run;
+//! - the first `cohort-status --usage --by model`, which reads every record once and writes
+//!   the index's usage ledger, then the same from the ledger, median of 9 (the ratio to the
+//!   default listing is `usage/list`).
 //!
 //! Output goes to `/dev/null` for both the listing and `cat`. Files are in the page cache for
 //! both (they were just written). The runs directory is given an mtime a minute old, as it is in
@@ -39,7 +42,7 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
     println!(
-        "{:>8}  {:>10}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8}  {:>9}  {:>9}",
+        "{:>8}  {:>10}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8}  {:>9}  {:>11}  {:>9}  {:>10}  {:>9}",
         "runs",
         "first(ms)",
         "list(ms)",
@@ -48,6 +51,9 @@ fn main() {
         "cat(ms)",
         "json/cat",
         "list/list1k",
+        "usage1(ms)",
+        "usage(ms)",
+        "usage/list",
         "gen(s)"
     );
     let mut first_list = None;
@@ -78,9 +84,12 @@ fn main() {
                 .arg(&list_file);
             c
         });
+        let usage_args = ["--usage", "--by", "model"];
+        let usage_first = time_once(|| status_cmd(&profile, &usage_args));
+        let usage = median(9, || status_cmd(&profile, &usage_args));
         let base_list = *first_list.get_or_insert(list);
         println!(
-            "{:>8}  {:>10.1}  {:>9.1}  {:>10.1}  {:>9.1}  {:>9.1}  {:>8.2}  {:>11.2}  {:>9.1}",
+            "{:>8}  {:>10.1}  {:>9.1}  {:>10.1}  {:>9.1}  {:>9.1}  {:>8.2}  {:>11.2}  {:>11.1}  {:>9.1}  {:>10.2}  {:>9.1}",
             n,
             ms(first),
             ms(list),
@@ -89,6 +98,9 @@ fn main() {
             ms(cat),
             ms(full) / ms(cat),
             ms(list) / ms(base_list),
+            ms(usage_first),
+            ms(usage),
+            ms(usage) / ms(list),
             gen.as_secs_f64()
         );
     }

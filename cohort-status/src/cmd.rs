@@ -87,6 +87,14 @@ pub struct Args {
     /// disk use.
     #[arg(long, conflicts_with_all = ["wait", "output", "pid"])]
     doctor: bool,
+    /// Sum the tokens and cost of every run tree (nested runs included) in one table; with
+    /// --since, of the trees started within that long. A cost Pi did not report and the
+    /// profile's models.json cannot price shows as unknown.
+    #[arg(long, conflicts_with_all = ["wait", "output", "pid", "check", "doctor", "follow"])]
+    usage: bool,
+    /// With --usage: one row per agent, model, day (UTC) or top-level run.
+    #[arg(long, value_enum, requires = "usage")]
+    by: Option<crate::usage::By>,
     #[command(flatten)]
     generate: cli::GenerateArg,
 }
@@ -128,6 +136,10 @@ pub const MAN: cli::ManPage = cli::ManPage {
             "From cron: mail me when a run failed or is stuck.",
         ),
         (
+            "cohort-status --usage --by model --since 7d",
+            "Tokens and cost of the last week's run trees, by model.",
+        ),
+        (
             "cohort-status --doctor",
             "The runtime, state root, counts and disk use.",
         ),
@@ -161,6 +173,8 @@ pub enum Mode<'a> {
     Doctor,
     /// `--watch [RUN]`: the table, or one run's view, redrawn as runs change.
     Watch(&'a [String]),
+    /// `--usage`: tokens and cost summed across runs.
+    Usage,
     /// `--follow RUN`: stream one run's output logs.
     Follow(&'a [String]),
     /// `--wait RUN…`: block until the runs end.
@@ -177,7 +191,8 @@ pub enum Mode<'a> {
 
 impl<'a> Mode<'a> {
     /// The mode `args` asks for (pure). clap refuses most combinations; of the ones it lets
-    /// through, the first in this order wins: generate, check, doctor, watch, follow, wait, output,
+    /// through, the first in this order wins: generate, check, doctor, watch, usage, follow, wait,
+    /// output,
     /// pid, then show when runs are named, else list.
     pub fn of(args: &'a Args) -> Mode<'a> {
         let ids = args.ids.as_slice();
@@ -189,6 +204,8 @@ impl<'a> Mode<'a> {
             Mode::Doctor
         } else if args.watch {
             Mode::Watch(ids)
+        } else if args.usage {
+            Mode::Usage
         } else if args.follow {
             Mode::Follow(ids)
         } else if args.wait {
@@ -215,6 +232,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         Mode::Check => check(&every_run_root(&args)?, &args),
         Mode::Doctor => doctor(&every_run_root(&args)?, args.json),
         Mode::Watch(ids) => watch(&root_of_env()?, ids, &args),
+        Mode::Usage => usage_ledger(&every_run_root(&args)?, &args),
         Mode::Follow(ids) => follow(&root_of_env()?, ids),
         Mode::Wait(ids) => wait(&root_of_env()?, ids, args.timeout),
         Mode::Output(ids) => output(&root_of_env()?, ids, args.step),
@@ -229,7 +247,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
 fn every_run_root(args: &Args) -> anyhow::Result<StateRoot> {
     if !args.ids.is_empty() {
         anyhow::bail!(cohort_cli::usage_error(
-            "--check and --doctor look at every run; they take no run ids"
+            "--check, --doctor and --usage look at every run; they take no run ids"
         ));
     }
     Ok(root_of_env()?)
@@ -332,12 +350,9 @@ fn show(root: &StateRoot, ids: &[String], json: bool) -> anyhow::Result<u8> {
             .with_context(|| format!("cannot read run {}", found.id))?;
         if json {
             let children = listing::descendants(root, &obs.record)?;
-            let worktrees = |line| crate::worktrees::add_to_json_line(line, &obs.record);
-            let mut text = worktrees(render::json_line(&Row::new(
-                found.id.clone(),
-                found.origin.clone(),
-                Ok(obs.clone()),
-            )));
+            let row = Row::new(found.id.clone(), found.origin.clone(), Ok(obs.clone()));
+            let mut text = crate::worktrees::add_to_json_line(render::json_line(&row), &obs.record);
+            text = crate::usage::with_totals(&text, &obs.record, &children);
             text.push('\n');
             for c in &children {
                 text.push_str(&render::json_line(c));
@@ -346,15 +361,35 @@ fn show(root: &StateRoot, ids: &[String], json: bool) -> anyhow::Result<u8> {
             cli::out(&text)?;
         } else {
             let children = listing::descendants(root, &obs.record)?;
-            cli::out(&crate::view::show(
+            let mut text = crate::view::show(
                 &found.dir,
                 &found.origin,
                 &obs,
                 &children,
                 &crate::worktrees::section(&obs.record),
                 &session_on_disk,
-            ))?;
+            );
+            text.push_str(&crate::usage::show_section(&obs.record, &children));
+            cli::out(&text)?;
         }
+    }
+    Ok(exit::SUCCESS)
+}
+
+/// `--usage`: the ledger of tokens and cost summed across run trees, grouped `--by`.
+fn usage_ledger(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
+    let trees = crate::usage::collect(root, args.since)?;
+    let (rows, total) = crate::usage::lines(trees.iter(), args.by);
+    if trees.unreadable > 0 {
+        eprintln!(
+            "cohort-status: {} run(s) could not be read and are not counted",
+            trees.unreadable
+        );
+    }
+    if args.json {
+        cli::out(&crate::usage::json_lines(&rows, &total, args.by))?;
+    } else {
+        cli::out(&crate::usage::table(&rows, &total, args.by))?;
     }
     Ok(exit::SUCCESS)
 }
@@ -502,6 +537,7 @@ mod tests {
             (&["--json", "a"][..], r#"Show(["a"])"#),
             (&["--check"][..], "Check"),
             (&["--doctor", "--json"][..], "Doctor"),
+            (&["--usage", "--by", "model", "--since", "3d"][..], "Usage"),
             (&["--follow", "a"][..], r#"Follow(["a"])"#),
             (&["--output", "--step", "1", "a"][..], r#"Output(["a"])"#),
             (&["--pid", "a", "b"][..], r#"Pid(["a", "b"])"#),

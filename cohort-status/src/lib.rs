@@ -12,6 +12,8 @@
 //! - [`worktrees`]: the worktrees of a run in its single view, with whether they hold work;
 //! - [`check`]: the cron check;
 //! - [`doctor`]: the installation report;
+//! - [`usage`]: `--usage`, tokens and cost summed across run trees, and the single view's
+//!   usage lines;
 //! - [`backends`]: the doctor's backend section (every backend's probe);
 //! - [`limits`]: the doctor's limits section (the open-files limit Pi inherits);
 //! - [`containment`]: the doctor's containment section (a cgroup per run, or why not);
@@ -35,6 +37,7 @@ pub mod listing;
 pub mod live;
 pub mod logind;
 pub mod render;
+pub mod usage;
 pub mod view;
 pub mod watch;
 pub mod worktrees;

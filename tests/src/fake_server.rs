@@ -14,6 +14,8 @@
 //! | `partial` | streams `PARTIAL ANSWER` and ends with `finish_reason` `overloaded` (Pi records a model error after text: an answer cut short) |
 //! | `slow` | streams `tick ` every 200 ms for 60 s |
 //! | `say` | replies with the text after the first `SAY:` in the last user message, up to a line `---` (where cohort's handoff instructions start) or its end, trimmed (`SAY:` absent: the whole message) |
+//! | `metered` | replies as `plain`, reporting 1000 prompt tokens of which 300 were cached, and 200 completion tokens; the profile gives it prices ([`METERED_PRICES`]) |
+//! | `delegate` | delegates as the `cohort` skill teaches: first `read`s the skill's file, from the `<location>` of the skill named `cohort` in the system prompt (no such skill: replies `NO COHORT SKILL`); then runs with `bash` the skill's first `cohort-spawn --wait "TASK"` line, `TASK` replaced by the text after `DELEGATE:` in the user's message (no such line: replies `NO WAIT EXAMPLE`); then replies `DELEGATED: <bash output>` |
 //! | `big` | replies with 10 MiB of text in 1 MiB chunks (Pi 0.73.1 on Node 20 dies with ENOBUFS writing much larger lines to a pipe) |
 //!
 //! Every request is appended to the request log (JSON Lines: `ts`, `model`, `messages` (the
@@ -30,8 +32,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 /// The model ids the server knows.
-pub const MODELS: [&str; 9] = [
+pub const MODELS: [&str; 11] = [
     "plain",
+    "metered",
+    "delegate",
     "tool",
     "err400",
     "err500",
@@ -41,6 +45,10 @@ pub const MODELS: [&str; 9] = [
     "partial",
     "say",
 ];
+
+/// The prices `models.json` gives model `metered`: dollars per million input, output,
+/// cache-read and cache-write tokens. No other model has prices.
+pub const METERED_PRICES: [f64; 4] = [3.0, 15.0, 0.3, 3.75];
 
 /// A running server.
 pub struct FakeServer {
@@ -109,7 +117,16 @@ impl FakeServer {
 /// a Pi profile dir.
 pub fn write_pi_profile(agent_dir: &Path, server: &FakeServer) -> std::io::Result<()> {
     std::fs::create_dir_all(agent_dir)?;
-    let models: Vec<Value> = MODELS.iter().map(|m| json!({"id": m})).collect();
+    let [input, output, cache_read, cache_write] = METERED_PRICES;
+    let models: Vec<Value> = MODELS
+        .iter()
+        .map(|&m| match m {
+            "metered" => json!({"id": m, "cost": {
+                "input": input, "output": output, "cacheRead": cache_read, "cacheWrite": cache_write,
+            }}),
+            _ => json!({"id": m}),
+        })
+        .collect();
     std::fs::write(
         agent_dir.join("models.json"),
         json!({"providers": {"fake": {
@@ -208,10 +225,15 @@ fn chunk(
 }
 
 fn finish(out: &mut TcpStream, model: &str, reason: &str) -> std::io::Result<()> {
+    let usage = match model {
+        "metered" => json!({"prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200,
+            "prompt_tokens_details": {"cached_tokens": 300}}),
+        _ => json!({"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}),
+    };
     let c = json!({
         "id": "fake", "object": "chat.completion.chunk", "created": 1, "model": model,
         "choices": [{"index": 0, "delta": {}, "finish_reason": reason}],
-        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+        "usage": usage,
     });
     write!(out, "data: {c}\n\ndata: [DONE]\n\n")?;
     out.flush()
@@ -316,8 +338,76 @@ fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()>
             finish(out, model, "overloaded")
         }
         "say" => reply(out, model, say_text(&last_user)),
+        "delegate" => delegate(out, model, &messages, &last_user),
         _ => reply(out, model, &format!("ECHO: {last_user}")),
     }
+}
+
+/// One tool call of `name` with `args`, then `tool_calls`.
+fn tool_call(out: &mut TcpStream, model: &str, name: &str, args: Value) -> std::io::Result<()> {
+    chunk(
+        out,
+        model,
+        json!({"role": "assistant", "tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": name, "arguments": args.to_string()}}]}),
+        None,
+    )?;
+    finish(out, model, "tool_calls")
+}
+
+/// Model `delegate`'s turn, from the tool results so far (see the module's table).
+fn delegate(
+    out: &mut TcpStream,
+    model: &str,
+    messages: &[Value],
+    last_user: &str,
+) -> std::io::Result<()> {
+    let tool_results: Vec<String> = messages
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(message_text)
+        .collect();
+    match tool_results.as_slice() {
+        [] => {
+            let system = messages.first().map(message_text).unwrap_or_default();
+            match skill_location(&system, "cohort") {
+                Some(path) => tool_call(out, model, "read", json!({"path": path})),
+                None => reply(out, model, "NO COHORT SKILL"),
+            }
+        }
+        [skill] => {
+            let task = last_user
+                .split_once("DELEGATE:")
+                .map_or("", |(_, t)| t.trim());
+            match wait_example(skill) {
+                Some(line) => {
+                    let command = line.replacen("TASK", task, 1);
+                    tool_call(out, model, "bash", json!({"command": command}))
+                }
+                None => reply(out, model, "NO WAIT EXAMPLE"),
+            }
+        }
+        [.., answer] => reply(out, model, &format!("DELEGATED: {}", answer.trim())),
+    }
+}
+
+/// The `<location>` of the skill named `name` in a system prompt's `<available_skills>`.
+pub fn skill_location(system: &str, name: &str) -> Option<String> {
+    let at = system.find(&format!("<name>{name}</name>"))?;
+    let rest = &system[at..];
+    let end = rest.find("</skill>")?;
+    let (_, loc) = rest[..end].split_once("<location>")?;
+    let (loc, _) = loc.split_once("</location>")?;
+    Some(loc.trim().to_string())
+}
+
+/// The first `cohort-spawn --wait "TASK"` command in a skill's text (up to the line's end, a
+/// closing backtick or a `#` comment).
+pub fn wait_example(skill: &str) -> Option<String> {
+    let at = skill.find("cohort-spawn --wait \"TASK\"")?;
+    let line = skill[at..].lines().next()?;
+    let line = line.split('`').next().unwrap_or(line);
+    let line = line.split(" #").next().unwrap_or(line);
+    Some(line.trim_end().to_string())
 }
 
 /// What model `say` answers to `message`: the text after the first `SAY:`, up to a line `---`

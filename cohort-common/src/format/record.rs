@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::{self, Handle};
 use crate::error::{Error, Result};
+use crate::format::cost::{self, CostSource};
 use crate::format::id::RunId;
 use crate::identity::runtime::Runtime;
 use crate::os::files;
@@ -215,8 +216,8 @@ impl StepStatus {
     }
 }
 
-/// Token usage summed over a step's assistant messages (Pi's `usage` object).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Token usage summed over a step's assistant messages (Pi's `usage` object), and what it cost.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Usage {
     /// Input (prompt) tokens.
@@ -229,16 +230,43 @@ pub struct Usage {
     pub cache_write: u64,
     /// Total tokens as Pi reports them.
     pub total_tokens: u64,
+    /// What the tokens cost, US dollars, when it is known for every message counted; absent
+    /// when it is not (read it through [`Usage::known_cost`]: no tokens cost nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+    /// Where `cost` comes from; absent when no tokens were priced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_source: Option<CostSource>,
 }
 
 impl Usage {
-    /// Add another message's usage.
+    /// Whether any token was counted.
+    pub fn has_tokens(&self) -> bool {
+        self.input + self.output + self.cache_read + self.cache_write + self.total_tokens > 0
+    }
+
+    /// The cost in US dollars: `cost` when it is recorded, 0 when no token was counted, else
+    /// `None` (unknown).
+    pub fn known_cost(&self) -> Option<f64> {
+        self.cost.or((!self.has_tokens()).then_some(0.0))
+    }
+
+    fn cost_part(&self) -> cost::Part {
+        let source = self.cost_source.filter(|_| self.has_tokens());
+        self.known_cost().map(|c| (c, source))
+    }
+
+    /// Add another message's, step's or run's usage: tokens add up, and the cost stays known
+    /// only while both are ([`cost::sum`]).
     pub fn add(&mut self, other: &Usage) {
+        let part = cost::sum(self.cost_part(), other.cost_part());
         self.input += other.input;
         self.output += other.output;
         self.cache_read += other.cache_read;
         self.cache_write += other.cache_write;
         self.total_tokens += other.total_tokens;
+        self.cost = part.map(|(c, _)| c);
+        self.cost_source = part.and_then(|(_, s)| s);
     }
 }
 
@@ -591,6 +619,16 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
+    /// The run's usage: its steps' usage added up ([`Usage::add`]; the cost is unknown when
+    /// one step's is).
+    pub fn usage(&self) -> Usage {
+        let mut total = Usage::default();
+        for s in &self.steps {
+            total.add(&s.usage);
+        }
+        total
+    }
+
     /// A fresh `queued` native record for `run_id`, stamped now (format version 1; see
     /// [`RunRecord::set_backend`]).
     pub fn queued(run_id: &RunId, mode: RunMode) -> Self {
@@ -803,6 +841,46 @@ pub fn store_measured(path: &Path, record: &RunRecord) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_costs_what_its_steps_cost_while_every_one_is_known() {
+        let id: RunId = "01a22a44-9e62-7266-ab9d-e5b500ee829c".parse().unwrap();
+        let mut r = RunRecord::queued(&id, RunMode::Chain);
+        let step = |tokens: u64, cost: Option<f64>, source: Option<CostSource>| StepRecord {
+            usage: Usage {
+                input: tokens,
+                total_tokens: tokens,
+                cost,
+                cost_source: source,
+                ..Usage::default()
+            },
+            ..StepRecord::default()
+        };
+        r.steps = vec![
+            step(10, Some(0.5), Some(CostSource::Pi)),
+            step(0, None, None),
+            step(5, Some(0.25), Some(CostSource::Prices)),
+        ];
+        let u = r.usage();
+        assert_eq!((u.input, u.total_tokens), (15, 15));
+        assert_eq!(u.known_cost(), Some(0.75));
+        assert_eq!(u.cost_source, Some(CostSource::Mixed));
+        r.steps.push(step(3, None, None));
+        let u = r.usage();
+        assert_eq!(
+            (u.total_tokens, u.known_cost(), u.cost_source),
+            (18, None, None)
+        );
+        // Stored without the cost fields when unknown; old records read as unknown.
+        let json = serde_json::to_string(&u).unwrap();
+        assert!(!json.contains("cost"), "{json}");
+        let old: Usage = serde_json::from_str(r#"{"input":3,"totalTokens":3}"#).unwrap();
+        assert_eq!(old.known_cost(), None);
+        assert_eq!(
+            RunRecord::queued(&id, RunMode::Single).usage().known_cost(),
+            Some(0.0)
+        );
+    }
 
     #[test]
     fn ages_and_durations_follow_the_boot_clock_through_a_wall_clock_step() {

@@ -4,7 +4,7 @@
 //! names of `R/async-subagent-runs/` sort by creation and "the newest N runs" are the last N
 //! names. What costs time at 100,000 runs is listing the directory at all (`readdir` of 100,000
 //! entries is tens of ms) and reading records that will not be shown. The index removes both from
-//! the common path. It lives in `R/.status-index/` (0700, files 0600) and holds three files:
+//! the common path. It lives in `R/.status-index/` (0700, files 0600) and holds these files:
 //!
 //! - `names`: the sorted entry names of the runs directory with their kinds, under a header
 //!   holding the directory's mtime (s, ns) when it was listed. A name list is current exactly
@@ -32,6 +32,8 @@
 //!   mtime: about a millisecond, longer if that spawn is stopped there) or in the clock tick
 //!   after it is found by the full listing once the directory is no longer racy. A trusted
 //!   rebuild empties the journal.
+//! - `usage`: the usage ledger of closed run trees, for `cohort-status --usage`; its own
+//!   module, [`crate::store::ledger`], reads and writes it.
 //!
 //! Invariant: every name in `names` is in exactly one of `terminal`, `a`, `e`. A rebuild
 //! ([`View::open`] when the files are missing, stale, racy or unparsable) lists the directory,
