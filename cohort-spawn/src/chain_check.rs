@@ -66,10 +66,10 @@ pub fn check(steps: &[ChainStep]) -> Result<(), (usize, String)> {
                     return Err(format!("label {l:?} has a line break"));
                 }
             }
-            if t.output_mode == Some(OutputMode::FileOnly)
-                && !matches!(t.output, Some(Setting::Value(_)))
-            {
-                return Err("`outputMode: file-only` needs an `output` file for the answer".into());
+            // A step that runs an agent may take its file from the agent's `output`: checked
+            // once the agent is resolved ([`file_only_has_a_file`]).
+            if t.agent.is_none() {
+                file_only_has_a_file(t, None)?;
             }
             Ok(())
         };
@@ -215,6 +215,20 @@ fn template_words(text: &str, item: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `outputMode: file-only` needs a file for the answer (pure): the step's own `output`, else
+/// (unless the step says `output: false`) `agent_output`, its agent's `output` default.
+///
+/// Errors: a one-line reason for the step.
+pub fn file_only_has_a_file(t: &TaskSpec, agent_output: Option<&str>) -> Result<(), String> {
+    if t.output_mode != Some(OutputMode::FileOnly) {
+        return Ok(());
+    }
+    match (&t.output, agent_output) {
+        (Some(Setting::Value(_)), _) | (None, Some(_)) => Ok(()),
+        _ => Err("`outputMode: file-only` needs an `output` file for the answer (on the step, or the agent's `output`)".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +285,25 @@ mod tests {
         )
         .is_ok());
         assert!(err(r#"{"steps":[{"task":"a","label":"x\n## y"}]}"#).contains("line break"));
+    }
+
+    #[test]
+    fn a_file_only_step_may_take_its_file_from_its_agent_unless_it_turns_output_off() {
+        let task = |json: &str| -> TaskSpec { serde_json::from_str(json).unwrap() };
+        let bare = task(r#"{"task":"a","outputMode":"file-only"}"#);
+        assert!(file_only_has_a_file(&bare, None).is_err());
+        assert!(file_only_has_a_file(&bare, Some("o.md")).is_ok());
+        let off = task(r#"{"task":"a","outputMode":"file-only","output":false}"#);
+        assert!(file_only_has_a_file(&off, Some("o.md")).is_err());
+        let own = task(r#"{"task":"a","outputMode":"file-only","output":"p.md"}"#);
+        assert!(file_only_has_a_file(&own, None).is_ok());
+        assert!(file_only_has_a_file(&task(r#"{"task":"a"}"#), None).is_ok());
+        // A step naming an agent is checked once the agent is known, not at parse time.
+        assert!(parse_json(
+            r#"{"steps":[{"agent":"x","task":"a","outputMode":"file-only"}]}"#,
+            "f"
+        )
+        .is_ok());
     }
 
     fn fan(expand: &str, template: &str) -> String {

@@ -401,6 +401,9 @@ pub(super) fn resolve_agents(
                 t.session_file = None;
             }
             agents::apply(t, &spec);
+            crate::chain_check::file_only_has_a_file(t, spec.output.as_deref()).map_err(|e| {
+                cohort_common::Error::Usage(format!("the step running agent {name:?}: {e}"))
+            })?;
         }
     }
     Ok(())

@@ -142,3 +142,36 @@ fn a_handoff_path_that_leaves_the_chain_directory_is_refused_on_its_line() {
     );
     assert_eq!(env.run_count(), 0);
 }
+
+#[test]
+fn a_file_only_step_takes_its_file_from_the_agents_output_or_is_refused_without_one() {
+    let env = TestEnv::new();
+    agent(&env, "mapper", "model: fake/plain\noutput: context.md\n");
+    agent(&env, "talker", "model: fake/plain\n");
+    let chain = |agent: &str| {
+        let file = env.tmp.path().join(format!("{agent}.chain.json"));
+        std::fs::write(
+            &file,
+            format!(
+                r#"{{"chain":[{{"agent":"{agent}","task":"Map {{task}}","outputMode":"file-only"}}]}}"#
+            ),
+        )
+        .unwrap();
+        file
+    };
+    let with = chain("mapper");
+    let (id, rec) = run(&env, &["--chain-file", with.to_str().unwrap(), "auth"]);
+    let ctx = env.run_dir(&id).join("chain").join("context.md");
+    assert_eq!(rec["steps"][0]["outputPath"], ctx.to_str().unwrap());
+    assert!(std::fs::read_to_string(&ctx).unwrap().contains("Map auth"));
+
+    // Without a file on the step or the agent, spawn refuses before any run exists.
+    let before = env.run_count();
+    let without = chain("talker");
+    let out = env.spawn_raw(&["--chain-file", without.to_str().unwrap(), "auth"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("talker") && err.contains("file-only"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert_eq!(env.run_count(), before);
+}
