@@ -120,6 +120,15 @@ impl RunCgroup {
         &self.path
     }
 
+    /// Create the leaf for the on-exit hook (an existing one is fine) and return it.
+    ///
+    /// Errors: the `mkdir` fails.
+    pub fn hook_leaf(&self) -> cohort_common::error::Result<PathBuf> {
+        let leaf = self.path.join(cgroup::HOOK_LEAF);
+        cgroup::create(&leaf)?;
+        Ok(leaf)
+    }
+
     /// Create flat step `i`'s cgroup and its leaf (existing ones are fine: a later attempt of
     /// the step reuses them) and return the leaf.
     ///

@@ -37,7 +37,7 @@ use cohort_common::format::events::EventKind;
 use cohort_common::format::layout::{RunDir, PROFILE_ENV};
 use cohort_common::format::record::RunState;
 use cohort_common::format::spec::{LaunchSpec, DEFAULT_ON_EXIT_TIMEOUT_MS};
-use cohort_common::os::files;
+use cohort_common::os::{cgroup, files};
 
 use cohort_common::identity::procinfo;
 
@@ -177,16 +177,30 @@ pub fn run(hook: &Hook, leftovers: &StepTrack, event: &mut dyn FnMut(EventKind, 
         hook.command
     ));
     let started = Instant::now();
-    let spawned = Command::new("sh")
-        .arg("-c")
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
         .arg(SHELL_SCRIPT)
         .current_dir(hook.cwd)
         .envs(hook_env(hook))
         .stdin(Stdio::null())
         .stdout(log())
         .stderr(log())
-        .process_group(0)
-        .spawn();
+        .process_group(0);
+    let procs = leftovers.cgroup.as_deref().map(cgroup::open_procs);
+    match procs {
+        Some(Err(e)) => {
+            let error = format!("cannot place the on-exit hook in its cgroup: {e}");
+            crate::process::log(format_args!("{error}"));
+            event(
+                EventKind::HookFailed,
+                json!({"exitCode": null, "signal": null, "timedOut": false, "durationMs": 0, "error": error}),
+            );
+            return;
+        }
+        Some(Ok(file)) => crate::launch::born_in(&mut cmd, file),
+        None => {}
+    }
+    let spawned = cmd.spawn();
     let child = match spawned {
         Ok(c) => c,
         Err(e) => {

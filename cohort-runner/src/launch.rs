@@ -279,25 +279,38 @@ fn pi_command(
 /// the leaf before it executes, so Pi and everything it starts are born there; a child that
 /// cannot move does not start.
 fn end_with_runner(cmd: &mut Command, cgroup_procs: Option<File>) {
-    use std::os::fd::AsRawFd;
+    if let Some(procs) = cgroup_procs {
+        born_in(cmd, procs);
+    }
     let runner_pid = std::process::id();
-    let procs_fd = cgroup_procs.as_ref().map(|f| f.as_raw_fd());
-    // SAFETY: the closure runs in the forked child before exec. It only makes the
-    // async-signal-safe system calls prctl(2), getppid(2) and write(2) (of a constant "0",
-    // which moves the writer, to a descriptor the parent holds open until `spawn` returns:
-    // the `File` moves into the closure, which the `Command` keeps) and builds an io::Error
+    // SAFETY: the closure runs in the forked child before exec (after [`born_in`]'s). It only
+    // makes the async-signal-safe system calls prctl(2) and getppid(2) and builds an io::Error
     // from a raw errno, allocating nothing.
     unsafe {
         cmd.pre_exec(move || {
-            let _keep = &cgroup_procs;
-            if let Some(fd) = procs_fd {
-                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
             nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
             if nix::unistd::getppid().as_raw() as u32 != runner_pid {
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Make the child of `cmd` move itself into the cgroup whose `cgroup.procs` is `procs` (opened
+/// by the runner) before it executes, so it and everything it starts are born there; a child
+/// that cannot move does not start. A step's child ([`end_with_runner`]) and the on-exit hook.
+pub fn born_in(cmd: &mut Command, procs: File) {
+    use std::os::fd::AsRawFd;
+    let fd = procs.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and only makes write(2) (of a
+    // constant "0", which moves the writer) to a descriptor the `Command` keeps open (the
+    // `File` moves into the closure), then builds an io::Error from a raw errno.
+    unsafe {
+        cmd.pre_exec(move || {
+            let _keep = &procs;
+            if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });

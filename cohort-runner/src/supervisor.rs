@@ -391,9 +391,7 @@ impl Supervisor {
             return;
         }
         let events = &mut self.events;
-        let leftovers = self
-            .tracker
-            .sweep_track(hook::HOOK_STEP, Default::default());
+        let leftovers = self.tracker.hook_track();
         hook::run(&h, &leftovers, &mut |kind, fields| {
             let _ = events.append(kind, fields);
         });

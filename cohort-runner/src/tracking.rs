@@ -144,6 +144,26 @@ impl Tracker {
             .transpose()
     }
 
+    /// Who the on-exit hook's processes are, for the sweep after its shell has ended: with a
+    /// run cgroup, the members of the hook's own leaf (made now; `None` when it cannot be made,
+    /// and the hook then runs in the runner's leaf and is swept as the runner's orphans); else
+    /// the runner's orphans, as for step [`crate::hook::HOOK_STEP`].
+    pub fn hook_track(&self) -> StepTrack {
+        let leaf = self.cgroup.as_ref().and_then(|c| match c.hook_leaf() {
+            Ok(leaf) => Some(leaf),
+            Err(e) => {
+                crate::process::log(format_args!(
+                    "cannot make the on-exit hook's cgroup ({e}); its leftovers are swept from the process tree"
+                ));
+                None
+            }
+        });
+        StepTrack {
+            cgroup: leaf,
+            ..self.sweep_track(crate::hook::HOOK_STEP, Default::default())
+        }
+    }
+
     /// Beside the signal to step `i`'s process group, signal the members of its cgroup leaf
     /// (TERM each; KILL through `cgroup.kill`), when the run has a cgroup.
     pub fn signal_step(&self, i: usize, kill: bool) {

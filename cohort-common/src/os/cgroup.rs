@@ -42,6 +42,8 @@ pub const BASE_NAME: &str = "cohort";
 pub const RUNNER_LEAF: &str = "runner";
 /// The leaf of a step's cgroup that holds its Pi child and what that starts.
 pub const STEP_LEAF: &str = "pi";
+/// The leaf of a run's cgroup that holds its on-exit hook and what that starts.
+pub const HOOK_LEAF: &str = "hook";
 
 /// The name of flat step `i`'s cgroup inside its run's (`step-<i>`).
 pub fn step_name(i: usize) -> String {
@@ -530,11 +532,12 @@ pub fn step_index(p: &Path) -> Option<usize> {
         .ok()
 }
 
-/// The leaves of run cgroup `run` that hold the run's own processes: its `runner` leaf and each
-/// step's `pi` leaf, with the flat step of each (`None` for the runner's). Nested runs'
-/// cgroups (inside a step's) are not among them: they are their own runs'.
+/// The leaves of run cgroup `run` that hold the run's own processes: its `runner` and `hook`
+/// leaves and each step's `pi` leaf, with the flat step of each (`None` for the runner's and
+/// the hook's). Nested runs' cgroups (inside a step's) are not among them: they are their own
+/// runs'.
 pub fn own_leaves(run: &Path) -> Vec<(Option<usize>, PathBuf)> {
-    let mut out = vec![(None, run.join(RUNNER_LEAF))];
+    let mut out = vec![(None, run.join(RUNNER_LEAF)), (None, run.join(HOOK_LEAF))];
     for c in children(run) {
         if let Some(i) = step_index(&c) {
             out.push((Some(i), c.join(STEP_LEAF)));
