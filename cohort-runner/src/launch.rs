@@ -299,7 +299,7 @@ fn end_with_runner(cmd: &mut Command, cgroup_procs: Option<File>) {
 
 /// Make the child of `cmd` move itself into the cgroup whose `cgroup.procs` is `procs` (opened
 /// by the runner) before it executes, so it and everything it starts are born there; a child
-/// that cannot move does not start. A step's child ([`end_with_runner`]) and the on-exit hook.
+/// that cannot move does not start. Used for a step's Pi child and for the on-exit hook.
 pub fn born_in(cmd: &mut Command, procs: File) {
     use std::os::fd::AsRawFd;
     let fd = procs.as_raw_fd();
