@@ -66,9 +66,10 @@ pub fn check(steps: &[ChainStep]) -> Result<(), (usize, String)> {
                     return Err(format!("label {l:?} has a line break"));
                 }
             }
-            // A step that runs an agent may take its file from the agent's `output`: checked
-            // once the agent is resolved ([`file_only_has_a_file`]).
-            if t.agent.is_none() {
+            // A step that runs an agent may take its file from the agent's `output`: unless
+            // the step turns that off, checked once the agent is resolved
+            // ([`file_only_has_a_file`]).
+            if t.agent.is_none() || matches!(t.output, Some(Setting::Off)) {
                 file_only_has_a_file(t, None)?;
             }
             Ok(())
@@ -304,6 +305,11 @@ mod tests {
             "f"
         )
         .is_ok());
+        // ... unless it turns the agent's file off: then no agent can give it one.
+        assert!(err(
+            r#"{"steps":[{"agent":"x","task":"a","outputMode":"file-only","output":false}]}"#
+        )
+        .contains("needs an `output`"));
     }
 
     fn fan(expand: &str, template: &str) -> String {

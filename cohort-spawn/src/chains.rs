@@ -794,7 +794,7 @@ outputSchema: schemas/s.json\nskills: lint, fmt\ncwd: sub\ncount: 2\nlabel: w\n\
                 "step 0: {outputs.later} is produced only",
             ),
             (
-                "---\nname: x\n---\n## a\noutputMode: file-only\n",
+                "---\nname: x\n---\n## a\noutputMode: file-only\noutput: false\n",
                 4,
                 "needs an `output`",
             ),
