@@ -12,6 +12,7 @@
 //! - [`worktrees`]: the worktrees of a run in its single view, with whether they hold work;
 //! - [`check`]: the cron check;
 //! - [`doctor`]: the installation report;
+//! - [`ledger`]: the usage ledger in the listing index, each closed run tree's tokens and cost;
 //! - [`usage`]: `--usage`, tokens and cost summed across run trees, and the single view's
 //!   usage lines;
 //! - [`backends`]: the doctor's backend section (every backend's probe);
@@ -32,6 +33,7 @@ pub mod containment;
 pub mod doctor;
 pub use cohort_common::identity::engines;
 pub mod follow;
+pub mod ledger;
 pub mod limits;
 pub mod listing;
 pub mod live;

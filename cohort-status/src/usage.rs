@@ -3,7 +3,7 @@
 //!
 //! `--usage` sums the tokens and cost of every top-level run tree (a run and the nested runs
 //! started inside it) in one table, or JSON Lines. A closed tree's usage comes from the
-//! index's ledger ([`cohort_common::store::ledger`]), so 100,000 finished runs cost one read of
+//! index's ledger ([`crate::ledger`]), so 100,000 finished runs cost one read of
 //! one file; a tree still in progress, or not yet in the ledger, is read from its records
 //! (and, once closed, added to the ledger). A cost is known or `unknown`, never guessed: a
 //! row whose steps are partly unpriced shows the known part and says the rest is unknown.
@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::json;
 
+use crate::ledger::{self, Ledger, TreeUsage};
 use cohort_cli::table::{CellText, Column, Table};
 use cohort_cli::text::untrusted;
 use cohort_common::error::Result;
@@ -23,7 +24,6 @@ use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::{now_ms, RunRecord, Usage};
 use cohort_common::os::files::{self, Hidden};
 use cohort_common::store::discover;
-use cohort_common::store::ledger::{self, Ledger, TreeUsage};
 use cohort_common::store::observe;
 use cohort_common::store::scan::{Scan, Seen};
 
@@ -423,7 +423,7 @@ pub fn with_totals(line: &str, r: &RunRecord, children: &[Row]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cohort_common::store::ledger::Group;
+    use crate::ledger::Group;
 
     fn group(agent: Option<&str>, model: &str, tokens: u64, cost: Option<f64>) -> Group {
         Group {

@@ -32,8 +32,8 @@
 //!   mtime: about a millisecond, longer if that spawn is stopped there) or in the clock tick
 //!   after it is found by the full listing once the directory is no longer racy. A trusted
 //!   rebuild empties the journal.
-//! - `usage`: the usage ledger of closed run trees, for `cohort-status --usage`; its own
-//!   module, [`crate::store::ledger`], reads and writes it.
+//! - `usage`: the usage ledger of closed run trees, for `cohort-status --usage`; cohort-status's
+//!   `ledger` module reads and writes it.
 //!
 //! Invariant: every name in `names` is in exactly one of `terminal`, `a`, `e`. A rebuild
 //! ([`View::open`] when the files are missing, stale, racy or unparsable) lists the directory,

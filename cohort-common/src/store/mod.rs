@@ -4,7 +4,6 @@
 //! - [`observe`]: a run's record, its lock and the pure judgement of what to believe, with the
 //!   reconciliation of a run whose runner is gone;
 //! - [`index`]: the listing index of top-level runs (a cache, never the truth);
-//! - [`ledger`]: the index's usage ledger, each closed run tree's tokens and cost;
 //! - [`scan`]: walking many runs: observing them with the index kept up to date, or peeking
 //!   at which are live without judging them;
 //! - [`wait`]: blocking until runs end (a blocking lock, no polling);
@@ -21,7 +20,6 @@ pub mod answer;
 pub mod debris;
 pub mod discover;
 pub mod index;
-pub mod ledger;
 pub mod links;
 pub mod observe;
 pub mod scan;

@@ -24,10 +24,10 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
-use crate::format::layout::StateRoot;
-use crate::format::record::{RunRecord, Usage};
-use crate::os::files;
-use crate::store::index;
+use cohort_common::format::layout::StateRoot;
+use cohort_common::format::record::{RunRecord, Usage};
+use cohort_common::os::files;
+use cohort_common::store::index;
 
 const LEDGER_FILE: &str = "usage";
 const LEDGER_MAGIC: &str = "cohort-status-usage";
@@ -283,7 +283,7 @@ fn parse_line<'t>(line: &'t str, names: &mut Names<'t>) -> Option<(&'t str, Tree
     let (id, started, runs, count) = (it.next()?, it.next()?, it.next()?, it.next()?);
     let count: usize = count.parse().ok()?;
     let mut rest = [""; GROUP_FIELDS];
-    if !crate::format::id::is_plausible_name(id) {
+    if !cohort_common::format::id::is_plausible_name(id) {
         return None;
     }
     let num = |s: &str| s.parse::<u64>().ok();
@@ -332,8 +332,8 @@ fn parse_line<'t>(line: &'t str, names: &mut Names<'t>) -> Option<(&'t str, Tree
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::id::RunId;
-    use crate::format::record::{AgentScope, AgentSource, RunMode, RunState, StepRecord};
+    use cohort_common::format::id::RunId;
+    use cohort_common::format::record::{AgentScope, AgentSource, RunMode, RunState, StepRecord};
 
     const ID: &str = "01a22a44-9e62-7266-ab9d-e5b500ee829c";
 
