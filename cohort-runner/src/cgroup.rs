@@ -7,11 +7,13 @@
 //! Where no cgroup can be made the run keeps `/proc` tracking ([`crate::tracking`],
 //! [`crate::sweep`]) and its record says why.
 
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
+use cohort_common::error::IoContext;
 use cohort_common::format::record::Containment;
 use cohort_common::format::spec::Limits;
 use cohort_common::identity::procinfo;
@@ -88,24 +90,24 @@ fn build(
     run_id: &str,
     limits: &[(cgroup::Limit, String)],
 ) -> cohort_common::error::Result<PathBuf> {
-    cgroup::create(base)?;
+    create(base)?;
     for (l, _) in limits {
         if !cgroup::available_under(base).contains(l.controller()) {
             if let Some(up) = base.parent() {
-                cgroup::enable(up, l.controller())?;
+                enable(up, l.controller())?;
             }
         }
-        cgroup::enable(base, l.controller())?;
+        enable(base, l.controller())?;
     }
     let path = base.join(run_id);
-    cgroup::create(&path)?;
+    create(&path)?;
     let leaf = path.join(cgroup::RUNNER_LEAF);
     let made = (|| {
         for (l, value) in limits {
-            cgroup::set_limit(&path, *l, value)?;
+            set_limit(&path, *l, value)?;
         }
-        cgroup::create(&leaf)?;
-        cgroup::move_into(&leaf, 0)
+        create(&leaf)?;
+        move_into(&leaf, 0)
     })();
     if let Err(e) = made {
         let _ = cgroup::remove_tree(&path);
@@ -125,7 +127,7 @@ impl RunCgroup {
     /// Errors: the `mkdir` fails.
     pub fn hook_leaf(&self) -> cohort_common::error::Result<PathBuf> {
         let leaf = self.path.join(cgroup::HOOK_LEAF);
-        cgroup::create(&leaf)?;
+        create(&leaf)?;
         Ok(leaf)
     }
 
@@ -136,13 +138,13 @@ impl RunCgroup {
     pub fn step_leaf(&self, i: usize) -> cohort_common::error::Result<PathBuf> {
         let dir = cgroup::step_dir(&self.path, i);
         let leaf = cgroup::step_leaf(&self.path, i);
-        cgroup::create(&dir)?;
-        match cgroup::create(&leaf) {
+        create(&dir)?;
+        match create(&leaf) {
             // A nested run of the step that just ended may have removed the step's empty
             // cgroup between the two: make it again.
             Err(_) if !dir.exists() => {
-                cgroup::create(&dir)?;
-                cgroup::create(&leaf)?;
+                create(&dir)?;
+                create(&leaf)?;
             }
             other => other?,
         }
@@ -165,10 +167,10 @@ impl RunCgroup {
                 .clone()
                 .filter(|d| d.exists() && !d.starts_with(&self.path))
         };
-        let moved = target.is_some_and(|t| cgroup::move_into(&t, 0).is_ok());
+        let moved = target.is_some_and(|t| move_into(&t, 0).is_ok());
         if !moved {
             if let Some(up) = top_base(&self.path).parent() {
-                let _ = cgroup::move_into(up, 0);
+                let _ = move_into(up, 0);
             }
         }
         cgroup::remove_run(&self.path);
@@ -273,6 +275,64 @@ fn wait_gone(leaf: &Path, nested_runs: &Path, deadline: Instant) -> bool {
         }
         std::thread::sleep(Duration::from_millis(25));
     }
+}
+
+// The runner's writes to the hierarchy: making cgroups, enabling controllers, writing limits
+// and placing processes (readers only look, signal and remove).
+
+/// Create cgroup `dir` (an existing one is fine; its parent must exist).
+///
+/// Errors: `mkdir` fails otherwise.
+pub fn create(dir: &Path) -> cohort_common::error::Result<()> {
+    match fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e).at("create cgroup", dir),
+    }
+}
+
+/// Let `dir`'s children use `controller` (`+controller` into its `cgroup.subtree_control`;
+/// nothing when it is there already).
+///
+/// Errors: the write fails (the controller is not available to `dir`, or `dir` holds
+/// processes of its own).
+pub fn enable(dir: &Path, controller: &str) -> cohort_common::error::Result<()> {
+    let now = fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
+    if cgroup::parse_controllers(&now).contains(controller) {
+        return Ok(());
+    }
+    cgroup::write(
+        &dir.join("cgroup.subtree_control"),
+        &format!("+{controller}"),
+    )
+}
+
+/// Write `value` to `limit`'s file in cgroup `dir`.
+///
+/// Errors: the write fails (the controller is not enabled for `dir`, or the value is refused).
+pub fn set_limit(
+    dir: &Path,
+    limit: cgroup::Limit,
+    value: &str,
+) -> cohort_common::error::Result<()> {
+    cgroup::write(&dir.join(limit.file()), value)
+}
+
+/// Move process `pid` (0: the caller) into cgroup `dir`.
+///
+/// Errors: the write to its `cgroup.procs` fails.
+pub fn move_into(dir: &Path, pid: u32) -> cohort_common::error::Result<()> {
+    cgroup::write(&dir.join("cgroup.procs"), &pid.to_string())
+}
+
+/// `dir`'s `cgroup.procs`, opened for writing, for a child to place itself in before it
+/// executes (write `0`, which means the writer, between fork and exec: `write` is
+/// async-signal-safe). Close-on-exec.
+///
+/// Errors: the file cannot be opened.
+pub fn open_procs(dir: &Path) -> cohort_common::error::Result<fs::File> {
+    let p = dir.join("cgroup.procs");
+    fs::OpenOptions::new().write(true).open(&p).at("open", &p)
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ use cohort_common::format::events::EventKind;
 use cohort_common::format::layout::{RunDir, PROFILE_ENV};
 use cohort_common::format::record::RunState;
 use cohort_common::format::spec::{LaunchSpec, DEFAULT_ON_EXIT_TIMEOUT_MS};
-use cohort_common::os::{cgroup, files};
+use cohort_common::os::files;
 
 use cohort_common::identity::procinfo;
 
@@ -186,7 +186,7 @@ pub fn run(hook: &Hook, leftovers: &StepTrack, event: &mut dyn FnMut(EventKind, 
         .stdout(log())
         .stderr(log())
         .process_group(0);
-    let procs = leftovers.cgroup.as_deref().map(cgroup::open_procs);
+    let procs = leftovers.cgroup.as_deref().map(crate::cgroup::open_procs);
     match procs {
         Some(Err(e)) => {
             let error = format!("cannot place the on-exit hook in its cgroup: {e}");

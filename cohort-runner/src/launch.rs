@@ -117,7 +117,7 @@ pub fn start(
     let mut cmd = pi_command(l, &rt, &args, task_in, &tmp, step);
     let procs = l
         .cgroup
-        .map(cohort_common::os::cgroup::open_procs)
+        .map(crate::cgroup::open_procs)
         .transpose()
         .map_err(|e| format!("cannot place the Pi child in its cgroup: {e}"))?;
     end_with_runner(&mut cmd, procs);

@@ -111,6 +111,22 @@ impl FakeServer {
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect()
     }
+
+    /// The text of the last user message of every logged request, in order (requests without
+    /// one are left out).
+    pub fn user_texts(&self) -> Vec<String> {
+        self.requests()
+            .iter()
+            .filter_map(|r| {
+                r["messages"]
+                    .as_array()?
+                    .iter()
+                    .rev()
+                    .find(|m| m["role"] == "user")
+                    .map(message_text)
+            })
+            .collect()
+    }
 }
 
 /// Write `models.json` (provider `fake`, all [`MODELS`]) and `settings.json` (retries off) into

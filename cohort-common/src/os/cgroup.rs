@@ -338,66 +338,15 @@ fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error
     }
 }
 
-/// Create cgroup `dir` (an existing one is fine; its parent must exist).
+/// Write `text` to the cgroup interface file `path` (one `write`, as the kernel wants it).
 ///
-/// Errors: `mkdir` fails otherwise.
-pub fn create(dir: &Path) -> Result<()> {
-    match fs::create_dir(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(io("create cgroup", dir)(e)),
-    }
-}
-
-fn write_file(path: &Path, text: &str) -> Result<()> {
+/// Errors: the file cannot be opened or the kernel refuses the write.
+pub fn write(path: &Path, text: &str) -> Result<()> {
     fs::OpenOptions::new()
         .write(true)
         .open(path)
         .and_then(|mut f| f.write_all(text.as_bytes()))
         .map_err(io("write", path))
-}
-
-/// Let `dir`'s children use `controller` (`+controller` into its `cgroup.subtree_control`;
-/// nothing when it is there already).
-///
-/// Errors: the write fails (the controller is not available to `dir`, or `dir` holds
-/// processes of its own).
-pub fn enable(dir: &Path, controller: &str) -> Result<()> {
-    let now = fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
-    if parse_controllers(&now).contains(controller) {
-        return Ok(());
-    }
-    write_file(
-        &dir.join("cgroup.subtree_control"),
-        &format!("+{controller}"),
-    )
-}
-
-/// Write `value` to `limit`'s file in cgroup `dir`.
-///
-/// Errors: the write fails (the controller is not enabled for `dir`, or the value is refused).
-pub fn set_limit(dir: &Path, limit: Limit, value: &str) -> Result<()> {
-    write_file(&dir.join(limit.file()), value)
-}
-
-/// Move process `pid` (0: the caller) into cgroup `dir`.
-///
-/// Errors: the write to its `cgroup.procs` fails.
-pub fn move_into(dir: &Path, pid: u32) -> Result<()> {
-    write_file(&dir.join("cgroup.procs"), &pid.to_string())
-}
-
-/// `dir`'s `cgroup.procs`, opened for writing, for a child to place itself in before it
-/// executes (write `0`, which means the writer, between fork and exec: `write` is
-/// async-signal-safe). Close-on-exec.
-///
-/// Errors: the file cannot be opened.
-pub fn open_procs(dir: &Path) -> Result<fs::File> {
-    let p = dir.join("cgroup.procs");
-    fs::OpenOptions::new()
-        .write(true)
-        .open(&p)
-        .map_err(io("open", &p))
 }
 
 /// The processes in cgroup `dir` itself (its `cgroup.procs`), not in its children. Empty when
@@ -449,7 +398,7 @@ pub fn populated(dir: &Path) -> Option<bool> {
 pub fn kill(dir: &Path) -> Result<()> {
     let file = dir.join("cgroup.kill");
     if file.exists() {
-        return write_file(&file, "1");
+        return write(&file, "1");
     }
     for pid in procs_recursive(dir) {
         let _ = nix::sys::signal::kill(

@@ -120,18 +120,22 @@ mod tests {
         dir
     }
 
+    fn found(dir: &RunDir) -> Found {
+        Found {
+            dir: dir.clone(),
+            id: dir.name(),
+            origin: Origin::TopLevel,
+            kind: EntryKind::Dir,
+        }
+    }
+
     #[test]
     fn wait_times_out_on_a_live_runner_and_returns_when_it_ends() {
         let t = tempfile::tempdir().unwrap();
         let root = StateRoot::for_profile(t.path());
         let dir = make_run(&root, RunState::Running);
         let held = RunLock::acquire(&dir.lock(), Duration::from_millis(10)).unwrap();
-        let found = Found {
-            dir: dir.clone(),
-            id: dir.name(),
-            origin: Origin::TopLevel,
-            kind: EntryKind::Dir,
-        };
+        let found = found(&dir);
         assert_eq!(
             wait(vec![found.clone()], Some(Duration::from_millis(100))).unwrap(),
             WaitOutcome::TimedOut
@@ -158,12 +162,7 @@ mod tests {
         let root = StateRoot::for_profile(t.path());
         let dir = make_run(&root, RunState::Complete);
         let held = RunLock::acquire(&dir.lock(), Duration::from_millis(10)).unwrap();
-        let found = Found {
-            dir: dir.clone(),
-            id: dir.name(),
-            origin: Origin::TopLevel,
-            kind: EntryKind::Dir,
-        };
+        let found = found(&dir);
         assert_eq!(
             wait(vec![found.clone()], Some(Duration::from_millis(100))).unwrap(),
             WaitOutcome::TimedOut

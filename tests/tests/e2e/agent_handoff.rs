@@ -4,7 +4,6 @@
 //! in a single-task run (output in the run's chain directory, reads from the cwd when they
 //! exist, no progress file). What reached the model is read from the server's request log.
 
-use cohort_e2e::fake_server::message_text;
 use cohort_e2e::harness::TestEnv;
 use serde_json::Value;
 
@@ -17,22 +16,6 @@ fn agent(env: &TestEnv, name: &str, fields: &str) {
         format!("---\nname: {name}\ndescription: test agent\n{fields}---\n"),
     )
     .unwrap();
-}
-
-/// The last user message of each request the server got, in order.
-fn user_texts(env: &TestEnv) -> Vec<String> {
-    env.server
-        .requests()
-        .iter()
-        .filter_map(|r| {
-            r["messages"]
-                .as_array()?
-                .iter()
-                .rev()
-                .find(|m| m["role"] == "user")
-                .map(message_text)
-        })
-        .collect()
 }
 
 fn run(env: &TestEnv, args: &[&str]) -> (String, Value) {
@@ -62,7 +45,7 @@ fn an_agents_handoff_defaults_apply_in_a_chain_unless_the_step_says_otherwise() 
     let dir = env.run_dir(&id).join("chain");
     let ctx = dir.join("context.md");
     let mapper = format!("[Write to: {}]\n\nMap auth", ctx.display());
-    let texts = user_texts(&env);
+    let texts = env.server.user_texts();
     assert_eq!(texts[0], mapper);
     // The mapper wrote nothing itself: the runner left its answer in the agent's output file.
     assert_eq!(
@@ -109,7 +92,7 @@ fn a_single_agent_run_keeps_its_output_in_the_run_and_reads_what_exists_in_the_c
         out.display()
     );
     assert_eq!(
-        user_texts(&env),
+        env.server.user_texts(),
         std::slice::from_ref(&want),
         "no progress line"
     );

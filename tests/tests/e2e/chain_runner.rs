@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 
-use cohort_e2e::fake_server::message_text;
 use cohort_e2e::harness::{stdout, TestEnv};
 use serde_json::{json, Value};
 
@@ -28,22 +27,6 @@ fn run_chain(env: &TestEnv, file: &Path, task: Option<&str>) -> (String, Value) 
 /// The task the runner gave flat step `i`'s Pi child.
 fn task_of(env: &TestEnv, id: &str, i: usize) -> String {
     std::fs::read_to_string(env.run_dir(id).join(format!("task-{i}.md"))).unwrap()
-}
-
-/// The last user message of every request the server got.
-fn user_texts(env: &TestEnv) -> Vec<String> {
-    env.server
-        .requests()
-        .iter()
-        .filter_map(|r| {
-            r["messages"]
-                .as_array()?
-                .iter()
-                .rev()
-                .find(|m| m["role"] == "user")
-                .map(message_text)
-        })
-        .collect()
 }
 
 fn statuses(rec: &Value) -> Vec<String> {
@@ -77,7 +60,7 @@ fn a_task_with_template_words_reaches_every_step_byte_for_byte() {
     // The previous answer arrives once, as it was, and its words are not expanded again.
     assert_eq!(task_of(&env, &id, 2), format!("C ECHO: {second}"));
     assert_eq!(
-        user_texts(&env),
+        env.server.user_texts(),
         vec![first.clone(), second.clone(), format!("C ECHO: {second}")]
     );
     // The record shows each step's template with the TASK in place.
