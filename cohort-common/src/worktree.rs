@@ -3,8 +3,8 @@
 //! the look at a worktree that `cohort-status` shows and `cohort-reap` decides by.
 //!
 //! The runner makes the worktrees (`cohort-runner/src/worktree.rs`); they outlive the run.
-//! Status lists them; reap removes a reaped run's worktree and branch only when
-//! [`removable`] says so. All git commands go through [`crate::os::git`].
+//! Status lists them; `cohort-reap` decides which of a reaped run's worktrees may go and
+//! removes those with their branches ([`remove`]). All git commands go through [`crate::os::git`].
 
 use std::path::{Path, PathBuf};
 
@@ -92,37 +92,6 @@ pub fn is_synthetic(path: &str, synthetic: &[String]) -> bool {
     })
 }
 
-/// Whether `w` is named as the runner names the worktrees of run `run_id` (pure): its path is
-/// `<worktrees_dir>/<run_id>/<name>` and its branch `cohort/<run_id>/<name>`, with one plain
-/// NAME. A record is written by the runner, but a step's tools can write in the run directory
-/// too; reap acts only on worktrees named for the run, so a forged record cannot point it at
-/// another checkout or branch.
-pub fn named_for(w: &WorktreeRef, worktrees_dir: &Path, run_id: &str) -> bool {
-    let Some(name) = w
-        .branch
-        .strip_prefix(BRANCH_PREFIX)
-        .and_then(|b| b.strip_prefix(run_id))
-        .and_then(|b| b.strip_prefix('/'))
-    else {
-        return false;
-    };
-    let plain = !name.is_empty()
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    plain && w.path == worktrees_dir.join(run_id).join(name)
-}
-
-/// Whether reap may remove a worktree in `state` (pure): only when it holds no uncommitted
-/// change and no commit that is on no other branch. Errors: why it is kept.
-pub fn removable(state: &WorktreeState) -> Result<(), String> {
-    if state.has_changes() {
-        Err(format!("it holds work: {}", state.describe()))
-    } else {
-        Ok(())
-    }
-}
-
 /// Look at the worktree `w` (git, read-only).
 ///
 /// Errors: git cannot be run or its repository cannot be read (a one-line reason).
@@ -171,7 +140,7 @@ pub fn inspect(w: &WorktreeRef) -> Result<WorktreeState, String> {
 }
 
 /// Remove the worktree `w` and its branch (`git worktree remove --force`, `git branch -D`,
-/// `git worktree prune`), after [`removable`] said it may go. A worktree or branch already
+/// `git worktree prune`), after reap decided it may go. A worktree or branch already
 /// gone is not an error.
 ///
 /// Errors: git's message when a removal failed.
@@ -298,56 +267,6 @@ mod tests {
         assert!(is_synthetic("node_modules", &s));
         assert!(!is_synthetic(".venvx", &s));
         assert!(!is_synthetic("src/.venv", &s));
-    }
-
-    #[test]
-    fn only_worktrees_named_for_the_run_are_its_own() {
-        let dir = Path::new("/r/worktrees");
-        let w = |path: &str, branch: &str| WorktreeRef {
-            path: path.into(),
-            branch: branch.into(),
-            ..Default::default()
-        };
-        assert!(named_for(
-            &w("/r/worktrees/id/a-1", "cohort/id/a-1"),
-            dir,
-            "id"
-        ));
-        for (path, branch) in [
-            ("/r/worktrees/id/a", "cohort/other/a"),
-            ("/r/worktrees/id/a", "cohort/id/b"),
-            ("/home/u/src/app", "cohort/id/app"),
-            ("/r/worktrees/id/../x", "cohort/id/../x"),
-            ("/r/worktrees/id/a", "main"),
-            ("/r/worktrees/id/", "cohort/id/"),
-        ] {
-            assert!(!named_for(&w(path, branch), dir, "id"), "{path} {branch}");
-        }
-    }
-
-    #[test]
-    fn only_a_worktree_without_work_may_go() {
-        let clean = WorktreeState {
-            present: true,
-            branch_present: true,
-            ..Default::default()
-        };
-        assert!(removable(&clean).is_ok());
-        assert_eq!(clean.describe(), "clean");
-        let dirty = WorktreeState {
-            uncommitted: vec!["a".into()],
-            ..clean.clone()
-        };
-        assert!(removable(&dirty).unwrap_err().contains("1 uncommitted"));
-        let ahead = WorktreeState {
-            unmerged_commits: 2,
-            ..clean.clone()
-        };
-        assert!(removable(&ahead)
-            .unwrap_err()
-            .contains("2 commits on no other branch"));
-        let gone = WorktreeState::default();
-        assert!(removable(&gone).is_ok(), "nothing left holds work");
     }
 
     #[test]
