@@ -9,7 +9,8 @@
 #   - the default listing (cohort-status; `ls` of NQDIR, which is nq's listing; `pueue status`),
 #     settled (nothing changed for 2 s) and right after a spawn;
 # and, once: BURST (default 20) spawns back to back in one shell loop beside a loop of `setsid
-# node … &` of the same child; spawn + wait of a run whose Pi exits at once beside running that Pi directly (the
+# node … &` of the same child and one of `setsid -f node …` (which returns once it has forked,
+# the least any starter that prints after starting its child waits for); spawn + wait of a run whose Pi exits at once beside running that Pi directly (the
 # recorded fake, then the real pinned Pi 0.73.1 answered by the bundled fake model server on
 # 127.0.0.1, installed into .pi-cli/ by pi-install; PI_ROW=0 skips it), the CPU an idle runner
 # uses beside 3,000 unrelated sleeping processes (baseline: the same runner with nothing else on
@@ -190,8 +191,8 @@ for size in SIZES:
           flush=True)
 
 # A burst: BURST (default 20) starts back to back in one shell loop, as a parallel audit is
-# started, beside `setsid node … &` of the same child in the same loop. Timed: the loop; then
-# (untimed) every child is waited for before the next turn.
+# started, beside `setsid node … &` and `setsid -f node …` of the same child in the same loop.
+# Timed: the loop; then (untimed) every child is waited for before the next turn.
 BURST = int(os.environ.get("BURST", "20"))
 
 def burst_cohort(turn):
@@ -203,10 +204,15 @@ def burst_cohort(turn):
     sh(f'"{BIN}/cohort-status" --wait {" ".join(out)}')
     return dt
 
-def burst_setsid(turn):
-    tag = f"burst-{os.getpid()}-{turn}"
-    dt, _ = sh(f'for i in $(seq {BURST}); do setsid "{NODE}" "{ENTRY}" {tag} '
-               f'</dev/null >/dev/null 2>&1 & done')
+def burst_setsid(turn, how):
+    """The loop of `setsid node …` started in the background (`&`, how="&": the shell waits for
+    nothing) or with `setsid -f` in the foreground (how="-f": each turn waits for setsid, which
+    returns once it has forked the child, as any starter that prints something after starting
+    the child must)."""
+    tag = f"burst-{os.getpid()}-{turn}-{'bg' if how == '&' else 'fg'}"
+    flag, end_ = ("", "&") if how == "&" else ("-f ", ";")
+    dt, _ = sh(f'for i in $(seq {BURST}); do setsid {flag}"{NODE}" "{ENTRY}" {tag} '
+               f'</dev/null >/dev/null 2>&1 {end_} done')
     end = time.time() + 60
     while subprocess.run(["pgrep", "-f", tag], stdout=subprocess.DEVNULL).returncode == 0:
         if time.time() > end:
@@ -214,11 +220,13 @@ def burst_setsid(turn):
         time.sleep(0.01)
     return dt
 
-bc, bs = [], []
+bc, bs, bf = [], [], []
 for r in range(max(5, REPS // 3)):
     bc.append(burst_cohort(r))
-    bs.append(burst_setsid(r))
-row(f"{BURST} starts back to back (target <= 1.5x)", bc, [("setsid &", bs)])
+    bs.append(burst_setsid(r, "&"))
+    bf.append(burst_setsid(r, "-f"))
+row(f"{BURST} starts back to back (target <= 1.5x)", bc,
+    [("setsid &", bs), ("setsid -f", bf)])
 
 # Spawn + wait of a run whose Pi exits at once, beside running that Pi directly.
 direct, wrapped, nqw = [], [], []

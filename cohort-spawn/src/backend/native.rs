@@ -2,11 +2,14 @@
 //!
 //! Spawn forks `cohort-runner RUN_DIR` with the held run lock as an inherited descriptor, so
 //! the lock is never free between the run's publication and the runner's end, and returns as
-//! soon as the runner exists ([`start_runner`]): it holds the lock, in a session of its own,
-//! from its first instruction, so nothing of its start-up is on spawn's path. The record names no backend.
+//! soon as the runner exists ([`start_runner`]): once `fork(2)` has returned, the child holds the
+//! lock; it starts a session of its own and executes the runner without spawn waiting for
+//! either, so nothing of the runner's start-up is on spawn's path. The record names no backend.
 
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::collections::BTreeMap;
+use std::ffi::{CString, OsString};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
 
 use cohort_common::backend::BackendKind;
 use cohort_common::error::{Error, Result};
@@ -34,16 +37,17 @@ impl Submit for Native {
 
 /// Start the detached runner for `dir`, handing it the held run lock as descriptor
 /// [`LOCK_FD`] (named in [`LOCK_FD_ENV`]), and sync `parent` (the rename that published the
-/// run) while it starts. Returns once the runner exists: std's spawn returns only after the
-/// `exec` succeeded, and the lock is the runner's from then on (the same open file as spawn's,
-/// which keeps it held when spawn exits). The runner's start-up is not waited for: a runner
-/// that fails later records its own `failed` record, and one that dies before it could leaves
-/// a `queued` run with a free lock, which the next reader settles `failed` ("start abandoned").
-/// If the sync fails the runner is killed before it is trusted with the run, and the start
-/// fails.
+/// run). Returns once the runner exists: `fork(2)` has returned, and the child holds the lock
+/// (the same open file as spawn's, so it stays held when spawn exits) in a session of its own.
+/// Neither its `exec` nor its start-up is waited for: a runner that fails later records its own
+/// `failed` record, and one that cannot be executed (the check below passed, the `exec` did not)
+/// writes why to `runner.log` and exits 127, leaving a `queued` run with a free lock, which the
+/// next reader settles `failed` ("start abandoned"). If the sync fails the runner is killed
+/// before it is trusted with the run, and the start fails.
 ///
-/// Errors ([`Error::Usage`]): the runner cannot be started (not found, not executable, the
-/// process limit), with the reason; the sync's error.
+/// Errors ([`Error::Usage`]): the runner is not an executable file (searched on `PATH` when
+/// `runner` has no `/`), or cannot be forked (the process limit), with the reason; the sync's
+/// error.
 pub fn start_runner(
     root: &StateRoot,
     dir: &RunDir,
@@ -51,57 +55,219 @@ pub fn start_runner(
     runner: &Path,
     lock: &RunLock,
 ) -> Result<()> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
+    let cannot = |why: &dyn std::fmt::Display| {
+        Error::Usage(format!(
+            "cannot start the runner {}: {why}",
+            runner.display()
+        ))
+    };
+    let program = executable(runner).map_err(|e| cannot(&e))?;
     let log = files::open_append(&dir.runner_log())?;
-    let mut cmd = Command::new(runner);
-    cmd.arg(dir.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .env(PROFILE_ENV, root.profile())
-        .env(LOCK_FD_ENV, LOCK_FD.to_string());
-    let held = lock.file().as_raw_fd();
-    // SAFETY: the closure runs in the forked child before exec and only calls setsid(2),
-    // dup2(2) and fcntl(2), which are async-signal-safe, and allocates nothing. It starts the
-    // runner's own session (the forked child leads no group, so setsid succeeds): from its
-    // exec on, no signal to the spawner's process group or terminal reaches it, before its own
-    // start-up has run. And it puts the run lock's descriptor at LOCK_FD without
-    // close-on-exec, so the runner inherits the held lock (the same open file: the lock is
-    // never free between spawn and the runner).
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if held == LOCK_FD {
-                let flags = libc::fcntl(held, libc::F_GETFD);
-                if flags < 0 || libc::fcntl(held, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
-                    return Err(std::io::Error::last_os_error());
+    let image = ExecImage::new(&program, dir.path(), root, lock, &log).map_err(|e| cannot(&e))?;
+    // SAFETY: fork(2) in a process whose other threads (if any) hold no lock the child needs:
+    // the child calls only async-signal-safe functions ([`ExecImage::exec`]) and allocates
+    // nothing, then executes the runner or exits.
+    match unsafe { libc::fork() } {
+        -1 => Err(cannot(&std::io::Error::last_os_error())),
+        0 => image.exec(),
+        pid => {
+            if let Err(e) = files::sync_dir(parent) {
+                // SAFETY: kill(2) and waitpid(2) of the child forked just above, not yet
+                // waited for, so the pid is still ours.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, std::ptr::null_mut(), 0);
                 }
-            } else if libc::dup2(held, LOCK_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
+                return Err(e);
             }
+            // The runner leads its own session; it is reparented when spawn exits.
             Ok(())
-        });
+        }
     }
-    // The runner is not a step process of any parent run: without the route variables it stays
-    // out of the parent's descendant sweep (see `cohort_runner::sweep`). Its placement is in
-    // the launch spec.
-    for k in route::ROUTE_VARS {
-        cmd.env_remove(k);
+}
+
+/// `runner` as the runner's exec path: itself when it names a directory (has a `/`), else the
+/// first match on `PATH`; it must be a regular file this user may execute.
+fn executable(runner: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let candidates: Vec<PathBuf> = if runner.as_os_str().as_bytes().contains(&b'/') {
+        vec![runner.to_path_buf()]
+    } else {
+        std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).map(|d| d.join(runner)).collect())
+            .unwrap_or_default()
+    };
+    for c in &candidates {
+        let regular = std::fs::metadata(c).is_ok_and(|m| m.is_file());
+        if regular && nix::unistd::access(c, nix::unistd::AccessFlags::X_OK).is_ok() {
+            return Ok(c.clone());
+        }
     }
-    // The hook is in the launch spec. Left in the environment, a hook (or a Pi child) that
-    // starts a run would hand it the same hook, and a hook that spawns would never end.
-    cmd.env_remove(spec::ON_EXIT_ENV);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| Error::Usage(format!("cannot start the runner {}: {e}", runner.display())))?;
-    if let Err(e) = files::sync_dir(parent) {
-        let _ = child.kill();
-        let _ = child.wait();
-        return Err(e);
+    let errno = match candidates.as_slice() {
+        [only] if only.exists() => libc::EACCES,
+        _ => libc::ENOENT,
+    };
+    Err(std::io::Error::from_raw_os_error(errno))
+}
+
+/// Everything the forked child needs, built before the fork so the child allocates nothing:
+/// the exec path, argv (`cohort-runner RUN_DIR`), the environment (spawn's, with the profile
+/// and [`LOCK_FD_ENV`] set, without the route variables and the on-exit hook), and the
+/// descriptors it puts at 0–3, each first duplicated to 10 or above (close-on-exec) so that
+/// placing one never overwrites another.
+struct ExecImage {
+    program: CString,
+    /// argv's and the environment's strings, owned here; `argv_ptrs` and `envp_ptrs` point
+    /// into them (a `CString`'s bytes do not move when the struct does).
+    _strings: Vec<CString>,
+    /// `[program, RUN_DIR, NULL]`.
+    argv_ptrs: Vec<*const libc::c_char>,
+    /// `[NAME=VALUE…, NULL]`.
+    envp_ptrs: Vec<*const libc::c_char>,
+    /// stdin, stdout, stderr (`runner.log`) and the run lock, in the order of their targets
+    /// 0, 1, 2 and [`LOCK_FD`].
+    fds: [OwnedFd; 4],
+    /// The message written to stderr when the exec fails, before the child exits 127.
+    failed: CString,
+}
+
+impl ExecImage {
+    fn new(
+        program: &Path,
+        run_dir: &Path,
+        root: &StateRoot,
+        lock: &RunLock,
+        log: &std::fs::File,
+    ) -> std::io::Result<ExecImage> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |b: &[u8]| CString::new(b).map_err(|_| std::io::ErrorKind::InvalidInput);
+        let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+        // The runner is not a step process of any parent run: without the route variables it
+        // stays out of the parent's descendant sweep (see `cohort_runner::sweep`). Its placement
+        // is in the launch spec. The hook is in the launch spec too: left in the environment, a
+        // hook (or a Pi child) that starts a run would hand it the same hook, and a hook that
+        // spawns would never end.
+        for k in route::ROUTE_VARS.iter().chain([&spec::ON_EXIT_ENV]) {
+            env.remove(std::ffi::OsStr::new(k));
+        }
+        env.insert(PROFILE_ENV.into(), root.profile().into());
+        env.insert(LOCK_FD_ENV.into(), LOCK_FD.to_string().into());
+        let envp: Vec<CString> = env
+            .iter()
+            .map(|(k, v)| c(&[k.as_bytes(), b"=", v.as_bytes()].concat()))
+            .collect::<Result<_, _>>()?;
+        let argv = [
+            c(program.as_os_str().as_bytes())?,
+            c(run_dir.as_os_str().as_bytes())?,
+        ];
+        let pointers = |v: &[CString]| {
+            v.iter()
+                .map(|s| s.as_ptr())
+                .chain([std::ptr::null()])
+                .collect::<Vec<_>>()
+        };
+        let (argv_ptrs, envp_ptrs) = (pointers(&argv), pointers(&envp));
+        let high = |fd: BorrowedFd<'_>| {
+            // SAFETY: F_DUPFD_CLOEXEC of a descriptor borrowed for the call; the new one is
+            // owned by the `OwnedFd` alone.
+            match unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) } {
+                -1 => Err(std::io::Error::last_os_error()),
+                new => Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(new) }),
+            }
+        };
+        let null = |write: bool| {
+            std::fs::OpenOptions::new()
+                .read(!write)
+                .write(write)
+                .open("/dev/null")
+        };
+        let fds = [
+            high(null(false)?.as_fd())?,
+            high(null(true)?.as_fd())?,
+            high(log.as_fd())?,
+            high(lock.file().as_fd())?,
+        ];
+        Ok(ExecImage {
+            program: c(program.as_os_str().as_bytes())?,
+            _strings: argv.into_iter().chain(envp).collect(),
+            argv_ptrs,
+            envp_ptrs,
+            fds,
+            failed: c(format!(
+                "cohort-spawn: cannot execute the runner {}\n",
+                program.display()
+            )
+            .as_bytes())?,
+        })
     }
-    // The runner leads its own session; it is reparented to init when we exit.
-    Ok(())
+
+    /// In the forked child: start a session of its own (the forked child leads no group, so
+    /// setsid succeeds; from then on no signal to the spawner's process group or terminal
+    /// reaches it), put the descriptors at 0–3 (dup2 clears close-on-exec on the copy, so the
+    /// runner inherits the held lock, the same open file), restore `SIGPIPE` (the Rust runtime
+    /// ignores it, and the disposition would be inherited), and execute the runner; if that
+    /// fails, say so on stderr and exit 127. Only async-signal-safe calls, no allocation.
+    fn exec(&self) -> ! {
+        // SAFETY: every call is async-signal-safe; the pointers point into `self`, built before
+        // the fork and alive (the child never returns), both arrays ending in NULL.
+        unsafe {
+            if libc::setsid() < 0 {
+                libc::_exit(127);
+            }
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            for (target, fd) in [0, 1, 2, LOCK_FD].into_iter().zip(&self.fds) {
+                if libc::dup2(fd.as_raw_fd(), target) < 0 {
+                    libc::_exit(127);
+                }
+            }
+            libc::execve(
+                self.program.as_ptr(),
+                self.argv_ptrs.as_ptr(),
+                self.envp_ptrs.as_ptr(),
+            );
+            let msg = self.failed.as_bytes();
+            libc::write(2, msg.as_ptr().cast(), msg.len());
+            libc::_exit(127)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_runner_must_be_an_executable_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing");
+        let err = executable(&missing).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, "").unwrap();
+        std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+        // root may execute a file only when some execute bit is set, so this holds for root too.
+        let err = executable(&plain).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EACCES));
+
+        let err = executable(dir.path()).unwrap_err();
+        assert_eq!(
+            err.raw_os_error(),
+            Some(libc::EACCES),
+            "a directory is not a runner"
+        );
+
+        std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(executable(&plain).unwrap(), plain);
+    }
+
+    #[test]
+    fn a_bare_runner_name_is_found_on_path() {
+        // `sh` is on every PATH the tests run with; a name on none of them is not found.
+        let found = executable(Path::new("sh")).unwrap();
+        assert!(found.is_absolute() && found.ends_with("sh"), "{found:?}");
+        let err = executable(Path::new("no-such-cohort-runner-anywhere")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+    }
 }

@@ -197,7 +197,12 @@ fn pid_answers_with_the_users_inotify_instances_used_up() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300)); // let it start waiting: the run must still be queued then
+    // It has started waiting once it sleeps between two looks (its poll): the run must still
+    // be queued then.
+    wait_for(Duration::from_secs(20), || {
+        sleeping_in_nanosleep(waiter.id())
+    })
+    .expect("--pid began to poll");
     assert_eq!(env.record(&starting)["state"], "queued");
     std::fs::remove_file(&pause).unwrap();
     let out = waiter.wait_with_output().unwrap();
@@ -212,4 +217,17 @@ fn pid_answers_with_the_users_inotify_instances_used_up() {
         cohort_e2e::harness::signal(pid, nix::sys::signal::Signal::SIGTERM);
         env.wait_terminal(id, 60);
     }
+}
+
+/// Whether process `pid` is blocked in `nanosleep`/`clock_nanosleep` (`/proc/PID/syscall`
+/// starts with the number of the system call it is blocked in).
+fn sleeping_in_nanosleep(pid: u32) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/syscall")) else {
+        return false;
+    };
+    let nr = text
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse::<i64>().ok());
+    nr.is_some_and(|n| n == libc::SYS_clock_nanosleep || n == libc::SYS_nanosleep)
 }

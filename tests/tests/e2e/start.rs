@@ -109,3 +109,37 @@ fn spawn_returns_before_the_runner_starts_up_and_every_guarantee_holds() {
         "{v:#}"
     );
 }
+
+#[test]
+fn a_runner_that_cannot_be_executed_after_the_fork_says_why_and_its_run_settles_failed() {
+    let env = TestEnv::new();
+    // Executable, but not a program the kernel can run (no `#!`, not ELF): the check before the
+    // fork passes, the child's `exec` fails.
+    let runner = env.tmp.path().join("not-a-program");
+    std::fs::write(&runner, [0u8, 1, 2, 3]).unwrap();
+    std::fs::set_permissions(&runner, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = env
+        .cmd("cohort-spawn")
+        .env("COHORT_RUNNER", &runner)
+        .args(["--model", "fake/plain", "never runs", "--"])
+        .args(HERMETIC)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    let dir = env.run_dir(&id);
+    let lock = dir.join("runner.lock");
+    wait_for(Duration::from_secs(30), || {
+        !cohort_common::os::lock::probe(&lock).unwrap().is_alive()
+    })
+    .expect("the forked child exited");
+    let log = std::fs::read_to_string(dir.join("runner.log")).unwrap();
+    assert!(log.contains("cannot execute the runner"), "{log:?}");
+    let shown = env.run("cohort-status", &["--json", &id]);
+    let v: Value = serde_json::from_str(stdout(&shown).lines().next().unwrap()).unwrap();
+    assert_eq!(v["state"], "failed", "{v:#}");
+    assert!(
+        v["error"].as_str().unwrap().starts_with("start abandoned"),
+        "{v:#}"
+    );
+}
