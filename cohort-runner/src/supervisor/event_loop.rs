@@ -1,0 +1,187 @@
+//! One turn of the supervisor's loop: wait for a message or the next deadline, then do what is
+//! due — reap exited children, act on a stop, apply a reader's progress, signal the steps whose
+//! deadline or grace passed, start the sweep of a finished step, lock new session files, and
+//! write the coalesced progress.
+//!
+//! Nothing here starts a step or records one as ended: the loop only moves each live
+//! [`StepRun`](crate::step::StepRun) along its phases (the transitions and the signals they
+//! return are [`crate::step`]'s), and the group that runs the steps
+//! ([`Supervisor::run_group`]) takes the finished ones after each turn.
+
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{self, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use serde_json::json;
+
+use cohort_common::format::events::EventKind;
+
+use super::messages::Msg;
+use super::Supervisor;
+use crate::readers::Report;
+use crate::session;
+use crate::step::{self, ChildExit, Ending};
+use crate::sweep::{sweep_descendants, StepTrack};
+
+/// How often new session files are looked for (one `open` each).
+const SESSION_INTERVAL: Duration = Duration::from_millis(250);
+/// The longest the loop sleeps without a message: deadlines are checked at least this often.
+const LOOP_WAKE: Duration = Duration::from_millis(250);
+
+/// Send `sig` to the process group of a step's child (its pid: each child leads its own group).
+fn signal_group(pid: u32, sig: step::Signal) {
+    let sig = match sig {
+        step::Signal::Term => Signal::SIGTERM,
+        step::Signal::Kill => Signal::SIGKILL,
+    };
+    let _ = signal::killpg(Pid::from_raw(pid as i32), sig);
+}
+
+impl Supervisor {
+    /// Wait for one message or the next deadline, and act on it.
+    pub(super) fn wait_and_handle(&mut self) {
+        let now = Instant::now();
+        let next = (now + LOOP_WAKE).min(self.writer.next_due());
+        match self.rx.recv_timeout(next.saturating_duration_since(now)) {
+            Ok(msg) => self.handle(msg),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => unreachable!("the supervisor holds a sender"),
+        }
+        while let Ok(msg) = self.rx.try_recv() {
+            self.handle(msg);
+        }
+        self.check_deadlines();
+        self.tracker.look(&mut self.active);
+        if self.last_session_look.elapsed() >= SESSION_INTERVAL {
+            self.lock_new_sessions();
+            self.last_session_look = Instant::now();
+        }
+        self.advance_finished();
+        self.writer.flush_progress(&mut self.rec);
+    }
+
+    fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::Signal(sig) if sig == libc::SIGCHLD => self.reap_children(),
+            Msg::Signal(_) => {
+                if self.stop.is_none() {
+                    let _ = self.events.append(EventKind::RunStopping, json!({}));
+                    self.signal_all(Ending::Stop);
+                    let _ = self.nested.stop(&mut self.events);
+                }
+                self.stop = Some(Ending::Stop);
+            }
+            Msg::Stream(i, Report::Progress(p)) => {
+                p.apply(&mut self.rec.steps[i]);
+                self.writer.changed();
+            }
+            Msg::Stream(i, Report::End(summary)) => {
+                if let Some(a) = self.active.get_mut(&i) {
+                    a.stream_ended(summary);
+                }
+            }
+            Msg::SweepDone(i, escaped) => {
+                if let Some(a) = self.active.get_mut(&i) {
+                    a.swept(escaped);
+                }
+            }
+        }
+    }
+
+    fn reap_children(&mut self) {
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => {
+                    self.child_exited(pid.as_raw() as u32, ChildExit::Code(code))
+                }
+                Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                    self.child_exited(pid.as_raw() as u32, ChildExit::Signal(sig as i32))
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(_) => continue,
+            }
+        }
+    }
+
+    fn child_exited(&mut self, pid: u32, exit: ChildExit) {
+        if let Some(a) = self
+            .active
+            .values_mut()
+            .find(|a| a.pid == pid && a.is_alive())
+        {
+            a.exited(exit, Instant::now());
+        }
+    }
+
+    /// Begin ending every live step for `why` (a stop, the run's deadline, a failed member
+    /// with fail-fast): send each the signal its phase calls for.
+    pub(super) fn signal_all(&mut self, why: Ending) {
+        let now = Instant::now();
+        for (&i, a) in self.active.iter_mut() {
+            if let Some(sig) = a.terminate(why, now) {
+                signal_group(a.pid, sig);
+                self.tracker.signal_step(i, sig == step::Signal::Kill);
+            }
+        }
+    }
+
+    fn check_deadlines(&mut self) {
+        let now = Instant::now();
+        if self.stop.is_none() {
+            if let Some(d) = self.run_deadline {
+                if now >= d {
+                    self.stop = Some(Ending::RunTimeout);
+                    self.signal_all(Ending::RunTimeout);
+                }
+            }
+        }
+        let grace = Duration::from_millis(self.spec.options.grace_ms);
+        for (&i, a) in self.active.iter_mut() {
+            if let Some(sig) = a.due_signal(now, grace) {
+                signal_group(a.pid, sig);
+                self.tracker.signal_step(i, sig == step::Signal::Kill);
+            }
+        }
+    }
+
+    /// Once a child has exited and its stream has ended (or the drain time passed), sweep its
+    /// descendants in a helper thread.
+    fn advance_finished(&mut self) {
+        let grace = Duration::from_millis(self.spec.options.grace_ms);
+        let now = Instant::now();
+        let ready: Vec<usize> = self
+            .active
+            .iter_mut()
+            .filter_map(|(&i, a)| a.start_sweep(now).then_some(i))
+            .collect();
+        for i in ready {
+            // Orphans are attributed here only to the sole task of a chain step; in a parallel
+            // group a sibling may still be running, or start while this sweep runs, so they
+            // are swept when the whole group has ended (`sweep_orphans`).
+            let track = StepTrack {
+                orphans: self.sole_member,
+                ..self.tracker.sweep_track(i, self.active[&i].seen.clone())
+            };
+            let tx = self.tx.clone();
+            // Without a thread of its own (the process limit) the sweep runs here, holding up
+            // the loop for at most its grace.
+            crate::process::on_thread_or_here(move || {
+                let escaped = sweep_descendants(&track, &[], grace);
+                let _ = tx.send(Msg::SweepDone(i, escaped));
+            });
+        }
+    }
+
+    /// Lock the session files Pi has created since their steps started; record the ones
+    /// another run holds.
+    fn lock_new_sessions(&mut self) {
+        for (i, path) in session::lock_new_sessions(&mut self.active, &self.rec.steps) {
+            let _ = self.events.append(
+                EventKind::SessionContended,
+                json!({"step": i, "sessionFile": path, "error": "another run holds this session file"}),
+            );
+        }
+    }
+}
