@@ -65,6 +65,14 @@ pub fn try_lock_new(path: &Path) -> NewSession {
     }
 }
 
+/// Whether a live step in `active` has a session file it holds no lock on yet (pure): what
+/// [`lock_new_sessions`] would try; while none has, it need not be called.
+pub fn awaits_new_session(active: &HashMap<usize, StepRun>, steps: &[StepRecord]) -> bool {
+    active
+        .iter()
+        .any(|(&i, a)| a.session_lock.is_none() && a.is_alive() && steps[i].session_file.is_some())
+}
+
 /// Try once to lock the session file of every live step in `active` that holds none yet (a new
 /// session appears with Pi's first assistant message), so that no other run is started on it.
 /// `steps` are the run's step records (their session files). Returns the steps whose file
@@ -100,4 +108,36 @@ pub fn lock_new_sessions<'s>(
 pub fn make_private(path: &Path) {
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(files::FILE_MODE));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::step::ChildExit;
+
+    #[test]
+    fn a_new_session_is_awaited_while_a_live_step_has_a_file_it_holds_no_lock_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let with_file = StepRecord {
+            session_file: Some(dir.path().join("s.jsonl")),
+            ..Default::default()
+        };
+        let steps = vec![with_file, StepRecord::default()];
+        let mut active = HashMap::new();
+        assert!(!awaits_new_session(&active, &steps), "no step");
+        active.insert(1, StepRun::started(8, None, None));
+        assert!(
+            !awaits_new_session(&active, &steps),
+            "a step without a session file"
+        );
+        active.insert(0, StepRun::started(7, None, None));
+        assert!(awaits_new_session(&active, &steps));
+        let held = File::create(dir.path().join("s.jsonl")).unwrap();
+        active.get_mut(&0).unwrap().session_lock = Some(held);
+        assert!(!awaits_new_session(&active, &steps), "its lock is held");
+        let mut ended = StepRun::started(7, None, None);
+        ended.exited(ChildExit::Code(0), std::time::Instant::now());
+        active.insert(0, ended);
+        assert!(!awaits_new_session(&active, &steps), "its child has exited");
+    }
 }

@@ -186,6 +186,25 @@ impl StepRun {
         }
     }
 
+    /// When the clock next calls for something of this step (pure): its deadline while it runs
+    /// unasked, the end of the grace after TERM ([`StepRun::due_signal`]), the end of the
+    /// stream's drain after the child exited ([`StepRun::start_sweep`]). `None` when only a
+    /// message can move it on (the child's exit after KILL, its sweep's end) or nothing will.
+    pub fn next_due(&self, grace: Duration) -> Option<Instant> {
+        match self.phase {
+            Phase::Alive {
+                term_at: None,
+                killed: false,
+            } => self.deadline,
+            Phase::Alive {
+                term_at: Some(t),
+                killed: false,
+            } => Some(t + grace),
+            Phase::Exited { at, .. } => Some(at + STREAM_DRAIN),
+            Phase::Alive { .. } | Phase::Sweeping { .. } | Phase::Finished { .. } => None,
+        }
+    }
+
     /// The child was reaped. Ignored unless it was alive (a pid is reaped once).
     pub fn exited(&mut self, exit: ChildExit, now: Instant) {
         if self.is_alive() {
@@ -770,6 +789,39 @@ mod tests {
         s.exited(ChildExit::Code(0), t0);
         assert!(!s.start_sweep(t0 + STREAM_DRAIN - Duration::from_millis(1)));
         assert!(s.start_sweep(t0 + STREAM_DRAIN));
+    }
+
+    #[test]
+    fn a_step_is_next_due_at_its_deadline_its_grace_and_its_drain_and_then_waits_for_messages() {
+        let t0 = Instant::now();
+        let grace = Duration::from_secs(5);
+        let deadline = t0 + Duration::from_secs(10);
+        assert_eq!(StepRun::started(1, None, None).next_due(grace), None);
+        let mut s = StepRun::started(1, Some(deadline), None);
+        assert_eq!(s.next_due(grace), Some(deadline));
+        assert_eq!(s.due_signal(deadline, grace), Some(Signal::Term));
+        assert_eq!(
+            s.next_due(grace),
+            Some(deadline + grace),
+            "the grace after TERM"
+        );
+        assert_eq!(s.due_signal(deadline + grace, grace), Some(Signal::Kill));
+        assert_eq!(
+            s.next_due(grace),
+            None,
+            "after KILL only its exit moves it on"
+        );
+        let t1 = deadline + grace + Duration::from_millis(3);
+        s.exited(ChildExit::Signal(9), t1);
+        assert_eq!(
+            s.next_due(grace),
+            Some(t1 + STREAM_DRAIN),
+            "the stream's drain"
+        );
+        assert!(s.start_sweep(t1 + STREAM_DRAIN));
+        assert_eq!(s.next_due(grace), None, "the sweep's end is a message");
+        s.swept(Vec::new());
+        assert_eq!(s.next_due(grace), None);
     }
 
     #[test]

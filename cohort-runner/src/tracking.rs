@@ -208,6 +208,15 @@ impl Tracker {
         self.interval = TRACK_INTERVAL;
     }
 
+    /// When the next look is due: the pause after the last one ([`next_track_interval`]), while
+    /// a step in `active` lives; `None` when none does (a look would find nothing to track).
+    pub fn next_look(&self, active: &HashMap<usize, StepRun>) -> Option<Instant> {
+        active
+            .values()
+            .any(StepRun::is_alive)
+            .then_some(self.last_look + self.interval)
+    }
+
     /// When a look is due, remember the descendants of every live step child in `active`, with
     /// their start times, so they are found at the end of the step even if they left the
     /// child's tree and its environment.

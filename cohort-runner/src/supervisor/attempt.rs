@@ -97,6 +97,8 @@ impl Supervisor {
             digest,
         )?;
         self.tracker.add_child(child.pid, i);
+        // A new step's session file appears soon (with Pi's first assistant message).
+        self.session_interval = super::event_loop::SESSION_INTERVAL;
         self.record_started(i, child.pid, child.session_file, attempt, has_fallbacks);
         self.active.insert(i, run);
         Ok(())

@@ -25,10 +25,29 @@ use crate::session;
 use crate::step::{self, ChildExit, Ending};
 use crate::sweep::{sweep_descendants, StepTrack};
 
-/// How often new session files are looked for (one `open` each).
-const SESSION_INTERVAL: Duration = Duration::from_millis(250);
-/// The longest the loop sleeps without a message: deadlines are checked at least this often.
-const LOOP_WAKE: Duration = Duration::from_millis(250);
+/// The first pause between two looks for new session files (one `open` each), while a live
+/// step has a session file it holds no lock on yet.
+pub(super) const SESSION_INTERVAL: Duration = Duration::from_millis(250);
+/// The longest pause between two such looks.
+const SESSION_INTERVAL_MAX: Duration = Duration::from_secs(2);
+
+/// The pause before the next look for new session files (pure): twice the last, from
+/// [`SESSION_INTERVAL`] (where a step's start puts it back) to at most [`SESSION_INTERVAL_MAX`].
+/// A Pi waiting on its model's first answer has not created its session file yet; it is looked
+/// for every 2 s once it has been missing for a few seconds.
+fn next_session_interval(last: Duration) -> Duration {
+    (last * 2).clamp(SESSION_INTERVAL, SESSION_INTERVAL_MAX)
+}
+/// The longest the loop sleeps without a message, whatever is due.
+const LOOP_WAKE_MAX: Duration = Duration::from_secs(2);
+
+/// When the loop wakes without a message (pure): at the earliest of `due`, and no later than
+/// [`LOOP_WAKE_MAX`] after `now`.
+fn next_wake(now: Instant, due: impl IntoIterator<Item = Option<Instant>>) -> Instant {
+    due.into_iter()
+        .flatten()
+        .fold(now + LOOP_WAKE_MAX, Instant::min)
+}
 
 /// Send `sig` to the process group of a step's child (its pid: each child leads its own group).
 fn signal_group(pid: u32, sig: step::Signal) {
@@ -43,7 +62,7 @@ impl Supervisor {
     /// Wait for one message or the next deadline, and act on it.
     pub(super) fn wait_and_handle(&mut self) {
         let now = Instant::now();
-        let next = (now + LOOP_WAKE).min(self.writer.next_due());
+        let next = self.next_wake(now);
         match self.rx.recv_timeout(next.saturating_duration_since(now)) {
             Ok(msg) => self.handle(msg),
             Err(RecvTimeoutError::Timeout) => {}
@@ -54,12 +73,38 @@ impl Supervisor {
         }
         self.check_deadlines();
         self.tracker.look(&mut self.active);
-        if self.last_session_look.elapsed() >= SESSION_INTERVAL {
+        if self.last_session_look.elapsed() >= self.session_interval
+            && session::awaits_new_session(&self.active, &self.rec.steps)
+        {
             self.lock_new_sessions();
             self.last_session_look = Instant::now();
+            self.session_interval = next_session_interval(self.session_interval);
         }
         self.advance_finished();
         self.writer.flush_progress(&mut self.rec);
+    }
+
+    /// When this turn's wait ends without a message: the first of the progress write, the
+    /// tracker's next look, the run's deadline, each step's next deadline, grace or drain, and
+    /// the next look for a new session file while one is awaited. An idle run (Pi waiting on
+    /// its model) wakes for the tracker's looks (every 2 s) and the heartbeat.
+    fn next_wake(&self, now: Instant) -> Instant {
+        let grace = Duration::from_millis(self.spec.options.grace_ms);
+        let sessions = session::awaits_new_session(&self.active, &self.rec.steps)
+            .then_some(self.last_session_look + self.session_interval);
+        let run_deadline = self.run_deadline.filter(|_| self.stop.is_none());
+        let steps = self.active.values().map(|a| a.next_due(grace));
+        next_wake(
+            now,
+            [
+                Some(self.writer.next_due()),
+                self.tracker.next_look(&self.active),
+                run_deadline,
+                sessions,
+            ]
+            .into_iter()
+            .chain(steps),
+        )
     }
 
     fn handle(&mut self, msg: Msg) {
@@ -183,5 +228,37 @@ impl Supervisor {
                 json!({"step": i, "sessionFile": path, "error": "another run holds this session file"}),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_loop_wakes_at_the_first_thing_due_and_at_the_latest_after_its_longest_sleep() {
+        let now = Instant::now();
+        let ms = |n| now + Duration::from_millis(n);
+        assert_eq!(next_wake(now, []), now + LOOP_WAKE_MAX, "nothing due");
+        assert_eq!(next_wake(now, [None, None]), now + LOOP_WAKE_MAX);
+        assert_eq!(
+            next_wake(now, [Some(ms(900)), None, Some(ms(300))]),
+            ms(300)
+        );
+        assert_eq!(next_wake(now, [Some(ms(60_000))]), now + LOOP_WAKE_MAX);
+        let past = now - Duration::from_millis(5);
+        assert_eq!(next_wake(now, [Some(past)]), past, "overdue: at once");
+    }
+
+    #[test]
+    fn looks_for_a_new_session_file_back_off_to_every_two_seconds() {
+        let mut pause = SESSION_INTERVAL;
+        let mut pauses = Vec::new();
+        for _ in 0..6 {
+            pause = next_session_interval(pause);
+            pauses.push(pause.as_millis());
+        }
+        assert_eq!(pauses, [500, 1000, 2000, 2000, 2000, 2000]);
+        assert_eq!(next_session_interval(Duration::ZERO), SESSION_INTERVAL);
     }
 }

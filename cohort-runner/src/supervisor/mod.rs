@@ -143,7 +143,10 @@ struct Supervisor {
     sole_member: bool,
     /// `R/worktrees`, where `worktree: true` groups make their worktrees.
     worktrees_dir: PathBuf,
+    /// When new session files were last looked for, and the pause before the next look
+    /// (`event_loop::next_session_interval`).
     last_session_look: Instant,
+    session_interval: Duration,
     /// Why the runner is ending the run, once it is: a stop, or the run's deadline.
     stop: Option<Ending>,
     run_deadline: Option<Instant>,
@@ -183,6 +186,7 @@ impl Supervisor {
             sole_member: false,
             worktrees_dir,
             last_session_look: Instant::now(),
+            session_interval: event_loop::SESSION_INTERVAL,
             stop: None,
             run_deadline: None,
         }
