@@ -75,8 +75,9 @@ pub struct Options {
     /// Also remove the session files cohort created for the removed runs and their trees'
     /// routes ([`crate::sessions`]).
     pub sessions: bool,
-    /// Also remove the session dirs and routes no run refers to any more
-    /// ([`crate::leftovers::orphans`]); with no runs selected, the reap does only that.
+    /// Also remove the session dirs and routes no run refers to any more, and the worktrees
+    /// without work of runs that are gone ([`crate::leftovers::orphans`]); with no runs
+    /// selected, the reap does only that.
     pub orphan_sessions: bool,
 }
 
