@@ -41,9 +41,12 @@ pub const SPAWN_POINTS: [&str; 4] = [
     "spawn.runner-ready",
 ];
 
-/// cohort-runner's fault points, in the order a run passes them.
-pub const RUNNER_POINTS: [&str; 5] = [
+/// cohort-runner's fault points, in the order a run passes them: after it took the lock, after
+/// it made the run's cgroup (or chose `/proc` tracking) and before `running` names it, after
+/// `running`, after a child started, after a step ended, before the final record.
+pub const RUNNER_POINTS: [&str; 6] = [
     "runner.locked",
+    "runner.cgroup-made",
     "runner.running",
     "runner.child-started",
     "runner.step-ended",

@@ -49,7 +49,9 @@ pub struct Args {
     #[arg(long)]
     sessions: bool,
     /// Also remove the session dirs and routes that no run refers to any more (left by runs
-    /// reaped without --sessions, or by an interrupted reap); alone, the reap does only that.
+    /// reaped without --sessions, or by an interrupted reap), and the worktrees of runs that
+    /// are gone (removed with their branches only when they hold no work; the others are kept
+    /// and named); alone, the reap does only that.
     #[arg(long)]
     orphan_sessions: bool,
     /// Print the report as JSON Lines, one object per run.
@@ -92,7 +94,7 @@ pub const MAN: cli::ManPage = cli::ManPage {
         ),
         (
             "cohort-reap --orphan-sessions --dry-run",
-            "List the session dirs and routes no run refers to any more, with sizes.",
+            "List the session dirs and routes (with sizes) and the worktrees no run refers to any more.",
         ),
     ],
     sections: &[],

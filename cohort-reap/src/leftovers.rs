@@ -1,18 +1,20 @@
 //! What a reap removes besides runs (`docs/reap.md`, "Leftovers"): the temp files a killed
 //! atomic write left in the state root (every reap), and, with `--orphan-sessions`, the session
-//! dirs and routes no run refers to any more
-//! ([`cohort_common::store::debris`] says which).
+//! dirs, routes and worktree dirs no run refers to any more
+//! ([`cohort_common::store::debris`] says which; a worktree dir's worktrees go through git,
+//! only those that hold no work, [`crate::worktrees::settle_orphan`]).
 //!
 //! Both run under the reaper lock, after the runs of the reap are removed (so the sessions of
 //! a run removed now, without `--sessions`, are orphans already). A dry run lists what would
 //! go, with sizes, and changes nothing.
 
-use std::path::Path;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 
 use cohort_common::error::Result;
 use cohort_common::format::layout::StateRoot;
 use cohort_common::os::tree;
-use cohort_common::store::debris;
+use cohort_common::store::debris::{self, OrphanKind};
 
 use crate::report::{OrphanRemoval, Report};
 
@@ -31,12 +33,23 @@ pub fn temp_files(root: &StateRoot, dry: bool, report: &mut Report) {
     }
 }
 
-/// Remove (with `dry`, only measure) every orphan session dir and route
-/// ([`debris::survey`]). A removal that fails is noted in the report.
+/// Remove (with `dry`, only measure) every orphan session dir and route, and settle every
+/// orphan worktree dir ([`debris::survey`]; the worktrees this reap already settled as a
+/// removed run's are not looked at again). A removal that fails is noted in the report.
 ///
 /// Errors: the runs cannot be listed (then nothing is removed).
 pub fn orphans(root: &StateRoot, dry: bool, report: &mut Report) -> Result<()> {
+    let settled: HashSet<PathBuf> = report
+        .entries
+        .iter()
+        .flat_map(|e| e.worktrees.iter().map(|w| w.path.clone()))
+        .collect();
     for orphan in debris::survey(root)? {
+        if orphan.kind == OrphanKind::Worktrees {
+            let fate = crate::worktrees::settle_orphan(root, &orphan, &settled, dry);
+            report.orphan_worktrees.extend(fate);
+            continue;
+        }
         let bytes = if dry {
             Ok(tree::measure(&orphan.path))
         } else {

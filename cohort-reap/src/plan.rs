@@ -238,6 +238,9 @@ pub struct Unit {
     pub sessions: Vec<PathBuf>,
     /// The session files each run of the unit names (for `--sessions`).
     pub runs: Vec<RunSessions>,
+    /// The cgroup the run's record names, if any (removed with the run when empty, with the
+    /// one its record never named: [`cohort_common::os::cgroup::remove_leftovers`]).
+    pub cgroup: Option<PathBuf>,
 }
 
 /// Everything [`Examiner::examine`] needs, computed once per reap, after the trash and the
@@ -308,6 +311,11 @@ impl<'a> Examiner<'a> {
                 .collect(),
             sessions,
             runs,
+            cgroup: rec
+                .containment
+                .as_ref()
+                .and_then(|c| c.cgroup())
+                .map(Path::to_path_buf),
         })
     }
 

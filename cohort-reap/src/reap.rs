@@ -24,7 +24,10 @@
 //! symlink is refused, as is anything under a parent that resolves outside the state root, and
 //! any name holding `/`, `..` or NUL. Routes (`nested-subagent-events/`) and sessions
 //! (`sessions/`) are not touched, unless `--sessions` asks for the ones cohort created for the
-//! removed runs ([`crate::sessions`]). A record that cannot be read is never removed.
+//! removed runs ([`crate::sessions`]). A record that cannot be read is never removed. Outside
+//! the state root only two things go, after the commit: a removed run's worktrees without work
+//! ([`crate::worktrees`]) and its cgroups that hold no process, each named for the run id
+//! (`cohort_common::os::cgroup::remove_leftovers`; nothing in them is signalled).
 //!
 //! # Crash safety
 //!
@@ -47,6 +50,7 @@ use std::time::Duration;
 use cohort_common::error::{Error, IoContext, Result};
 use cohort_common::format::layout::{self, StateRoot};
 use cohort_common::format::record::Now;
+use cohort_common::os::cgroup;
 use cohort_common::os::lock::{self, LockKind};
 use cohort_common::os::tree;
 use cohort_common::store::discover;
@@ -75,8 +79,9 @@ pub struct Options {
     /// Also remove the session files cohort created for the removed runs and their trees'
     /// routes ([`crate::sessions`]).
     pub sessions: bool,
-    /// Also remove the session dirs and routes no run refers to any more
-    /// ([`crate::leftovers::orphans`]); with no runs selected, the reap does only that.
+    /// Also remove the session dirs and routes no run refers to any more, and the worktrees
+    /// without work of runs that are gone ([`crate::leftovers::orphans`]); with no runs
+    /// selected, the reap does only that.
     pub orphan_sessions: bool,
 }
 
@@ -124,15 +129,18 @@ pub fn reap(
     let examiner = Examiner::new(root, sel, &clock, &survey, Locking::Hold);
     let mut trash = Trash::new(root);
     let mut worktrees = Vec::new();
+    let mut cgroups = Vec::new();
     for c in &candidates {
         let refusal = match examiner.examine(c) {
             Action::Skip => continue,
             Action::Refuse(r) => r,
             Action::Remove(unit) => {
                 let made = (unit.id.clone(), crate::worktrees::of_unit(root, &unit));
+                let cgroup = (unit.id.clone(), unit.cgroup.clone());
                 match trash.move_in(unit) {
                     Ok(()) => {
                         worktrees.push(made);
+                        cgroups.push(cgroup);
                         continue;
                     }
                     Err(r) => r,
@@ -144,6 +152,12 @@ pub fn reap(
             .push(ReportEntry::refused(&c.id, c.name.as_deref(), refusal));
     }
     let removed = trash.delete(&mut report)?;
+    // What the removed runs left in the cgroup hierarchy, empty (the examination refused a
+    // run whose own cgroup still holds a process): the cgroup a record names, and the one a
+    // runner killed before `running` made and no record names.
+    for (id, recorded) in cgroups {
+        cgroup::remove_leftovers(&id, recorded.as_deref());
+    }
     for (id, made) in worktrees {
         report.add_worktrees(&id, crate::worktrees::settle(root, &made, false));
     }

@@ -16,7 +16,7 @@ use cohort_common::format::id;
 use crate::decide::Refusal;
 use crate::plan::Unit;
 use crate::sessions::Swept;
-use crate::worktrees::Fate;
+use crate::worktrees::{Fate, OrphanFate};
 
 /// Whether a report says what a reap did or what it would do.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -147,17 +147,7 @@ impl ReportEntry {
             Outcome::Refused(r) => ("refused", Some(r.code()), Some(r.to_string())),
         };
         let lossy = |p: &PathBuf| p.to_string_lossy().into_owned();
-        let worktrees = |kept: bool| {
-            self.worktrees
-                .iter()
-                .filter(|w| w.kept.is_some() == kept)
-                .map(|w| JsonWorktree {
-                    path: lossy(&w.path),
-                    branch: &w.branch,
-                    reason: w.kept.as_deref(),
-                })
-                .collect()
-        };
+        let (worktrees_removed, worktrees_kept) = json_worktrees(&self.worktrees);
         let j = JsonEntry {
             run_id: &self.run_id,
             short_id: id::short_of(&self.run_id),
@@ -170,8 +160,8 @@ impl ReportEntry {
             sessions_kept: self.sessions_kept.iter().map(lossy).collect(),
             sessions_removed: self.sessions_removed.iter().map(lossy).collect(),
             route_removed: self.route_removed.as_ref().map(lossy),
-            worktrees_removed: worktrees(false),
-            worktrees_kept: worktrees(true),
+            worktrees_removed,
+            worktrees_kept,
             dry_run: mode == Mode::DryRun,
         };
         serde_json::to_string(&j).expect("plain data serializes")
@@ -205,21 +195,7 @@ impl ReportEntry {
         if let Some(route) = &self.route_removed {
             text.push_str(&format!("  {r} route {}\n", untrusted_path(route)));
         }
-        for w in &self.worktrees {
-            match &w.kept {
-                None => text.push_str(&format!(
-                    "  {r} worktree {} (branch {})\n",
-                    untrusted_path(&w.path),
-                    untrusted(&w.branch)
-                )),
-                Some(why) => text.push_str(&format!(
-                    "  kept worktree {} (branch {}): {}\n",
-                    untrusted_path(&w.path),
-                    untrusted(&w.branch),
-                    untrusted(why)
-                )),
-            }
-        }
+        text.push_str(&worktree_lines(&self.worktrees, r));
         for s in &self.sessions_kept {
             match self.why_kept.get(s) {
                 Some(why) => text.push_str(&format!(
@@ -232,6 +208,61 @@ impl ReportEntry {
         }
         text
     }
+}
+
+/// The text lines of `worktrees` under a run's or an orphan's line: `  {r} worktree …` for one
+/// removed (`r` is `removed` or `would remove`), `  kept worktree …: why` for one kept.
+fn worktree_lines(worktrees: &[Fate], r: &str) -> String {
+    let mut text = String::new();
+    for w in worktrees {
+        match &w.kept {
+            None => text.push_str(&format!(
+                "  {r} worktree {} (branch {})\n",
+                untrusted_path(&w.path),
+                untrusted(&w.branch)
+            )),
+            Some(why) => text.push_str(&format!(
+                "  kept worktree {} (branch {}): {}\n",
+                untrusted_path(&w.path),
+                untrusted(&w.branch),
+                untrusted(why)
+            )),
+        }
+    }
+    text
+}
+
+/// The JSON Lines form of worktrees: `(removed, kept)`, for `worktreesRemoved` /
+/// `worktreesKept`.
+fn json_worktrees(worktrees: &[Fate]) -> (Vec<JsonWorktree<'_>>, Vec<JsonWorktree<'_>>) {
+    fn one(w: &Fate) -> JsonWorktree<'_> {
+        JsonWorktree {
+            path: w.path.to_string_lossy().into_owned(),
+            branch: &w.branch,
+            reason: w.kept.as_deref(),
+        }
+    }
+    let (kept, removed): (Vec<&Fate>, Vec<&Fate>) =
+        worktrees.iter().partition(|w| w.kept.is_some());
+    (
+        removed.into_iter().map(one).collect(),
+        kept.into_iter().map(one).collect(),
+    )
+}
+
+/// The JSON Lines form of an [`OrphanFate`] (documented in `docs/reap.md`): not a run, but
+/// the worktrees of one that is gone.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonOrphanWorktrees<'a> {
+    run_id: &'a str,
+    short_id: &'a str,
+    outcome: &'static str,
+    path: String,
+    dir_removed: bool,
+    worktrees_removed: Vec<JsonWorktree<'a>>,
+    worktrees_kept: Vec<JsonWorktree<'a>>,
+    dry_run: bool,
 }
 
 impl Mode {
@@ -270,6 +301,9 @@ pub struct Report {
     /// With `--orphan-sessions`: the session dirs and routes no run refers to that were
     /// removed (would be, in a dry run).
     pub orphans: Vec<OrphanRemoval>,
+    /// With `--orphan-sessions`: the worktree dirs of runs that are gone, each with what became
+    /// of its worktrees.
+    pub orphan_worktrees: Vec<OrphanFate>,
 }
 
 /// One orphan session dir or route removed, and the space it freed (in a dry run: would).
@@ -367,6 +401,17 @@ impl Report {
                 }
             }
         }
+        for o in &self.orphan_worktrees {
+            for w in o.worktrees.iter().filter(|w| w.kept.is_some()) {
+                notes.push(format!(
+                    "kept the worktree {} of gone run {} (branch {}): {}",
+                    untrusted(&w.path.display().to_string()),
+                    id::short_of(&o.run_id),
+                    untrusted(&w.branch),
+                    untrusted(w.kept.as_deref().unwrap_or_default())
+                ));
+            }
+        }
         for o in &self.orphans {
             notes.push(format!(
                 "orphan {} of run {} {would}removed ({}): {}",
@@ -379,9 +424,22 @@ impl Report {
         notes
     }
 
-    /// The text report for stdout: each entry, then `removed N, refused M, freed SIZE`.
+    /// The text report for stdout: each entry, each orphan worktree dir (its worktrees under
+    /// it), then `removed N, refused M, freed SIZE` (runs only).
     pub fn to_text(&self) -> String {
         let mut text: String = self.entries.iter().map(|e| e.to_text(self.mode)).collect();
+        let r = self.mode.verb("removed", "would remove");
+        for o in &self.orphan_worktrees {
+            text.push_str(&format!(
+                "orphan worktrees of run {} (the run is gone): {}\n",
+                id::short_of(&o.run_id),
+                untrusted_path(&o.dir)
+            ));
+            text.push_str(&worktree_lines(&o.worktrees, r));
+            if o.dir_removed {
+                text.push_str(&format!("  {r} {} (left empty)\n", untrusted_path(&o.dir)));
+            }
+        }
         let removed = self.entries.iter().filter(|e| e.is_removal());
         let freed: u64 = removed.clone().map(|e| e.bytes).sum();
         text.push_str(&format!(
@@ -395,12 +453,25 @@ impl Report {
         text
     }
 
-    /// The JSON Lines report for stdout: one object per entry, no summary.
+    /// The JSON Lines report for stdout: one object per entry, then one per orphan worktree
+    /// dir (`outcome` `orphan-worktrees`), no summary.
     pub fn to_json_lines(&self) -> String {
-        self.entries
-            .iter()
-            .map(|e| e.to_json_line(self.mode) + "\n")
-            .collect()
+        let runs = self.entries.iter().map(|e| e.to_json_line(self.mode));
+        let orphans = self.orphan_worktrees.iter().map(|o| {
+            let (worktrees_removed, worktrees_kept) = json_worktrees(&o.worktrees);
+            let j = JsonOrphanWorktrees {
+                run_id: &o.run_id,
+                short_id: id::short_of(&o.run_id),
+                outcome: "orphan-worktrees",
+                path: o.dir.to_string_lossy().into_owned(),
+                dir_removed: o.dir_removed,
+                worktrees_removed,
+                worktrees_kept,
+                dry_run: self.mode == Mode::DryRun,
+            };
+            serde_json::to_string(&j).expect("plain data serializes")
+        });
+        runs.chain(orphans).map(|l| l + "\n").collect()
     }
 }
 
@@ -422,5 +493,64 @@ mod tests {
         assert!(v["reason"].as_str().unwrap().contains("still running"));
         assert_eq!(v["dryRun"], true);
         assert_eq!(v["bytes"], 0);
+    }
+
+    #[test]
+    fn an_orphan_worktree_dir_is_its_own_row_and_its_kept_worktrees_are_named() {
+        let mut report = Report::new(Mode::Reap);
+        let dir = PathBuf::from(format!("/r/worktrees/{ID}"));
+        let fate = |name: &str, kept: Option<&str>| Fate {
+            path: dir.join(name),
+            branch: format!("cohort/{ID}/{name}"),
+            kept: kept.map(str::to_string),
+        };
+        report.orphan_worktrees.push(OrphanFate {
+            run_id: ID.into(),
+            dir: dir.clone(),
+            worktrees: vec![
+                fate("a", None),
+                fate("b", Some("it holds work: 1 commits on no other branch")),
+            ],
+            dir_removed: false,
+        });
+        let text = report.to_text();
+        assert_eq!(
+            text,
+            format!(
+                "orphan worktrees of run e5b500ee829c (the run is gone): {d}\n\
+                 \x20 removed worktree {d}/a (branch cohort/{ID}/a)\n\
+                 \x20 kept worktree {d}/b (branch cohort/{ID}/b): it holds work: 1 commits on no other branch\n\
+                 removed 0, refused 0, freed 0 B\n",
+                d = dir.display()
+            )
+        );
+        assert_eq!(report.refused(), 0, "a kept worktree refuses no run");
+        let v: serde_json::Value = serde_json::from_str(report.to_json_lines().trim()).unwrap();
+        assert_eq!(v["outcome"], "orphan-worktrees");
+        assert_eq!(v["runId"], ID);
+        assert_eq!(v["path"], dir.to_str().unwrap());
+        assert_eq!(v["dirRemoved"], false);
+        assert_eq!(
+            v["worktreesRemoved"][0]["path"],
+            format!("{}/a", dir.display())
+        );
+        assert_eq!(v["worktreesKept"][0]["branch"], format!("cohort/{ID}/b"));
+        assert!(v["worktreesKept"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("holds work"));
+        let notes = report.notes();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].starts_with("kept the worktree"), "{notes:?}");
+        // Left empty, the directory goes too, and a dry run says it would.
+        report.mode = Mode::DryRun;
+        report.orphan_worktrees[0].worktrees.truncate(1);
+        report.orphan_worktrees[0].dir_removed = true;
+        let text = report.to_text();
+        assert!(
+            text.contains(&format!("  would remove {} (left empty)\n", dir.display())),
+            "{text}"
+        );
+        assert!(text.contains("  would remove worktree "), "{text}");
     }
 }

@@ -90,8 +90,7 @@ pub struct Bases<'a> {
     /// group also relative `reads:` and `progress.md`.
     pub chain_dir: &'a Path,
     /// The step's cwd when the run is a single task: its relative `reads:` resolve against
-    /// it, only the files that exist are named, and `progress` has no effect (pi-subagents'
-    /// single launch).
+    /// it, and `progress` has no effect (pi-subagents' single launch).
     pub single_cwd: Option<&'a Path>,
 }
 
@@ -121,9 +120,10 @@ pub fn wants_chain_dir(spec: &TaskSpec) -> bool {
     output.is_some() || !reads.is_empty() || progress
 }
 
-/// The handoff files of `spec` ([`handoff_keys`]; pure but for `exists`, asked only about a
-/// single run's reads): its `output` (a relative one of a group `member` is namespaced to
-/// `parallel-<step>/<k>-<agent>/`, so members never share a file), its `reads`, and
+/// The handoff files of `spec` ([`handoff_keys`]; pure but for `exists`, asked about each
+/// resolved `reads` path): its `output` (a relative one of a group `member` is namespaced to
+/// `parallel-<step>/<k>-<agent>/`, so members never share a file), those of its `reads` that
+/// `exists` says are there (the others are dropped, in a chain as in a single run), and
 /// `progress.md` when `progress` is on. Without a chain directory there are none.
 ///
 /// Errors: a path that would leave the chain directory.
@@ -150,17 +150,16 @@ pub fn step_files(
         }
         None => None,
     };
-    let reads = match bases.single_cwd {
+    let reads: Vec<PathBuf> = match bases.single_cwd {
         None => reads
             .iter()
             .map(|p| resolve_path(dir, p))
             .collect::<std::result::Result<_, _>>()?,
-        Some(cwd) => reads
-            .iter()
-            .map(|p| cwd.join(p))
-            .filter(|p| exists(p))
-            .collect(),
+        Some(cwd) => reads.iter().map(|p| cwd.join(p)).collect(),
     };
+    // Only the files there now are named; a missing one is left out without a word, and
+    // with none left the step gets no `[Read from: …]` line (pi-subagents' rule).
+    let reads = reads.into_iter().filter(|p| exists(p)).collect();
     let progress = (progress && bases.single_cwd.is_none()).then(|| dir.join(PROGRESS_FILE));
     Ok(StepFiles {
         output,
@@ -677,6 +676,48 @@ mod tests {
             [PathBuf::from("/work/plan.md"), "/abs/notes.md".into()]
         );
         assert_eq!(f.progress, None);
+    }
+
+    #[test]
+    fn a_chain_steps_reads_are_the_chain_dirs_files_that_exist() {
+        let dir = Path::new("/c");
+        let mut s = with_agent(None, &["plan.md", "gone.md", "/abs/notes.md"], false);
+        let exists = |p: &Path| !p.ends_with("gone.md");
+        let m = Member {
+            chain_index: 1,
+            index: 0,
+            agent: "scout",
+        };
+        // The agent's defaultReads, in a chain step and in a group member alike.
+        for member in [None, Some(m)] {
+            let f = step_files(chain(dir), &s, member, &exists).unwrap();
+            assert_eq!(
+                f.reads,
+                [PathBuf::from("/c/plan.md"), "/abs/notes.md".into()]
+            );
+        }
+        // The step's own reads, with none of them there: no `[Read from: …]` line at all.
+        s.reads = Some(Setting::Value(vec!["gone.md".into(), "sub/gone.md".into()]));
+        let f = step_files(chain(dir), &s, None, &exists).unwrap();
+        assert!(f.reads.is_empty());
+        let t = Handoff::default().task_of(&s, None, &f).unwrap();
+        assert_eq!(t, "x");
+        // A path that climbs out is refused whether or not it exists.
+        s.reads = Some(Setting::Value(vec!["../gone.md".into()]));
+        assert!(step_files(chain(dir), &s, None, &|_: &Path| false).is_err());
+    }
+
+    #[test]
+    fn a_reads_file_is_named_once_it_exists_on_disk() {
+        let t = tempfile::tempdir().unwrap();
+        let mut s = spec("x");
+        s.reads = Some(Setting::Value(vec!["a.md".into(), "b.md".into()]));
+        let on_disk = |p: &Path| p.exists();
+        let f = step_files(chain(t.path()), &s, None, &on_disk).unwrap();
+        assert!(f.reads.is_empty());
+        std::fs::write(t.path().join("b.md"), "b").unwrap();
+        let f = step_files(chain(t.path()), &s, None, &on_disk).unwrap();
+        assert_eq!(f.reads, [t.path().join("b.md")]);
     }
 
     #[test]

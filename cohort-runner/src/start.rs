@@ -7,7 +7,8 @@
 //! identity and the run's containment, and then reads what the chain needs; a failure after
 //! `running` is published is recorded (`failed`, with a `run.failed` event) and returned.
 //! A runner that dies between the two leaves a `queued` run with a free lock: the next reader
-//! settles it `failed` ("start abandoned").
+//! settles it `failed` ("start abandoned") and removes the cgroup the runner made but no record
+//! names, when it is empty (`cohort_common::os::cgroup::remove_leftovers`).
 
 use serde_json::json;
 
@@ -110,6 +111,9 @@ pub fn into_running(dir: &RunDir, mut rec: RunRecord) -> Result<Running> {
         }
         Err(why) => return fail(rec, why.clone(), Error::State(why)),
     };
+    // A crash here leaves the cgroup that no record names yet: the reader that settles the
+    // abandoned start removes it from where it is made (`cgroup::remove_leftovers`).
+    fault::point("runner.cgroup-made");
     publish_running(dir, &mut rec)?;
     fault::point("runner.running");
     let mut events = match EventLog::open(&dir.events(), spec.options.events_cap_bytes) {

@@ -11,8 +11,8 @@
 //! - [`state_root`]: the state root, whether it exists, its owner and permission bits (it
 //!   should be 0700 and ours: tasks and outputs may hold secrets);
 //! - counts per state (through the index, so only active records are read);
-//! - leftovers: abandoned starts, temp files of interrupted writes, and session dirs and
-//!   routes no run refers to ([`cohort_common::store::debris`]);
+//! - leftovers: abandoned starts, temp files of interrupted writes, and session dirs,
+//!   routes and worktree dirs no run refers to ([`cohort_common::store::debris`]);
 //! - the legacy runs directory, if any;
 //! - disk use of the state root (a walk that never follows symlinks), split by part;
 //! - whether logout kills runners (systemd-logind, [`crate::logind`]);
@@ -303,8 +303,9 @@ pub struct Report {
     /// Temp files of interrupted writes in the state root (`R/.tmp-*`): the next cohort-reap
     /// removes them.
     pub temp_files: Vec<PathBuf>,
-    /// Session dirs and routes no run refers to any more: `cohort-reap --orphan-sessions`
-    /// removes them.
+    /// Session dirs, routes and worktree dirs no run refers to any more: `cohort-reap
+    /// --orphan-sessions` removes them (a worktree dir's worktrees only when they hold no
+    /// work).
     pub orphans: Vec<debris::Orphan>,
     /// Bytes on disk under the state root, by part (`runs`, `nested`, `sessions`, `index`,
     /// `other`, `total`), and `tmp`: how much of `runs` and `nested` is the runs' private temp
@@ -551,7 +552,7 @@ pub fn render(r: &Report) -> String {
     }
     if !r.orphans.is_empty() {
         s.push_str(&format!(
-            "orphans: {} session dirs and routes no run refers to (cohort-reap --orphan-sessions removes them)\n",
+            "orphans: {} session dirs, routes and worktree dirs no run refers to (cohort-reap --orphan-sessions removes them, keeping the worktrees that hold work)\n",
             r.orphans.len()
         ));
         for o in &r.orphans {

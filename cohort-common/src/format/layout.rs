@@ -158,6 +158,11 @@ impl StateRoot {
         self.root.join(crate::worktree::WORKTREES_DIR)
     }
 
+    /// `R/worktrees/<runId>`: the directory of one run's worktrees.
+    pub fn run_worktrees_dir(&self, run_id: &str) -> PathBuf {
+        self.worktrees_dir().join(run_id)
+    }
+
     /// `R/nested-subagent-runs`.
     pub fn nested_root(&self) -> PathBuf {
         self.root.join(NESTED_RUNS_DIR)

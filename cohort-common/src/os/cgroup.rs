@@ -244,6 +244,66 @@ pub fn is_run_cgroup(path: &Path, run_id: &str, mount: &Path) -> bool {
         && path.file_name().is_some_and(|n| n == run_id)
 }
 
+/// Where run `run_id`'s cgroup lies when its record does not name one (pure over [`Facts`]):
+/// a runner that died between making its cgroup and publishing `running` left
+/// `<base>/<run-id>`, and no record says where. The candidates are the run's directory under
+/// the base this process would use ([`locate`], whether writable or not) and, for root, under
+/// `<mount>/cohort`, where a root runner of a top-level run makes it whatever cgroup it was
+/// started from; each is one [`is_run_cgroup`] accepts. Empty without a cgroup2 mount.
+pub fn unrecorded_candidates(facts: &Facts, run_id: &str) -> Vec<PathBuf> {
+    let Some(mount) = facts.mount.as_deref() else {
+        return Vec::new();
+    };
+    let mut out: Vec<PathBuf> = Vec::new();
+    let bases = [
+        locate(facts, |_| None).ok(),
+        (facts.euid == 0).then(|| mount.join(BASE_NAME)),
+    ];
+    for base in bases.into_iter().flatten() {
+        let dir = base.join(run_id);
+        if is_run_cgroup(&dir, run_id, mount) && !out.contains(&dir) {
+            out.push(dir);
+        }
+    }
+    out
+}
+
+/// Remove run `run_id`'s cgroup tree `dir` when it holds no process (I/O): only a directory
+/// [`is_run_cgroup`] accepts under `mount`, only when its `cgroup.events` says `populated 0`
+/// (for it and every cgroup below it), deepest first ([`remove_tree`]). Nothing is signalled:
+/// what is found there is not proved to be the run's. Returns whether it is gone now (it was
+/// removed, or was not there).
+pub fn remove_if_empty(dir: &Path, run_id: &str, mount: &Path) -> bool {
+    if !is_run_cgroup(dir, run_id, mount) {
+        return false;
+    }
+    match populated(dir) {
+        // No cgroup.events: not a cgroup (any more).
+        None => !dir.exists(),
+        Some(true) => false,
+        Some(false) => remove_tree(dir).is_ok(),
+    }
+}
+
+/// Remove the empty cgroups run `run_id` may have left (I/O, over [`facts`]): the one its
+/// record names (`recorded`), and those at [`unrecorded_candidates`], each by
+/// [`remove_if_empty`]. Returns the directories removed.
+pub fn remove_leftovers(run_id: &str, recorded: Option<&Path>) -> Vec<PathBuf> {
+    let facts = facts();
+    let Some(mount) = facts.mount.as_deref() else {
+        return Vec::new();
+    };
+    let mut dirs: Vec<PathBuf> = recorded.map(Path::to_path_buf).into_iter().collect();
+    for d in unrecorded_candidates(&facts, run_id) {
+        if !dirs.contains(&d) {
+            dirs.push(d);
+        }
+    }
+    dirs.into_iter()
+        .filter(|d| d.is_dir() && remove_if_empty(d, run_id, mount))
+        .collect()
+}
+
 /// The limits a run's cgroup can carry, each the name of the controller it needs and its file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Limit {
@@ -627,6 +687,61 @@ mod tests {
         ));
         assert!(!is_run_cgroup(Path::new("/etc/abc"), "abc", m));
         assert!(!is_run_cgroup(Path::new("m/cohort/abc"), "abc", m));
+    }
+
+    #[test]
+    fn an_unrecorded_run_cgroup_is_looked_for_only_under_the_cohort_bases() {
+        let f = |own: &str, euid| Facts {
+            mount: Some("/m".into()),
+            own: Some(own.into()),
+            euid,
+        };
+        let p = PathBuf::from;
+        assert_eq!(
+            unrecorded_candidates(&f("/system.slice/x.service", 0), "R"),
+            [p("/m/cohort/R")]
+        );
+        assert_eq!(
+            unrecorded_candidates(&f("/user.slice/u@1000.service", 1000), "R"),
+            [p("/m/user.slice/u@1000.service/cohort/R")]
+        );
+        // A reader inside a run's step leaf (a tool of that run) looks where that step's
+        // nested runs go, and as root where top-level runs go too.
+        assert_eq!(
+            unrecorded_candidates(&f("/cohort/P/step-1/pi", 0), "R"),
+            [p("/m/cohort/P/step-1/R"), p("/m/cohort/R")]
+        );
+        // A name that is not one plain component is no run's directory.
+        assert!(unrecorded_candidates(&f("/", 0), "..").is_empty());
+        assert!(unrecorded_candidates(&f("/", 0), "a/b").is_empty());
+        let none = Facts {
+            mount: None,
+            ..f("/", 0)
+        };
+        assert!(unrecorded_candidates(&none, "R").is_empty());
+    }
+
+    #[test]
+    fn only_a_cgroup_named_for_the_run_that_holds_no_process_is_removed() {
+        // A plain directory stands for the cgroup (the removal of a real one is in the
+        // end-to-end tests, `faults.rs`): its `cgroup.events` says whether it is populated.
+        let t = tempfile::tempdir().unwrap();
+        let m = t.path();
+        let dir = m.join("cohort/R");
+        std::fs::create_dir_all(dir.join("runner")).unwrap();
+        // Another run's name, or outside the mount: never touched.
+        assert!(!remove_if_empty(&dir, "S", m));
+        assert!(!remove_if_empty(&dir, "R", Path::new("/elsewhere")));
+        // Not a cgroup (no cgroup.events): left as it is.
+        assert!(!remove_if_empty(&dir, "R", m));
+        std::fs::write(dir.join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+        assert!(!remove_if_empty(&dir, "R", m), "populated: kept");
+        assert!(
+            dir.join("runner").is_dir(),
+            "nothing below it removed either"
+        );
+        // Nothing there: gone already.
+        assert!(remove_if_empty(&m.join("cohort/G"), "G", m));
     }
 
     #[test]

@@ -13,10 +13,18 @@
 //!   in it, and no process holds the lock of a file in it. `cohort-reap --orphan-sessions`
 //!   removes them.
 //!
-//! Session dirs and routes appear only after their run directory is published (spawn makes
-//! the session dir after the rename; the runner makes the route after `running`), so a run
-//! being started is never an orphan. [`is_orphan`] is the pure rule; [`survey`] gathers what
-//! it needs.
+//! - **Orphan worktree dirs** (`R/worktrees/<runId>/`): the git worktrees of a run's
+//!   `worktree: true` groups, left when the run directory went some other way than a reap (by
+//!   hand, a crash) or by a reap that kept them because they held work. One is an orphan when
+//!   no run with its id exists (the same ids as above: a nested run's worktrees are under its
+//!   own id). Its worktrees are the user's work, so nothing here removes them:
+//!   `cohort-reap --orphan-sessions` removes, through git, those that hold no work and keeps
+//!   the others (`cohort-reap/src/worktrees.rs`).
+//!
+//! Session dirs, routes and worktrees appear only after their run directory is published
+//! (spawn makes the session dir after the rename; the runner makes the route and the
+//! worktrees after `running`), so a run being started is never an orphan. [`is_orphan`] is
+//! the pure rule; [`survey`] gathers what it needs.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -36,19 +44,22 @@ pub enum OrphanKind {
     SessionDir,
     /// A run tree's route, `R/nested-subagent-events/<rootRunId>/`.
     Route,
+    /// A run's directory of git worktrees, `R/worktrees/<runId>/`.
+    Worktrees,
 }
 
 impl OrphanKind {
-    /// The words for a report: "session dir", "route".
+    /// The words for a report: "session dir", "route", "worktrees".
     pub fn as_str(self) -> &'static str {
         match self {
             OrphanKind::SessionDir => "session dir",
             OrphanKind::Route => "route",
+            OrphanKind::Worktrees => "worktrees",
         }
     }
 }
 
-/// A session dir or route that no run refers to.
+/// A session dir, route or worktree dir that no run refers to.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Orphan {
@@ -70,9 +81,9 @@ pub struct Referred {
     pub files: HashMap<PathBuf, String>,
 }
 
-/// Whether a session dir or route is an orphan (pure): its run `run_id` does not exist, no
-/// existing run names a file in it (`named`), and no process holds a lock of a file in it
-/// (`locked`).
+/// Whether a session dir, route or worktree dir is an orphan (pure): its run `run_id` does not
+/// exist, no existing run names a file in it (`named`), and no process holds a lock of a file
+/// in it (`locked`). Nothing names or locks a file in a route or a worktree dir.
 pub fn is_orphan(run_id: &str, referred: &Referred, named: bool, locked: bool) -> bool {
     !referred.ids.contains(run_id) && !named && !locked
 }
@@ -128,8 +139,9 @@ pub fn referred(root: &StateRoot) -> Result<Referred> {
     Ok(out)
 }
 
-/// Every orphan session dir and route of the state root (see the module docs), in path order.
-/// Only real directories are candidates (never a symlink), named by a run id.
+/// Every orphan session dir, route and worktree dir of the state root (see the module docs),
+/// in path order. Only real directories are candidates (never a symlink, nor anything under a
+/// `R/worktrees` that is one), named by a run id.
 ///
 /// Errors: those of [`referred`].
 pub fn survey(root: &StateRoot) -> Result<Vec<Orphan>> {
@@ -180,6 +192,20 @@ pub fn survey(root: &StateRoot) -> Result<Vec<Orphan>> {
             });
         }
     }
+    let worktrees = root.worktrees_dir();
+    let real_dir = std::fs::symlink_metadata(&worktrees).is_ok_and(|m| m.is_dir());
+    for id in real_dir.then(|| dirs(&worktrees)).into_iter().flatten() {
+        if id.parse::<crate::format::id::RunId>().is_err() {
+            continue;
+        }
+        if is_orphan(&id, &referred, false, false) {
+            out.push(Orphan {
+                kind: OrphanKind::Worktrees,
+                path: root.run_worktrees_dir(&id),
+                run_id: id,
+            });
+        }
+    }
     out.sort();
     Ok(out)
 }
@@ -201,7 +227,7 @@ mod tests {
     }
 
     #[test]
-    fn sessions_and_routes_of_gone_runs_are_orphans_and_the_rest_is_not() {
+    fn sessions_routes_and_worktree_dirs_of_gone_runs_are_orphans_and_the_rest_is_not() {
         let t = tempfile::tempdir().unwrap();
         let root = StateRoot::for_profile(t.path());
         let mk = |p: &Path| files::create_dir_all_private(p).unwrap();
@@ -227,6 +253,10 @@ mod tests {
         }
         mk(&root.route_dir(&live));
         mk(&root.route_dir(&gone));
+        // Worktree dirs: a gone run's, a live run's, and one named like no run.
+        mk(&root.run_worktrees_dir(&gone).join("a"));
+        mk(&root.run_worktrees_dir(&live).join("a"));
+        mk(&root.worktrees_dir().join("not-a-run"));
         // Not named like a run: never touched.
         mk(&root.sessions_dir().join("mine"));
         std::fs::write(root.path().join(".tmp-abc123"), "").unwrap();
@@ -244,9 +274,31 @@ mod tests {
                 path: root.route_dir(&gone),
                 run_id: gone.clone(),
             },
+            Orphan {
+                kind: OrphanKind::Worktrees,
+                path: root.run_worktrees_dir(&gone),
+                run_id: gone.clone(),
+            },
         ];
         want.sort();
         assert_eq!(got, want);
         assert_eq!(temp_files(&root), vec![root.path().join(".tmp-abc123")]);
+    }
+
+    #[test]
+    fn worktree_dirs_behind_a_symlinked_worktrees_dir_are_not_candidates() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(t.path());
+        files::create_dir_all_private(root.path()).unwrap();
+        let elsewhere = t.path().join("elsewhere");
+        let gone = RunId::new().to_string();
+        files::create_dir_all_private(&elsewhere.join(&gone)).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, root.worktrees_dir()).unwrap();
+        assert_eq!(survey(&root).unwrap(), Vec::new());
+        // A run's worktree dir that is a symlink is not one either.
+        std::fs::remove_file(root.worktrees_dir()).unwrap();
+        files::create_dir_all_private(&root.worktrees_dir()).unwrap();
+        std::os::unix::fs::symlink(elsewhere.join(&gone), root.run_worktrees_dir(&gone)).unwrap();
+        assert_eq!(survey(&root).unwrap(), Vec::new());
     }
 }

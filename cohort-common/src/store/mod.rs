@@ -9,7 +9,7 @@
 //! - [`wait`]: blocking until runs end (a blocking lock, no polling);
 //! - [`answer`]: a run's answer, read from its steps' final texts;
 //! - [`debris`]: leftovers that are not runs and that no run refers to (temp files of the
-//!   state root, orphan session dirs and routes);
+//!   state root, orphan session dirs, routes and worktree dirs);
 //! - [`links`]: the state root's own directories that are symlinks (a layout spawn refuses).
 //!
 //! Built on [`crate::format`](mod@crate::format) (what the files hold), [`crate::os`] (how they

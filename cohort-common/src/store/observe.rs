@@ -427,7 +427,9 @@ pub enum Settled {
 /// its job for a scheduler backend: `failed`, or `stopped` for a cancelled job),
 /// append the event, and remove the temporary files a writer that died mid-write left in the
 /// run directory (the lock proves no writer is left). A `running` run's survivors are named
-/// and ended first ([`settle_survivors`]).
+/// and ended first ([`settle_survivors`]); a `queued` run's empty cgroup, which its record
+/// never named, is removed from where its runner would have made it
+/// ([`cgroup::remove_leftovers`]), and nothing in it is signalled.
 ///
 /// Errors: the lock file cannot be opened, or the record cannot be read.
 ///
@@ -479,6 +481,12 @@ pub fn settle(dir: &RunDir, job: Option<&Phase>) -> Result<Settled> {
     }
     let _ = events::append_once(&dir.events(), kind, json!({"error": error}));
     files::remove_temp_files(dir.path());
+    if kind == EventKind::RunAbandoned {
+        // A runner killed between making the run's cgroup and publishing `running` left it
+        // unnamed: it is removed where it would be, when empty, never signalled.
+        let recorded = rec.containment.as_ref().and_then(|c| c.cgroup());
+        cgroup::remove_leftovers(&rec.run_id, recorded);
+    }
     Ok(Settled::Written(rec))
 }
 

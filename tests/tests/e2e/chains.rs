@@ -1,7 +1,8 @@
 //! End-to-end: chain files as spawn reads them (`docs/chain.md`) — both file shapes and the
 //! upstream step keys reaching the launch spec, `count`, per-step `cwd` and `skills` reaching
-//! the Pi child, `--chain NAME` never running a file of the cwd, and the refusals at spawn —
-//! on the real Pi CLI and the fake model server.
+//! the Pi child, a step's `reads` naming only the files there when it starts, `--chain NAME`
+//! never running a file of the cwd, and the refusals at spawn — on the real Pi CLI and the
+//! fake model server.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -363,4 +364,37 @@ fn bad_chains_are_refused_at_spawn_naming_file_and_line() {
     }
     let err = refused(&env, &["--chain", "absent.json"]);
     assert!(err.contains("unknown chain \"absent.json\""), "{err}");
+}
+
+#[test]
+fn a_steps_reads_name_only_the_files_there_when_it_starts() {
+    let env = TestEnv::new();
+    agents(&env);
+    let notes = write(env.tmp.path(), "notes.md", "notes");
+    let file = write(
+        env.tmp.path(),
+        "reads.chain.json",
+        &serde_json::json!({"chain": [
+            {"agent": "scout", "task": "map {task}", "output": "context.md"},
+            {"agent": "planner", "task": "plan",
+             "reads": ["context.md", "missing.md", notes.to_str().unwrap()]},
+            {"agent": "worker", "task": "work", "reads": ["gone.md", "sub/gone.md"]},
+        ]})
+        .to_string(),
+    );
+    let (id, _) = run(&env, &["--chain-file", file.to_str().unwrap(), "auth"]);
+    let ctx = env.run_dir(&id).join("chain").join("context.md");
+    let texts = env.server.user_texts();
+    assert_eq!(texts.len(), 3, "{texts:#?}");
+    // context.md exists once the scout's step ended; missing.md never does and is not named.
+    assert_eq!(
+        texts[1],
+        format!(
+            "[Read from: {}, {}]\n\nplan",
+            ctx.display(),
+            notes.display()
+        )
+    );
+    // None of its reads exist: the task has no `[Read from: …]` line at all.
+    assert_eq!(texts[2], "work");
 }

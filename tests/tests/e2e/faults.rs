@@ -10,7 +10,10 @@
 //! - a second reap is a no-op.
 //!
 //! The debris points (`fault::DEBRIS_POINTS`: a killed atomic write, a `--sessions` sweep cut
-//! short) leave something that is not a run: `--doctor` must list it first.
+//! short) leave something that is not a run: `--doctor` must list it first. Where a writable
+//! cgroup v2 hierarchy exists, no runner crash leaves the run's cgroup behind: the listing
+//! that settles the run removes it, even when the runner died before its record named it
+//! (`runner.cgroup-made`), and so does the reap.
 //!
 //! The full-disk case is in `reliability.rs` (it needs a small tmpfs).
 
@@ -21,6 +24,7 @@ use std::time::Duration;
 
 use cohort_common::fault::{self, CRASH_ENV};
 use cohort_common::format::record::{RunState, StepRecord};
+use cohort_common::os::{cgroup, lock};
 use cohort_e2e::fixture::{self, Run};
 use cohort_e2e::harness::{stderr, stdout, wait_for, TestEnv, HERMETIC};
 use serde_json::Value;
@@ -209,15 +213,46 @@ fn spawn_crash_points() {
 
 #[test]
 fn runner_crash_points() {
+    // Where this machine's runs get their cgroups; without a writable cgroup v2 hierarchy the
+    // cgroup assertions are skipped (the runs keep `/proc` tracking).
+    let base = match cgroup::locate_here() {
+        Ok(base) => Some(base),
+        Err(why) => {
+            eprintln!("runner_crash_points: cgroup assertions skipped ({why})");
+            None
+        }
+    };
     for point in fault::RUNNER_POINTS {
         let env = TestEnv::new();
         // The runner inherits the armed variable from spawn; spawn itself passes no point of
         // its own. A runner killed before it is ready makes the start fail (spawn exits 2).
         assert!(!spawn_with_crash(&env, point), "{point}: spawn was killed");
+        // Before any reader looks: the run, and its runner dead at its point (the lock free).
+        let listed: Vec<String> = std::fs::read_dir(env.state_root().runs_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(listed.len(), 1, "{point}: {listed:?}");
+        let id = listed[0].clone();
+        let lock = env.run_dir(&id).join("runner.lock");
+        wait_for(Duration::from_secs(60), || {
+            lock::probe(&lock).is_ok_and(|l| !l.is_alive())
+        })
+        .unwrap_or_else(|_| panic!("{point}: the runner never died"));
+        let cg = base.as_ref().map(|b| b.join(&id));
+        if point == "runner.cgroup-made" {
+            // The window: the run's cgroup exists, and the record still names none.
+            let rec = env.record(&id);
+            assert_eq!(rec["state"], "queued", "{point}: {rec:#}");
+            assert!(rec["containment"].is_null(), "{point}: {rec:#}");
+            if let Some(cg) = &cg {
+                assert!(cg.is_dir(), "{point}: no cgroup {} was made", cg.display());
+            }
+        }
         let rows = rows(&env);
         assert_eq!(rows.len(), 1, "{point}: {rows:?}");
-        let id = rows[0]["runId"].as_str().unwrap().to_string();
-        // The runner dies at its point: its lock is freed, and the reader settles the run.
+        // The runner died at its point: its lock is freed, and the reader settles the run.
         wait_for(Duration::from_secs(60), || {
             let _ = env.run("cohort-status", &[&id]);
             let r = env.record(&id);
@@ -226,7 +261,19 @@ fn runner_crash_points() {
         .unwrap_or_else(|_| panic!("{point}: the run was never settled"));
         let rec = env.record(&id);
         assert_eq!(rec["state"], "failed", "{point}: {rec:#}");
+        if let Some(cg) = &cg {
+            // The settling reader removed the run's cgroup, named or not.
+            assert!(!cg.exists(), "{point}: the listing left {}", cg.display());
+            if point == "runner.cgroup-made" {
+                // As a reader that could not remove it leaves it (another user, an older
+                // cohort): then the reap removes it with the run.
+                std::fs::create_dir(cg).unwrap();
+            }
+        }
         check_invariants(&env, point);
+        if let Some(cg) = &cg {
+            assert!(!cg.exists(), "{point}: the reap left {}", cg.display());
+        }
     }
 }
 

@@ -6,6 +6,8 @@
 //! the worktrees without work, and keeps (and names) the ones with uncommitted changes or
 //! commits on no other branch, and never acts on a worktree a record names that is not named
 //! for the run. A repository with uncommitted changes fails the group before anything runs.
+//! The worktrees of a run whose directory went without a reap are orphans: `--doctor` lists
+//! them, and `cohort-reap --orphan-sessions` removes those without work and keeps the others.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -291,4 +293,118 @@ fn reap_acts_only_on_worktrees_named_for_the_run() {
     assert!(stderr(&reap).contains("left alone"), "{}", stderr(&reap));
     assert!(repo.join("sub/keep.txt").exists());
     assert_eq!(git(&repo, &["branch", "--show-current"]).trim(), "main");
+}
+
+#[test]
+fn the_worktrees_of_a_run_removed_by_hand_are_listed_and_removed_only_without_work() {
+    let env = TestEnv::new();
+    let repo = repo(&env);
+    let commit = "echo w > w.txt && git add w.txt && git commit -q -m w && pwd";
+    let out = spawn_group(
+        &env,
+        &repo,
+        &[member("idle", "pwd"), member("work", commit)],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let id = run_id(&out);
+    let dir = env.state_root().path().join("worktrees").join(&id);
+    let (idle, work) = (dir.join("idle"), dir.join("work"));
+    let (idle_branch, work_branch) = (format!("cohort/{id}/idle"), format!("cohort/{id}/work"));
+    assert!(idle.is_dir() && work.is_dir());
+    // The run directory goes some other way than a reap: nothing names the worktrees now.
+    std::fs::remove_dir_all(env.run_dir(&id)).unwrap();
+
+    let doctor = stdout(&env.run("cohort-status", &["--doctor"]));
+    let line = format!("  worktrees   {}", dir.display());
+    assert!(doctor.lines().any(|l| l == line), "{doctor}");
+    // The run's session dir and route are orphans too; its worktree dir is one of its own kind.
+    let orphan_worktrees = || -> Vec<Value> {
+        let doctor = env.run("cohort-status", &["--doctor", "--json"]);
+        let report: Value = serde_json::from_str(&stdout(&doctor)).unwrap();
+        report["orphans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| o["kind"] == "worktrees")
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        orphan_worktrees(),
+        [serde_json::json!({"kind": "worktrees", "path": dir, "runId": id})]
+    );
+
+    let row = |out: &std::process::Output| -> Value {
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(out));
+        let rows: Vec<Value> = stdout(out)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        rows[0].clone()
+    };
+    let branches_of = |v: &Value, k: &str| -> Vec<String> {
+        v[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["branch"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let dry = row(&env.run("cohort-reap", &["--orphan-sessions", "--dry-run", "--json"]));
+    assert_eq!(dry["outcome"], "orphan-worktrees");
+    assert_eq!(dry["runId"], id.as_str());
+    assert_eq!(dry["dryRun"], true);
+    assert_eq!(dry["dirRemoved"], false);
+    assert_eq!(
+        branches_of(&dry, "worktreesRemoved"),
+        std::slice::from_ref(&idle_branch)
+    );
+    assert_eq!(
+        branches_of(&dry, "worktreesKept"),
+        std::slice::from_ref(&work_branch)
+    );
+    assert!(
+        idle.is_dir() && branches(&repo).len() == 2,
+        "a dry run removes nothing"
+    );
+
+    let reap = env.run("cohort-reap", &["--orphan-sessions"]);
+    assert_eq!(reap.status.code(), Some(0), "{}", stderr(&reap));
+    let text = stdout(&reap);
+    assert!(
+        text.contains(&format!("orphan worktrees of run {}", &id[id.len() - 12..])),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "  removed worktree {} (branch {idle_branch})",
+            idle.display()
+        )),
+        "{text}"
+    );
+    let kept = format!(
+        "  kept worktree {} (branch {work_branch}): it holds work: 1 commits on no other branch",
+        work.display()
+    );
+    assert!(text.lines().any(|l| l == kept), "{text}");
+    assert!(
+        stderr(&reap).contains(&format!("kept the worktree {}", work.display())),
+        "{}",
+        stderr(&reap)
+    );
+    assert!(!idle.exists() && work.is_dir());
+    assert_eq!(branches(&repo), std::slice::from_ref(&work_branch));
+    assert_eq!(git(&work, &["log", "-1", "--format=%s"]).trim(), "w");
+
+    // Once its commit is on another branch it holds no work: it goes, and so does the
+    // directory it leaves empty; then nothing is left for the doctor to list.
+    git(&repo, &["branch", "saved-work", &work_branch]);
+    let done = row(&env.run("cohort-reap", &["--orphan-sessions", "--json"]));
+    assert_eq!(branches_of(&done, "worktreesRemoved"), [work_branch]);
+    assert_eq!(done["dirRemoved"], true);
+    assert_eq!(done["dryRun"], false);
+    assert!(!dir.exists());
+    assert!(branches(&repo).is_empty());
+    assert_eq!(git(&repo, &["worktree", "list"]).lines().count(), 1);
+    assert_eq!(orphan_worktrees(), Vec::<Value>::new());
 }
