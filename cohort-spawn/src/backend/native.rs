@@ -205,7 +205,8 @@ impl ExecImage {
     /// setsid succeeds; from then on no signal to the spawner's process group or terminal
     /// reaches it), put the descriptors at 0–3 (dup2 clears close-on-exec on the copy, so the
     /// runner inherits the held lock, the same open file), restore `SIGPIPE` (the Rust runtime
-    /// ignores it, and the disposition would be inherited), and execute the runner; if that
+    /// ignores it, and the disposition would be inherited) and an empty signal mask (a mask is
+    /// inherited too), and execute the runner; if that
     /// fails, say so on stderr and exit 127. Only async-signal-safe calls, no allocation.
     fn exec(&self) -> ! {
         // SAFETY: every call is async-signal-safe; the pointers point into `self`, built before
@@ -215,6 +216,9 @@ impl ExecImage {
                 libc::_exit(127);
             }
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            let mut none = std::mem::zeroed::<libc::sigset_t>();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
             for (target, fd) in [0, 1, 2, LOCK_FD].into_iter().zip(&self.fds) {
                 if libc::dup2(fd.as_raw_fd(), target) < 0 {
                     libc::_exit(127);
