@@ -52,9 +52,9 @@ pub fn close_inherited_fds(keep: Option<i32>) {
 /// A runner its scheduler started keeps the job's session and process group, where the
 /// scheduler's signals reach it ([`RunnerSession::Kept`]; the backend's module says why).
 pub fn detach(backend: BackendKind) -> Result<()> {
-    // Native spawn starts the runner in a session of its own already (at fork, so that no
-    // signal to the spawner's group reaches it before this point); a runner started otherwise
-    // starts one here.
+    // Native spawn starts the runner in a session of its own already (its forked child calls
+    // setsid before spawn returns, so that no signal to the spawner's group reaches it before
+    // this point); a runner started otherwise starts one here.
     let leads_session = nix::unistd::getsid(None).ok() == Some(nix::unistd::getpid());
     if backend.runner_session() == RunnerSession::New && !leads_session {
         nix::unistd::setsid().map_err(|e| {

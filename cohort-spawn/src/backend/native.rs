@@ -2,9 +2,9 @@
 //!
 //! Spawn forks `cohort-runner RUN_DIR` with the held run lock as an inherited descriptor, so
 //! the lock is never free between the run's publication and the runner's end, and returns as
-//! soon as the runner exists ([`start_runner`]): once `fork(2)` has returned, the child holds the
-//! lock; it starts a session of its own and executes the runner without spawn waiting for
-//! either, so nothing of the runner's start-up is on spawn's path. The record names no backend.
+//! soon as the runner exists ([`start_runner`]): once `fork(2)` has returned the child holds the
+//! lock, and spawn waits only until the child says it leads a session of its own, not for its
+//! `exec`, so nothing of the runner's start-up is on spawn's path. The record names no backend.
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsString};
@@ -37,9 +37,11 @@ impl Submit for Native {
 
 /// Start the detached runner for `dir`, handing it the held run lock as descriptor
 /// [`LOCK_FD`] (named in [`LOCK_FD_ENV`]), and sync `parent` (the rename that published the
-/// run). Returns once the runner exists: `fork(2)` has returned, and the child holds the lock
-/// (the same open file as spawn's, so it stays held when spawn exits) in a session of its own.
-/// Neither its `exec` nor its start-up is waited for: a runner that fails later records its own
+/// run). Returns once the runner exists in a session of its own: `fork(2)` has returned, the
+/// child holds the lock (the same open file as spawn's, so it stays held when spawn exits), and
+/// it has said on a pipe that its `setsid` succeeded ([`wait_for_session`]), so spawn's exit
+/// (the hang-up of a terminal it led) or a signal to its process group cannot end it. Neither
+/// its `exec` nor its start-up is waited for: a runner that fails later records its own
 /// `failed` record, and one that cannot be executed (the check below passed, the `exec` did not)
 /// writes why to `runner.log` and exits 127, leaving a `queued` run with a free lock, which the
 /// next reader settles `failed` ("start abandoned"). If the sync fails the runner is killed
@@ -64,13 +66,23 @@ pub fn start_runner(
     let program = executable(runner).map_err(|e| cannot(&e))?;
     let log = files::open_append(&dir.runner_log())?;
     let image = ExecImage::new(&program, dir.path(), root, lock, &log).map_err(|e| cannot(&e))?;
+    // The child says on this pipe (close-on-exec) that it leads its own session.
+    let (in_session, told) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cannot(&e))?;
     // SAFETY: fork(2) in a process whose other threads (if any) hold no lock the child needs:
     // the child calls only async-signal-safe functions ([`ExecImage::exec`]) and allocates
     // nothing, then executes the runner or exits.
     match unsafe { libc::fork() } {
         -1 => Err(cannot(&std::io::Error::last_os_error())),
-        0 => image.exec(),
+        0 => image.exec(told.as_raw_fd()),
         pid => {
+            drop(told);
+            if let Err(why) = wait_for_session(&in_session) {
+                // SAFETY: waitpid(2) of the child forked just above, which has exited (its
+                // end of the pipe is closed) and is not waited for elsewhere.
+                unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+                return Err(cannot(&why));
+            }
             if let Err(e) = files::sync_dir(parent) {
                 // SAFETY: kill(2) and waitpid(2) of the child forked just above, not yet
                 // waited for, so the pid is still ours.
@@ -82,6 +94,23 @@ pub fn start_runner(
             }
             // The runner leads its own session; it is reparented when spawn exits.
             Ok(())
+        }
+    }
+}
+
+/// Block until the forked child has written its byte on `pipe` (it leads its own session now,
+/// so no signal to spawn's process group, and no hang-up of spawn's terminal, reaches it),
+/// which takes microseconds of the child's time, not its `exec`.
+///
+/// Errors: the pipe was closed first (the child could not start a session and exited).
+fn wait_for_session(pipe: &OwnedFd) -> Result<(), String> {
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::unistd::read(pipe, &mut byte) {
+            Ok(1) => return Ok(()),
+            Ok(_) => return Err("its process could not start a session of its own".into()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(format!("cannot hear from its process: {e}")),
         }
     }
 }
@@ -103,9 +132,11 @@ fn executable(runner: &Path) -> std::io::Result<PathBuf> {
             return Ok(c.clone());
         }
     }
-    let errno = match candidates.as_slice() {
-        [only] if only.exists() => libc::EACCES,
-        _ => libc::ENOENT,
+    // As execvp(3) says: permission denied when some candidate exists but cannot be run.
+    let errno = if candidates.iter().any(|c| c.exists()) {
+        libc::EACCES
+    } else {
+        libc::ENOENT
     };
     Err(std::io::Error::from_raw_os_error(errno))
 }
@@ -194,7 +225,7 @@ impl ExecImage {
             envp_ptrs,
             fds,
             failed: c(format!(
-                "cohort-spawn: cannot execute the runner {}\n",
+                "cohort-spawn: cannot execute the runner {}",
                 program.display()
             )
             .as_bytes())?,
@@ -203,16 +234,17 @@ impl ExecImage {
 
     /// In the forked child: start a session of its own (the forked child leads no group, so
     /// setsid succeeds; from then on no signal to the spawner's process group or terminal
-    /// reaches it), put the descriptors at 0–3 (dup2 clears close-on-exec on the copy, so the
+    /// reaches it) and say so with one byte on `told` (close-on-exec; [`wait_for_session`]),
+    /// put the descriptors at 0–3 (dup2 clears close-on-exec on the copy, so the
     /// runner inherits the held lock, the same open file), restore `SIGPIPE` (the Rust runtime
     /// ignores it, and the disposition would be inherited) and an empty signal mask (a mask is
-    /// inherited too), and execute the runner; if that
-    /// fails, say so on stderr and exit 127. Only async-signal-safe calls, no allocation.
-    fn exec(&self) -> ! {
+    /// inherited too), and execute the runner; if that fails, say so on stderr with the
+    /// error number and exit 127. Only async-signal-safe calls, no allocation.
+    fn exec(&self, told: libc::c_int) -> ! {
         // SAFETY: every call is async-signal-safe; the pointers point into `self`, built before
         // the fork and alive (the child never returns), both arrays ending in NULL.
         unsafe {
-            if libc::setsid() < 0 {
+            if libc::setsid() < 0 || libc::write(told, b"s".as_ptr().cast(), 1) != 1 {
                 libc::_exit(127);
             }
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
@@ -229,11 +261,39 @@ impl ExecImage {
                 self.argv_ptrs.as_ptr(),
                 self.envp_ptrs.as_ptr(),
             );
+            let errno = *libc::__errno_location();
+            let mut digits = [0u8; 24];
+            let n = os_error_suffix(errno, &mut digits);
             let msg = self.failed.as_bytes();
             libc::write(2, msg.as_ptr().cast(), msg.len());
+            libc::write(2, digits.as_ptr().cast(), n);
             libc::_exit(127)
         }
     }
+}
+
+/// Write `: os error N\n` for `errno` into `buf` without allocating (the forked child's
+/// message after a failed `exec`); returns its length.
+fn os_error_suffix(errno: libc::c_int, buf: &mut [u8; 24]) -> usize {
+    const PREFIX: &[u8] = b": os error ";
+    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut n = PREFIX.len();
+    let mut rev = [0u8; 10];
+    let (mut v, mut k) = (errno.unsigned_abs(), 0);
+    loop {
+        rev[k] = b'0' + (v % 10) as u8;
+        k += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for d in rev[..k].iter().rev() {
+        buf[n] = *d;
+        n += 1;
+    }
+    buf[n] = b'\n';
+    n + 1
 }
 
 #[cfg(test)]
@@ -264,6 +324,17 @@ mod tests {
 
         std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o755)).unwrap();
         assert_eq!(executable(&plain).unwrap(), plain);
+    }
+
+    #[test]
+    fn an_exec_error_is_written_with_its_number() {
+        let mut buf = [0u8; 24];
+        let n = os_error_suffix(libc::ENOEXEC, &mut buf);
+        assert_eq!(&buf[..n], b": os error 8\n");
+        let n = os_error_suffix(i32::MAX, &mut buf);
+        assert_eq!(&buf[..n], b": os error 2147483647\n");
+        let n = os_error_suffix(0, &mut buf);
+        assert_eq!(&buf[..n], b": os error 0\n");
     }
 
     #[test]

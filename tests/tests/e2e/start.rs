@@ -27,6 +27,30 @@ fn gated_runner(env: &TestEnv, name: &str, gate: &std::path::Path, then: &str) -
     path.to_str().unwrap().to_string()
 }
 
+/// The processes that have `lock` open (a descriptor of theirs names it).
+fn lock_holders(lock: &std::path::Path) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        if fds
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == lock))
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
 /// `cohort-spawn` of `task` with `runner`, which must return within 20 s while `gate` holds
 /// the runner up; on a spawn that does not, the gate is opened (so spawn and its run end) and
 /// the test fails.
@@ -69,6 +93,20 @@ fn spawn_returns_before_the_runner_starts_up_and_every_guarantee_holds() {
         &format!("exec '{}' \"$@\"", real.display()),
     );
     let id = spawn_with(&env, &runner, &gate, "held");
+    // Right after spawn, whatever holds the run's lock (the forked child, before or after its
+    // exec, and what the wrapper runs) is in a session one of them leads: spawn's exit, or a
+    // signal to its process group or a hang-up of its terminal, cannot end it.
+    let holders = lock_holders(&env.run_dir(&id).join("runner.lock"));
+    assert!(!holders.is_empty(), "nothing holds the lock");
+    for &pid in &holders {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let session: u32 = after.split(' ').nth(3).unwrap().parse().unwrap();
+        assert!(
+            holders.contains(&session),
+            "{pid} is in session {session}, which no holder of the lock leads: {stat}"
+        );
+    }
     // Found right after spawn: queued, its lock held (by the waiting runner), not abandoned.
     let shown = env.run("cohort-status", &["--json", &id]);
     assert_eq!(shown.status.code(), Some(0), "{}", stderr(&shown));
