@@ -1,5 +1,5 @@
-//! One turn of the supervisor's loop: wait for a message or the next deadline, then do what is
-//! due — reap exited children, act on a stop, apply a reader's progress, signal the steps whose
+//! One turn of the supervisor's loop: wait for a message or the first thing the clock calls
+//! for (at most 2 s; [`next_wake`]), then do what is due — reap exited children, act on a stop, apply a reader's progress, signal the steps whose
 //! deadline or grace passed, start the sweep of a finished step, lock new session files, and
 //! write the coalesced progress.
 //!
@@ -38,6 +38,7 @@ const SESSION_INTERVAL_MAX: Duration = Duration::from_secs(2);
 fn next_session_interval(last: Duration) -> Duration {
     (last * 2).clamp(SESSION_INTERVAL, SESSION_INTERVAL_MAX)
 }
+
 /// The longest the loop sleeps without a message, whatever is due.
 const LOOP_WAKE_MAX: Duration = Duration::from_secs(2);
 
