@@ -39,7 +39,7 @@ impl Submit for Native {
 /// [`LOCK_FD`] (named in [`LOCK_FD_ENV`]), and sync `parent` (the rename that published the
 /// run). Returns once the runner exists in a session of its own: `fork(2)` has returned, the
 /// child holds the lock (the same open file as spawn's, so it stays held when spawn exits), and
-/// it has said on a pipe that its `setsid` succeeded ([`wait_for_session`]), so spawn's exit
+/// it has said on a pipe that its `setsid` succeeded (`wait_for_session`), so spawn's exit
 /// (the hang-up of a terminal it led) or a signal to its process group cannot end it. Neither
 /// its `exec` nor its start-up is waited for: a runner that fails later records its own
 /// `failed` record, and one that cannot be executed (the check below passed, the `exec` did not)
