@@ -159,6 +159,12 @@ pub fn settle_orphan(
                 };
             }
             settle_one(&worktrees_dir, run, &w, dry, &|w: &WorktreeRef| {
+                // Without a record nothing says the run is over (its directory may have been
+                // removed while it ran): a worktree some process works in is kept.
+                let real = std::fs::canonicalize(&w.path).unwrap_or_else(|_| w.path.clone());
+                if let Some(pid) = first_inside(&real, process_cwds()) {
+                    return Err(format!("in use: process {pid} works in it"));
+                }
                 let repo = locate_repository(&w.path)?;
                 Ok(WorktreeRef { repo, ..w.clone() })
             })
@@ -182,6 +188,26 @@ pub fn settle_orphan(
         worktrees: fates,
         dir_removed,
     })
+}
+
+/// The first of `cwds` (pid, working directory) that lies in `dir` or below it (pure).
+fn first_inside(dir: &Path, cwds: impl IntoIterator<Item = (u32, PathBuf)>) -> Option<u32> {
+    cwds.into_iter()
+        .find(|(_, cwd)| cwd.starts_with(dir))
+        .map(|(pid, _)| pid)
+}
+
+/// The working directory of every process this user may see (`/proc/<pid>/cwd`); processes
+/// whose link cannot be read are left out.
+fn process_cwds() -> impl Iterator<Item = (u32, PathBuf)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
+            Some((pid, std::fs::read_link(e.path().join("cwd")).ok()?))
+        })
 }
 
 /// Ask git, in the directory `path`, which repository it is a worktree of
@@ -303,6 +329,34 @@ mod tests {
         ] {
             assert!(!named_for(&w(path, branch), dir, "id"), "{path} {branch}");
         }
+    }
+
+    #[test]
+    fn a_worktree_is_in_use_while_a_process_works_in_it_or_below() {
+        let p = PathBuf::from;
+        let cwds = || {
+            vec![
+                (1, p("/")),
+                (7, p("/r/worktrees/id/ab")),
+                (9, p("/r/worktrees/id/a/src")),
+            ]
+        };
+        assert_eq!(
+            first_inside(Path::new("/r/worktrees/id/a"), cwds()),
+            Some(9)
+        );
+        assert_eq!(first_inside(Path::new("/r/worktrees/id/b"), cwds()), None);
+        // A real process: one started in a directory is found there.
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .current_dir(dir.path())
+            .spawn()
+            .unwrap();
+        let found = first_inside(&dir.path().canonicalize().unwrap(), process_cwds());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(found, Some(child.id()));
     }
 
     #[test]
