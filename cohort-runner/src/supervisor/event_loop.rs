@@ -69,9 +69,7 @@ impl Supervisor {
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => unreachable!("the supervisor holds a sender"),
         }
-        while let Ok(msg) = self.rx.try_recv() {
-            self.handle(msg);
-        }
+        self.handle_pending();
         self.check_deadlines();
         self.tracker.look(&mut self.active);
         if self.last_session_look.elapsed() >= self.session_interval
@@ -83,6 +81,15 @@ impl Supervisor {
         }
         self.advance_finished();
         self.writer.flush_progress(&mut self.rec);
+    }
+
+    /// Act on the messages already waiting, without waiting: a stop that came while no turn
+    /// was waiting (between two chain steps, while worktrees were made) is seen before
+    /// anything else starts.
+    pub(super) fn handle_pending(&mut self) {
+        while let Ok(msg) = self.rx.try_recv() {
+            self.handle(msg);
+        }
     }
 
     /// When this turn's wait ends without a message: the first of the progress write, the

@@ -103,8 +103,8 @@ impl Supervisor {
     }
 
     /// Start queued members while fewer than `limit` are alive: none once the run is
-    /// stopping, nor once a member failed with `fail_fast`. A member that cannot start is the
-    /// group's `failure`.
+    /// stopping (a stop already waiting as a message is acted on first), nor once a member
+    /// failed with `fail_fast`. A member that cannot start is the group's `failure`.
     fn start_queued(
         &mut self,
         queue: &mut VecDeque<&FlatStep>,
@@ -112,6 +112,7 @@ impl Supervisor {
         fail_fast: bool,
         failure: &mut Option<String>,
     ) {
+        self.handle_pending();
         while self.stop.is_none() && (failure.is_none() || !fail_fast) && self.active.len() < limit
         {
             let Some(step) = queue.pop_front() else { break };

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use cohort_e2e::harness::{alive, read_pid, signal, stderr, stdout, wait_for, TestEnv};
+use cohort_e2e::harness::{alive, read_pid, signal, stderr, stdout, wait_for, TestEnv, HERMETIC};
 
 #[test]
 fn a_chain_hands_the_previous_reply_on() {
@@ -482,4 +482,65 @@ fn the_output_of_a_final_group_with_a_failed_member_prints_what_exists_and_names
         err.contains("step 1 of run") && err.contains("failed"),
         "{err}"
     );
+}
+
+#[test]
+fn a_stop_that_comes_between_two_chain_steps_starts_no_further_step() {
+    let env = TestEnv::new();
+    let chain = env.chain_file(
+        r#"{"steps": [
+            {"task": "first", "model": "fake/plain"},
+            {"task": "second", "model": "fake/plain"}
+        ]}"#,
+    );
+    // The runner pauses once the first step has ended, before the second starts.
+    let pause = env.tmp.path().join("between-steps");
+    let out = env
+        .cmd("cohort-spawn")
+        .env(
+            cohort_common::fault::CRASH_ENV,
+            cohort_common::fault::pause_at("runner.step-ended", &pause),
+        )
+        .args(["--chain", &chain, "--"])
+        .args(HERMETIC)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    wait_for(Duration::from_secs(60), || pause.exists()).expect("the runner paused");
+    let runner: i32 = env.record(&id)["pid"].as_i64().expect("a pid") as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(runner),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    // Taken (no longer pending) once the runner's handler has run; then let it go on.
+    wait_for(Duration::from_secs(10), || !sigterm_pending(runner as u32))
+        .expect("the runner took the signal");
+    std::fs::remove_file(&pause).unwrap();
+    let rec = env.wait_terminal(&id, 30);
+    assert_eq!(rec["state"], "stopped", "{rec:#}");
+    assert_eq!(rec["steps"][0]["status"], "complete", "{rec:#}");
+    let started: Vec<_> = env
+        .events(&id)
+        .into_iter()
+        .filter(|e| e["type"] == "step.started")
+        .map(|e| e["step"].clone())
+        .collect();
+    assert_eq!(
+        started,
+        [serde_json::json!(0)],
+        "the second step never started"
+    );
+}
+
+/// Whether SIGTERM is pending for process `pid` (its `ShdPnd` or `SigPnd` mask in
+/// `/proc/PID/status`).
+fn sigterm_pending(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .filter(|l| l.starts_with("ShdPnd:") || l.starts_with("SigPnd:"))
+        .filter_map(|l| u64::from_str_radix(l.split_whitespace().nth(1)?, 16).ok())
+        .any(|mask| mask & (1 << (libc::SIGTERM - 1)) != 0)
 }
