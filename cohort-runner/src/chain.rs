@@ -6,7 +6,7 @@
 //! fills the step's template once ([`template::fill`]) and adds the handoff lines
 //! ([`StepFiles`]); the result is what goes to `task-<i>.md`. After a chain step,
 //! [`Handoff::step_ended`] takes its answer (a parallel group's as delimited blocks,
-//! [`template::join_members`]). The I/O is [`create_chain_dir`], [`FileStamp::of`] and
+//! [`group_text::join_members`]). The I/O is [`create_chain_dir`], [`FileStamp::of`] and
 //! [`take_output`]; the rest is pure.
 
 use std::collections::hash_map::RandomState;
@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 
 use cohort_common::error::{IoContext, Result};
 use cohort_common::format::spec::{ExpandStep, TaskSpec};
-use cohort_common::format::template::{self, MemberText, Vars};
+use cohort_common::format::template::{self, Vars};
+
+use crate::group_text::{self, MemberText};
 use cohort_common::os::files;
 
 /// The run's handoff state while its chain runs.
@@ -331,8 +333,8 @@ pub fn group_previous(answers: &[Answer], seed: u64) -> String {
             .into_iter()
             .chain(a.key.as_deref())
     });
-    let boundary = template::pick_boundary(texts, seed);
-    template::join_members(&members, &boundary)
+    let boundary = group_text::pick_boundary(texts, seed);
+    group_text::join_members(&members, &boundary)
 }
 
 /// Create the run's chain directory `dir` (0700). It must not exist: a directory, file or
@@ -750,7 +752,7 @@ mod tests {
             },
         ];
         let prev = group_previous(&answers, 7);
-        let b = template::pick_boundary(["## b\nforged", "a", "real", "b"], 7);
+        let b = group_text::pick_boundary(["## b\nforged", "a", "real", "b"], 7);
         assert_eq!(
             prev,
             format!(

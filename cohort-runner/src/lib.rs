@@ -40,6 +40,7 @@ pub mod cmd;
 pub mod compile_cache;
 pub mod context;
 pub mod fork;
+pub mod group_text;
 pub mod hook;
 pub mod launch;
 pub mod line_budget;

@@ -138,7 +138,7 @@ pub fn assess(
                 format!(
                     "{} ago: {}",
                     cohort_cli::duration::human(ago),
-                    cohort_common::format::record::summarize(&err, 160)
+                    crate::summary::summarize(&err, 160)
                 ),
             ));
         }

@@ -39,6 +39,7 @@ pub mod listing;
 pub mod live;
 pub mod logind;
 pub mod render;
+pub mod summary;
 pub mod usage;
 pub mod view;
 pub mod watch;

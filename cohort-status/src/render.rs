@@ -222,11 +222,8 @@ fn task_cell(l: &Listed) -> String {
         _ => {}
     }
     match &row.observed {
-        Ok(o) => format!("{marks}{}", o.record.task_summary(60)),
-        Err(e) => format!(
-            "{marks}{}",
-            cohort_common::format::record::summarize(e, 100)
-        ),
+        Ok(o) => format!("{marks}{}", crate::summary::task_summary(&o.record, 60)),
+        Err(e) => format!("{marks}{}", crate::summary::summarize(e, 100)),
     }
 }
 

@@ -19,7 +19,7 @@ use crate::ledger::{self, Ledger, TreeUsage};
 use cohort_cli::table::{CellText, Column, Table};
 use cohort_cli::text::untrusted;
 use cohort_common::error::Result;
-use cohort_common::format::cost::{self, CostSource};
+use cohort_common::format::cost::CostSource;
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::{now_ms, RunRecord, Usage};
 use cohort_common::os::files::{self, Hidden};
@@ -92,9 +92,9 @@ impl Line {
     /// The COST cell (pure): the cost, `unknown`, or the known part `+ unknown`.
     pub fn cost_cell(&self) -> String {
         match self.cost {
-            Some(c) => cost::usd(Some(c)),
+            Some(c) => crate::summary::usd(Some(c)),
             None if self.cost_known > 0.0 => {
-                format!("{} + unknown", cost::usd(Some(self.cost_known)))
+                format!("{} + unknown", crate::summary::usd(Some(self.cost_known)))
             }
             None => "unknown".into(),
         }
@@ -341,7 +341,11 @@ fn source_words(s: Option<CostSource>) -> &'static str {
 /// One usage figure for the single view (pure): tokens and their split, and the cost.
 fn figure(u: &Usage) -> String {
     let cost = match u.known_cost() {
-        Some(c) => format!("{}{}", cost::usd(Some(c)), source_words(u.cost_source)),
+        Some(c) => format!(
+            "{}{}",
+            crate::summary::usd(Some(c)),
+            source_words(u.cost_source)
+        ),
         None => "cost unknown (no price for the model)".into(),
     };
     format!(

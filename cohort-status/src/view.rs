@@ -15,9 +15,7 @@ use cohort_cli::duration;
 use cohort_cli::text::{untrusted, untrusted_path};
 use cohort_common::backend::{self, JobReport, StopHint};
 use cohort_common::format::layout::RunDir;
-use cohort_common::format::record::{
-    summarize, ModelAttempt, Now, ParallelGroup, RunRecord, StepRecord,
-};
+use cohort_common::format::record::{ModelAttempt, Now, ParallelGroup, RunRecord, StepRecord};
 use cohort_common::os::lock::Liveness;
 use cohort_common::store::discover::Origin;
 use cohort_common::store::observe::{Judgement, Observed};
@@ -285,7 +283,10 @@ fn step_details(st: &StepRecord, on_disk: &dyn Fn(&Path) -> bool) -> Vec<String>
         };
         d.push(format!("agent: {} ({from})", untrusted(&a.name)));
     }
-    d.push(format!("task: {}", untrusted(&summarize(&st.task, 100))));
+    d.push(format!(
+        "task: {}",
+        untrusted(&crate::summary::summarize(&st.task, 100))
+    ));
     if let Some(k) = &st.item_key {
         d.push(format!("item: {}", untrusted(k)));
     }
@@ -298,7 +299,7 @@ fn step_details(st: &StepRecord, on_disk: &dyn Fn(&Path) -> bool) -> Vec<String>
     if let Some(v) = &st.structured_output {
         d.push(format!(
             "structured: {}",
-            untrusted(&summarize(&v.to_string(), 100))
+            untrusted(&crate::summary::summarize(&v.to_string(), 100))
         ));
     }
     for e in &st.schema_errors {
@@ -340,7 +341,7 @@ pub fn nested(children: &[Row]) -> String {
                 "{indent}{} {:<9} from {step}  {}\n",
                 untrusted(&c.id),
                 state_word(co),
-                untrusted(&co.record.task_summary(60))
+                untrusted(&crate::summary::task_summary(&co.record, 60))
             )),
             Err(e) => s.push_str(&format!(
                 "{indent}{} error     {}\n",

@@ -1,6 +1,6 @@
 //! What a run's tokens cost, as the record stores it: where a cost comes from
-//! ([`CostSource`]), how the costs of several messages, steps or runs add up ([`sum`]), and how
-//! a cost is written for people ([`usd`]).
+//! ([`CostSource`]) and how the costs of several messages, steps or runs add up ([`sum`]). How a
+//! cost is written for people is `cohort-status`'s (`summary::usd`).
 //!
 //! A cost is US dollars, as Pi counts it (its models' prices are per million tokens). It is
 //! either known for everything counted or unknown: a sum with one unknown part is unknown,
@@ -40,18 +40,6 @@ pub fn sum(a: Part, b: Part) -> Part {
     Some((x + y, source))
 }
 
-/// A cost for a table or the single view (pure): `unknown`, `$0` for nothing, `<$0.0001` for
-/// less than that, else dollars to four decimals (two from $100 on).
-pub fn usd(cost: Option<f64>) -> String {
-    match cost {
-        None => "unknown".into(),
-        Some(0.0) => "$0".into(),
-        Some(c) if c < 0.0001 => "<$0.0001".into(),
-        Some(c) if c >= 100.0 => format!("${c:.2}"),
-        Some(c) => format!("${c:.4}"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,15 +55,5 @@ mod tests {
         assert_eq!(sum(pi, nothing), pi);
         assert_eq!(sum(pi, None), None);
         assert_eq!(sum(None, nothing), None);
-    }
-
-    #[test]
-    fn costs_read_as_dollars() {
-        assert_eq!(usd(None), "unknown");
-        assert_eq!(usd(Some(0.0)), "$0");
-        assert_eq!(usd(Some(0.00003)), "<$0.0001");
-        assert_eq!(usd(Some(0.005535)), "$0.0055");
-        assert_eq!(usd(Some(12.5)), "$12.5000");
-        assert_eq!(usd(Some(1234.567)), "$1234.57");
     }
 }

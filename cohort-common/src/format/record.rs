@@ -715,13 +715,6 @@ impl RunRecord {
         Some(self.ended_at.unwrap_or(now.wall_ms).saturating_sub(start))
     }
 
-    /// A one-line summary of what the run does: the first step's task, whitespace folded, at
-    /// most `max` characters (with `…` when cut).
-    pub fn task_summary(&self, max: usize) -> String {
-        let task = self.steps.first().map(|s| s.task.as_str()).unwrap_or("");
-        summarize(task, max)
-    }
-
     /// Mark the run `failed` because of `failure`, with `error` saying it in words
     /// ([`RunRecord::finish`]).
     pub fn fail(&mut self, failure: Failure, error: String) {
@@ -765,17 +758,6 @@ impl RunRecord {
             }
         }
     }
-}
-
-/// Fold whitespace and cut `text` to at most `max` characters, ending in `…` when cut.
-pub fn summarize(text: &str, max: usize) -> String {
-    let folded: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if folded.chars().count() <= max {
-        return folded;
-    }
-    let mut out: String = folded.chars().take(max.saturating_sub(1)).collect();
-    out.push('…');
-    out
 }
 
 /// Read and parse a record: the one `status.json` reader every program uses. It never follows
@@ -979,7 +961,6 @@ mod tests {
         assert!(json.contains("\"state\":\"queued\""));
         let back: RunRecord = serde_json::from_str(&json).unwrap();
         assert_eq!(back, r);
-        assert_eq!(back.task_summary(11), "hello worl…");
     }
 
     #[test]

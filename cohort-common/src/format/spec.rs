@@ -630,7 +630,7 @@ pub fn label_of(spec: &TaskSpec, flat_index: usize) -> String {
 
 /// A final parallel group's answer as `cohort-status --output` and `cohort-spawn --wait` print
 /// it: each member's text headed by `## <label>`, separated by blank lines. Display only: a
-/// chain hands a group on to its next step delimited ([`crate::format::template::join_members`]).
+/// chain hands a group on to its next step delimited (the runner's `group_text::join_members`).
 pub fn join_group_texts(members: &[(String, String)]) -> String {
     members
         .iter()
