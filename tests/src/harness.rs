@@ -337,6 +337,35 @@ impl TestEnv {
         self.events_at(&self.run_dir(id))
     }
 
+    /// Check that settled run `id` names `pid` as a survivor: in its record's `survivors`
+    /// (`"<pid> <cmdline>"`) and in its `run.survivors` event's `processes`. Returns that
+    /// event, for the caller's further checks.
+    pub fn assert_survivor(&self, id: &str, pid: u32) -> Value {
+        let rec = self.record(id);
+        assert!(
+            rec["survivors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s.as_str().unwrap().starts_with(&format!("{pid} "))),
+            "{rec:#}"
+        );
+        let found = self
+            .events(id)
+            .into_iter()
+            .find(|e| e["type"] == "run.survivors")
+            .expect("run.survivors event");
+        assert!(
+            found["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["pid"] == pid),
+            "{found:#}"
+        );
+        found
+    }
+
     /// The pid of flat step `step`'s Pi child, from its `step.started` event (waits for it).
     pub fn child_pid(&self, id: &str, step: u64) -> u32 {
         let mut pid = 0;

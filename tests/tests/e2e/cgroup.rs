@@ -110,25 +110,8 @@ fn after_the_runner_is_killed_the_first_reader_ends_the_survivors_through_the_cg
     wait_for(Duration::from_secs(5), || !alive(bare)).expect("the survivor was ended");
     let rec = env.record(&id);
     assert_eq!(rec["state"], "failed", "{rec:#}");
-    assert!(
-        rec["survivors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|s| s.as_str().unwrap().starts_with(&format!("{bare} "))),
-        "{rec:#}"
-    );
-    let events = env.events(&id);
-    let found = events
-        .iter()
-        .find(|e| e["type"] == "run.survivors")
-        .expect("run.survivors event");
+    let found = env.assert_survivor(&id, bare);
     assert_eq!(found["cgroup"], cg.display().to_string(), "{found:#}");
-    assert!(found["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|p| p["pid"] == bare));
     wait_for(Duration::from_secs(5), || !cg.exists()).expect("the settled run's cgroup is gone");
     let reap = env.run("cohort-reap", &[&id]);
     assert!(reap.status.success(), "{}", stderr(&reap));

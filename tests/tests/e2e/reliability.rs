@@ -272,38 +272,6 @@ fn a_queued_run_with_a_held_lock_is_waited_on_and_settled_when_its_start_dies() 
         .starts_with("start abandoned"));
 }
 
-/// A tmpfs of `size` mounted at `dir` for the life of the value (needs root; `None` when the
-/// machine does not allow it).
-struct SmallDisk(std::path::PathBuf);
-
-impl SmallDisk {
-    fn mount(dir: &std::path::Path, size: &str) -> Option<SmallDisk> {
-        std::fs::create_dir_all(dir).ok()?;
-        let ok = std::process::Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size},mode=0700"),
-                "tmpfs",
-            ])
-            .arg(dir)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        ok.then(|| SmallDisk(dir.to_path_buf()))
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
-}
-
 /// Fill the file system of `dir` until a write fails with ENOSPC.
 fn fill(dir: &std::path::Path) -> std::path::PathBuf {
     use std::io::Write;
@@ -326,11 +294,11 @@ fn fill(dir: &std::path::Path) -> std::path::PathBuf {
 #[test]
 fn a_full_disk_ends_a_started_run_with_a_record_that_says_why() {
     let env = TestEnv::new();
-    let Some(disk) = SmallDisk::mount(&env.tmp.path().join("small"), "16m") else {
+    let Some(disk) = cohort_e2e::tmpfs::Tmpfs::mount(&env.tmp.path().join("small"), "16m") else {
         eprintln!("skipped: cannot mount a tmpfs here (mounting needs root)");
         return;
     };
-    let profile = disk.0.join("profile");
+    let profile = disk.path().join("profile");
     std::fs::create_dir_all(&profile).unwrap();
     for f in ["models.json", "settings.json"] {
         std::fs::copy(env.profile.join(f), profile.join(f)).unwrap();
@@ -360,7 +328,7 @@ fn a_full_disk_ends_a_started_run_with_a_record_that_says_why() {
     let before = std::fs::read(run_dir.join("status.json")).unwrap();
 
     // The disk fills up while the run is going.
-    let filler = fill(&disk.0);
+    let filler = fill(disk.path());
     // From now on the runner's progress writes fail (one at the latest within a heartbeat);
     // none of them may give away the reserve kept for the terminal record, or the space goes
     // to whoever writes next (the spawn below succeeded so in CI).
@@ -463,18 +431,18 @@ process.exit(1);
 #[test]
 fn spawns_on_a_full_disk_fail_in_one_line_and_leave_no_staging_directory() {
     let env = TestEnv::new();
-    let Some(disk) = SmallDisk::mount(&env.tmp.path().join("small"), "256k") else {
+    let Some(disk) = cohort_e2e::tmpfs::Tmpfs::mount(&env.tmp.path().join("small"), "256k") else {
         eprintln!("skipped: cannot mount a tmpfs here (mounting needs root)");
         return;
     };
-    let profile = disk.0.join("profile");
+    let profile = disk.path().join("profile");
     std::fs::create_dir_all(&profile).unwrap();
     for f in ["models.json", "settings.json"] {
         std::fs::copy(env.profile.join(f), profile.join(f)).unwrap();
     }
     let runs = profile.join("pi-cohort/async-subagent-runs");
     std::fs::create_dir_all(&runs).unwrap();
-    fill(&disk.0);
+    fill(disk.path());
     for i in 0..20 {
         let out = env
             .cmd("cohort-spawn")
