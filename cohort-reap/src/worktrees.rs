@@ -200,14 +200,8 @@ fn first_inside(dir: &Path, cwds: impl IntoIterator<Item = (u32, PathBuf)>) -> O
 /// The working directory of every process this user may see (`/proc/<pid>/cwd`); processes
 /// whose link cannot be read are left out.
 fn process_cwds() -> impl Iterator<Item = (u32, PathBuf)> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
-            Some((pid, std::fs::read_link(e.path().join("cwd")).ok()?))
-        })
+    cohort_common::identity::procinfo::pids()
+        .filter_map(|pid| Some((pid, std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?)))
 }
 
 /// Ask git, in the directory `path`, which repository it is a worktree of

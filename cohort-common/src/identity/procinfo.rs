@@ -108,24 +108,18 @@ pub fn is_same_process(pid: u32, start_time: u64, recorded_boot_id: &str) -> boo
     matches!(stat(pid), Some(s) if s.start_time == start_time && s.state != 'Z')
 }
 
+/// The pid of every process `/proc` lists now (none when it cannot be read).
+pub fn pids() -> impl Iterator<Item = u32> {
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+}
+
 /// Every live process as a pid → stat map (zombies included).
 pub fn all_processes() -> HashMap<u32, Stat> {
-    let mut out = HashMap::new();
-    let Ok(dir) = fs::read_dir("/proc") else {
-        return out;
-    };
-    for entry in dir.flatten() {
-        if let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        {
-            if let Some(s) = stat(pid) {
-                out.insert(pid, s);
-            }
-        }
-    }
-    out
+    pids().filter_map(|pid| Some((pid, stat(pid)?))).collect()
 }
 
 /// The children of process `pid`, from `/proc/<pid>/task/*/children` (each thread's children:

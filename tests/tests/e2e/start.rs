@@ -29,26 +29,14 @@ fn gated_runner(env: &TestEnv, name: &str, gate: &std::path::Path, then: &str) -
 
 /// The processes that have `lock` open (a descriptor of theirs names it).
 fn lock_holders(lock: &std::path::Path) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
-            continue;
-        };
-        if fds
-            .flatten()
-            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == lock))
-        {
-            pids.push(pid);
-        }
-    }
-    pids
+    cohort_common::identity::procinfo::pids()
+        .filter(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+                fds.flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == lock))
+            })
+        })
+        .collect()
 }
 
 /// `cohort-spawn` of `task` with `runner`, which must return within 20 s while `gate` holds
