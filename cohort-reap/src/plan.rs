@@ -253,6 +253,8 @@ pub struct Examiner<'a> {
     subtrees: &'a HashMap<String, PathBuf>,
     runs_outside: Option<String>,
     nested_outside: Option<String>,
+    /// Where the cgroup2 hierarchy is mounted here, read once for every run examined.
+    cgroup_mount: Option<PathBuf>,
 }
 
 impl<'a> Examiner<'a> {
@@ -272,6 +274,7 @@ impl<'a> Examiner<'a> {
             subtrees: &survey.subtrees,
             runs_outside: resolves_outside(root, &root.runs_dir()),
             nested_outside: resolves_outside(root, &root.nested_root()),
+            cgroup_mount: cohort_common::os::cgroup::facts().mount,
         }
     }
 
@@ -362,7 +365,11 @@ impl<'a> Examiner<'a> {
         if obs.unsafe_path.is_none() {
             obs.record = read_record(&dir.status());
             obs.live_processes = live_processes(&dir);
-            obs.populated_cgroup = obs.record.as_ref().ok().and_then(populated_cgroup);
+            obs.populated_cgroup = obs
+                .record
+                .as_ref()
+                .ok()
+                .and_then(|rec| populated_cgroup(rec, self.cgroup_mount.as_deref()?));
             // A record cohort did not write has no process list: its recorded runner is what
             // it records alive.
             if let (Ok(rec), Ok(ps)) = (&obs.record, &mut obs.live_processes) {
@@ -528,11 +535,10 @@ fn read_record(path: &Path) -> std::result::Result<RunRecord, String> {
 
 /// The cgroup `rec` names, when one of its own leaves still holds a process (I/O: their
 /// `cgroup.events`; the nested runs inside it are judged as runs of their own). Only a path that
-/// can be the run's cgroup is read ([`cgroup::is_run_cgroup`]).
-fn populated_cgroup(rec: &RunRecord) -> Option<PathBuf> {
+/// can be the run's cgroup under `mount` is read ([`cgroup::is_run_cgroup`]).
+fn populated_cgroup(rec: &RunRecord, mount: &Path) -> Option<PathBuf> {
     use cohort_common::os::cgroup;
     let path = rec.containment.as_ref()?.cgroup()?;
-    let mount = cgroup::facts().mount?;
-    (cgroup::is_run_cgroup(path, &rec.run_id, &mount) && cgroup::own_populated(path))
+    (cgroup::is_run_cgroup(path, &rec.run_id, mount) && cgroup::own_populated(path))
         .then(|| path.to_path_buf())
 }

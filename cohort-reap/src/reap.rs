@@ -155,8 +155,9 @@ pub fn reap(
     // What the removed runs left in the cgroup hierarchy, empty (the examination refused a
     // run whose own cgroup still holds a process): the cgroup a record names, and the one a
     // runner killed before `running` made and no record names.
+    let facts = cgroup::facts();
     for (id, recorded) in cgroups {
-        cgroup::remove_leftovers(&id, recorded.as_deref());
+        cgroup::remove_leftovers(&facts, &id, recorded.as_deref());
     }
     for (id, made) in worktrees {
         report.add_worktrees(&id, crate::worktrees::settle(root, &made, false));

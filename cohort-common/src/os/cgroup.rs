@@ -285,16 +285,15 @@ pub fn remove_if_empty(dir: &Path, run_id: &str, mount: &Path) -> bool {
     }
 }
 
-/// Remove the empty cgroups run `run_id` may have left (I/O, over [`facts`]): the one its
-/// record names (`recorded`), and those at [`unrecorded_candidates`], each by
-/// [`remove_if_empty`]. Returns the directories removed.
-pub fn remove_leftovers(run_id: &str, recorded: Option<&Path>) -> Vec<PathBuf> {
-    let facts = facts();
+/// Remove the empty cgroups run `run_id` may have left (I/O, over this process's `facts`, read
+/// once by a caller that removes many): the one its record names (`recorded`), and those at
+/// [`unrecorded_candidates`], each by [`remove_if_empty`]. Returns the directories removed.
+pub fn remove_leftovers(facts: &Facts, run_id: &str, recorded: Option<&Path>) -> Vec<PathBuf> {
     let Some(mount) = facts.mount.as_deref() else {
         return Vec::new();
     };
     let mut dirs: Vec<PathBuf> = recorded.map(Path::to_path_buf).into_iter().collect();
-    for d in unrecorded_candidates(&facts, run_id) {
+    for d in unrecorded_candidates(facts, run_id) {
         if !dirs.contains(&d) {
             dirs.push(d);
         }

@@ -485,7 +485,7 @@ pub fn settle(dir: &RunDir, job: Option<&Phase>) -> Result<Settled> {
         // A runner killed between making the run's cgroup and publishing `running` left it
         // unnamed: it is removed where it would be, when empty, never signalled.
         let recorded = rec.containment.as_ref().and_then(|c| c.cgroup());
-        cgroup::remove_leftovers(&rec.run_id, recorded);
+        cgroup::remove_leftovers(&cgroup::facts(), &rec.run_id, recorded);
     }
     Ok(Settled::Written(rec))
 }
