@@ -50,6 +50,21 @@ fn the_skill_is_in_pis_format_and_shows_every_command_it_teaches() {
     );
 }
 
+/// `cohort-spawn --wait` of `task` on the delegating fake model, with skills on (HERMETIC turns
+/// them off: every other hermetic flag).
+fn spawn_with_skills(env: &TestEnv, task: &str) -> std::process::Output {
+    let pi_args: Vec<&str> = HERMETIC
+        .iter()
+        .copied()
+        .filter(|f| *f != "--no-skills")
+        .collect();
+    env.cmd("cohort-spawn")
+        .args(["--wait", "--model", "fake/delegate", task, "--"])
+        .args(&pi_args)
+        .output()
+        .unwrap()
+}
+
 /// Put the shipped skill in the profile as install.sh does, the delegating commands on PATH,
 /// and make `say` the model a run without `--model` gets.
 fn delegating_world() -> TestEnv {
@@ -71,24 +86,7 @@ fn delegating_world() -> TestEnv {
 #[test]
 fn a_parent_model_given_the_skill_delegates_a_nested_run_and_reads_its_answer() {
     let env = delegating_world();
-    // Skills on (HERMETIC turns them off): every other hermetic flag.
-    let pi_args: Vec<&str> = HERMETIC
-        .iter()
-        .copied()
-        .filter(|f| *f != "--no-skills")
-        .collect();
-    let out = env
-        .cmd("cohort-spawn")
-        .args([
-            "--wait",
-            "--model",
-            "fake/delegate",
-            "DELEGATE: SAY: the answer is 42",
-            "--",
-        ])
-        .args(&pi_args)
-        .output()
-        .unwrap();
+    let out = spawn_with_skills(&env, "DELEGATE: SAY: the answer is 42");
     let answer = stdout(&out);
     assert!(
         out.status.success(),
@@ -146,22 +144,6 @@ fn a_parent_model_given_the_skill_delegates_a_nested_run_and_reads_its_answer() 
 fn without_the_skill_the_model_is_told_nothing_of_cohort() {
     let env = delegating_world();
     std::fs::remove_dir_all(env.profile.join("skills")).unwrap();
-    let pi_args: Vec<&str> = HERMETIC
-        .iter()
-        .copied()
-        .filter(|f| *f != "--no-skills")
-        .collect();
-    let out = env
-        .cmd("cohort-spawn")
-        .args([
-            "--wait",
-            "--model",
-            "fake/delegate",
-            "DELEGATE: SAY: hi",
-            "--",
-        ])
-        .args(&pi_args)
-        .output()
-        .unwrap();
+    let out = spawn_with_skills(&env, "DELEGATE: SAY: hi");
     assert_eq!(stdout(&out).trim(), "NO COHORT SKILL");
 }
