@@ -439,7 +439,7 @@ pub fn check_tool_name(name: &str, extensions: bool) -> Result<(), String> {
     let lower = name.to_lowercase();
     if PI_TOOLS.contains(&lower.as_str()) {
         return Err(format!(
-            "{name:?} is not a Pi tool; tool names are lower-case: write {lower}"
+            "{name:?} is not a Pi tool; tool names are lower-case: write `{lower}`"
         ));
     }
     if name.starts_with("mcp:") || name.starts_with("mcp__") {
@@ -717,6 +717,15 @@ mod tests {
     }
 
     #[test]
+    fn a_builtin_in_another_case_is_named_in_lower_case_alone() {
+        let why = check_tool_name("Read", false).unwrap_err();
+        assert!(
+            why.ends_with("tool names are lower-case: write `read`"),
+            "{why}"
+        );
+    }
+
+    #[test]
     fn parses_the_fields_it_honours() {
         let text = "---\nname: reviewer\ndescription: Reviews\nmodel: a/b\nthinking: low\n\
                     tools: read, grep\nsystemPromptMode: append\ninheritProjectContext: true\n\
@@ -769,7 +778,7 @@ mod tests {
     fn tool_names_pi_does_not_build_in_are_refused_with_a_hint() {
         for (fields, needle) in [
             ("tools: read bash\n", "separate tool names with commas"),
-            ("tools: Read, Bash\n", "write read"),
+            ("tools: Read, Bash\n", "write `read`"),
             ("tools: read, mcp:github\n", "MCP"),
             (
                 "tools: read, fetch\n",
@@ -781,7 +790,7 @@ mod tests {
                 "not one of Pi's built-in tools",
             ),
             ("tools: ./ext/tool.ts\n", "under `extensions`"),
-            ("excludeTools: Bash\n", "write bash"),
+            ("excludeTools: Bash\n", "write `bash`"),
         ] {
             let e = refusal(fields);
             assert_eq!(e.line, 4, "{fields}: {e:?}");
@@ -806,7 +815,7 @@ mod tests {
             .is_empty());
         // What an extension cannot make a tool name of is still refused.
         for (fields, needle) in [
-            ("extensions: ./web.ts\ntools: Read\n", "write read"),
+            ("extensions: ./web.ts\ntools: Read\n", "write `read`"),
             ("extensions: ./web.ts\ntools: read bash\n", "commas"),
             ("extensions: ./web.ts\ntools: mcp:github\n", "MCP"),
             ("extensions: ./web.ts\ntools: \"a;b\"\n", "not a tool name"),

@@ -539,7 +539,10 @@ mod tests {
         let e = cat.resolve("p.s").unwrap_err().to_string();
         assert!(e.contains("/u/x.md") && e.contains("/u/y.md"), "{e}");
         let e = cat.resolve("p.t").unwrap_err().to_string();
-        assert!(e.contains("/u/z.md:4:") && e.contains("write read"), "{e}");
+        assert!(
+            e.contains("/u/z.md:4:") && e.contains("write `read`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -485,6 +485,17 @@ impl Warnings {
         ));
     }
 
+    fn dangling(&mut self, link: &Path) {
+        let target = std::fs::read_link(link)
+            .map(|t| t.display().to_string())
+            .unwrap_or_else(|_| "?".into());
+        self.0.insert(format!(
+            "skipping the agent link {}: it points at {target}, which does not exist (fix or \
+             remove the link)",
+            link.display()
+        ));
+    }
+
     fn print(&self) {
         for w in &self.0 {
             eprintln!("cohort-spawn: warning: {w}");
@@ -786,7 +797,11 @@ fn read_dir(d: &AgentDir, warn: &mut Warnings) -> Vec<Found> {
             .filter(|p| is_agent_file(p))
             .collect()
     } else {
-        agent_files(&d.path)
+        let walked = walk_agent_files(&d.path);
+        for link in &walked.dangling {
+            warn.dangling(link);
+        }
+        walked.files
     };
     let mut out = Vec::new();
     for path in paths {
@@ -824,9 +839,24 @@ pub fn is_agent_file(path: &Path) -> bool {
     !(name == "SKILL.md" && in_skills)
 }
 
+/// What a walk of a directory found: the wanted files, and the symlinks with a wanted name
+/// whose target is missing (dangling), so a caller can say why a file it was given is not read.
+#[derive(Debug, Default, PartialEq)]
+pub struct Walked {
+    /// The wanted files, sorted within each directory.
+    pub files: Vec<PathBuf>,
+    /// Symlinks with a wanted name that point at nothing.
+    pub dangling: Vec<PathBuf>,
+}
+
 /// The agent files under `dir` ([`is_agent_file`]), recursively, sorted within each directory.
 pub fn agent_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
+    walk_agent_files(dir).files
+}
+
+/// [`agent_files`], with the dangling links among them.
+pub fn walk_agent_files(dir: &Path) -> Walked {
+    let mut out = Walked::default();
     walk(
         dir,
         &|p: &Path| is_agent_file(p),
@@ -838,21 +868,17 @@ pub fn agent_files(dir: &Path) -> Vec<PathBuf> {
 
 /// The files under `dir` (recursively, sorted) whose names `want` accepts.
 pub fn markdown_files(dir: &Path, want: impl Fn(&str) -> bool + Copy) -> Vec<PathBuf> {
-    let mut out = Vec::new();
+    let mut out = Walked::default();
     let by_name = move |p: &Path| p.file_name().is_some_and(|n| want(&n.to_string_lossy()));
     walk(dir, &by_name, &mut HashSet::new(), &mut out);
-    out
+    out.files
 }
 
 /// The walk behind [`agent_files`] and [`markdown_files`]: hidden names and `node_modules`
 /// are skipped; symlinked files are read and symlinked directories followed, each real
-/// directory at most once (`seen` holds their canonical paths), so a symlink loop ends.
-fn walk(
-    dir: &Path,
-    want: &dyn Fn(&Path) -> bool,
-    seen: &mut HashSet<PathBuf>,
-    out: &mut Vec<PathBuf>,
-) {
+/// directory at most once (`seen` holds their canonical paths), so a symlink loop ends. A
+/// symlink with a wanted name and no target lands in [`Walked::dangling`].
+fn walk(dir: &Path, want: &dyn Fn(&Path) -> bool, seen: &mut HashSet<PathBuf>, out: &mut Walked) {
     let real = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     if !seen.insert(real) {
         return;
@@ -868,6 +894,12 @@ fn walk(
             EntryKind::Symlink => match std::fs::metadata(&path) {
                 Ok(m) if m.is_dir() => true,
                 Ok(m) if m.is_file() => false,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    if want(&path) {
+                        out.dangling.push(path);
+                    }
+                    continue;
+                }
                 _ => continue,
             },
             EntryKind::Other => continue,
@@ -877,7 +909,7 @@ fn walk(
                 walk(&path, want, seen, out);
             }
         } else if want(&path) {
-            out.push(path);
+            out.files.push(path);
         }
     }
 }
@@ -1367,5 +1399,29 @@ mod tests {
         assert!(cat.resolve("shared-s").is_ok());
         assert!(cat.resolve("c").is_err());
         assert!(cat.resolve("worker").is_ok(), "the builtins are there");
+    }
+
+    #[test]
+    fn a_dangling_agent_link_is_named_in_one_warning() {
+        let d = tempfile::tempdir().unwrap();
+        let prof = d.path().join("prof");
+        std::fs::create_dir_all(prof.join("agents")).unwrap();
+        std::fs::write(prof.join("agents/here.md"), agent("here", "x")).unwrap();
+        let gone = d.path().join("gone.md");
+        std::os::unix::fs::symlink(&gone, prof.join("agents/lost.md")).unwrap();
+        std::os::unix::fs::symlink(&gone, prof.join("agents/notes.txt")).unwrap();
+        let walked = walk_agent_files(&prof.join("agents"));
+        assert_eq!(walked.files, vec![prof.join("agents/here.md")]);
+        assert_eq!(walked.dangling, vec![prof.join("agents/lost.md")]);
+        let mut warn = Warnings::default();
+        let cat = discover_with(&prof, d.path(), None, &mut warn).unwrap();
+        assert!(cat.resolve("here").is_ok());
+        let lines: Vec<_> = warn.0.iter().filter(|w| w.contains("lost.md")).collect();
+        assert_eq!(lines.len(), 1, "{:?}", warn.0);
+        assert!(
+            lines[0].contains(&gone.display().to_string()),
+            "{}",
+            lines[0]
+        );
     }
 }

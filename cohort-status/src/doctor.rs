@@ -44,7 +44,7 @@ use cohort_common::format::layout::{
 };
 use cohort_common::format::record::now_ms;
 use cohort_common::identity::runtime::{self, RuntimeRequest};
-use cohort_common::os::files::{self, Hidden};
+use cohort_common::os::files::{self, EntryKind, Hidden};
 use cohort_common::os::tree;
 use cohort_common::store::scan::{self, Scan, Seen};
 use cohort_common::store::{debris, discover};
@@ -425,12 +425,24 @@ pub fn disk_use(root: &StateRoot) -> BTreeMap<String, u64> {
             Some(INDEX_DIR) => "index",
             _ => "other",
         };
-        let n = tree::measure(&r.join(&e.name));
+        let n = tree::measure(&part_target(&r.join(&e.name), e.kind));
         *out.entry(part.to_string()).or_default() += n;
         total += n;
     }
     out.insert("total".into(), total);
     out
+}
+
+/// Where a top-level part of the state root is measured (I/O): a symlinked part (a runs
+/// directory moved to another filesystem, say) where its link leads, when that is a directory;
+/// anything else as it is, so a link to a file counts as the link.
+fn part_target(path: &Path, kind: EntryKind) -> PathBuf {
+    if kind == EntryKind::Symlink && path.is_dir() {
+        if let Ok(real) = std::fs::canonicalize(path) {
+            return real;
+        }
+    }
+    path.to_path_buf()
 }
 
 /// The report as text.
@@ -662,6 +674,21 @@ mod tests {
             du["total"] < du["tmp"] + (64 << 10),
             "tmp is a part, not added: {du:?}"
         );
+    }
+
+    #[test]
+    fn a_symlinked_runs_directory_is_measured_where_it_leads() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(&t.path().join("profile"));
+        let elsewhere = t.path().join("elsewhere");
+        let run = elsewhere.join("01a22a44-9e62-7266-ab9d-e5b500ee829c");
+        files::create_dir_all_private(&run).unwrap();
+        std::fs::write(run.join("status.json"), vec![b'x'; 256 << 10]).unwrap();
+        files::create_dir_all_private(root.path()).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, root.runs_dir()).unwrap();
+        let du = disk_use(&root);
+        assert!(du["runs"] >= 256 << 10, "{du:?}");
+        assert!(du["total"] >= du["runs"], "{du:?}");
     }
 
     #[test]

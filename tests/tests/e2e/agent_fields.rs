@@ -119,7 +119,7 @@ fn names_pi_would_drop_and_fields_cohort_cannot_honour_are_refused() {
         (
             "claude",
             "tools: Read, Bash\n",
-            vec!["`tools`", "write read"],
+            vec!["`tools`", "write `read`"],
         ),
         (
             "spaced",
