@@ -219,9 +219,10 @@ pub fn run(hook: &Hook, leftovers: &StepTrack, event: &mut dyn FnMut(EventKind, 
         json!({"pid": pid, "state": hook.state.as_str()}),
     );
     let exit = wait_bounded(child, hook.timeout, hook.grace);
-    end_leftovers(pid, leftovers, hook.grace);
+    let left = end_leftovers(pid, leftovers, hook.grace);
     let ms = started.elapsed().as_millis() as u64;
-    let (kind, fields) = outcome(exit, hook.timeout, ms);
+    let (kind, mut fields) = outcome(exit, hook.timeout, ms);
+    fields["leftovers"] = left.to_json();
     if let Some(e) = fields.get("error").and_then(Value::as_str) {
         crate::process::log(format_args!("{e}"));
     }
@@ -262,13 +263,62 @@ fn wait_bounded(mut child: std::process::Child, timeout: Duration, grace: Durati
     }
 }
 
+/// What the hook left running when its shell exited, as `"<pid> <cmdline>"` each: what the
+/// runner ended, and what survived SIGKILL. Recorded in the hook's event as `leftovers`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Leftovers {
+    /// Processes found after the hook's shell exited and ended by the runner.
+    pub ended: Vec<String>,
+    /// Processes still alive after SIGKILL.
+    pub survived: Vec<String>,
+}
+
+impl Leftovers {
+    /// Found before the sweep, and still alive after it, each `"<pid> <cmdline>"` (pure): the
+    /// found ones not among the survivors were ended.
+    pub fn of(found: Vec<String>, survived: Vec<String>) -> Leftovers {
+        let pid = |s: &String| s.split(' ').next().map(str::to_string);
+        let alive: Vec<_> = survived.iter().filter_map(pid).collect();
+        let ended = found
+            .into_iter()
+            .filter(|f| !pid(f).is_some_and(|p| alive.contains(&p)))
+            .collect();
+        Leftovers { ended, survived }
+    }
+
+    /// `{ended: [..], survived: [..]}`, the `leftovers` field of `hook.completed` and
+    /// `hook.failed`.
+    pub fn to_json(&self) -> Value {
+        json!({"ended": self.ended, "survived": self.survived})
+    }
+}
+
+/// The processes an end-of-hook sweep with `track` would end, `"<pid> <cmdline>"` each: the
+/// members of the hook's cgroup leaf, else the runner's orphans ([`sweep::step_processes`]).
+fn sweep_targets(track: &StepTrack) -> Vec<u32> {
+    match &track.cgroup {
+        Some(leaf) => cohort_common::os::cgroup::procs(leaf)
+            .into_iter()
+            .filter(|&p| !sweep::runs_under(p, &track.nested_runs))
+            .collect(),
+        None => sweep::step_processes(track, &[]),
+    }
+}
+
 /// End what the hook (whose shell, already reaped, led process group `pgid`) left running:
 /// the members of its process group get SIGTERM, then SIGKILL once `grace` has passed; then
 /// the runner's orphans are swept ([`sweep::sweep_descendants`] with `track`, whose
-/// [`StepTrack::orphans`] is set here). What was ended, and what could not be, goes to
-/// `runner.log`.
-pub fn end_leftovers(pgid: u32, track: &StepTrack, grace: Duration) {
+/// [`StepTrack::orphans`] is set here). Returns what was ended and what could not be, which
+/// also goes to `runner.log`.
+pub fn end_leftovers(pgid: u32, track: &StepTrack, grace: Duration) -> Leftovers {
+    let described = |pids: &[u32]| -> Vec<String> {
+        pids.iter()
+            .map(|&p| format!("{p} {}", procinfo::cmdline(p)))
+            .collect()
+    };
+    let mut found = Vec::new();
     let members = group_members(pgid);
+    found.extend(described(&members));
     if !members.is_empty() {
         crate::process::log(format_args!(
             "the on-exit hook left {} process(es) in its process group; ending them",
@@ -288,6 +338,11 @@ pub fn end_leftovers(pgid: u32, track: &StepTrack, grace: Duration) {
         orphans: true,
         ..track.clone()
     };
+    for line in described(&sweep_targets(&track)) {
+        if !found.contains(&line) {
+            found.push(line);
+        }
+    }
     let left = sweep::sweep_descendants(&track, &[], grace);
     if !left.is_empty() {
         crate::process::log(format_args!(
@@ -295,6 +350,14 @@ pub fn end_leftovers(pgid: u32, track: &StepTrack, grace: Duration) {
             left.join(", ")
         ));
     }
+    let out = Leftovers::of(found, left);
+    if !out.ended.is_empty() {
+        crate::process::log(format_args!(
+            "ended what the on-exit hook left running: {}",
+            out.ended.join(", ")
+        ));
+    }
+    out
 }
 
 /// The live (not zombie) members of process group `pgid` below the runner (a child subreaper,
@@ -385,6 +448,19 @@ mod tests {
         );
         assert_eq!(exit.signal, Some(libc::SIGKILL));
         assert!(exit.timed_out);
+    }
+
+    #[test]
+    fn what_a_hook_left_is_split_into_ended_and_survived() {
+        let found = vec!["10 sleep 60".to_string(), "11 sh -c x".to_string()];
+        let l = Leftovers::of(found, vec!["11 sh -c x".into()]);
+        assert_eq!(l.ended, ["10 sleep 60"]);
+        assert_eq!(l.survived, ["11 sh -c x"]);
+        assert_eq!(
+            l.to_json(),
+            json!({"ended": ["10 sleep 60"], "survived": ["11 sh -c x"]})
+        );
+        assert_eq!(Leftovers::of(Vec::new(), Vec::new()), Leftovers::default());
     }
 
     #[test]

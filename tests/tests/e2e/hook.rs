@@ -256,4 +256,20 @@ fn what_the_hook_leaves_is_ended_before_wait_returns() {
         log.contains("process(es) in its process group; ending them"),
         "{log}"
     );
+    // The event records each process the runner ended, by pid, and no survivor.
+    let done = &wait_event(&env, &id, "hook.completed")[0];
+    let ended: Vec<u32> = done["leftovers"]["ended"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no leftovers.ended: {done}"))
+        .iter()
+        .filter_map(|l| l.as_str()?.split(' ').next()?.parse().ok())
+        .collect();
+    for p in &pids.0 {
+        assert!(ended.contains(p), "{p} is not recorded as ended: {done}");
+    }
+    assert_eq!(
+        done["leftovers"]["survived"],
+        serde_json::json!([]),
+        "{done}"
+    );
 }
