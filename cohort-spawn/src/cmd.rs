@@ -189,6 +189,11 @@ pub struct Args {
     /// --timeout ended it. Ctrl-C stops waiting and leaves the run running.
     #[arg(long)]
     wait: bool,
+    /// With --wait, leave out the `run ID started` line on stderr, for a caller that reads
+    /// stderr together with the answer (a Pi session's bash tool does). Warnings and errors are
+    /// still printed.
+    #[arg(long, short = 'q')]
+    quiet: bool,
     #[command(flatten)]
     generate: cli::GenerateArg,
 }
@@ -409,7 +414,9 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     shape::resolve_agents(&mut built.chain, &lookup, &machine)?;
     let started = start(&root, request(&args, built, placement, backend))?;
     if args.wait {
-        eprintln!("cohort-spawn: run {} started", started.run_id);
+        if !args.quiet {
+            eprintln!("cohort-spawn: run {} started", started.run_id);
+        }
         let output = if args.json {
             crate::wait::Output::Json
         } else {

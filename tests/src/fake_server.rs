@@ -416,10 +416,10 @@ pub fn skill_location(system: &str, name: &str) -> Option<String> {
     Some(loc.trim().to_string())
 }
 
-/// The first `cohort-spawn --wait "TASK"` command in a skill's text (up to the line's end, a
+/// The first `cohort-spawn --wait --quiet "TASK"` command in a skill's text (up to the line's end, a
 /// closing backtick or a `#` comment).
 pub fn wait_example(skill: &str) -> Option<String> {
-    let at = skill.find("cohort-spawn --wait \"TASK\"")?;
+    let at = skill.find("cohort-spawn --wait --quiet \"TASK\"")?;
     let line = skill[at..].lines().next()?;
     let line = line.split('`').next().unwrap_or(line);
     let line = line.split(" #").next().unwrap_or(line);

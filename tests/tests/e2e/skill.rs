@@ -34,7 +34,7 @@ fn the_skill_is_in_pis_format_and_shows_every_command_it_teaches() {
     let description = field("description");
     assert!(!description.is_empty() && description.len() <= 1024);
     for taught in [
-        "cohort-spawn --wait \"TASK\"",
+        "cohort-spawn --wait --quiet \"TASK\"",
         "--agent NAME",
         "--chain NAME",
         "cohort-spawn --list-agents",
@@ -46,7 +46,7 @@ fn the_skill_is_in_pis_format_and_shows_every_command_it_teaches() {
     }
     assert_eq!(
         wait_example(&skill).as_deref(),
-        Some("cohort-spawn --wait \"TASK\"")
+        Some("cohort-spawn --wait --quiet \"TASK\"")
     );
 }
 
@@ -97,6 +97,8 @@ fn a_parent_model_given_the_skill_delegates_a_nested_run_and_reads_its_answer() 
         answer.starts_with("DELEGATED:") && answer.contains("the answer is 42"),
         "{answer}"
     );
+    // What the bash tool showed the parent is the answer alone: no spawn progress line.
+    assert!(!answer.contains("cohort-spawn: run"), "{answer}");
 
     // Pi advertised the skill at the path install.sh uses, and the model read it.
     let requests = env.server.requests();
