@@ -14,6 +14,33 @@ use std::process::{Command, Stdio};
 
 const USAGE: &str = "usage: fake-model-server [--detach] [--log FILE] [--profile DIR]";
 
+/// What `--help` prints: the usage, each option, and the models it knows.
+fn help() -> String {
+    format!(
+        "fake-model-server: the test suite's fake OpenAI-compatible model server, on 127.0.0.1 only
+
+{USAGE}
+
+Options:
+  --profile DIR  write a Pi profile into DIR before reporting ready: models.json naming
+                 provider `fake` (with prices for `metered`), settings.json with retries off
+  --detach       start the server in the background, wait until it answers, print its PID
+                 and exit 0 (1 if it died first); `kill PID` stops it
+  --log FILE     append every request to FILE as JSON Lines (default: {log})
+  -h, --help     print this help
+
+In the foreground it prints the PORT it listens on once ready, then serves until killed.
+
+Models (use them as fake/NAME): {models}.
+  fake/plain replies `ECHO: <task>`; fake/metered does the same with token counts and prices,
+  so runs on it have a cost; fake/tool runs the bash command after `RUN:` in the task;
+  fake/slow streams for 60 s; fake/err500 and fake/ratelimit fail. Each model's behaviour is
+  described in tests/src/fake_server.rs.",
+        log = std::env::temp_dir().join("fake-model-server.log").display(),
+        models = cohort_e2e::fake_server::MODELS.join(", "),
+    )
+}
+
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let mut log = std::env::temp_dir().join("fake-model-server.log");
@@ -21,6 +48,10 @@ fn main() -> anyhow::Result<()> {
     let mut detach = false;
     while let Some(a) = args.next() {
         match a.as_str() {
+            "-h" | "--help" => {
+                println!("{}", help());
+                return Ok(());
+            }
             "--detach" => detach = true,
             "--log" => {
                 log = args

@@ -141,3 +141,35 @@ fn the_set_up_is_two_commands_and_ci_runs_the_test_command() {
         }
     }
 }
+
+#[test]
+fn the_helper_programs_the_readme_uses_answer_help() {
+    let models = cohort_e2e::fake_server::MODELS;
+    for (bin, needles) in [
+        (
+            "fake-model-server",
+            vec!["usage: fake-model-server", "--profile DIR", "metered"],
+        ),
+        (
+            "pi-install",
+            vec!["usage: pi-install", "--system-node", "0.73", "1.6"],
+        ),
+    ] {
+        for flag in ["--help", "-h"] {
+            let out = Command::new(bin_dir().join(bin))
+                .arg(flag)
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(0), "{bin} {flag}: {}", stderr(&out));
+            let text = stdout(&out);
+            for n in &needles {
+                assert!(text.contains(n), "{bin} {flag} lacks {n:?}:\n{text}");
+            }
+            if bin == "fake-model-server" {
+                for m in models {
+                    assert!(text.contains(m), "{bin} {flag} lacks model {m}:\n{text}");
+                }
+            }
+        }
+    }
+}
