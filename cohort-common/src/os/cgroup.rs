@@ -370,11 +370,14 @@ pub fn limit_refusal(
 ) -> Option<String> {
     match base {
         Err(why) => Some(format!(
-            "{} needs a cgroup of the run's own, and none can be made here: {why}",
+            "{} needs a cgroup of the run's own, and none can be made here: {why}; run cohort \
+             where it may make cgroups (docs/usage.md, \"Limits on a run\")",
             limit.flag()
         )),
         Ok(dir) if !available.contains(limit.controller()) => Some(format!(
-            "{} needs the cgroup v2 {} controller, which is not available under {} (available: {})",
+            "{} needs the cgroup v2 {} controller, which is not available under {} (available: {}); \
+             it must be delegated there: `echo +{} > {}/cgroup.subtree_control` as root, or a \
+             systemd unit with Delegate=yes (docs/usage.md, \"Limits on a run\")",
             limit.flag(),
             limit.controller(),
             dir.display(),
@@ -382,7 +385,9 @@ pub fn limit_refusal(
                 "none".to_string()
             } else {
                 available.iter().cloned().collect::<Vec<_>>().join(" ")
-            }
+            },
+            limit.controller(),
+            dir.parent().unwrap_or(dir).display(),
         )),
         Ok(_) => None,
     }
@@ -750,12 +755,12 @@ mod tests {
         assert_eq!(limit_refusal(Limit::Pids, &base, &avail), None);
         assert_eq!(
             limit_refusal(Limit::Memory, &base, &avail).as_deref(),
-            Some("--memory-max needs the cgroup v2 memory controller, which is not available under /m/cohort (available: hugetlb pids)")
+            Some("--memory-max needs the cgroup v2 memory controller, which is not available under /m/cohort (available: hugetlb pids); it must be delegated there: `echo +memory > /m/cgroup.subtree_control` as root, or a systemd unit with Delegate=yes (docs/usage.md, \"Limits on a run\")")
         );
         let none = Err(Unavailable::NoMount);
         assert_eq!(
             limit_refusal(Limit::Pids, &none, &avail).as_deref(),
-            Some("--pids-max needs a cgroup of the run's own, and none can be made here: no cgroup v2 hierarchy is mounted")
+            Some("--pids-max needs a cgroup of the run's own, and none can be made here: no cgroup v2 hierarchy is mounted; run cohort where it may make cgroups (docs/usage.md, \"Limits on a run\")")
         );
         assert_eq!(Limit::Cpu.file(), "cpu.max");
     }

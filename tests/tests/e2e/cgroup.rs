@@ -208,6 +208,14 @@ fn a_limit_is_refused_where_its_controller_is_missing_and_set_where_it_is_there(
             err.contains("--pids-max") && err.contains("pids controller"),
             "{err}"
         );
+        // It says what would make the limit work, and where to read more.
+        let parent = base.parent().unwrap().display().to_string();
+        assert!(
+            err.contains(&format!("echo +pids > {parent}/cgroup.subtree_control"))
+                && err.contains("Delegate=yes")
+                && err.contains("docs/usage.md"),
+            "{err}"
+        );
         assert_eq!(env.run_count(), 0, "a refused limit makes no run");
         eprintln!(
             "{test}: the pids controller is not available under {} (available: {available:?}): the refusal is tested, the limit itself is not",
@@ -312,7 +320,8 @@ fn a_user_without_a_delegated_cgroup_keeps_proc_tracking() {
     );
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("--memory-max needs a cgroup of the run's own"),
+        stderr(&out).contains("--memory-max needs a cgroup of the run's own")
+            && stderr(&out).contains("docs/usage.md"),
         "{}",
         stderr(&out)
     );
