@@ -337,6 +337,16 @@ fn is_noise(line: &str) -> bool {
             .all(|c| matches!(c, '^' | '~' | ' ' | '{' | '}' | '(' | ')'))
 }
 
+/// Whether a stderr line points elsewhere rather than saying what went wrong (pure): a bare
+/// path or URL (Pi prints the paths of its docs after an error), or a line that ends by
+/// introducing such references (`… See:`).
+fn is_reference(line: &str) -> bool {
+    let t = line.trim();
+    let bare = !t.contains(char::is_whitespace)
+        && (t.starts_with('/') || t.starts_with("./") || t.contains("://"));
+    bare || t.ends_with("See:")
+}
+
 /// Whether a stderr line names an error (pure).
 fn names_error(line: &str) -> bool {
     let l = line.to_ascii_lowercase();
@@ -358,7 +368,7 @@ impl StderrDigest {
     pub fn push(&mut self, line: &str) {
         let line = preview(line, 300);
         self.seen += 1;
-        if !is_noise(&line) {
+        if !is_noise(&line) && !is_reference(&line) {
             if names_error(&line) {
                 self.last_error = Some(line.clone());
             }
@@ -378,7 +388,8 @@ impl StderrDigest {
     }
 
     /// The line that says most about a failure (pure): the last line that is not noise (a stack
-    /// frame, Node's banner) — Pi and Node print the cause last — unless that line names no
+    /// frame, Node's banner) nor a reference (a docs path, `See:`) — Pi and Node print the
+    /// cause last, and Pi its docs' paths after it — unless that line names no
     /// error while an earlier one does, in which case the last line naming an error.
     pub fn decisive(&self) -> Option<&str> {
         let last = self.last_meaningful.as_deref()?;
@@ -976,6 +987,22 @@ mod tests {
         d.push("warning: a deprecated error handler");
         d.push("boom: missing module");
         assert!(d.summary().starts_with("boom: missing module (stderr: "));
+        // Pi's missing-key failure, as Pi 0.73.1 prints it: the cause, then where to read more.
+        let mut d = StderrDigest::default();
+        for l in [
+            "No API key found for anthropic.",
+            "Use /login to log into a provider via OAuth or API key. See:",
+            "/p/node_modules/@mariozechner/pi-coding-agent/docs/providers.md",
+            "/p/node_modules/@mariozechner/pi-coding-agent/docs/models.md",
+        ] {
+            d.push(l);
+        }
+        assert!(
+            d.summary()
+                .starts_with("No API key found for anthropic. (stderr: "),
+            "{}",
+            d.summary()
+        );
     }
 
     #[test]

@@ -422,3 +422,32 @@ fn the_pinned_engines_range_is_the_packages() {
         .unwrap();
     assert_eq!(info.node_engines.as_deref(), Some(g.node_engines), "{g:?}");
 }
+
+/// A provider without a key: Pi exits 1 before it calls any model, printing the cause and then
+/// the paths of its docs. The step's error leads with the cause, not a path.
+#[test]
+fn a_missing_api_key_fails_the_step_with_the_cause_first() {
+    let env = TestEnv::new();
+    let out = env
+        .cmd("cohort-spawn")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("ANTHROPIC_OAUTH_TOKEN")
+        .args([
+            "--wait",
+            "--quiet",
+            "--model",
+            "anthropic/claude-sonnet-4",
+            "hi",
+            "--",
+        ])
+        .args(HERMETIC)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("Pi exited with code 1: No API key found for anthropic. (stderr: "),
+        "{err}"
+    );
+    assert!(env.server.requests().is_empty(), "no model was called");
+}
