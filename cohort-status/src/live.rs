@@ -87,7 +87,7 @@ pub fn watch(root: &StateRoot, target: Target) -> anyhow::Result<u8> {
         for dir in dirs_of(root, &seen) {
             waiter.add(&dir);
         }
-        screen.draw(&title(&target), &body(&seen))?;
+        screen.draw(&title(&target), |rows| body(&seen, rows))?;
         let deadline = if dirty {
             last_read + MIN_REREAD
         } else {
@@ -167,25 +167,46 @@ fn title(target: &Target) -> String {
     format!("{what}   {h:02}:{m:02}:{s:02} UTC   q: quit")
 }
 
-/// The text under the title: the table with each running step below its run, or the run's
-/// view.
-fn body(seen: &Seen) -> String {
+/// The text under the title on a screen of `rows` lines: the table with each running step
+/// below its run, or the run's view with its steps first ([`fit_sections`]).
+fn body(seen: &Seen, rows: usize) -> String {
     match seen {
         Seen::Table(rows) => render::live_table(rows),
         Seen::Run(run) => {
             let (found, obs, children) = &**run;
-            crate::view::show(
-                &found.dir,
-                &found.origin,
-                obs,
-                children,
-                // The worktrees are looked at with git: the one-off view shows them, not a
-                // screen redrawn every second.
-                "",
-                &crate::cmd::session_on_disk,
+            let now = cohort_common::format::record::Now::current();
+            // The worktrees are looked at with git: the one-off view shows them, not a screen
+            // redrawn every second.
+            let header = crate::view::header(&found.origin, obs, children);
+            let steps = crate::view::steps(&obs.record, now.wall_ms, &crate::cmd::session_on_disk);
+            let nested = crate::view::nested(children);
+            let runtime = crate::view::runtime(obs, &now);
+            let paths = crate::view::paths(&found.dir);
+            fit_sections(
+                &[&header, &steps],
+                &[&nested, &runtime, &paths],
+                rows.saturating_sub(1),
             )
         }
     }
+}
+
+/// The sections of a watched run that fit `room` lines (pure): every `first` section (what the
+/// run is and its steps), then each `if_room` section (nested runs, the runtime and its paths,
+/// the run's paths) in order, whole, while it fits under what is already there. A section that
+/// does not fit is left out, and a later smaller one may still come; `first` sections taller
+/// than the screen are cut by [`frame`].
+pub fn fit_sections(first: &[&str], if_room: &[&str], room: usize) -> String {
+    let mut out: String = first.concat();
+    let mut used = out.lines().count();
+    for section in if_room {
+        let n = section.lines().count();
+        if used + n <= room {
+            out.push_str(section);
+            used += n;
+        }
+    }
+    out
 }
 
 /// `title` and `body` as one screen of `rows` lines of at most `cols` characters (pure): from
@@ -275,10 +296,10 @@ impl Screen {
         Ok(screen)
     }
 
-    /// Draw one frame at the terminal's size now.
-    fn draw(&self, title: &str, body: &str) -> std::io::Result<()> {
+    /// Draw one frame at the terminal's size now, its body made for that many rows.
+    fn draw(&self, title: &str, body: impl FnOnce(usize) -> String) -> std::io::Result<()> {
         let (rows, cols) = terminal_size().unwrap_or((24, 80));
-        cohort_cli::out(&frame(title, body, rows, cols))
+        cohort_cli::out(&frame(title, &body(rows), rows, cols))
     }
 }
 
@@ -316,6 +337,31 @@ mod tests {
         assert_eq!(f, "\x1b[HT\x1b[K\r\na\x1b[K\r\nbbbb\x1b[K\r\nc\x1b[K\x1b[J");
         let f = frame("T", "1\n2\n3\n4\n5", 3, 80);
         assert_eq!(f, "\x1b[HT\x1b[K\r\n1\x1b[K\r\n(4 more lines)\x1b[K\x1b[J");
+    }
+
+    #[test]
+    fn a_small_screen_shows_the_steps_and_only_the_sections_that_fit() {
+        let header = "run x\nstate running\n";
+        let steps = "steps:\n  [0] a\n  [1] b\n";
+        let nested = "nested:\n  n1\n";
+        let runtime = "started 1s\ncwd /a\nnode /n\n";
+        let paths = "paths:\n  dir /d\n  status /d/s\n  events /d/e\n";
+        let all = [nested, runtime, paths];
+        let fitted = |room| fit_sections(&[header, steps], &all, room);
+        assert_eq!(
+            fitted(100),
+            [header, steps, nested, runtime, paths].concat()
+        );
+        // Room for the steps and two sections more: the paths, last, are left out.
+        assert_eq!(fitted(10), [header, steps, nested, runtime].concat());
+        // A section that does not fit is skipped; a smaller one after it still comes.
+        assert_eq!(fitted(8), [header, steps, nested].concat());
+        assert_eq!(
+            fit_sections(&[header, steps], &[paths, nested], 7),
+            [header, steps, nested].concat()
+        );
+        // The steps come whatever the size.
+        assert_eq!(fitted(2), [header, steps].concat());
     }
 
     #[test]

@@ -22,6 +22,11 @@ impl Tmux {
     /// A server with one 120x40 pane running `command` under `sh`, or `None` (said on stderr)
     /// when tmux cannot be run here.
     fn start(env: &TestEnv, command: &str) -> Option<Tmux> {
+        Tmux::start_sized(env, command, 120, 40)
+    }
+
+    /// [`Tmux::start`] with a pane of `cols` x `rows`.
+    fn start_sized(env: &TestEnv, command: &str, cols: u16, rows: u16) -> Option<Tmux> {
         if Command::new("tmux").arg("-V").output().is_err() {
             eprintln!("skipped: tmux is not installed (apt-get install tmux)");
             return None;
@@ -35,9 +40,9 @@ impl Tmux {
                 "new-session",
                 "-d",
                 "-x",
-                "120",
+                &cols.to_string(),
                 "-y",
-                "40",
+                &rows.to_string(),
                 "sh",
                 "-c",
                 command,
@@ -191,6 +196,39 @@ fn one_run_is_watched_with_its_steps_and_ctrl_c_leaves() {
     tmux.keys(&env, &["C-c"]);
     let pane = tmux.until(&env, "the watch's exit", exited);
     assert!(pane.lines().any(|l| l == "icanon"), "{pane}");
+}
+
+#[test]
+fn on_a_small_terminal_one_runs_steps_come_before_its_paths() {
+    let env = TestEnv::new();
+    let step = |label: &str| StepRecord {
+        label: label.into(),
+        task: "watch me".into(),
+        status: StepStatus::Running,
+        started_at: Some(now_ms() - 5_000),
+        ..StepRecord::default()
+    };
+    let (id, dir) = Run::new(RunState::Running)
+        .step(step("first"))
+        .step(step("second"))
+        .step(step("third"))
+        .step(step("fourth"))
+        .write(&env);
+    let _lock = RunLock::acquire(&dir.lock(), Duration::from_secs(1)).unwrap();
+    let Some(tmux) = Tmux::start_sized(&env, &watch_line(&env, &id[24..]), 60, 15) else {
+        return;
+    };
+    let pane = tmux.until(&env, "the run's view", |p| p.contains("[0] first"));
+    for label in ["first", "second", "third", "fourth"] {
+        assert!(
+            pane.contains(&format!("] {label}")),
+            "{label} is cut off:\n{pane}"
+        );
+    }
+    assert!(!pane.contains("paths:"), "paths before steps:\n{pane}");
+    assert!(!pane.contains("more lines)"), "{pane}");
+    tmux.keys(&env, &["q"]);
+    tmux.until(&env, "the watch's exit", exited);
 }
 
 #[test]
