@@ -48,6 +48,7 @@ pub struct Command {
     stdio: [Stdio; 3],
     cgroup: Option<OwnedFd>,
     new_session: bool,
+    process_group: bool,
     parent_death_signal: Option<libc::c_int>,
     /// A program, argument, variable or cwd held a NUL byte: the start fails (`EINVAL`).
     has_nul: bool,
@@ -62,7 +63,7 @@ pub enum Stage {
     Clone,
     /// Writing itself into the cgroup's `cgroup.procs` (the fallback placement).
     Cgroup,
-    /// `setsid(2)`.
+    /// `setsid(2)` or `setpgid(2)`.
     Session,
     /// `prctl(PR_SET_PDEATHSIG)`, or the parent was gone already.
     ParentDeath,
@@ -177,6 +178,7 @@ impl Command {
             stdio: [Stdio::Inherit, Stdio::Inherit, Stdio::Inherit],
             cgroup: None,
             new_session: false,
+            process_group: false,
             parent_death_signal: None,
         }
     }
@@ -251,6 +253,12 @@ impl Command {
     /// Make it lead a session (and process group) of its own.
     pub fn new_session(&mut self) -> &mut Command {
         self.new_session = true;
+        self
+    }
+
+    /// Make it lead a process group of its own, in the caller's session (`setpgid(0, 0)`).
+    pub fn process_group(&mut self) -> &mut Command {
+        self.process_group = true;
         self
     }
 
@@ -340,6 +348,7 @@ impl Command {
                 .then(|| self.cgroup.as_ref().map(|c| c.as_raw_fd()))
                 .flatten(),
             new_session: self.new_session,
+            process_group: self.process_group,
             parent_death_signal: self.parent_death_signal,
             // SAFETY: getpid(2) has no preconditions.
             parent: unsafe { libc::getpid() },
@@ -397,6 +406,7 @@ struct Image<'a> {
     sources: [Option<RawFd>; 3],
     write_cgroup: Option<RawFd>,
     new_session: bool,
+    process_group: bool,
     parent_death_signal: Option<libc::c_int>,
     parent: libc::pid_t,
     report: RawFd,
@@ -430,6 +440,9 @@ impl Image<'_> {
                 libc::close(procs);
             }
             if self.new_session && libc::setsid() < 0 {
+                fail(Stage::Session);
+            }
+            if self.process_group && libc::setpgid(0, 0) < 0 {
                 fail(Stage::Session);
             }
             if let Some(sig) = self.parent_death_signal {
