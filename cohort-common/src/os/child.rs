@@ -15,7 +15,7 @@
 //! Where `clone3` or `CLONE_INTO_CGROUP` is unavailable (a kernel older than 5.7, a seccomp
 //! filter that answers `ENOSYS` or `EPERM`), the child is forked and writes itself into the
 //! cgroup's `cgroup.procs` before its `exec` ([`Placement::Written`]); the first refusal is
-//! remembered for the rest of the process ([`placement_in_use`], which `--doctor` reports).
+//! remembered for the rest of the process ([`probe_placement`], which `--doctor` reports).
 
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
@@ -570,38 +570,32 @@ pub fn falls_back(e: &std::io::Error) -> bool {
 }
 
 const UNTRIED: u8 = 0;
-const WORKS: u8 = 1;
-const REFUSED: u8 = 2;
+const REFUSED: u8 = 1;
 static CLONE3: AtomicU8 = AtomicU8::new(UNTRIED);
 
 fn clone3_usable() -> bool {
     CLONE3.load(Ordering::Relaxed) != REFUSED
 }
 
-/// How this process places children in their cgroups, as far as it knows: `Some(AtBirth)`
-/// until a `clone3` was refused ([`falls_back`]), then `Some(Written)`. `probe` tries once
-/// (a child of `/bin/true` born into the caller's own cgroup `own`) when nothing was tried yet.
-pub fn placement_in_use(own: Option<&Path>) -> Placement {
-    if CLONE3.load(Ordering::Relaxed) == UNTRIED {
-        if let Some(dir) = own.and_then(|p| open_cgroup(p).ok()) {
-            let mut c = Command::new("/bin/true");
-            c.stdin(Stdio::Null)
-                .stdout(Stdio::Null)
-                .stderr(Stdio::Null)
-                .cgroup(dir);
-            if let Ok(mut child) = c.spawn() {
-                let _ = child.wait();
-                if child.placement == Placement::AtBirth {
-                    CLONE3.store(WORKS, Ordering::Relaxed);
-                }
-            }
-        }
-    }
-    if clone3_usable() {
-        Placement::AtBirth
-    } else {
-        Placement::Written
-    }
+/// How this process places children in the cgroup `dir` (an empty cgroup2 directory the
+/// caller may write): `/bin/true` started there, waited for; its [`Placement`]
+/// (`AtBirth`, or `Written` where `clone3` or `CLONE_INTO_CGROUP` was refused, which is then
+/// remembered). `cohort-status --doctor` reports it.
+///
+/// Errors: `dir` cannot be opened, or the start failed ([`SpawnError`]).
+pub fn probe_placement(dir: &Path) -> Result<Placement, SpawnError> {
+    let fd = open_cgroup(dir).map_err(|source| SpawnError {
+        stage: Stage::Prepare,
+        source,
+    })?;
+    let mut c = Command::new("/bin/true");
+    c.stdin(Stdio::Null)
+        .stdout(Stdio::Null)
+        .stderr(Stdio::Null)
+        .cgroup(fd);
+    let mut child = c.spawn()?;
+    let _ = child.wait();
+    Ok(child.placement)
 }
 
 /// Open a cgroup2 directory as [`Command::cgroup`] needs it (`O_RDONLY | O_DIRECTORY`,
