@@ -8,7 +8,8 @@
 #     process start time);
 #   - the default listing (cohort-status; `ls` of NQDIR, which is nq's listing; `pueue status`),
 #     settled (nothing changed for 2 s) and right after a spawn;
-# and, once: BURST (default 20) spawns back to back in one shell loop beside a loop of `setsid
+# and, once: BURST (default 20) spawns back to back in one shell loop beside a loop of BURST
+# `nq node …` of the same child (the target's baseline), a loop of `setsid
 # node … &` of the same child and one of `setsid -f node …` (which returns once it has forked,
 # the least any starter that prints after starting its child waits for); spawn + wait of a run whose Pi exits at once beside running that Pi directly (the
 # recorded fake, then the real pinned Pi 0.73.1 answered by the bundled fake model server on
@@ -33,7 +34,7 @@ cargo build --quiet --release -p cohort-spawn -p cohort-runner -p cohort-status
 # pi-install and fake-model-server, for the row with the real, pinned Pi.
 cargo build --quiet --release -p cohort-e2e --bins
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
-BIN="$PWD/target/release" W="$W" SIZES="${SIZES-0 10000 100000}" REPS="${REPS:-21}" \
+BIN="${CARGO_TARGET_DIR:-$PWD/target}/release" W="$W" SIZES="${SIZES-0 10000 100000}" REPS="${REPS:-21}" \
   IDLE_PROCS="${IDLE_PROCS:-3000}" IDLE_S="${IDLE_S:-10}" exec python3 - <<'PY'
 import json, os, random, shutil, statistics, subprocess, sys, time
 
@@ -220,13 +221,25 @@ def burst_setsid(turn, how):
         time.sleep(0.01)
     return dt
 
-bc, bs, bf = [], [], []
+def burst_nq(turn):
+    """The loop of `nq node …` of the same child (each prints its job id once it has forked
+    the job, as cohort-spawn does); then (untimed) every job is waited for with `nq -w`."""
+    t0 = time.perf_counter()
+    out = subprocess.run(["sh", "-c", f'for i in $(seq {BURST}); do nq "{NODE}" "{ENTRY}" '
+                          f'burst; done'], env=ENV, check=True,
+                         stdout=subprocess.PIPE).stdout.decode().split()
+    dt = time.perf_counter() - t0
+    sh(f'nq -w {" ".join(out)}')
+    return dt
+
+bc, bn, bs, bf = [], [], [], []
 for r in range(max(5, REPS // 3)):
     bc.append(burst_cohort(r))
+    bn.append(burst_nq(r))
     bs.append(burst_setsid(r, "&"))
     bf.append(burst_setsid(r, "-f"))
-row(f"{BURST} starts back to back (target <= 1.5x)", bc,
-    [("setsid &", bs), ("setsid -f", bf)])
+row(f"{BURST} starts back to back (target <= 1.5x nq)", bc,
+    [("nq", bn), ("setsid &", bs), ("setsid -f", bf)])
 
 # Spawn + wait of a run whose Pi exits at once, beside running that Pi directly.
 direct, wrapped, nqw = [], [], []

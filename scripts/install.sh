@@ -29,9 +29,9 @@ command -v cargo >/dev/null || { echo "install.sh: cargo is required (https://ru
 
 BINS=(cohort-spawn cohort-runner cohort-status cohort-reap)
 echo "== building cohort (release, the four programs in one build)" >&2
-# The programs alone, not the test crate: it turns on cohort-common's fault-injection feature,
-# which an installed binary must not have.
-cargo build --release --locked -p cohort-spawn -p cohort-runner -p cohort-status -p cohort-reap
+# The workspace's default members: the programs alone, not the test crate, which turns on
+# cohort-common's fault-injection feature that an installed binary must not have.
+cargo build --release --locked
 TARGET=${CARGO_TARGET_DIR:-$PWD/target}/release
 
 echo "== installing into $PREFIX" >&2

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use cohort_common::error::{Error, Result};
 use cohort_common::format::layout::{RunDir, StateRoot};
-use cohort_common::format::record::{Now, RunRecord};
+use cohort_common::format::record::{self, Now, RunRecord};
 use cohort_common::os::files::{self, EntryKind, Hidden};
 use cohort_common::os::lock::{self, Liveness, LockKind};
 use cohort_common::store::{discover, observe};
@@ -363,7 +363,7 @@ impl<'a> Examiner<'a> {
         }
         // Read (again) under the lock: this is the record the decision trusts.
         if obs.unsafe_path.is_none() {
-            obs.record = read_record(&dir.status());
+            obs.record = read_record_under(&dir, obs.liveness);
             obs.live_processes = live_processes(&dir);
             obs.populated_cgroup = obs
                 .record
@@ -423,7 +423,7 @@ impl<'a> Examiner<'a> {
                 }
             }
             if n.unsafe_path.is_none() {
-                let rec = read_record(&dir.status());
+                let rec = read_record_under(&dir, n.liveness);
                 if let Ok(r) = &rec {
                     sessions.extend(session_files(r));
                     runs.push(RunSessions::of(r));
@@ -531,6 +531,20 @@ fn read_record(path: &Path) -> std::result::Result<RunRecord, String> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     observe::load_record(path, &dir_name).map_err(|e| observe::reason(&e))
+}
+
+/// [`read_record`] of `dir`, taken under its lock (`liveness` `Free`: this reap holds it, or a
+/// dry run's probe found it free): a record lost as a power loss leaves an unsynced start
+/// ([`observe::record_lost`]) is then the abandoned start it proves, [`record::lost_record`]
+/// (in memory: the reap removes it whole, or a listing writes it).
+fn read_record_under(dir: &RunDir, liveness: Liveness) -> std::result::Result<RunRecord, String> {
+    let read = read_record(&dir.status());
+    if read.is_err() && liveness == Liveness::Free && observe::record_lost(dir) {
+        if let Some(rec) = record::lost_record(&dir.name()) {
+            return Ok(rec);
+        }
+    }
+    read
 }
 
 /// The cgroup `rec` names, when one of its own leaves still holds a process (I/O: their

@@ -114,20 +114,21 @@ pub fn start(
     }
     .map_err(|e| e.to_string())?;
     let tmp = private_tmp(l.dir).map_err(|e| e.to_string())?;
-    let mut cmd = pi_command(l, &rt, &args, task_in, &tmp, step);
-    let procs = l
-        .cgroup
-        .map(crate::cgroup::open_procs)
-        .transpose()
-        .map_err(|e| format!("cannot place the Pi child in its cgroup: {e}"))?;
-    end_with_runner(&mut cmd, procs);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", rt.node_exec_path.display()))?;
-    let pid = child.id();
-    let stdout = child.stdout.take().expect("piped stdout");
-    let stderr = child.stderr.take().expect("piped stderr");
-    drop(child); // Reaped by waitpid(-1) on SIGCHLD, never by Child::wait.
+    let mut cmd = pi_command(l, &rt, &args, &tmp, step);
+    let cannot =
+        |e: &dyn std::fmt::Display| format!("cannot start {}: {e}", rt.node_exec_path.display());
+    let (pid, stdout, stderr) = match l.cgroup {
+        Some(leaf) => born_into(&cmd, task_in, leaf).map_err(|e| cannot(&e))?,
+        None => {
+            cmd.stdin(Stdio::from(task_in));
+            end_with_runner(&mut cmd, None);
+            let mut child = cmd.spawn().map_err(|e| cannot(&e))?;
+            let out = child.stdout.take().expect("piped stdout");
+            let err = child.stderr.take().expect("piped stderr");
+            (child.id(), out, err)
+            // Reaped by waitpid(-1) on SIGCHLD, never by Child::wait.
+        }
+    };
     Ok(Started {
         pid,
         stdout,
@@ -232,21 +233,13 @@ pub struct Child<'a> {
 /// profile, `TMPDIR` = `tmp`, the compile cache ([`crate::compile_cache::child_env`]), the runtime, the
 /// tree's route with the step's depth limit ([`route::step_max_depth`]: its agent's
 /// `maxSubagentDepth` lowers the run's), and no on-exit hook of its own.
-fn pi_command(
-    l: &Launch,
-    rt: &Runtime,
-    args: &[String],
-    task_in: File,
-    tmp: &Path,
-    step: &FlatStep,
-) -> Command {
+fn pi_command(l: &Launch, rt: &Runtime, args: &[String], tmp: &Path, step: &FlatStep) -> Command {
     let i = step.index;
     let cwd = step.spec.cwd.as_deref().unwrap_or(&l.spec.cwd);
     let mut cmd = Command::new(&rt.node_exec_path);
     cmd.arg(&rt.pi_entry_path)
         .args(args)
         .current_dir(cwd)
-        .stdin(Stdio::from(task_in))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
@@ -270,6 +263,52 @@ fn pi_command(
             ),
         ));
     cmd
+}
+
+/// Start `cmd` (as [`pi_command`] built it, stdin `task_in`) born in the step's cgroup leaf
+/// `leaf` (`clone3` with `CLONE_INTO_CGROUP`, or a write of `cgroup.procs` before its exec where
+/// that is unavailable: [`cohort_common::os::child`]), in a process group of its own, tied to
+/// the runner as [`end_with_runner`] ties it; its pid and the read ends of its stdout and
+/// stderr. The child is reaped by `waitpid(-1)` on SIGCHLD.
+///
+/// Errors: the leaf cannot be opened, or the start failed (its stage and errno).
+fn born_into(
+    cmd: &Command,
+    task_in: File,
+    leaf: &Path,
+) -> Result<(u32, ChildStdout, ChildStderr), String> {
+    use cohort_common::os::child::{self, Stdio as Io};
+    let dir = child::open_cgroup(leaf)
+        .map_err(|e| format!("cannot open its cgroup {}: {e}", leaf.display()))?;
+    let mut env: std::collections::BTreeMap<_, _> = std::env::vars_os().collect();
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => env.insert(k.to_os_string(), v.to_os_string()),
+            None => env.remove(k),
+        };
+    }
+    let mut c = child::Command::new(cmd.get_program());
+    for a in cmd.get_args() {
+        c.arg(a);
+    }
+    if let Some(cwd) = cmd.get_current_dir() {
+        c.cwd(cwd);
+    }
+    c.env_clear_and_set(env)
+        .stdin(Io::Fd(task_in.into()))
+        .stdout(Io::Piped)
+        .stderr(Io::Piped)
+        .process_group()
+        .parent_death_signal(libc::SIGTERM)
+        .cgroup(dir);
+    let mut started = c.spawn().map_err(|e| e.to_string())?;
+    let out = started.stdout.take().expect("piped stdout");
+    let err = started.stderr.take().expect("piped stderr");
+    Ok((
+        started.pid,
+        ChildStdout::from(std::os::fd::OwnedFd::from(out)),
+        ChildStderr::from(std::os::fd::OwnedFd::from(err)),
+    ))
 }
 
 /// Tie the child of `cmd` to this runner: if the runner dies (SIGKILL, the OOM killer), Pi

@@ -6,6 +6,9 @@
 //! makes the run's cgroup ([`crate::cgroup`]), publishes `running` with the runner's pid
 //! identity and the run's containment, and then reads what the chain needs; a failure after
 //! `running` is published is recorded (`failed`, with a `run.failed` event) and returned.
+//! Spawn syncs nothing; the runner makes the run durable (launch spec, the directory
+//! entries, then the `running` record) before its first child, so nothing of the user's work
+//! exists before the run survives a power loss.
 //! A runner that dies between the two leaves a `queued` run with a free lock: the next reader
 //! settles it `failed` ("start abandoned") and removes the cgroup the runner made but no record
 //! names, when it is empty (`cohort_common::os::cgroup::remove_leftovers`).
@@ -102,6 +105,9 @@ pub fn into_running(dir: &RunDir, mut rec: RunRecord) -> Result<Running> {
         Ok(s) => s,
         Err(e) => return fail(rec, format!("cannot read the launch spec: {e}"), e),
     };
+    if let Err(e) = make_durable(dir) {
+        return fail(rec, format!("cannot make the run durable: {e}"), e);
+    }
     // The runner is in its own cgroup before `running` is published and before any child
     // exists, so every process of the run is born in it.
     let cgroup = match crate::cgroup::make(&rec.run_id, &spec.options.limits) {
@@ -134,6 +140,24 @@ pub fn into_running(dir: &RunDir, mut rec: RunRecord) -> Result<Running> {
         tree,
         cgroup,
     })
+}
+
+/// Sync what spawn published without syncing (docs/format.md, "Writes"): the launch spec and
+/// the directories whose entries name the run (its parent, where spawn renamed
+/// it into place, and that one's parent, which a first run or a tree's first nested run made),
+/// together (one journal commit). The `running` record that follows is written durably
+/// ([`record::store`]: file and run directory), so once it is published, before any child
+/// exists, a power loss keeps the run whole.
+///
+/// Errors: a sync fails, naming its path.
+fn make_durable(dir: &RunDir) -> Result<()> {
+    let parent = dir.path().parent();
+    let grandparent = parent.and_then(|p| p.parent());
+    let spec = dir.spec();
+    let mut paths = vec![spec.as_path()];
+    paths.extend(parent);
+    paths.extend(grandparent);
+    files::sync_together(&paths)
 }
 
 /// Publish `running` with the runner's pid identity (`cohort-status --pid` waits for it while

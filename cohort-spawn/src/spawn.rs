@@ -253,7 +253,6 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     let (rt, _) = match prepared {
         Ok(p) => p,
         Err(error) => {
-            files::sync_dir(&parent)?;
             return Err(SpawnError {
                 run_id: Some(run_id),
                 error,
@@ -308,11 +307,14 @@ impl Drop for Unpublished {
     }
 }
 
-/// Make the assembled run durable and visible: the record (and, for a start that validated,
-/// the launch spec) written into the staging dir with `run.queued` (and `run.failed`) in its
-/// event log, the files and the staging dir fsynced together (one journal commit), then the
-/// dir renamed into place without replacing anything. The parent is synced by the caller
-/// (the backend's start does it: natively while the runner starts).
+/// Make the assembled run visible: the record (and, for a start that validated, the launch
+/// spec) written into the staging dir with `run.queued` (and `run.failed`) in its event log,
+/// then the dir renamed into place without replacing anything. Nothing is synced here: the
+/// printed id promises the run to every reader while the machine stays up, and the runner
+/// makes the run durable before it starts the first child (`cohort-runner`'s `start`); after a
+/// power loss before then, a run whose record is empty or torn and whose lock is free is an
+/// abandoned start (`store::observe`, docs/format.md "Writes"). A scheduler backend syncs what
+/// it submits (`backend::slurm`).
 fn publish(
     staging: &RunDir,
     dir: &RunDir,
@@ -320,10 +322,8 @@ fn publish(
     spec: Option<&LaunchSpec>,
 ) -> Result<()> {
     record::create_unsynced(&staging.status(), rec)?;
-    let mut synced = vec![staging.status()];
     if let Some(spec) = spec {
         files::create_unsynced(&staging.spec(), &files::json_bytes(&staging.spec(), spec)?)?;
-        synced.push(staging.spec());
     }
     let _ = events::append_once(&staging.events(), EventKind::RunQueued, json!({}));
     if rec.state == RunState::Failed {
@@ -333,8 +333,6 @@ fn publish(
             json!({"error": rec.error}),
         );
     }
-    synced.push(staging.path().to_path_buf());
-    files::sync_together(&synced.iter().map(PathBuf::as_path).collect::<Vec<_>>())?;
     files::rename_noreplace(staging.path(), dir.path()).map_err(|e| match e.kind() {
         std::io::ErrorKind::AlreadyExists => Error::RunExists {
             path: dir.path().to_path_buf(),

@@ -19,6 +19,10 @@ pub struct ContainmentReport {
     pub controllers: Vec<String>,
     /// Why a run would have `/proc` tracking instead, when it would.
     pub proc_tracking_why: Option<String>,
+    /// How its processes are placed in their cgroups, where a run would get one: `at birth`
+    /// (`clone3` with `CLONE_INTO_CGROUP`), `written` (a write of `cgroup.procs` before the
+    /// `exec`, where that is unavailable), or `unknown: <why>` when it could not be probed.
+    pub placement: Option<String>,
 }
 
 /// Where a run spawned by this process would be contained (I/O).
@@ -26,6 +30,7 @@ pub fn check() -> ContainmentReport {
     match cgroup::locate_here() {
         Ok(base) => ContainmentReport {
             controllers: cgroup::available_under(&base).into_iter().collect(),
+            placement: Some(placement(&base)),
             cgroup_base: Some(base),
             proc_tracking_why: None,
         },
@@ -33,7 +38,35 @@ pub fn check() -> ContainmentReport {
             cgroup_base: None,
             controllers: Vec::new(),
             proc_tracking_why: Some(why.to_string()),
+            placement: None,
         },
+    }
+}
+
+/// How a child is placed in a cgroup under `base` (I/O): probed in a cgroup of its own made
+/// for the probe and removed after it (`cohort_common::os::child::probe_placement`).
+fn placement(base: &std::path::Path) -> String {
+    use cohort_common::os::child::{probe_placement, Placement};
+    let dir = base.join(format!(".doctor-probe-{}", std::process::id()));
+    if let Err(e) = std::fs::create_dir(&dir) {
+        return format!("unknown: cannot make a cgroup to probe in: {e}");
+    }
+    let found = probe_placement(&dir);
+    let _ = std::fs::remove_dir(&dir);
+    match found {
+        Ok(Placement::AtBirth) => "at birth".into(),
+        Ok(Placement::Written) => "written".into(),
+        Ok(Placement::Inherited) => "unknown: the probe was not placed".into(),
+        Err(e) => format!("unknown: {e}"),
+    }
+}
+
+/// The words of the placement line (pure).
+fn placement_line(p: &str) -> String {
+    match p {
+        "at birth" => "processes placed at birth (clone3 with CLONE_INTO_CGROUP)".into(),
+        "written" => "processes placed by a write of cgroup.procs before their exec (clone3 or CLONE_INTO_CGROUP unavailable)".into(),
+        other => format!("process placement {other}"),
     }
 }
 
@@ -41,7 +74,7 @@ pub fn check() -> ContainmentReport {
 pub fn render(r: &ContainmentReport) -> String {
     match (&r.cgroup_base, &r.proc_tracking_why) {
         (Some(base), _) => format!(
-            "containment:\n  a cgroup per run, under {} (controllers for limits: {})\n",
+            "containment:\n  a cgroup per run, under {} (controllers for limits: {})\n{}",
             cohort_cli::text::escape(
                 base.as_os_str().as_encoded_bytes(),
                 cohort_cli::text::Keep::Nothing
@@ -50,7 +83,11 @@ pub fn render(r: &ContainmentReport) -> String {
                 "none".to_string()
             } else {
                 r.controllers.join(" ")
-            }
+            },
+            r.placement
+                .as_deref()
+                .map(|p| format!("  {}\n", placement_line(p)))
+                .unwrap_or_default()
         ),
         (None, why) => format!(
             "containment:\n  /proc tracking: {}\n",
@@ -69,15 +106,22 @@ mod tests {
             cgroup_base: Some("/sys/fs/cgroup/unified/cohort".into()),
             controllers: vec!["hugetlb".into()],
             proc_tracking_why: None,
+            placement: Some("at birth".into()),
         };
         assert_eq!(
             render(&cg),
-            "containment:\n  a cgroup per run, under /sys/fs/cgroup/unified/cohort (controllers for limits: hugetlb)\n"
+            "containment:\n  a cgroup per run, under /sys/fs/cgroup/unified/cohort (controllers for limits: hugetlb)\n  processes placed at birth (clone3 with CLONE_INTO_CGROUP)\n"
         );
+        let written = ContainmentReport {
+            placement: Some("written".into()),
+            ..cg.clone()
+        };
+        assert!(render(&written).contains("by a write of cgroup.procs"));
         let proc = ContainmentReport {
             cgroup_base: None,
             controllers: vec![],
             proc_tracking_why: Some("no cgroup v2 hierarchy is mounted".into()),
+            placement: None,
         };
         assert_eq!(
             render(&proc),

@@ -779,6 +779,46 @@ pub fn load(path: &Path) -> Result<RunRecord> {
     Ok(record)
 }
 
+/// The error of a run whose record a crash of the machine emptied or tore before its runner
+/// made it durable (docs/format.md, "Writes"), settled like any abandoned start.
+pub const RECORD_LOST: &str =
+    "start abandoned: its record was lost (empty or torn, as a power loss leaves a start that was not yet durable) and no process holds the run's lock";
+
+/// Whether `bytes` read from a `status.json` are what a power loss leaves of a record that was
+/// never synced (pure): nothing, only NUL bytes (blocks allocated but never written), or a
+/// prefix of JSON cut short (the parser ran out of input). A record that parses, or one that is
+/// complete but wrong (wrong types, trailing garbage, not JSON at all), is not torn: it is an
+/// error row, never settled.
+pub fn is_torn(bytes: &[u8]) -> bool {
+    let text = bytes
+        .iter()
+        .rposition(|b| *b != 0)
+        .map_or(&bytes[..0], |end| &bytes[..=end]);
+    if text.iter().all(|b| b.is_ascii_whitespace() || *b == 0) {
+        return true;
+    }
+    match serde_json::from_slice::<serde_json::Value>(text) {
+        Ok(_) => false,
+        Err(e) => e.is_eof(),
+    }
+}
+
+/// The record of a run whose `status.json` was lost ([`is_torn`]) while its lock is free: a
+/// start abandoned (`failed`, `failure` `start-abandoned`, error [`RECORD_LOST`]) at the time
+/// its id carries, with no steps (the launch spec, if any, is not trusted to describe them).
+/// `None` when `run_id` is not a run id.
+pub fn lost_record(run_id: &str) -> Option<RunRecord> {
+    let id: RunId = run_id.parse().ok()?;
+    let at = crate::format::id::id_time(run_id)?;
+    let mut rec = RunRecord::queued(&id, RunMode::default());
+    rec.fail(Failure::StartAbandoned, RECORD_LOST.to_string());
+    rec.started_at = Some(at);
+    rec.ended_at = Some(at);
+    rec.last_update = Some(at);
+    rec.clock = None;
+    Some(rec)
+}
+
 /// Refuse to overwrite a record written by a newer format: reads only the version field.
 pub fn check_writable(path: &Path) -> Result<()> {
     #[derive(Deserialize)]
@@ -823,6 +863,40 @@ pub fn store_measured(path: &Path, record: &RunRecord) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_torn_record_is_what_a_power_loss_leaves_and_nothing_else() {
+        for torn in [
+            &b""[..],
+            b"   \n",
+            &[0u8; 4096],
+            b"{\"formatVersion\":2,\"state\":\"queu",
+            b"{\"formatVersion\":2,\"steps\":[{\0\0\0",
+        ] {
+            assert!(is_torn(torn), "{:?}", String::from_utf8_lossy(torn));
+        }
+        for whole in [
+            &b"{}"[..],
+            b"{\"state\":7}",
+            b"not json",
+            b"{} trailing",
+            b"[1,2]",
+        ] {
+            assert!(!is_torn(whole), "{:?}", String::from_utf8_lossy(whole));
+        }
+    }
+
+    #[test]
+    fn a_lost_record_is_an_abandoned_start_dated_by_its_id() {
+        let id = RunId::after(None, 1_700_000_000_000).to_string();
+        let rec = lost_record(&id).unwrap();
+        assert_eq!(rec.state, RunState::Failed);
+        assert_eq!(rec.why_failed(), Some(Failure::StartAbandoned));
+        assert_eq!(rec.run_id, id);
+        assert_eq!(rec.ended_at, crate::format::id::id_time(&id));
+        assert!(rec.steps.is_empty());
+        assert!(lost_record("not-an-id").is_none());
+    }
 
     #[test]
     fn a_run_costs_what_its_steps_cost_while_every_one_is_known() {

@@ -5,6 +5,7 @@
 //!   symlink nor block on a FIFO, rename without replace, the directory lister;
 //! - [`lock`]: the runner lock (liveness by flock) and the one lock-with-deadline helper;
 //! - [`cgroup`]: a cgroup per run: where it lives, its layout, its members, `cgroup.kill`;
+//! - [`child`]: starting a child by hand, born in its cgroup (`clone3`, `CLONE_INTO_CGROUP`);
 //! - [`tree`]: measuring and deleting a directory tree without following a symlink;
 //! - [`git`]: git as a subprocess, with a clean environment and a deadline;
 //!
@@ -12,6 +13,7 @@
 //! and the programs build on these.
 
 pub mod cgroup;
+pub mod child;
 pub mod files;
 pub mod git;
 pub mod lock;

@@ -350,7 +350,10 @@ fn observe_foreign(rec: RunRecord, liveness: Liveness) -> Observed {
 /// settlement that cannot be written (a full disk) is no error: the run is shown settled, with
 /// the write error in its `error`, and the next reader tries again.
 pub fn observe(dir: &RunDir) -> Result<Observed> {
-    let rec = load_record(&dir.status(), &dir.name())?;
+    let rec = match load_record(&dir.status(), &dir.name()) {
+        Ok(rec) => rec,
+        Err(e) => return observe_lost(dir, e),
+    };
     if !written_by_cohort(&rec) {
         return Ok(observe_foreign(rec, Liveness::NoLockFile));
     }
@@ -405,6 +408,74 @@ pub fn observe(dir: &RunDir) -> Result<Observed> {
             })
         }
     }
+}
+
+/// Whether the record of `dir` is lost as a power loss leaves an unsynced start: missing, or
+/// empty or torn ([`record::is_torn`]). A record that cannot be read for another reason (a
+/// link, a FIFO, no permission) is not.
+pub fn record_lost(dir: &RunDir) -> bool {
+    match files::read_regular(&dir.status()) {
+        Ok(bytes) => record::is_torn(&bytes),
+        Err(Error::Io { source, .. }) => source.kind() == std::io::ErrorKind::NotFound,
+        Err(_) => false,
+    }
+}
+
+/// A run whose record could not be read (`e`): when the record is lost ([`record_lost`]) and
+/// the run's lock file exists and is free, the start is provably abandoned (spawn held the lock
+/// from the directory's first appearance, and the runner makes the run durable before its
+/// first child), so it is settled as such: under the lock, re-checked, the record is replaced
+/// by [`record::lost_record`] with a `run.abandoned` event, the writer's temp files and the
+/// unnamed empty cgroup removed, as [`settle`] does for a `queued` run. A reader that may not
+/// write settles it in memory. Anything else is `e`, the error row it was.
+fn observe_lost(dir: &RunDir, e: Error) -> Result<Observed> {
+    if !record_lost(dir) || lock::probe(&dir.lock()).ok() != Some(Liveness::Free) {
+        return Err(e);
+    }
+    let Some(mut rec) = record::lost_record(&dir.name()) else {
+        return Err(e);
+    };
+    let in_memory = |rec: &mut RunRecord, why: &str| {
+        rec.error = Some(format!("{} (not written: {why})", record::RECORD_LOST));
+    };
+    if !files::owned_by_caller(dir.path()) {
+        in_memory(&mut rec, "this reader does not own the state root");
+    } else {
+        match RunLock::try_acquire(&dir.lock()) {
+            Ok(Some(lock)) => {
+                if !record_lost(dir) {
+                    // A record was written in between: read it as it is now.
+                    drop(lock);
+                    return observe(dir);
+                }
+                if let Err(w) = record::store(&dir.status(), &rec) {
+                    in_memory(&mut rec, &reason(&w));
+                } else {
+                    let error = record::RECORD_LOST;
+                    let _ = events::append_once(
+                        &dir.events(),
+                        EventKind::RunAbandoned,
+                        json!({ "error": error }),
+                    );
+                    files::remove_temp_files(dir.path());
+                    cgroup::remove_leftovers(&cgroup::facts(), &rec.run_id, None);
+                }
+            }
+            // A process took the lock in between: it is the run's, not abandoned.
+            Ok(None) => return Err(e),
+            Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EROFS) => {
+                in_memory(&mut rec, "the state root is read-only");
+            }
+            Err(_) => return Err(e),
+        }
+    }
+    Ok(Observed {
+        judgement: judge(rec.state, Liveness::Free, None),
+        record: rec,
+        liveness: Liveness::Free,
+        job: None,
+        foreign: false,
+    })
 }
 
 /// What [`settle`] did.

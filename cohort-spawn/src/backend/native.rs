@@ -31,32 +31,24 @@ impl Submit for Native {
     }
 
     fn start(&self, s: &Start<'_>, _rec: &mut RunRecord) -> Result<()> {
-        start_runner(s.root, s.dir, s.parent, s.runner, s.lock)
+        start_runner(s.root, s.dir, s.runner, s.lock)
     }
 }
 
 /// Start the detached runner for `dir`, handing it the held run lock as descriptor
-/// [`LOCK_FD`] (named in [`LOCK_FD_ENV`]), and sync `parent` (the rename that published the
-/// run). Returns once the runner exists in a session of its own: `fork(2)` has returned, the
+/// [`LOCK_FD`] (named in [`LOCK_FD_ENV`]). Nothing is synced: the runner makes the run durable
+/// before its first child (docs/format.md, "Writes"). Returns once the runner exists in a session of its own: `fork(2)` has returned, the
 /// child holds the lock (the same open file as spawn's, so it stays held when spawn exits), and
 /// it has said on a pipe that its `setsid` succeeded (`wait_for_session`), so spawn's exit
 /// (the hang-up of a terminal it led) or a signal to its process group cannot end it. Neither
 /// its `exec` nor its start-up is waited for: a runner that fails later records its own
 /// `failed` record, and one that cannot be executed (the check below passed, the `exec` did not)
 /// writes why to `runner.log` and exits 127, leaving a `queued` run with a free lock, which the
-/// next reader settles `failed` ("start abandoned"). If the sync fails the runner is killed
-/// before it is trusted with the run, and the start fails.
+/// next reader settles `failed` ("start abandoned").
 ///
 /// Errors ([`Error::Usage`]): the runner is not an executable file (searched on `PATH` when
-/// `runner` has no `/`), or cannot be forked (the process limit), with the reason; the sync's
-/// error.
-pub fn start_runner(
-    root: &StateRoot,
-    dir: &RunDir,
-    parent: &Path,
-    runner: &Path,
-    lock: &RunLock,
-) -> Result<()> {
+/// `runner` has no `/`), or cannot be forked (the process limit), with the reason.
+pub fn start_runner(root: &StateRoot, dir: &RunDir, runner: &Path, lock: &RunLock) -> Result<()> {
     let cannot = |why: &dyn std::fmt::Display| {
         Error::Usage(format!(
             "cannot start the runner {}: {why}",
@@ -82,15 +74,6 @@ pub fn start_runner(
                 // end of the pipe is closed) and is not waited for elsewhere.
                 unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
                 return Err(cannot(&why));
-            }
-            if let Err(e) = files::sync_dir(parent) {
-                // SAFETY: kill(2) and waitpid(2) of the child forked just above, not yet
-                // waited for, so the pid is still ours.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                    libc::waitpid(pid, std::ptr::null_mut(), 0);
-                }
-                return Err(e);
             }
             // The runner leads its own session; it is reparented when spawn exits.
             Ok(())

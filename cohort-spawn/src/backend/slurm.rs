@@ -65,9 +65,10 @@ impl Submit for Slurm {
 
     /// Submit the run ([`submit`]) and record the job id durably while spawn still holds the
     /// run lock: a runner that starts at once waits for it, and a reader that finds the lock
-    /// free afterwards can ask Slurm. The rename that published the run is synced first.
+    /// free afterwards can ask Slurm. The launch spec and the rename that published the run are
+    /// synced first (spawn's publication syncs nothing; a job on the cluster must find them).
     fn start(&self, s: &Start<'_>, rec: &mut RunRecord) -> Result<()> {
-        files::sync_dir(s.parent)?;
+        files::sync_together(&[&s.dir.spec(), s.parent])?;
         let job = submit(
             s.root,
             s.dir,

@@ -385,7 +385,9 @@ fn refuses_an_unreadable_record() {
     refusal_case(
         "unreadable",
         |env, id| {
-            std::fs::write(env.state_root().run_dir(id).status(), "{\"runId\": \"tru").unwrap();
+            // Complete but wrong: a record cut short beside a free lock is an abandoned start
+            // instead (what a power loss leaves; start::a_record_lost_…), and is removed.
+            std::fs::write(env.state_root().run_dir(id).status(), "{\"runId\": 7}").unwrap();
             Box::new(())
         },
         |id| id.to_string(),

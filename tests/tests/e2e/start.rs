@@ -163,3 +163,99 @@ fn a_runner_that_cannot_be_executed_after_the_fork_says_why_and_its_run_settles_
     let log = std::fs::read_to_string(env.run_dir(&id).join("runner.log")).unwrap();
     assert!(log.contains("cannot execute the runner"), "{log:?}");
 }
+
+/// What a power loss leaves of a start spawn published without syncing, before its runner made
+/// it durable: a `status.json` that is empty, NUL bytes, or cut short, beside a `runner.lock`
+/// nobody holds. Every reader sees one abandoned start: the table shows one `failed` row,
+/// `--json`, the single view and `--wait` agree, `--check` reports it, and reap removes it,
+/// also when reap is the first to read it. A lost record whose lock is held (a process owns
+/// the run) and a complete but wrong one are not abandoned starts: they stay error rows.
+#[test]
+fn a_record_lost_to_a_power_loss_is_an_abandoned_start_for_every_reader() {
+    use cohort_common::format::record::RunState;
+    use cohort_e2e::fixture::Run;
+    let env = TestEnv::new();
+    let lost = |bytes: &[u8]| {
+        let (id, dir) = Run::new(RunState::Queued).write(&env);
+        std::fs::write(dir.status(), bytes).unwrap();
+        id
+    };
+    let empty = lost(b"");
+    let zeros = lost(&[0u8; 512]);
+    let cut = lost(br#"{"formatVersion":1,"runId":"x","state":"que"#);
+    let reap_first = lost(br#"{"formatVersion":1,"#);
+    let wrong = lost(br#"{"formatVersion":1,"state":7}"#);
+    let busy = lost(b"");
+    let held = cohort_common::os::lock::RunLock::acquire(
+        &env.run_dir(&busy).join("runner.lock"),
+        Duration::from_secs(1),
+    )
+    .unwrap();
+
+    // reap, first to read it (dry run, then for real), removes it whole.
+    let dry = env.run("cohort-reap", &["--dry-run", &reap_first]);
+    assert_eq!(
+        dry.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&dry),
+        stderr(&dry)
+    );
+    assert!(env.run_dir(&reap_first).exists());
+    let reaped = env.run("cohort-reap", &[&reap_first]);
+    assert_eq!(reaped.status.code(), Some(0), "{}", stderr(&reaped));
+    assert!(!env.run_dir(&reap_first).exists(), "{}", stdout(&reaped));
+
+    // The listing: one row each, `failed`; the wrong and the busy records stay errors.
+    let table = env.run("cohort-status", &[]);
+    let t = stdout(&table);
+    let row = |id: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| l.contains(&id[24..]))
+            .map(str::to_string)
+            .collect()
+    };
+    for id in [&empty, &zeros, &cut] {
+        let rows = row(id);
+        assert_eq!(rows.len(), 1, "{t}");
+        assert!(rows[0].contains("failed"), "{t}");
+        let rec = env.record(id);
+        assert_eq!(rec["state"], "failed", "{rec:#}");
+        assert_eq!(rec["failure"], "start-abandoned", "{rec:#}");
+        let events = std::fs::read_to_string(env.run_dir(id).join("events.jsonl")).unwrap();
+        assert_eq!(events.matches("run.abandoned").count(), 1, "{events}");
+    }
+    for id in [&wrong, &busy] {
+        assert!(!row(id).iter().any(|r| r.contains("failed")), "{t}");
+    }
+    assert_eq!(
+        std::fs::read(env.run_dir(&busy).join("status.json")).unwrap(),
+        b""
+    );
+
+    // --json, the single view and --wait agree.
+    let json = env.run("cohort-status", &["--json", &empty]);
+    let v: Value = serde_json::from_str(stdout(&json).lines().next().unwrap()).unwrap();
+    assert_eq!(v["state"], "failed", "{v:#}");
+    assert!(v["error"].as_str().unwrap().starts_with("start abandoned"));
+    let shown = env.run("cohort-status", &[&zeros]);
+    assert!(stdout(&shown).contains("failed"), "{}", stdout(&shown));
+    let waited = env.run("cohort-status", &["--wait", "--timeout", "10s", &cut]);
+    assert_eq!(waited.status.code(), Some(1), "{}", stderr(&waited));
+
+    // --check reports each abandoned start.
+    let check = env.run("cohort-status", &["--check"]);
+    assert_eq!(check.status.code(), Some(1), "{}", stdout(&check));
+    for id in [&empty, &zeros, &cut] {
+        assert!(stdout(&check).contains(&id[24..]), "{}", stdout(&check));
+    }
+
+    // reap removes them; the busy one stays while its lock is held.
+    let reaped = env.run("cohort-reap", &["--all-terminal"]);
+    assert_eq!(reaped.status.code(), Some(0), "{}", stderr(&reaped));
+    for id in [&empty, &zeros, &cut] {
+        assert!(!env.run_dir(id).exists(), "{}", stdout(&reaped));
+    }
+    assert!(env.run_dir(&busy).exists());
+    drop(held);
+}
