@@ -679,7 +679,7 @@ mod tests {
     #[test]
     fn a_symlinked_runs_directory_is_measured_where_it_leads() {
         let t = tempfile::tempdir().unwrap();
-        let root = StateRoot::for_profile(&t.path().join("profile"));
+        let root = StateRoot::for_profile(t.path().join("profile"));
         let elsewhere = t.path().join("elsewhere");
         let run = elsewhere.join("01a22a44-9e62-7266-ab9d-e5b500ee829c");
         files::create_dir_all_private(&run).unwrap();
