@@ -311,6 +311,8 @@ pub struct Report {
     /// `other`, `total`), and `tmp`: how much of `runs` and `nested` is the runs' private temp
     /// dirs.
     pub disk_bytes: BTreeMap<String, u64>,
+    /// The parts of the state root that are symlinks, not measured (their `disk_bytes` are 0).
+    pub disk_linked: Vec<String>,
     /// Whether logout kills runners (systemd-logind).
     pub logind: crate::logind::LogindReport,
     /// The execution backends usable here.
@@ -372,6 +374,7 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         .into_iter()
         .map(|d| d.path().to_path_buf())
         .collect();
+    let (disk_bytes, disk_linked) = disk_use(root);
     Ok(Report {
         temp_files: debris::temp_files(root),
         orphans: debris::survey(root).unwrap_or_default(),
@@ -383,7 +386,8 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         top_level_counts: counts,
         legacy,
         legacy_refused,
-        disk_bytes: disk_use(root),
+        disk_bytes,
+        disk_linked,
         logind: crate::logind::check(),
         backends: crate::backends::check(),
         limits: crate::limits::check(),
@@ -395,11 +399,14 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
 /// `sessions`, `index`, `other`, and their `total`), plus `tmp`: the part of `runs` and `nested`
 /// that is the runs' private temp dirs, where Pi keeps the full output of its tool calls. Never
 /// follows symlinks below the state root; the state root itself may be one (a profile on
-/// another filesystem), and is measured where it leads.
-pub fn disk_use(root: &StateRoot) -> BTreeMap<String, u64> {
+/// another filesystem), and is measured where it leads. A part that is itself a symlink (a
+/// runs directory linked elsewhere, which spawn refuses) is not measured, wherever it leads:
+/// its name is in the second list.
+pub fn disk_use(root: &StateRoot) -> (BTreeMap<String, u64>, Vec<String>) {
     let resolved = std::fs::canonicalize(root.path()).unwrap_or_else(|_| root.path().into());
     let r = resolved.as_path();
     let mut out = BTreeMap::new();
+    let mut linked = Vec::new();
     let mut total = 0;
     let run_dirs = |parent: &Path| -> Vec<PathBuf> {
         files::list_dir(parent, Hidden::Skip)
@@ -425,24 +432,39 @@ pub fn disk_use(root: &StateRoot) -> BTreeMap<String, u64> {
             Some(INDEX_DIR) => "index",
             _ => "other",
         };
-        let n = tree::measure(&part_target(&r.join(&e.name), e.kind));
+        if e.kind == EntryKind::Symlink {
+            linked.push(part.to_string());
+            continue;
+        }
+        let n = tree::measure(&r.join(&e.name));
         *out.entry(part.to_string()).or_default() += n;
         total += n;
     }
     out.insert("total".into(), total);
-    out
+    linked.sort();
+    linked.dedup();
+    (out, linked)
 }
 
-/// Where a top-level part of the state root is measured (I/O): a symlinked part (a runs
-/// directory moved to another filesystem, say) where its link leads, when that is a directory;
-/// anything else as it is, so a link to a file counts as the link.
-fn part_target(path: &Path, kind: EntryKind) -> PathBuf {
-    if kind == EntryKind::Symlink && path.is_dir() {
-        if let Ok(real) = std::fs::canonicalize(path) {
-            return real;
-        }
+/// The `disk use:` section (pure): each part's bytes, the parts not measured because they are
+/// symlinks, and the share of the runs' temp dirs.
+fn disk_section(bytes: &BTreeMap<String, u64>, linked: &[String]) -> String {
+    let mut s = String::from("disk use:\n");
+    for (k, v) in bytes.iter().filter(|(k, _)| *k != "tmp") {
+        s.push_str(&format!("  {k:<10} {}\n", human_bytes(*v)));
     }
-    path.to_path_buf()
+    for k in linked {
+        s.push_str(&format!(
+            "  {k:<10} not measured: a symlink (see the state root's warnings)\n"
+        ));
+    }
+    if let Some(t) = bytes.get("tmp") {
+        s.push_str(&format!(
+            "  of which {} in the runs' temp dirs (Pi's full tool output; reaped with each run)\n",
+            human_bytes(*t)
+        ));
+    }
+    s
 }
 
 /// The report as text.
@@ -575,16 +597,7 @@ pub fn render(r: &Report) -> String {
             ));
         }
     }
-    s.push_str("disk use:\n");
-    for (k, v) in r.disk_bytes.iter().filter(|(k, _)| *k != "tmp") {
-        s.push_str(&format!("  {k:<10} {}\n", human_bytes(*v)));
-    }
-    if let Some(t) = r.disk_bytes.get("tmp") {
-        s.push_str(&format!(
-            "  of which {} in the runs' temp dirs (Pi's full tool output; reaped with each run)\n",
-            human_bytes(*t)
-        ));
-    }
+    s.push_str(&disk_section(&r.disk_bytes, &r.disk_linked));
     let l = &r.logind;
     let word = |v: Option<bool>| match v {
         Some(true) => "yes",
@@ -663,7 +676,7 @@ mod tests {
             std::fs::write(d.tmp().join("pi-bash-0.log"), vec![b'x'; 256 << 10]).unwrap();
         }
         std::fs::write(top.status(), b"{}").unwrap();
-        let du = disk_use(&root);
+        let (du, _) = disk_use(&root);
         assert!(du["tmp"] >= 512 << 10, "{du:?}");
         assert!(
             du["runs"] >= 256 << 10 && du["nested"] >= 256 << 10,
@@ -677,7 +690,7 @@ mod tests {
     }
 
     #[test]
-    fn a_symlinked_runs_directory_is_measured_where_it_leads() {
+    fn a_symlinked_runs_directory_is_named_not_measured() {
         let t = tempfile::tempdir().unwrap();
         let root = StateRoot::for_profile(t.path().join("profile"));
         let elsewhere = t.path().join("elsewhere");
@@ -686,9 +699,15 @@ mod tests {
         std::fs::write(run.join("status.json"), vec![b'x'; 256 << 10]).unwrap();
         files::create_dir_all_private(root.path()).unwrap();
         std::os::unix::fs::symlink(&elsewhere, root.runs_dir()).unwrap();
-        let du = disk_use(&root);
-        assert!(du["runs"] >= 256 << 10, "{du:?}");
-        assert!(du["total"] >= du["runs"], "{du:?}");
+        let (du, linked) = disk_use(&root);
+        assert_eq!(linked, ["runs"]);
+        assert_eq!(du.get("runs"), None, "{du:?}");
+        let text = disk_section(&du, &linked);
+        assert!(
+            text.contains("  runs       not measured: a symlink"),
+            "{text}"
+        );
+        assert!(!text.contains("  runs       0 B"), "{text}");
     }
 
     #[test]

@@ -86,4 +86,15 @@ fn a_linked_state_root_works_and_a_linked_runs_directory_is_refused_up_front() {
     let report = doctor(&env);
     let warnings = report["stateRoot"]["warnings"].to_string();
     assert!(warnings.contains("is a symlink (to "), "{warnings}");
+    // Its disk use is not a misleading 0 B: the part is named as not measured.
+    assert_eq!(
+        report["diskLinked"],
+        serde_json::json!(["runs"]),
+        "{report:#}"
+    );
+    let text = stdout(&env.run("cohort-status", &["--doctor"]));
+    assert!(
+        text.contains("runs       not measured: a symlink") && !text.contains("runs       0 B"),
+        "{text}"
+    );
 }
