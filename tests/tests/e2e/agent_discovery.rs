@@ -388,6 +388,7 @@ fn as_user(uid: u32, gid: u32, script: &str) {
 }
 
 #[test]
+#[cfg_attr(not(e2e_root), ignore = "needs root: creates a second user")]
 fn another_users_project_agent_is_skipped_with_a_warning() {
     let Some((uid, gid)) = other_user() else {
         return;
@@ -511,6 +512,7 @@ fn private_group_user() -> Option<(u32, u32)> {
 }
 
 #[test]
+#[cfg_attr(not(e2e_root), ignore = "needs root: creates users")]
 fn a_group_writable_directory_of_its_owners_private_group_is_read() {
     let Some((uid, gid)) = private_group_user() else {
         return;

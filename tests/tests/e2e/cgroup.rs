@@ -242,6 +242,7 @@ fn a_limit_is_refused_where_its_controller_is_missing_and_set_where_it_is_there(
 }
 
 #[test]
+#[cfg_attr(not(e2e_root), ignore = "needs root: runs cohort as another user")]
 fn a_user_without_a_delegated_cgroup_keeps_proc_tracking() {
     let test = "a_user_without_a_delegated_cgroup_keeps_proc_tracking";
     if !nix::unistd::geteuid().is_root() || !Path::new("/usr/bin/setpriv").exists() {

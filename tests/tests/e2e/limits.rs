@@ -50,6 +50,7 @@ fn as_user(env: &TestEnv, uid: u32, nproc: Option<u32>, program: &Path, args: &[
 }
 
 #[test]
+#[cfg_attr(not(e2e_root), ignore = "needs root: runs cohort as another user")]
 fn a_low_process_limit_is_a_one_line_error_or_a_failed_run_never_a_panic() {
     if !can_switch_users("a_low_process_limit_is_a_one_line_error_or_a_failed_run_never_a_panic") {
         return;
@@ -126,6 +127,7 @@ fn a_low_process_limit_is_a_one_line_error_or_a_failed_run_never_a_panic() {
 }
 
 #[test]
+#[cfg_attr(not(e2e_root), ignore = "needs root: runs cohort as another user")]
 fn pid_answers_with_the_users_inotify_instances_used_up() {
     if !can_switch_users("pid_answers_with_the_users_inotify_instances_used_up") {
         return;

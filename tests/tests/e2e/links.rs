@@ -14,6 +14,7 @@ fn doctor(env: &TestEnv) -> Value {
 }
 
 #[test]
+#[cfg_attr(not(e2e_root), ignore = "needs root: mounts a tmpfs")]
 fn a_linked_state_root_works_and_a_linked_runs_directory_is_refused_up_front() {
     let env = TestEnv::new();
     let Some(fs) = Tmpfs::mount(&env.tmp.path().join("other-fs"), "64m") else {

@@ -292,6 +292,7 @@ fn fill(dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 #[test]
+#[cfg_attr(not(e2e_root), ignore = "needs root: mounts a tmpfs")]
 fn a_full_disk_ends_a_started_run_with_a_record_that_says_why() {
     let env = TestEnv::new();
     let Some(disk) = cohort_e2e::tmpfs::Tmpfs::mount(&env.tmp.path().join("small"), "16m") else {
@@ -429,6 +430,7 @@ process.exit(1);
 }
 
 #[test]
+#[cfg_attr(not(e2e_root), ignore = "needs root: mounts a tmpfs")]
 fn spawns_on_a_full_disk_fail_in_one_line_and_leave_no_staging_directory() {
     let env = TestEnv::new();
     let Some(disk) = cohort_e2e::tmpfs::Tmpfs::mount(&env.tmp.path().join("small"), "256k") else {

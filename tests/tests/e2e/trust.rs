@@ -351,6 +351,7 @@ fn nothing_is_written_through_a_planted_link() {
 }
 
 #[test]
+#[cfg_attr(not(e2e_root), ignore = "needs root: gives the state root to another user")]
 fn a_reader_that_does_not_own_the_state_root_writes_nothing_there() {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("skipped: needs root to give the state root to another user");
@@ -439,6 +440,7 @@ impl Drop for OtherUser {
 }
 
 #[test]
+#[cfg_attr(not(e2e_root), ignore = "needs root: creates a second user")]
 fn another_user_cannot_plant_legacy_runs() {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("skipped: needs root to create a second user");
@@ -641,6 +643,7 @@ impl Drop for ReadOnlyMount {
 }
 
 #[test]
+#[cfg_attr(not(e2e_root), ignore = "needs root: mounts the state root read-only")]
 fn a_lost_run_on_a_read_only_state_root_reads_as_runner_lost_and_is_not_written() {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("skipped: needs root to mount the state root read-only");
