@@ -14,7 +14,7 @@ for tool in cargo node npm; do
   command -v "$tool" >/dev/null || { echo "demo: $tool is required (Node.js 20+ and npm for Pi)" >&2; exit 2; }
 done
 
-echo "== building cohort (the first build compiles every dependency: a minute or two)"
+echo "== building cohort (the first build fetches and compiles every dependency: a few minutes on 2 cores)"
 cargo build --workspace --bins
 BIN="$PWD/target/debug"
 # pi-install prints "KEY<TAB>NODE<TAB>ENTRY" (tests/src/pi.rs installs the same way for the suite).
