@@ -5,7 +5,10 @@
 //! server, writes JSON commands on its stdin and reads its stdout, and pins one fact per
 //! message kind: a command's `id` comes back on its `response`; a `steer` sent while a tool
 //! runs is in the very next model call; a `follow_up` is sent after the answer; an `abort`
-//! ends the turn with `stopReason: "aborted"`. Both generations (0.73.1 and 1.6.0) document
+//! ends the turn with `stopReason: "aborted"`; an extension's `ctx.ui.input` (loaded with `-e`,
+//! even beside `--no-extensions`) becomes an `extension_ui_request` on stdout, answered by an
+//! `extension_ui_response` on stdin, and resolves `undefined` after its `timeout` when nobody
+//! answers. Both generations (0.73.1 and 1.6.0) document
 //! these commands in their `docs/rpc.md` (1.6.0: `docs/rpc-commands.md`).
 
 use std::io::{BufRead, BufReader, Write};
@@ -31,11 +34,17 @@ impl Rpc {
     /// Start `node <entry> --mode rpc --no-session <hermetic flags> --model MODEL` in the
     /// env's temp dir.
     fn start(env: &TestEnv, model: &str) -> Rpc {
+        Rpc::start_with(env, model, &[])
+    }
+
+    /// [`Rpc::start`] with more arguments.
+    fn start_with(env: &TestEnv, model: &str, args: &[&str]) -> Rpc {
         let mut c = env.program(&env.node);
         c.arg(&env.pi_entry)
             .args(["--mode", "rpc", "--no-session"])
             .args(HERMETIC)
             .args(["--model", model])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
@@ -247,4 +256,74 @@ fn an_abort_ends_the_turn_as_aborted() {
     // Pi is still there to take the next prompt: a revived turn.
     pi.send(json!({"id": "p2", "type": "prompt", "message": "AGAIN"}));
     assert_eq!(pi.response("p2")["success"], true);
+}
+
+/// An extension registering `contact_supervisor`, whose call asks the RPC client through
+/// `ctx.ui.input` and returns the answer as the tool's text.
+const ASK_EXTENSION: &str = r#"
+export default function (pi) {
+  pi.registerTool({
+    name: "contact_supervisor",
+    label: "Contact supervisor",
+    description: "Ask the supervisor a question and wait for the answer.",
+    parameters: {
+      type: "object",
+      properties: { reason: { type: "string" }, message: { type: "string" } },
+      required: ["reason", "message"],
+    },
+    async execute(_id, params, _signal, _onUpdate, ctx) {
+      const answer = await ctx.ui.input(params.reason, params.message, { timeout: TIMEOUT_MS });
+      return { content: [{ type: "text", text: "ANSWER: " + (answer ?? "none") }], details: {} };
+    },
+  });
+}
+"#;
+
+#[test]
+fn an_extensions_ui_input_is_an_extension_ui_request_answered_on_stdin() {
+    let env = TestEnv::new();
+    let ext = env.tmp.path().join("ask.ts");
+    std::fs::write(&ext, ASK_EXTENSION.replace("TIMEOUT_MS", "20000")).unwrap();
+    let mut pi = Rpc::start_with(&env, "fake/ask", &["-e", ext.to_str().unwrap()]);
+    pi.send(json!({"id": "p1", "type": "prompt", "message": "WHICH WAY"}));
+    let ask = pi.until(30, "extension_ui_request", |v| {
+        v["type"] == "extension_ui_request"
+    });
+    assert_eq!(ask["method"], "input", "{ask:#}");
+    let id = ask["id"].as_str().expect("the request's id").to_string();
+    pi.send(json!({"type": "extension_ui_response", "id": id, "value": "GO LEFT"}));
+    let req = request_with(&env, "ANSWER: GO LEFT");
+    assert!(transcript(&req)
+        .iter()
+        .any(|l| l.starts_with("tool: ANSWER: GO LEFT")));
+    let end = pi.until(30, "agent_end", |v| v["type"] == "agent_end");
+    let last = end["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .unwrap();
+    assert_eq!(message_text(&last), "GOT: ANSWER: GO LEFT", "{last:#}");
+}
+
+#[test]
+fn an_unanswered_ui_input_resolves_undefined_after_its_timeout() {
+    let env = TestEnv::new();
+    let ext = env.tmp.path().join("ask.ts");
+    std::fs::write(&ext, ASK_EXTENSION.replace("TIMEOUT_MS", "1500")).unwrap();
+    let mut pi = Rpc::start_with(&env, "fake/ask", &["-e", ext.to_str().unwrap()]);
+    let asked = Instant::now();
+    pi.send(json!({"id": "p1", "type": "prompt", "message": "ANYONE THERE"}));
+    let ask = pi.until(30, "extension_ui_request", |v| {
+        v["type"] == "extension_ui_request"
+    });
+    assert_eq!(ask["method"], "input", "{ask:#}");
+    // Nobody answers: the tool gets `undefined` once the timeout has passed, and the run goes on.
+    let end = pi.until(30, "agent_end", |v| v["type"] == "agent_end");
+    assert!(asked.elapsed() >= Duration::from_millis(1500));
+    let last = end["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .unwrap();
+    assert_eq!(message_text(&last), "GOT: ANSWER: none", "{last:#}");
 }
