@@ -147,7 +147,7 @@ fn request_with(env: &TestEnv, needle: &str) -> Value {
 #[test]
 fn a_prompt_is_answered_with_its_id_and_the_run_ends_with_agent_end() {
     let env = TestEnv::new();
-    let mut pi = Rpc::start(&env, "fake/echo");
+    let mut pi = Rpc::start(&env, "fake/plain");
     pi.send(json!({"id": "p1", "type": "prompt", "message": "HELLO RPC"}));
     let r = pi.response("p1");
     assert_eq!(r["command"], "prompt", "{r:#}");
