@@ -488,6 +488,36 @@ pub trait Caller {
     fn note(&self, line: &str);
 }
 
+/// One warning for each frontmatter key of `def` neither upstream documents (pure), in file
+/// order: the key has no effect, with the closest known field names
+/// ([`crate::agents::closest_names`] over [`FIELDS`]), e.g. `thinkng` → `thinking`. A warning,
+/// not a refusal: upstream files carry keys meant for other tools.
+pub fn unknown_key_warnings(def: &AgentDef) -> Vec<String> {
+    let file = match &def.spec.path {
+        Some(p) => p.display().to_string(),
+        None => format!("builtin agent {}", def.spec.name),
+    };
+    let known: Vec<&str> = FIELDS.iter().map(|(k, _)| *k).collect();
+    def.ignored
+        .iter()
+        .map(|key| {
+            let near = crate::agents::closest_names(key, &known);
+            let hint = match near.as_slice() {
+                [] => String::new(),
+                names => format!(
+                    " (did you mean {}?)",
+                    names
+                        .iter()
+                        .map(|n| format!("`{n}`"))
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                ),
+            };
+            format!("{file}: `{key}` is not an agent field cohort or the upstreams know, so it has no effect{hint}")
+        })
+        .collect()
+}
+
 /// The agent `def` as it runs for this caller: `model: inherit` replaced by the caller's
 /// model, `thinking` checked against the runtime, skills found, paths checked. Errors: one
 /// line naming the file, the field and what to do.
@@ -987,6 +1017,25 @@ mod tests {
             e.contains("`extensions`") && e.contains("missing.ts"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_unknown_key_is_one_warning_with_the_closest_field() {
+        let d = parse(&fm("thinkng: high\ncolour: red\n")).unwrap();
+        let w = unknown_key_warnings(&d);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(
+            w[0].starts_with("/u/agents/a.md: `thinkng` is not an agent field")
+                && w[0].ends_with("(did you mean `thinking`?)"),
+            "{}",
+            w[0]
+        );
+        assert!(
+            w[1].contains("`colour`") && !w[1].contains("did you mean"),
+            "{}",
+            w[1]
+        );
+        assert!(unknown_key_warnings(&parse(&fm("thinking: high\n")).unwrap()).is_empty());
     }
 
     #[test]
