@@ -488,11 +488,14 @@ pub trait Caller {
     fn note(&self, line: &str);
 }
 
-/// One warning for each frontmatter key of `def` neither upstream documents (pure), in file
-/// order: the key has no effect, with the closest known field names
-/// ([`crate::agents::closest_names`] over [`FIELDS`]), e.g. `thinkng` → `thinking`. A warning,
-/// not a refusal: upstream files carry keys meant for other tools.
-pub fn unknown_key_warnings(def: &AgentDef) -> Vec<String> {
+/// The warnings spawn prints for agent `def` (pure), one line each: every frontmatter key
+/// neither upstream documents, in file order, with the closest known field names
+/// ([`crate::agents::closest_names`] over [`FIELDS`]), e.g. `thinkng` → `thinking`; then a
+/// field with no effect where it stands: `inheritGlobalContext: true` without
+/// `inheritProjectContext: true` (pi-subagents 0.67 launches such a child with
+/// `noContextFiles`, `src/runs/shared/child-launch.ts`, so no context file reaches it). Warnings,
+/// not refusals: upstream files carry keys meant for other tools.
+pub fn field_warnings(def: &AgentDef) -> Vec<String> {
     let file = match &def.spec.path {
         Some(p) => p.display().to_string(),
         None => format!("builtin agent {}", def.spec.name),
@@ -515,6 +518,11 @@ pub fn unknown_key_warnings(def: &AgentDef) -> Vec<String> {
             };
             format!("{file}: `{key}` is not an agent field cohort or the upstreams know, so it has no effect{hint}")
         })
+        .chain(
+            (def.spec.inherit_global_context && !def.spec.inherit_project_context).then(|| {
+                format!("{file}: `inheritGlobalContext: true` has no effect without `inheritProjectContext: true` (the child then loads no context files)")
+            }),
+        )
         .collect()
 }
 
@@ -1022,7 +1030,7 @@ mod tests {
     #[test]
     fn an_unknown_key_is_one_warning_with_the_closest_field() {
         let d = parse(&fm("thinkng: high\ncolour: red\n")).unwrap();
-        let w = unknown_key_warnings(&d);
+        let w = field_warnings(&d);
         assert_eq!(w.len(), 2, "{w:?}");
         assert!(
             w[0].starts_with("/u/agents/a.md: `thinkng` is not an agent field")
@@ -1035,7 +1043,14 @@ mod tests {
             "{}",
             w[1]
         );
-        assert!(unknown_key_warnings(&parse(&fm("thinking: high\n")).unwrap()).is_empty());
+        assert!(field_warnings(&parse(&fm("thinking: high\n")).unwrap()).is_empty());
+        let alone = field_warnings(&parse(&fm("inheritGlobalContext: true\n")).unwrap());
+        assert_eq!(alone.len(), 1, "{alone:?}");
+        assert!(alone[0].contains(
+            "`inheritGlobalContext: true` has no effect without `inheritProjectContext: true`"
+        ));
+        let both = "inheritGlobalContext: true\ninheritProjectContext: true\n";
+        assert!(field_warnings(&parse(&fm(both)).unwrap()).is_empty());
     }
 
     #[test]

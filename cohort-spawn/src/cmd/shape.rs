@@ -392,7 +392,7 @@ pub(super) fn resolve_agents(
         if let (Some(name), None) = (t.agent.clone(), &t.resolved_agent) {
             let mut def = catalog.resolve(&name)?.clone();
             if warned.insert(name.clone()) {
-                for w in crate::agent_fields::unknown_key_warnings(&def) {
+                for w in crate::agent_fields::field_warnings(&def) {
                     eprintln!("cohort-spawn: warning: {w}");
                 }
             }
