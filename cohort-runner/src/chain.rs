@@ -94,6 +94,23 @@ pub struct Bases<'a> {
     /// The step's cwd when the run is a single task: its relative `reads:` resolve against
     /// it, and `progress` has no effect (pi-subagents' single launch).
     pub single_cwd: Option<&'a Path>,
+    /// The user's home directory (`$HOME`), which a leading `~` of `output:` / `reads:` stands
+    /// for ([`expand_home`]); `None` leaves `~` as written.
+    pub home: Option<&'a Path>,
+}
+
+/// `p` with a leading `~` expanded the way pi-subagents 0.67 expands handoff paths
+/// (`expandHomePath` in its `src/shared/settings.ts`), pure: `~` alone is `home`, `~/REST` is
+/// `home` joined with REST; any other form (`~user/…`, `a/~`, relative, absolute) and a missing
+/// `home` leave `p` as written.
+pub fn expand_home(p: &str, home: Option<&Path>) -> String {
+    match (home, p.strip_prefix('~')) {
+        (Some(h), Some("")) => h.display().to_string(),
+        (Some(h), Some(rest)) if rest.starts_with('/') => {
+            h.join(rest.trim_start_matches('/')).display().to_string()
+        }
+        _ => p.to_string(),
+    }
 }
 
 /// The handoff keys of `spec` with its agent's defaults laid under them (pure): the step's
@@ -140,7 +157,9 @@ pub fn step_files(
     };
     let dir = bases.chain_dir;
     let (output, reads, progress) = handoff_keys(spec);
-    let output = match output {
+    let output = output.map(|o| expand_home(o, bases.home));
+    let reads: Vec<String> = reads.iter().map(|p| expand_home(p, bases.home)).collect();
+    let output = match output.as_deref() {
         Some(o) => {
             let base = match member {
                 Some(m) if !Path::new(o).is_absolute() => dir
@@ -565,6 +584,7 @@ mod tests {
         Some(Bases {
             chain_dir: dir,
             single_cwd: None,
+            home: None,
         })
     }
 
@@ -660,6 +680,49 @@ mod tests {
     }
 
     #[test]
+    fn a_leading_tilde_is_the_home_as_pi_subagents_expands_it() {
+        let home = Some(Path::new("/home/u"));
+        assert_eq!(expand_home("~", home), "/home/u");
+        assert_eq!(
+            expand_home("~/notes/plan.md", home),
+            "/home/u/notes/plan.md"
+        );
+        for kept in ["~user/x", "a/~/b", "rel.md", "/abs/x", "~x"] {
+            assert_eq!(expand_home(kept, home), kept);
+        }
+        assert_eq!(expand_home("~/x", None), "~/x");
+        let s = with_agent(Some("~/out.md"), &["~/plan.md", "~/gone.md"], false);
+        for single_cwd in [None, Some(Path::new("/work"))] {
+            let bases = Some(Bases {
+                chain_dir: Path::new("/run/chain"),
+                single_cwd,
+                home,
+            });
+            let exists = |p: &Path| !p.ends_with("gone.md");
+            let f = step_files(bases, &s, None, &exists).unwrap();
+            assert_eq!(f.output.unwrap(), Path::new("/home/u/out.md"));
+            assert_eq!(f.reads, [PathBuf::from("/home/u/plan.md")]);
+        }
+        let member = Member {
+            chain_index: 1,
+            index: 0,
+            agent: "a",
+        };
+        let f = step_files(
+            chain(Path::new("/c")).map(|b| Bases { home, ..b }),
+            &s,
+            Some(member),
+            &anything,
+        )
+        .unwrap();
+        assert_eq!(
+            f.output.unwrap(),
+            Path::new("/home/u/out.md"),
+            "an absolute output is not namespaced"
+        );
+    }
+
+    #[test]
     fn a_single_runs_reads_are_the_cwds_files_that_exist_and_it_keeps_no_progress() {
         let s = with_agent(
             Some("out.md"),
@@ -669,6 +732,7 @@ mod tests {
         let bases = Some(Bases {
             chain_dir: Path::new("/run/chain"),
             single_cwd: Some(Path::new("/work")),
+            home: None,
         });
         let exists = |p: &Path| !p.ends_with("gone.md");
         let f = step_files(bases, &s, None, &exists).unwrap();

@@ -488,6 +488,44 @@ pub trait Caller {
     fn note(&self, line: &str);
 }
 
+/// The warnings spawn prints for agent `def` (pure), one line each: every frontmatter key
+/// neither upstream documents, in file order, with the closest known field names
+/// ([`crate::agents::closest_names`] over [`FIELDS`]), e.g. `thinkng` → `thinking`; then a
+/// field with no effect where it stands: `inheritGlobalContext: true` without
+/// `inheritProjectContext: true` (pi-subagents 0.67 launches such a child with
+/// `noContextFiles`, `src/runs/shared/child-launch.ts`, so no context file reaches it). Warnings,
+/// not refusals: upstream files carry keys meant for other tools.
+pub fn field_warnings(def: &AgentDef) -> Vec<String> {
+    let file = match &def.spec.path {
+        Some(p) => p.display().to_string(),
+        None => format!("builtin agent {}", def.spec.name),
+    };
+    let known: Vec<&str> = FIELDS.iter().map(|(k, _)| *k).collect();
+    def.ignored
+        .iter()
+        .map(|key| {
+            let near = crate::agents::closest_names(key, &known);
+            let hint = match near.as_slice() {
+                [] => String::new(),
+                names => format!(
+                    " (did you mean {}?)",
+                    names
+                        .iter()
+                        .map(|n| format!("`{n}`"))
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                ),
+            };
+            format!("{file}: `{key}` is not an agent field cohort or the upstreams know, so it has no effect{hint}")
+        })
+        .chain(
+            (def.spec.inherit_global_context && !def.spec.inherit_project_context).then(|| {
+                format!("{file}: `inheritGlobalContext: true` has no effect without `inheritProjectContext: true` (the child then loads no context files)")
+            }),
+        )
+        .collect()
+}
+
 /// The agent `def` as it runs for this caller: `model: inherit` replaced by the caller's
 /// model, `thinking` checked against the runtime, skills found, paths checked. Errors: one
 /// line naming the file, the field and what to do.
@@ -996,6 +1034,32 @@ mod tests {
             e.contains("`extensions`") && e.contains("missing.ts"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_unknown_key_is_one_warning_with_the_closest_field() {
+        let d = parse(&fm("thinkng: high\ncolour: red\n")).unwrap();
+        let w = field_warnings(&d);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(
+            w[0].starts_with("/u/agents/a.md: `thinkng` is not an agent field")
+                && w[0].ends_with("(did you mean `thinking`?)"),
+            "{}",
+            w[0]
+        );
+        assert!(
+            w[1].contains("`colour`") && !w[1].contains("did you mean"),
+            "{}",
+            w[1]
+        );
+        assert!(field_warnings(&parse(&fm("thinking: high\n")).unwrap()).is_empty());
+        let alone = field_warnings(&parse(&fm("inheritGlobalContext: true\n")).unwrap());
+        assert_eq!(alone.len(), 1, "{alone:?}");
+        assert!(alone[0].contains(
+            "`inheritGlobalContext: true` has no effect without `inheritProjectContext: true`"
+        ));
+        let both = "inheritGlobalContext: true\ninheritProjectContext: true\n";
+        assert!(field_warnings(&parse(&fm(both)).unwrap()).is_empty());
     }
 
     #[test]

@@ -23,6 +23,7 @@ use cohort_common::identity::runtime::RuntimeRequest;
 
 use crate::spawn::{self, SpawnRequest, Spawned};
 
+mod flags;
 mod list;
 mod shape;
 
@@ -369,6 +370,9 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let placement = placement(&root, &args)?;
     if let Err(why) = crate::limits::check(&limits_of(&args)) {
         bail!(cohort_common::Error::State(why));
+    }
+    if let Err(why) = flags::check(args.thinking.as_deref(), args.tools.as_deref()) {
+        bail!(cohort_cli::usage_error(why));
     }
     // Agents and saved chains are looked up from the run's cwd (its project) and the profile.
     let lookup = match &args.cwd {

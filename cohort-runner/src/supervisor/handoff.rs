@@ -76,6 +76,9 @@ impl Supervisor {
         });
         let single_cwd = (self.spec.mode == RunMode::Single)
             .then(|| step.spec.cwd.as_deref().unwrap_or(&self.spec.cwd));
+        let home = std::env::var_os("HOME")
+            .filter(|h| !h.is_empty())
+            .map(std::path::PathBuf::from);
         let bases = self
             .handoff
             .chain_dir
@@ -83,6 +86,7 @@ impl Supervisor {
             .map(|chain_dir| chain::Bases {
                 chain_dir,
                 single_cwd,
+                home: home.as_deref(),
             });
         let files = chain::step_files(bases, &step.spec, member, &|p| p.exists())?;
         let item = self.items.get(&i).map(|(n, v)| (n.as_str(), v));

@@ -387,9 +387,15 @@ pub(super) fn resolve_agents(
     }
     let provider = machine.caller_provider();
     let catalog = crate::discover::discover_as(machine.profile, cwd, provider.as_deref())?;
+    let mut warned = std::collections::HashSet::new();
     for t in crate::chain_file::tasks_mut(chain) {
         if let (Some(name), None) = (t.agent.clone(), &t.resolved_agent) {
             let mut def = catalog.resolve(&name)?.clone();
+            if warned.insert(name.clone()) {
+                for w in crate::agent_fields::field_warnings(&def) {
+                    eprintln!("cohort-spawn: warning: {w}");
+                }
+            }
             // A model given for the step beats the agent's, `inherit` included.
             def.model_inherit &= t.model.is_none();
             let spec = crate::agent_fields::settle(&def, machine).map_err(|e| {

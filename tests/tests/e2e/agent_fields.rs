@@ -442,3 +442,26 @@ fn upstream_shaped_agents_run_as_declared_or_are_refused_naming_the_field() {
         }
     }
 }
+
+/// A key neither upstream knows is one warning at spawn, with the closest field, and the run
+/// still runs (the key has no effect).
+#[test]
+fn an_unknown_key_is_a_warning_at_spawn_not_a_refusal() {
+    let env = TestEnv::new();
+    let file = agent(&env, "typo", "thinkng: high\n");
+    let out = spawn(
+        &env,
+        env.tmp.path(),
+        &["--agent", "typo", "--model", "fake/plain", "hello"],
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(stdout(&out).trim(), "ECHO: hello");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("`thinkng`")).collect();
+    assert_eq!(warnings.len(), 1, "one warning: {err}");
+    assert!(
+        warnings[0].contains(&file.display().to_string())
+            && warnings[0].contains("did you mean `thinking`?"),
+        "{err}"
+    );
+}

@@ -158,3 +158,29 @@ fn a_file_only_step_takes_its_file_from_the_agents_output_or_is_refused_without_
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert_eq!(env.run_count(), before);
 }
+
+/// A leading `~/` in `output` and `defaultReads` is the home directory, as pi-subagents
+/// expands it, not a directory named `~` under the chain directory or the cwd.
+#[test]
+fn a_tilde_in_handoff_paths_is_the_home_directory() {
+    let env = TestEnv::new();
+    std::fs::write(env.home.join("plan.md"), "the plan").unwrap();
+    agent(
+        &env,
+        "scout",
+        "model: fake/plain\noutput: ~/context.md\ndefaultReads: ~/plan.md\n",
+    );
+    let (id, _) = run(&env, &["--agent", "scout", "look"]);
+    let out = env.home.join("context.md");
+    let want = format!(
+        "[Read from: {}]\n[Write to: {}]\n\nlook",
+        env.home.join("plan.md").display(),
+        out.display()
+    );
+    assert_eq!(env.server.user_texts(), std::slice::from_ref(&want));
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        format!("ECHO: {want}")
+    );
+    assert!(!env.run_dir(&id).join("chain").join("~").exists());
+}

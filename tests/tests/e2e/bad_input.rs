@@ -161,6 +161,32 @@ fn usage_errors_leave_no_record() {
     assert!(records(&env).is_empty());
 }
 
+/// `--thinking` and `--tools` are checked with an agent file's rules and messages, before any
+/// record exists: a typo never reaches Pi as a child without thinking or without tools.
+#[test]
+fn run_flags_are_checked_like_agent_fields() {
+    let env = TestEnv::new();
+    let bad_thinking = ["--thinking", "bogus", "--model", "fake/plain", "x"];
+    refused(
+        &env,
+        &bad_thinking,
+        2,
+        "--thinking is \"bogus\"; expected one of off,",
+        false,
+    );
+    let bad_tools = ["--tools", "read bash", "--model", "fake/plain", "x"];
+    let commas = "--tools: \"read bash\" is not a tool name; separate tool names with commas";
+    refused(&env, &bad_tools, 2, commas, false);
+    let cased = ["--tools", "read,Bash", "--model", "fake/plain", "x"];
+    refused(
+        &env,
+        &cased,
+        2,
+        "tool names are lower-case: write bash",
+        false,
+    );
+}
+
 #[test]
 fn durations_that_overflow_are_refused_not_wrapped() {
     // 307445734561825861 minutes wraps round to about 44 s in u64 milliseconds: a reap of
