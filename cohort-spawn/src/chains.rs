@@ -356,6 +356,7 @@ fn parse_group(
         let (t, count) = parse_step(body[s].0, title, &body[s + 1..end], chain_index, ignored)?;
         parallel.extend(crate::chain_file::copies(t, count));
     }
+    crate::chain_file::number_unlabelled(&mut parallel);
     if let Some(dup) = crate::chain_file::duplicate_label(&parallel) {
         return Err(TextError::at(
             line,
@@ -582,6 +583,17 @@ Intro text is ignored.\n\n## scout\nmodel: fake/plain\nreads: context.md\n\nMap 
 ### reviewer\nlabel: style\n\nCheck the style of {previous}.\n\n## worker\n";
 
     #[test]
+    fn numbers_the_unlabelled_members_of_one_agent() {
+        let text = "---\nname: x\n---\n## parallel\n### r\n\na\n### s\n\nb\n### r\n\nc\n";
+        let chain = parse_chain_md(text).unwrap();
+        let ChainStep::Parallel(p) = &chain.steps[0] else {
+            panic!("{:?}", chain.steps[0]);
+        };
+        let labels: Vec<_> = p.parallel.iter().map(|t| t.label.as_deref()).collect();
+        assert_eq!(labels, [Some("r-1"), None, Some("r-3")]);
+    }
+
+    #[test]
     fn parses_steps_groups_and_defaults() {
         let c = parse_chain_md(REVIEW).unwrap();
         assert_eq!(c.name, "review");
@@ -654,9 +666,9 @@ Intro text is ignored.\n\n## scout\nmodel: fake/plain\nreads: context.md\n\nMap 
             ),
             ("---\nname: x\n---\n## parallel\n", 4, "no members"),
             (
-                "---\nname: x\n---\n## parallel\n### r\n\na\n### r\n\nb\n",
+                "---\nname: x\n---\n## parallel\n### r\nlabel: x\n\na\n### s\nlabel: x\n\nb\n",
                 4,
-                "labelled \"r\"",
+                "labelled \"x\"",
             ),
             ("---\nname: x\n---\n## chain:other\n", 4, "not supported"),
             ("---\ndescription: d\n---\n## a\n", 1, "missing `name`"),
