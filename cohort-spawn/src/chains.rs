@@ -536,12 +536,24 @@ pub struct ChainRow {
     /// Its description (null when it has none).
     pub description: Option<String>,
     /// Number of steps as a run counts them (Pi children: each member of a parallel group
-    /// counts); null when it cannot be used.
+    /// counts; a dynamic fan-out step counts once, [`step_count`]); null when it cannot be
+    /// used.
     pub steps: Option<usize>,
     /// Step config keys cohort ignores.
     pub ignored: Vec<String>,
     /// Why it cannot be used; null for a usable chain.
     pub problem: Option<String>,
+}
+
+/// The STEPS `--list-chains` shows for a chain (pure): its Pi children as the run table's
+/// STEPS counts them (each member of a parallel group), with a dynamic fan-out step counted
+/// once, since its members are known only when the runner has the list it expands.
+pub fn step_count(steps: &[ChainStep]) -> usize {
+    let fan_outs = steps
+        .iter()
+        .filter(|s| matches!(s, ChainStep::Expand(_)))
+        .count();
+    cohort_common::format::spec::flatten(steps).0.len() + fan_outs
 }
 
 /// What `--list-chains` shows (pure): each name once, as [`resolve`] sees it, sorted.
@@ -564,8 +576,7 @@ pub fn listing(found: &[SavedChain]) -> Vec<ChainRow> {
                 scope: top.scope,
                 path: top.path.clone(),
                 description: ok.and_then(|c| c.description.clone()),
-                // Pi children, as the run table's STEPS counts them (a parallel group's members).
-                steps: ok.map(|c| cohort_common::format::spec::flatten(&c.steps).0.len()),
+                steps: ok.map(|c| step_count(&c.steps)),
                 ignored: ok.map(|c| c.ignored.clone()).unwrap_or_default(),
                 problem: resolved.err().map(|e| e.to_string()),
             }
@@ -874,6 +885,13 @@ outputSchema: schemas/s.json\nskills: lint, fmt\ncwd: sub\ncount: 2\nlabel: w\n\
         assert!(
             rows[0].problem.is_some() && rows[1].problem.is_none() && rows[2].problem.is_some()
         );
+    }
+
+    #[test]
+    fn a_fan_out_step_counts_once() {
+        let json = r#"{"steps":[{"task":"a","as":"l","outputSchema":{}},{"expand":{"from":{"output":"l"}},"parallel":{"agent":"r","task":"x"},"collect":{"as":"c"}},{"parallel":[{"task":"p"},{"task":"q"}]},{"task":"z"}]}"#;
+        let steps = crate::chain_file::parse_chain(json).unwrap();
+        assert_eq!(step_count(&steps), 5);
     }
 
     /// The first ```markdown block after `after` in `docs/agents.md`.

@@ -201,6 +201,37 @@ fn count_runs_that_many_members() {
     assert_eq!(users, ["draft T", "draft T", "draft T"]);
 }
 
+/// A `.chain.md` group with two unlabelled `### reviewer` members runs them both, labelled by
+/// place as pi-subagents numbers them, and `{previous}` heads each answer with its own label.
+#[test]
+fn unlabelled_members_of_one_agent_run_numbered_by_place() {
+    let env = TestEnv::new();
+    agents(&env);
+    let file = write(
+        env.tmp.path(),
+        "two.chain.md",
+        "---\nname: two\n---\n## parallel\n\n### reviewer\n\nfirst {task}\n\n\
+         ### scout\n\nmap {task}\n\n### reviewer\n\nsecond {task}\n\n## worker\n\nsum {previous}\n",
+    );
+    let (id, _) = run(&env, &["--chain-file", file.to_str().unwrap(), "T"]);
+    let rec = env.record(&id);
+    let labels: Vec<&str> = rec["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["agent"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        labels,
+        ["reviewer-1", "scout", "reviewer-3", "worker"],
+        "{rec:#}"
+    );
+    let last = last_user(env.server.requests().last().unwrap());
+    for header in [": reviewer-1 (", ": scout (", ": reviewer-3 ("] {
+        assert!(last.contains(header), "{header} in {last}");
+    }
+}
+
 #[test]
 fn chain_name_never_runs_a_file_of_the_cwd() {
     let env = TestEnv::new();
