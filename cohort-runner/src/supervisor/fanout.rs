@@ -40,11 +40,12 @@ fn insert_group(groups: &mut Vec<ParallelGroup>, group: ParallelGroup) {
 /// (`--session`) keeps its name. Only the record changes: none of these files exists yet.
 fn name_sessions(steps: &mut [StepRecord], session_dir: &Path, start: usize, n: usize) {
     for (i, s) in steps.iter_mut().enumerate().skip(start) {
-        if i < start + n {
-            s.session_file = Some(layout::default_session_file(session_dir, i));
-        } else if s.session_file.as_deref()
-            == Some(layout::default_session_file(session_dir, i - n).as_path())
-        {
+        let member = i < start + n;
+        let by_old_place = || {
+            s.session_file.as_deref()
+                == Some(layout::default_session_file(session_dir, i - n).as_path())
+        };
+        if member || by_old_place() {
             s.session_file = Some(layout::default_session_file(session_dir, i));
         }
     }
