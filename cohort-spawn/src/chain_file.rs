@@ -323,9 +323,10 @@ fn parse_step(
     }
 }
 
-/// The checks every group gets: a non-zero concurrency and distinct labels.
+/// The checks every group gets: a non-zero concurrency and distinct labels, after the
+/// unlabelled members of one agent are numbered ([`number_unlabelled`]).
 fn finish_group(
-    group: ParallelSpec,
+    mut group: ParallelSpec,
     line: usize,
     n: usize,
 ) -> std::result::Result<ParallelSpec, TextError> {
@@ -335,9 +336,10 @@ fn finish_group(
             format!("step {n}: `concurrency` must be at least 1"),
         ));
     }
+    number_unlabelled(&mut group.parallel);
     if let Some(dup) = duplicate_label(&group.parallel) {
         return Err(TextError::at(line, format!(
-            "step {n}: two members are labelled {dup:?} (a member without a `label` is labelled by its agent); labels head each member's text in {{previous}} and --output, so they must differ"
+            "step {n}: two members are labelled {dup:?} (an unlabelled member of an agent that runs more than once in the group is labelled AGENT-N, N its place in the group); labels head each member's text in {{previous}} and --output, so they must differ"
         )));
     }
     Ok(group)
@@ -466,6 +468,32 @@ fn strip_position(m: &str) -> String {
     match m.rfind(" at line ") {
         Some(i) => m[..i].to_string(),
         None => m.to_string(),
+    }
+}
+
+/// Labels the unlabelled members of an agent that has more than one unlabelled member in the
+/// group `AGENT-N`, N the member's 1-based place in the group, so each keeps a label of its
+/// own for `{previous}` and `--output`. This is pi-subagents 0.67's numbering: it tells a
+/// group's results apart by their 1-based place and agent (`=== Parallel Task N (AGENT) ===`,
+/// `aggregateParallelOutputs` in `src/runs/shared/parallel-utils.ts`), and runs such members
+/// rather than refusing them. A member that is the only unlabelled one of its agent keeps the
+/// agent's name as its label; labelled members are left alone.
+pub fn number_unlabelled(members: &mut [TaskSpec]) {
+    let mut unlabelled = std::collections::HashMap::<String, usize>::new();
+    for a in members
+        .iter()
+        .filter(|t| t.label.is_none())
+        .filter_map(|t| t.agent.clone())
+    {
+        *unlabelled.entry(a).or_default() += 1;
+    }
+    for (i, t) in members.iter_mut().enumerate() {
+        if t.label.is_some() {
+            continue;
+        }
+        if let Some(a) = t.agent.as_deref().filter(|a| unlabelled.get(*a) > Some(&1)) {
+            t.label = Some(format!("{a}-{}", i + 1));
+        }
     }
 }
 
@@ -660,6 +688,24 @@ mod tests {
           "concurrency": 2 },
         { "task": "Summarize: {previous}", "thinking": "high", "tools": ["read"], "piArgs": ["--no-skills"] }
     ] }"#;
+
+    #[test]
+    fn numbers_the_unlabelled_members_of_one_agent_by_place() {
+        let json = r#"{"steps":[{"parallel":[{"agent":"reviewer","task":"a"},{"agent":"reviewer","label":"style","task":"b"},{"agent":"scout","task":"c"},{"agent":"reviewer","task":"d"}]}]}"#;
+        let chain = parse_chain(json).unwrap();
+        let ChainStep::Parallel(p) = &chain[0] else {
+            panic!("{:?}", chain[0]);
+        };
+        let labels: Vec<_> = p.parallel.iter().map(|t| t.label.as_deref()).collect();
+        assert_eq!(
+            labels,
+            [Some("reviewer-1"), Some("style"), None, Some("reviewer-4")]
+        );
+        // A generated label an explicit one already takes is still two members of one label.
+        let clash = r#"{"steps":[{"parallel":[{"agent":"r","task":"a"},{"agent":"r","task":"b"},{"label":"r-2","task":"c"}]}]}"#;
+        let e = parse_json(clash, "f").unwrap_err();
+        assert!(e.message.contains("labelled \"r-2\""), "{e:?}");
+    }
 
     #[test]
     fn parses_the_design_example_and_flattens() {
@@ -883,12 +929,6 @@ mod tests {
         let (flat, _) = flatten(&chain);
         assert_eq!(flat[0].spec.agent.as_deref(), Some("scout"));
         assert_eq!(label_of(&flat[0].spec, 0), "scout");
-        let err = parse_chain(
-            r#"{"steps":[{"parallel":[{"task":"a","agent":"r"},{"task":"b","agent":"r"}]}]}"#,
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("labelled \"r\""), "{err}");
     }
 
     #[test]

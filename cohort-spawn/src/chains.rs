@@ -356,6 +356,7 @@ fn parse_group(
         let (t, count) = parse_step(body[s].0, title, &body[s + 1..end], chain_index, ignored)?;
         parallel.extend(crate::chain_file::copies(t, count));
     }
+    crate::chain_file::number_unlabelled(&mut parallel);
     if let Some(dup) = crate::chain_file::duplicate_label(&parallel) {
         return Err(TextError::at(
             line,
@@ -535,12 +536,24 @@ pub struct ChainRow {
     /// Its description (null when it has none).
     pub description: Option<String>,
     /// Number of steps as a run counts them (Pi children: each member of a parallel group
-    /// counts); null when it cannot be used.
+    /// counts; a dynamic fan-out step counts once, [`step_count`]); null when it cannot be
+    /// used.
     pub steps: Option<usize>,
     /// Step config keys cohort ignores.
     pub ignored: Vec<String>,
     /// Why it cannot be used; null for a usable chain.
     pub problem: Option<String>,
+}
+
+/// The STEPS `--list-chains` shows for a chain (pure): its Pi children as the run table's
+/// STEPS counts them (each member of a parallel group), with a dynamic fan-out step counted
+/// once, since its members are known only when the runner has the list it expands.
+pub fn step_count(steps: &[ChainStep]) -> usize {
+    let fan_outs = steps
+        .iter()
+        .filter(|s| matches!(s, ChainStep::Expand(_)))
+        .count();
+    cohort_common::format::spec::flatten(steps).0.len() + fan_outs
 }
 
 /// What `--list-chains` shows (pure): each name once, as [`resolve`] sees it, sorted.
@@ -563,8 +576,7 @@ pub fn listing(found: &[SavedChain]) -> Vec<ChainRow> {
                 scope: top.scope,
                 path: top.path.clone(),
                 description: ok.and_then(|c| c.description.clone()),
-                // Pi children, as the run table's STEPS counts them (a parallel group's members).
-                steps: ok.map(|c| cohort_common::format::spec::flatten(&c.steps).0.len()),
+                steps: ok.map(|c| step_count(&c.steps)),
                 ignored: ok.map(|c| c.ignored.clone()).unwrap_or_default(),
                 problem: resolved.err().map(|e| e.to_string()),
             }
@@ -580,6 +592,17 @@ pub(crate) mod tests {
 Intro text is ignored.\n\n## scout\nmodel: fake/plain\nreads: context.md\n\nMap {task}.\n\n\
 ## parallel\nconcurrency: 2\n\n### reviewer\nlabel: bugs\n\nFind bugs in {previous}.\n\n\
 ### reviewer\nlabel: style\n\nCheck the style of {previous}.\n\n## worker\n";
+
+    #[test]
+    fn numbers_the_unlabelled_members_of_one_agent() {
+        let text = "---\nname: x\n---\n## parallel\n### r\n\na\n### s\n\nb\n### r\n\nc\n";
+        let chain = parse_chain_md(text).unwrap();
+        let ChainStep::Parallel(p) = &chain.steps[0] else {
+            panic!("{:?}", chain.steps[0]);
+        };
+        let labels: Vec<_> = p.parallel.iter().map(|t| t.label.as_deref()).collect();
+        assert_eq!(labels, [Some("r-1"), None, Some("r-3")]);
+    }
 
     #[test]
     fn parses_steps_groups_and_defaults() {
@@ -654,9 +677,9 @@ Intro text is ignored.\n\n## scout\nmodel: fake/plain\nreads: context.md\n\nMap 
             ),
             ("---\nname: x\n---\n## parallel\n", 4, "no members"),
             (
-                "---\nname: x\n---\n## parallel\n### r\n\na\n### r\n\nb\n",
+                "---\nname: x\n---\n## parallel\n### r\nlabel: x\n\na\n### s\nlabel: x\n\nb\n",
                 4,
-                "labelled \"r\"",
+                "labelled \"x\"",
             ),
             ("---\nname: x\n---\n## chain:other\n", 4, "not supported"),
             ("---\ndescription: d\n---\n## a\n", 1, "missing `name`"),
@@ -862,6 +885,13 @@ outputSchema: schemas/s.json\nskills: lint, fmt\ncwd: sub\ncount: 2\nlabel: w\n\
         assert!(
             rows[0].problem.is_some() && rows[1].problem.is_none() && rows[2].problem.is_some()
         );
+    }
+
+    #[test]
+    fn a_fan_out_step_counts_once() {
+        let json = r#"{"steps":[{"task":"a","as":"l","outputSchema":{}},{"expand":{"from":{"output":"l"}},"parallel":{"agent":"r","task":"x"},"collect":{"as":"c"}},{"parallel":[{"task":"p"},{"task":"q"}]},{"task":"z"}]}"#;
+        let steps = crate::chain_file::parse_chain(json).unwrap();
+        assert_eq!(step_count(&steps), 5);
     }
 
     /// The first ```markdown block after `after` in `docs/agents.md`.

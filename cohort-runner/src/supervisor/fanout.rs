@@ -7,6 +7,9 @@
 //! members and the shape of the collected array are [`crate::chain`]'s pure functions
 //! ([`chain::plan_fanout`], [`chain::collected`]).
 
+use std::path::Path;
+
+use cohort_common::format::layout;
 use cohort_common::format::record::{self as record, ParallelGroup, StepRecord};
 use cohort_common::format::spec::{self, FlatStep};
 use cohort_common::format::template;
@@ -30,11 +33,29 @@ fn insert_group(groups: &mut Vec<ParallelGroup>, group: ParallelGroup) {
     groups.insert(at, group);
 }
 
+/// Name the session files once `n` fan-out members were spliced into `steps` at flat index
+/// `start` (pure): each member gets `step-<i>.jsonl` of its own flat index, and a later step
+/// whose file spawn named by its old place (`step-<i-n>.jsonl`) is renamed to its new place,
+/// so no step continues a member's session. A session file given on the command line
+/// (`--session`) keeps its name. Only the record changes: none of these files exists yet.
+fn name_sessions(steps: &mut [StepRecord], session_dir: &Path, start: usize, n: usize) {
+    for (i, s) in steps.iter_mut().enumerate().skip(start) {
+        let member = i < start + n;
+        let by_old_place = || {
+            s.session_file.as_deref()
+                == Some(layout::default_session_file(session_dir, i - n).as_path())
+        };
+        if member || by_old_place() {
+            s.session_file = Some(layout::default_session_file(session_dir, i));
+        }
+    }
+}
+
 impl Supervisor {
     /// Turn dynamic fan-out step `ci` into its members, the first at flat index `start`: its
     /// list from the structured output named by `expand.from`, one member per item
     /// ([`chain::plan_fanout`]), added to the record as a parallel group `expand:AGENT` (the
-    /// later steps' records move up). A fan-out over no items hands on `[]` and
+    /// later steps' records move up, their session files with them: [`name_sessions`]). A fan-out over no items hands on `[]` and
     /// [`chain::EMPTY_FANOUT`] (or fails, with `onEmpty: fail`).
     ///
     /// Errors: the run's failure message (no list, not a list, over `maxItems`, bad keys).
@@ -67,6 +88,7 @@ impl Supervisor {
             members.push(flat_step(start + k, ci, t));
         }
         self.rec.steps.splice(start..start, records);
+        name_sessions(&mut self.rec.steps, &self.spec.session_dir, start, n);
         insert_group(
             &mut self.rec.parallel_groups,
             ParallelGroup {
@@ -210,6 +232,35 @@ mod tests {
             count,
             step_index,
         }
+    }
+
+    #[test]
+    fn the_step_after_a_fanout_gets_a_session_file_of_its_own() {
+        let dir = Path::new("/s");
+        let file = |i| Some(layout::default_session_file(dir, i));
+        // As spawn records them: step 0, then (the fan-out has no record yet) steps 1 and 2,
+        // step 2 continuing a session the command line named.
+        let mut steps: Vec<StepRecord> = [file(0), file(1), Some("/mine.jsonl".into())]
+            .into_iter()
+            .map(|f| StepRecord {
+                session_file: f,
+                ..Default::default()
+            })
+            .collect();
+        // Two members spliced in at 1.
+        steps.splice(1..1, [StepRecord::default(), StepRecord::default()]);
+        name_sessions(&mut steps, dir, 1, 2);
+        let names: Vec<_> = steps.iter().map(|s| s.session_file.clone()).collect();
+        assert_eq!(
+            names,
+            [
+                file(0),
+                file(1),
+                file(2),
+                file(3),
+                Some("/mine.jsonl".into())
+            ]
+        );
     }
 
     #[test]

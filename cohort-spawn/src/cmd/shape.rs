@@ -225,10 +225,29 @@ pub(super) fn chain(
         ))
     })?;
     let task = fill_task(&mut chain, given.as_deref())?;
+    apply_call(&mut chain, args);
     let mut built = Built::from_args(args, chain, RunMode::Chain);
     built.task = task;
     built.chain_name = Some(parsed.runtime_name());
     Ok(built)
+}
+
+/// The command line's `--model`, `--thinking` and `--tools` laid on every task of `chain`
+/// (each step, each group member, each fan-out template), replacing the step's own value, which
+/// itself beats the agent's: upstream's precedence, the call's value, then the agent's
+/// frontmatter, then settings (pi-subagents 0.67). A flag not given leaves the steps alone.
+fn apply_call(chain: &mut [ChainStep], args: &Args) {
+    for t in crate::chain_file::tasks_mut(chain) {
+        if let Some(m) = &args.model {
+            t.model = Some(m.clone());
+        }
+        if let Some(th) = &args.thinking {
+            t.thinking = Some(th.clone());
+        }
+        if let Some(tools) = &args.tools {
+            t.tools = Some(tools.clone());
+        }
+    }
 }
 
 /// [`Shape::Revive`]: one step continuing the session of run `name` ([`revive::plan`]), on its

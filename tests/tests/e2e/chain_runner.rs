@@ -308,6 +308,34 @@ fn a_fanout_runs_one_member_per_item_and_collects_in_order() {
     );
 }
 
+/// The step after a fan-out starts a session of its own: its request carries only its own
+/// task, and every step and member of the run writes a different session file.
+#[test]
+fn the_step_after_a_fanout_starts_its_own_session() {
+    let env = TestEnv::new();
+    let (_, rec) = run_chain(&env, &fanout_chain(&env, 2, 2), None);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let files: Vec<&str> = rec["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["sessionFile"].as_str().unwrap())
+        .collect();
+    let distinct: std::collections::BTreeSet<_> = files.iter().collect();
+    assert_eq!(distinct.len(), files.len(), "{files:?}");
+    let last = env.server.requests().last().unwrap().clone();
+    let users = last["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .count();
+    assert_eq!(
+        users, 1,
+        "the worker's request holds another session's turns: {last:#}"
+    );
+}
+
 #[test]
 fn a_fanout_over_more_than_its_max_is_refused_not_truncated() {
     let env = TestEnv::new();

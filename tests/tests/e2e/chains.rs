@@ -9,7 +9,7 @@ use std::process::Output;
 
 use cohort_e2e::fake_server::message_text as text;
 use cohort_e2e::harness::{stderr, stdout, TestEnv};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// Write `text` at `dir/file`, creating its directory.
 fn write(dir: &Path, file: &str, text: &str) -> PathBuf {
@@ -199,6 +199,96 @@ fn count_runs_that_many_members() {
     assert_eq!(rec["parallelGroups"][0]["count"], 3);
     let users: Vec<String> = env.server.requests().iter().map(last_user).collect();
     assert_eq!(users, ["draft T", "draft T", "draft T"]);
+}
+
+/// A `.chain.md` group with two unlabelled `### reviewer` members runs them both, labelled by
+/// place as pi-subagents numbers them, and `{previous}` heads each answer with its own label.
+#[test]
+fn unlabelled_members_of_one_agent_run_numbered_by_place() {
+    let env = TestEnv::new();
+    agents(&env);
+    let file = write(
+        env.tmp.path(),
+        "two.chain.md",
+        "---\nname: two\n---\n## parallel\n\n### reviewer\n\nfirst {task}\n\n\
+         ### scout\n\nmap {task}\n\n### reviewer\n\nsecond {task}\n\n## worker\n\nsum {previous}\n",
+    );
+    let (id, _) = run(&env, &["--chain-file", file.to_str().unwrap(), "T"]);
+    let rec = env.record(&id);
+    let labels: Vec<&str> = rec["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["agent"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        labels,
+        ["reviewer-1", "scout", "reviewer-3", "worker"],
+        "{rec:#}"
+    );
+    let last = last_user(env.server.requests().last().unwrap());
+    for header in [": reviewer-1 (", ": scout (", ": reviewer-3 ("] {
+        assert!(last.contains(header), "{header} in {last}");
+    }
+}
+
+/// `--model`, `--thinking` and `--tools` with `--chain-file` reach every step and member,
+/// over the step's and the agent's values (the call beats the frontmatter), in `launch.json`
+/// and in the requests.
+#[test]
+fn run_wide_model_thinking_and_tools_apply_to_every_step() {
+    let env = TestEnv::new();
+    write(
+        &env.profile,
+        "agents/failing.md",
+        "---\nname: failing\ndescription: d\nmodel: fake/err500\nthinking: high\ntools: bash\n---\nP.\n",
+    );
+    let file = write(
+        env.tmp.path(),
+        "c.json",
+        r#"{"steps":[{"agent":"failing","task":"a {task}","model":"fake/err500","tools":["write"]},
+            {"parallel":[{"agent":"failing","task":"b"},{"task":"c","label":"plain"}]}]}"#,
+    );
+    let args = [
+        "--chain-file",
+        file.to_str().unwrap(),
+        "--model",
+        "fake/plain",
+        "--thinking",
+        "low",
+        "--tools",
+        "read,grep",
+        "T",
+    ];
+    let (id, _) = run(&env, &args);
+    let spec = launch_spec(&env, &id);
+    let c = &spec["chain"];
+    for t in [&c[0], &c[1]["parallel"][0], &c[1]["parallel"][1]] {
+        assert_eq!(
+            (&t["model"], &t["thinking"], &t["tools"]),
+            (
+                &json!("fake/plain"),
+                &json!("low"),
+                &json!(["read", "grep"])
+            ),
+            "{spec:#}"
+        );
+    }
+    let reqs = env.server.requests();
+    assert_eq!(reqs.len(), 3);
+    for r in &reqs {
+        assert_eq!(r["model"], "plain", "{r:#}");
+        let mut tools: Vec<&str> = r["tools"]
+            .as_array()
+            .map(|t| t.iter().filter_map(|t| t.as_str()).collect())
+            .unwrap_or_default();
+        tools.sort();
+        assert_eq!(tools, ["grep", "read"], "{r:#}");
+    }
+    let rec = env.record(&id);
+    for s in rec["steps"].as_array().unwrap() {
+        assert_eq!(s["model"], "fake/plain", "{rec:#}");
+    }
 }
 
 #[test]
