@@ -54,7 +54,7 @@ mod tests {
             "{e}"
         );
         let e = check(None, Some(&tools(&["Read"]))).unwrap_err();
-        assert!(e.contains("write read"), "{e}");
+        assert!(e.contains("write `read`"), "{e}");
         let e = check(None, Some(&tools(&["./web.ts"]))).unwrap_err();
         assert!(e.contains("is a path"), "{e}");
     }

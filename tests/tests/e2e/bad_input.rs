@@ -182,7 +182,7 @@ fn run_flags_are_checked_like_agent_fields() {
         &env,
         &cased,
         2,
-        "tool names are lower-case: write bash",
+        "tool names are lower-case: write `bash`",
         false,
     );
 }
