@@ -35,6 +35,7 @@ mod links;
 mod live;
 mod nested;
 mod pi_contract;
+mod queue;
 mod readme;
 mod reap;
 mod reliability;
