@@ -93,7 +93,7 @@ pub fn run(
         return Err(start::fail_queued(dir, rec, e));
     }
     let (rec, _ticket) = match queued::wait(dir, rec, &tx, &rx) {
-        Ok(queued::Waited::Start(rec, ticket)) => (rec, ticket),
+        Ok(queued::Waited::Start(rec, ticket)) => (*rec, ticket),
         Ok(queued::Waited::Stopped) => return Ok(RunState::Stopped),
         Err(e) => {
             let rec = record::load(&dir.status())?;

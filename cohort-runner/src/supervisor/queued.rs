@@ -21,7 +21,7 @@ use crate::queue::{self, Ticket};
 /// How a queued run's wait ended.
 pub(super) enum Waited {
     /// Its turn came (or it is in no queue): start it, holding the ticket until the run ends.
-    Start(RunRecord, Option<Ticket>),
+    Start(Box<RunRecord>, Option<Ticket>),
     /// It was stopped while it waited; the record is stored `stopped`.
     Stopped,
 }
@@ -38,7 +38,7 @@ pub(super) fn wait(
 ) -> Result<Waited> {
     let spec: LaunchSpec = files::read_json(&dir.spec())?;
     let Some(q) = spec.options.queue.clone() else {
-        return Ok(Waited::Start(rec, None));
+        return Ok(Waited::Start(Box::new(rec), None));
     };
     let root = StateRoot::for_profile(&spec.profile_dir);
     let ticket = queue::join(root.path(), &q, &rec.run_id)?;
@@ -62,7 +62,7 @@ pub(super) fn wait(
         .map_err(|e| Error::no_thread("wait for a queue slot", e))?;
     loop {
         match rx.recv() {
-            Ok(Msg::QueueTurn(None)) => return Ok(Waited::Start(rec, Some(ticket))),
+            Ok(Msg::QueueTurn(None)) => return Ok(Waited::Start(Box::new(rec), Some(ticket))),
             Ok(Msg::QueueTurn(Some(why))) => return Err(Error::State(why)),
             Ok(Msg::Signal(sig)) if sig != libc::SIGCHLD => {
                 rec.finish(RunState::Stopped, Some("stopped while queued".into()));

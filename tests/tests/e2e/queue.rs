@@ -100,8 +100,7 @@ fn a_queue_of_two_runs_two_at_a_time_first_in_first_out() {
         .iter()
         .map(|id| ids.iter().position(|i| i == id).expect("a ticket of ours"))
         .collect();
-    let mut released = 0;
-    for expect in 2..=5 {
+    for (released, expect) in (2..=5).enumerate() {
         let started = wait_started(&gates, expect);
         // No third start may come while two are held: give the queue the chance to misbehave
         // by checking the records of all five, each of which is `queued` or `running` or over.
@@ -115,7 +114,6 @@ fn a_queue_of_two_runs_two_at_a_time_first_in_first_out() {
         want.sort();
         assert_eq!(got, want, "starts follow the join order {order:?}");
         gates.release(started[released]);
-        released += 1;
     }
     for n in 0..5 {
         gates.release(n);
