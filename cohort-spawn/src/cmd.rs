@@ -366,6 +366,12 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         return Ok(exit::SUCCESS);
     }
     let backend = crate::backend::choose(&args.backend, std::env::var(BACKEND_ENV).ok())?;
+    if args.queue.is_some() && !backend.kind.is_native() {
+        bail!(cohort_common::Error::Usage(format!(
+            "--queue is not supported by the {} backend (a queue's slots are flocks on one machine); use the scheduler's own limits",
+            backend.kind.as_str()
+        )));
+    }
     // Route variables decide whether and where a record is created: check them first.
     let root = StateRoot::from_env()?;
     let placement = placement(&root, &args)?;
