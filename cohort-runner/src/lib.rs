@@ -47,6 +47,7 @@ pub mod line_budget;
 pub mod nested;
 pub mod pricing;
 pub mod process;
+pub mod queue;
 pub mod readers;
 pub mod reserve;
 pub mod session;

@@ -163,6 +163,13 @@ pub struct Args {
     /// is refused (top-level spawns only; default 8).
     #[arg(long, value_name = "N")]
     max_nested: Option<u32>,
+    /// Wait, queued, until fewer than --slots runs of queue NAME that joined before this one are
+    /// alive, then start (first in, first out; GNU parallel's `sem --id NAME`).
+    #[arg(long, value_name = "NAME", value_parser = parse_queue_name)]
+    queue: Option<String>,
+    /// How many runs of --queue may run at once, as this run counts them (default 1).
+    #[arg(long, value_name = "N", requires = "queue", value_parser = clap::value_parser!(u32).range(1..))]
+    slots: Option<u32>,
     /// The directory every reused session file (--session) must be inside (checked strictly:
     /// absolute, existing, canonical; files regular, non-symlink, .jsonl, inside it).
     #[arg(long)]
@@ -365,6 +372,12 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         return Ok(exit::SUCCESS);
     }
     let backend = crate::backend::choose(&args.backend, std::env::var(BACKEND_ENV).ok())?;
+    if args.queue.is_some() && !backend.kind.is_native() {
+        bail!(cohort_common::Error::Usage(format!(
+            "--queue is not supported by the {} backend (a queue's slots are flocks on one machine); use the scheduler's own limits",
+            backend.kind.as_str()
+        )));
+    }
     // Route variables decide whether and where a record is created: check them first.
     let root = StateRoot::from_env()?;
     let placement = placement(&root, &args)?;
@@ -460,6 +473,16 @@ fn placement(root: &StateRoot, args: &Args) -> anyhow::Result<Option<Placement>>
     }
 }
 
+/// A `--queue` name: 1 to 64 of `[A-Za-z0-9._-]`, not starting with `.` (the runner checks the
+/// same rule).
+fn parse_queue_name(name: &str) -> Result<String, String> {
+    if cohort_common::format::spec::valid_queue_name(name) {
+        Ok(name.to_string())
+    } else {
+        Err("use 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'".into())
+    }
+}
+
 /// The start request for the run `built` describes, with the options every shape shares.
 fn request(
     args: &Args,
@@ -489,6 +512,13 @@ fn request(
             on_exit: on_exit_command(args.on_exit.clone(), std::env::var(spec::ON_EXIT_ENV).ok()),
             on_exit_timeout_ms: Some(args.on_exit_timeout.as_millis() as u64),
             limits: limits_of(args),
+            queue: args
+                .queue
+                .clone()
+                .map(|name| cohort_common::format::spec::QueueSpec {
+                    name,
+                    slots: args.slots.unwrap_or(1),
+                }),
         },
         revives: built.revives,
         placement,

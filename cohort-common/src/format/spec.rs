@@ -440,6 +440,32 @@ pub struct RunOptions {
     /// `--cpu-max`); absent: none.
     #[serde(default, skip_serializing_if = "Limits::is_empty")]
     pub limits: Limits,
+    /// The queue the run waits its turn in before its first child (`cohort-spawn --queue NAME
+    /// --slots N`); absent: it starts at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueSpec>,
+}
+
+/// A run's place in a named queue: it starts when fewer than `slots` runs that joined queue
+/// `name` before it are still alive (GNU parallel's `sem --id NAME -j N`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueueSpec {
+    /// The queue's name (`[A-Za-z0-9._-]`, 1 to 64 characters, not starting with `.`).
+    pub name: String,
+    /// How many runs of the queue may run at once, as this run counts them (at least 1).
+    pub slots: u32,
+}
+
+/// Whether `name` is a valid queue name (pure): 1 to 64 of `[A-Za-z0-9._-]`, not starting with
+/// `.`, so it is one path component under `R/queues/`. Spawn and the runner both check it.
+pub fn valid_queue_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// Limits on a run's cgroup ([`crate::os::cgroup::Limit`]); each absent is no limit.
@@ -503,6 +529,7 @@ impl Default for RunOptions {
             on_exit: None,
             on_exit_timeout_ms: None,
             limits: Limits::default(),
+            queue: None,
         }
     }
 }

@@ -140,6 +140,7 @@ impl Supervisor {
                     a.swept(escaped);
                 }
             }
+            Msg::QueueTurn(_) => {}
         }
     }
 

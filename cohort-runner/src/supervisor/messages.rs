@@ -19,6 +19,8 @@ pub(super) enum Msg {
     Stream(usize, Report),
     /// Step `.0`'s sweep ended; these processes escaped it.
     SweepDone(usize, Vec<String>),
+    /// A queued run's turn came (`None`) or its wait failed (why).
+    QueueTurn(Option<String>),
 }
 
 /// Start the thread that sends SIGTERM, SIGINT and SIGCHLD to the loop as [`Msg::Signal`]; it

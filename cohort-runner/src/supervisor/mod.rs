@@ -42,6 +42,7 @@ mod group;
 mod handoff;
 mod messages;
 mod plan;
+mod queued;
 mod worktrees;
 
 use std::collections::HashMap;
@@ -53,7 +54,7 @@ use std::time::{Duration, Instant};
 use cohort_common::error::Result;
 use cohort_common::format::events::EventLog;
 use cohort_common::format::layout::RunDir;
-use cohort_common::format::record::{RunRecord, RunState};
+use cohort_common::format::record::{self, RunRecord, RunState};
 use cohort_common::format::spec::{self, ChainStep, FlatStep, LaunchSpec, Placement};
 
 use crate::chain::Handoff;
@@ -91,6 +92,14 @@ pub fn run(
     if let Err(e) = start_signal_thread(tx.clone()) {
         return Err(start::fail_queued(dir, rec, e));
     }
+    let (rec, _ticket) = match queued::wait(dir, rec, &tx, &rx) {
+        Ok(queued::Waited::Start(rec, ticket)) => (*rec, ticket),
+        Ok(queued::Waited::Stopped) => return Ok(RunState::Stopped),
+        Err(e) => {
+            let rec = record::load(&dir.status())?;
+            return Err(start::fail_queued(dir, rec, e));
+        }
+    };
     let running = start::into_running(dir, rec)?;
     let mut sup = Supervisor::new(dir, running, (tx, rx));
     let state = sup.run_chain();

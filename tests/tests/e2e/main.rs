@@ -36,6 +36,7 @@ mod live;
 mod nested;
 mod pi_contract;
 mod pi_rpc;
+mod queue;
 mod readme;
 mod reap;
 mod reliability;
