@@ -1123,3 +1123,70 @@ fn sessions_removes_what_cohort_created_and_keeps_what_the_user_named_or_a_run_u
     let out = reap(&env, &["--orphan-sessions", "--dry-run"]);
     assert!(!stderr(&out).contains("orphan"), "{}", stderr(&out));
 }
+
+#[test]
+fn root_refuses_to_reap_another_users_tree_and_leaves_nothing_there() {
+    use std::os::unix::process::CommandExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to give the state root to another user");
+        return;
+    }
+    let env = TestEnv::new();
+    let id = top(&env, RunState::Complete, 2 * HOUR);
+    let root = env.state_root();
+    // The tree belongs to another user (65534, nobody), who can reach it.
+    let chown = std::process::Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(root.path())
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    for d in root.path().ancestors().skip(1) {
+        if d.starts_with(env.tmp.path()) {
+            let mode = std::fs::metadata(d).unwrap().mode() | 0o011;
+            std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                .unwrap();
+        }
+    }
+    let before = snapshot_names(root.path());
+    let out = reap(&env, &["--all-terminal"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains(&root.path().display().to_string())
+            && err.contains("nobody (uid 65534)")
+            && err.contains("runuser -u nobody"),
+        "{err}"
+    );
+    assert_eq!(snapshot_names(root.path()), before, "root created nothing");
+    // The owner's own reap then works (nothing of root's is in its way).
+    let out = env
+        .cmd("cohort-reap")
+        .arg("--all-terminal")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!root.run_dir(&id).path().exists());
+    let lock = std::fs::metadata(root.reaper_lock()).unwrap();
+    assert_eq!(lock.uid(), 65534);
+}
+
+/// Every path under `dir`, with its owner.
+fn snapshot_names(dir: &Path) -> Vec<(PathBuf, u32)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+            out.push((e.path(), m.uid()));
+        }
+    }
+    out.sort();
+    out
+}
