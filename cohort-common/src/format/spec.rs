@@ -314,7 +314,8 @@ pub struct ExpandStep {
     pub parallel: TaskSpec,
     /// Where the members' results go.
     pub collect: CollectSpec,
-    /// Most members alive at once (default: the run's `--concurrency`, else all).
+    /// Most members alive at once (default: the run's `--concurrency`, else
+    /// [`DEFAULT_FANOUT_WIDTH`]; never above [`MAX_FANOUT_WIDTH`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<usize>,
     /// `phase` of the step (display only).
@@ -353,6 +354,15 @@ pub struct ExpandSpec {
 
 /// The default of `expand.maxItems` when a chain file gives none.
 pub const DEFAULT_EXPAND_MAX_ITEMS: usize = 20;
+
+/// A fan-out's width when neither its step nor the run gives a `concurrency`: most members
+/// alive at once. A model's answer decides how many items there are, so the width is bounded
+/// by default, as `--max-nested` bounds nested runs with its 8.
+pub const DEFAULT_FANOUT_WIDTH: usize = 8;
+
+/// The hard cap on a fan-out's width: a step's `concurrency` above it is refused at spawn, and
+/// the run's `--concurrency` is held to it for fan-outs.
+pub const MAX_FANOUT_WIDTH: usize = 32;
 
 fn default_item() -> String {
     "item".into()
