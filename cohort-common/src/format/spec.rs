@@ -352,6 +352,26 @@ pub struct ExpandSpec {
     pub on_empty: OnEmpty,
 }
 
+/// Why a handoff path (`output:` / `reads:`) cannot be used (pure): a relative one that is
+/// empty or has a component other than a name or `.` (so `..` climbs out of the chain
+/// directory). Spawn refuses such a step's paths with the chain's other checks; the runner
+/// applies the same rule to what a fan-out's template filled in. `None`: usable (an absolute
+/// path is taken as given).
+pub fn handoff_path_problem(p: &str) -> Option<String> {
+    let path = std::path::Path::new(p);
+    if path.is_absolute() {
+        return None;
+    }
+    let plain = path.components().all(|c| {
+        matches!(
+            c,
+            std::path::Component::Normal(_) | std::path::Component::CurDir
+        )
+    });
+    (p.is_empty() || !plain)
+        .then(|| format!("{p:?}: a relative handoff path must stay inside the chain directory"))
+}
+
 /// The default of `expand.maxItems` when a chain file gives none.
 pub const DEFAULT_EXPAND_MAX_ITEMS: usize = 20;
 
@@ -651,6 +671,16 @@ pub fn join_group_texts(members: &[(String, String)]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_handoff_path_stays_in_the_chain_directory_unless_absolute() {
+        for ok in ["a.md", "./sub/a.md", "/abs/../x.md"] {
+            assert_eq!(handoff_path_problem(ok), None, "{ok}");
+        }
+        for bad in ["", "..", "../a.md", "sub/../../a.md", "a/../b.md"] {
+            assert!(handoff_path_problem(bad).is_some(), "{bad:?}");
+        }
+    }
+
     use super::*;
 
     #[test]
