@@ -2,10 +2,11 @@
 //!
 //! Order matters and is the contract: usage errors are refused before anything exists; then the
 //! run dir is assembled under a hidden name with its lock file already held; cwd, runtime and
-//! session rules are checked; the record (`queued`, or already `failed` with the reason when a
-//! check failed) and the launch spec are written durably beside the lock and the directory is
-//! renamed into view, so a failed start always leaves a record that says why (a top-level run
-//! is then journaled for the listing index, [`cohort_common::store::index::note_spawned`]).
+//! session rules are checked, and a start they refuse makes no run (the hidden directory is
+//! removed; the exit code says which check refused it); the `queued` record and the launch
+//! spec are written durably beside the lock and the directory is renamed into view (a
+//! top-level run is then journaled for the listing index,
+//! [`cohort_common::store::index::note_spawned`]).
 //! Then the run's backend starts the runner ([`crate::backend`]): natively the detached runner
 //! is started with the held lock, and spawn returns once it has adopted it; under a scheduler
 //! the runner is submitted as a job whose handle is recorded before spawn lets go of the run
@@ -22,7 +23,7 @@ use cohort_common::fault;
 use cohort_common::format::events::{self, EventKind};
 use cohort_common::format::id::RunId;
 use cohort_common::format::layout::{self, RunDir, StateRoot};
-use cohort_common::format::record::{self, Failure, RunMode, RunRecord, RunState, StepRecord};
+use cohort_common::format::record::{self, Failure, RunMode, RunRecord, StepRecord};
 use cohort_common::format::spec::{
     self, ChainStep, LaunchSpec, Placement, RunOptions, SPEC_VERSION,
 };
@@ -235,31 +236,17 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
             }
         })
         .collect();
+    // A start refused here (a missing cwd, no runtime, a Node outside `engines.node`) makes no
+    // run: the staging directory goes with `unpublished`, and nothing is left for `--check`.
     let prepared = prepare(root, &mut rec, &req);
     fault::point("spawn.validated");
-    let failure = prepared
-        .as_ref()
-        .err()
-        .map(|e| format!("start failed: {e}"));
-    if let Some(msg) = &failure {
-        rec.fail(Failure::StartFailed, msg.clone());
-    }
-    publish(&staging, &dir, &rec, prepared.as_ref().ok().map(|(_, s)| s))?;
+    let (rt, spec) = prepared?;
+    publish(&staging, &dir, &rec, &spec)?;
     unpublished.0 = None;
     if let Some(before) = before {
         index::note_spawned(root, &run_id.to_string(), before);
     }
     fault::point("spawn.published");
-    let (rt, _) = match prepared {
-        Ok(p) => p,
-        Err(error) => {
-            files::sync_dir(&parent)?;
-            return Err(SpawnError {
-                run_id: Some(run_id),
-                error,
-            });
-        }
-    };
 
     let lock = lock.moved_to(&dir.lock());
     let start = Start {
@@ -308,31 +295,15 @@ impl Drop for Unpublished {
     }
 }
 
-/// Make the assembled run durable and visible: the record (and, for a start that validated,
-/// the launch spec) written into the staging dir with `run.queued` (and `run.failed`) in its
-/// event log, the files and the staging dir fsynced together (one journal commit), then the
+/// Make the assembled run durable and visible: the record and the launch spec written into
+/// the staging dir with `run.queued` in its event log, the files and the staging dir fsynced together (one journal commit), then the
 /// dir renamed into place without replacing anything. The parent is synced by the caller
 /// (the backend's start does it: natively while the runner starts).
-fn publish(
-    staging: &RunDir,
-    dir: &RunDir,
-    rec: &RunRecord,
-    spec: Option<&LaunchSpec>,
-) -> Result<()> {
+fn publish(staging: &RunDir, dir: &RunDir, rec: &RunRecord, spec: &LaunchSpec) -> Result<()> {
     record::create_unsynced(&staging.status(), rec)?;
-    let mut synced = vec![staging.status()];
-    if let Some(spec) = spec {
-        files::create_unsynced(&staging.spec(), &files::json_bytes(&staging.spec(), spec)?)?;
-        synced.push(staging.spec());
-    }
+    files::create_unsynced(&staging.spec(), &files::json_bytes(&staging.spec(), spec)?)?;
+    let mut synced = vec![staging.status(), staging.spec()];
     let _ = events::append_once(&staging.events(), EventKind::RunQueued, json!({}));
-    if rec.state == RunState::Failed {
-        let _ = events::append_once(
-            &staging.events(),
-            EventKind::RunFailed,
-            json!({"error": rec.error}),
-        );
-    }
     synced.push(staging.path().to_path_buf());
     files::sync_together(&synced.iter().map(PathBuf::as_path).collect::<Vec<_>>())?;
     files::rename_noreplace(staging.path(), dir.path()).map_err(|e| match e.kind() {
