@@ -1190,3 +1190,78 @@ fn snapshot_names(dir: &Path) -> Vec<(PathBuf, u32)> {
     out.sort();
     out
 }
+
+#[test]
+fn killed_spawns_leave_no_staging_debris_past_the_grace_even_after_a_clock_step() {
+    let env = TestEnv::new();
+    let root = env.state_root();
+    // As if the wall clock had stepped back ten minutes: the newest id is in the future, so
+    // the ids of the spawns killed below are too.
+    let ahead = cohort_common::format::id::RunId::after(
+        None,
+        cohort_common::format::record::now_ms() + 600_000,
+    );
+    files::create_dir_all_private(&root.runs_dir()).unwrap();
+    std::fs::write(root.last_run_id(), ahead.to_string()).unwrap();
+    // 40 spawns killed a few ms in: some leave a staging directory behind.
+    for i in 0..40 {
+        let _ = env
+            .program("timeout")
+            .args(["-s", "KILL", &format!("0.00{}", i % 9 + 1)])
+            .arg(cohort_e2e::harness::bin_dir().join("cohort-spawn"))
+            .arg(format!("t{i}"))
+            .output()
+            .unwrap();
+    }
+    // One killed just before renaming `.runner.lock.new` (the window is too short to hit
+    // reliably): a staging directory holding only that file.
+    let id = cohort_common::format::id::RunId::after(Some(&ahead), ahead_ms(&ahead));
+    let lone = root.run_dir(&id.to_string()).staging();
+    files::create_dir_all_private(lone.path()).unwrap();
+    std::fs::write(lone.path().join(".runner.lock.new"), b"").unwrap();
+    // Every staging directory's files are older than the grace: nobody can be writing there.
+    let staging: Vec<PathBuf> = std::fs::read_dir(root.runs_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".spawn-")
+        })
+        .collect();
+    assert!(staging.contains(&lone.path().to_path_buf()));
+    for d in &staging {
+        let mut paths = vec![d.clone()];
+        paths.extend(std::fs::read_dir(d).unwrap().flatten().map(|e| e.path()));
+        for p in paths {
+            let st = std::process::Command::new("touch")
+                .args(["-h", "-d", "2 minutes ago"])
+                .arg(&p)
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }
+    }
+    let doctor = env.run("cohort-status", &["--doctor"]);
+    assert!(
+        stdout(&doctor).contains(&lone.path().display().to_string()),
+        "{}",
+        stdout(&doctor)
+    );
+    let out = reap(&env, &["--all-terminal"]);
+    assert!(out.status.code().is_some(), "{}", stderr(&out));
+    let left: Vec<String> = std::fs::read_dir(root.runs_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".spawn-"))
+        .collect();
+    assert!(left.is_empty(), "staging left after reap: {left:?}");
+}
+
+/// The time of `id`, ms since the epoch, plus one.
+fn ahead_ms(id: &cohort_common::format::id::RunId) -> u64 {
+    cohort_common::format::id::id_time(&id.to_string()).unwrap() + 1
+}
