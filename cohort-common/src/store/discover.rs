@@ -208,8 +208,8 @@ pub const STAGING_GRACE_MS: u64 = 60_000;
 /// (pure): its lock is created held and held until the run is published, so a free lock means
 /// its spawn is gone; without a lock file (a spawn killed between `mkdir` and the rename of its
 /// `.runner.lock.new`) only age tells a start in progress from one killed there: `age_ms` is
-/// the age of the newest of the directory and its files (ms, from their mtimes), or when they
-/// cannot be read the age of its id (from the UUIDv7). Files' ages keep working when the wall
+/// the greater of the age of the newest of the directory and its files (ms, from their
+/// mtimes) and the age of its id (from the UUIDv7). The files' age keeps working when the wall
 /// clock stepped back, which leaves a new id's time in the future.
 pub fn staging_abandoned(lock: Liveness, age_ms: Option<u64>) -> bool {
     match lock {
@@ -270,9 +270,9 @@ pub fn abandoned_staging(root: &StateRoot, now_ms: u64) -> Result<Vec<RunDir>> {
                 return staging_abandoned(lock, None);
             }
             let id = d.name();
-            let age = files_age_ms(d.path(), now_ms).or_else(|| {
-                id::id_time(id.trim_start_matches(STAGING_PREFIX)).map(|t| now_ms.saturating_sub(t))
-            });
+            let by_id = id::id_time(id.trim_start_matches(STAGING_PREFIX))
+                .map(|t| now_ms.saturating_sub(t));
+            let age = files_age_ms(d.path(), now_ms).max(by_id);
             staging_abandoned(lock, age)
         })
         .collect())
