@@ -43,6 +43,13 @@
 //! Reapers exclude each other with `R/.reap.lock` (a bounded wait), so a second reap of the
 //! same run either waits and then reports it "removed by another cohort-reap", or reports the
 //! other reap as busy; it never claims a half-moved unit, and recovery never races a live reap.
+//!
+//! # Ownership
+//!
+//! A reap works only on a state root its user owns ([`refuse_foreign_root`]): what it creates
+//! there (`.reap.lock`, `.reap-trash/`) would otherwise be left owned by another uid, and the
+//! owner's own reaps would fail on them. Root reaping another user's tree is refused the same
+//! way (exit 2, naming the owner); `--dry-run` creates nothing and is allowed.
 
 use std::fs::File;
 use std::time::Duration;
@@ -107,6 +114,7 @@ pub fn reap(
     opts: &Options,
     on_wait: &mut dyn FnMut(),
 ) -> Result<Report> {
+    refuse_foreign_root(root)?;
     let clock = Now::current();
     let mut report = Report::new(Mode::Reap);
     let Some(named) = start(root, sel, opts, &mut report)? else {
@@ -268,6 +276,43 @@ fn note_recovery(steps: &[RecoveryStep], report: &mut Report) {
     }
 }
 
+/// Whether a reaper of effective uid `me` must refuse a state root owned by `owner` (pure):
+/// `Some(owner)` unless it is its own.
+pub fn foreign_owner(owner: u32, me: u32) -> Option<u32> {
+    (owner != me).then_some(owner)
+}
+
+/// Refuse a state root this process's user does not own (I/O: `stat` of the root, the user
+/// database for the owner's name). Errors: [`Error::Usage`] naming the owner and how to reap
+/// as them. A root that cannot be examined is left to the listing to report.
+fn refuse_foreign_root(root: &StateRoot) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(root.path()) else {
+        return Ok(());
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    let Some(owner) = foreign_owner(meta.uid(), me) else {
+        return Ok(());
+    };
+    let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(owner))
+        .ok()
+        .flatten()
+        .map(|u| u.name);
+    let who = match &name {
+        Some(n) => format!("{n} (uid {owner})"),
+        None => format!("uid {owner}"),
+    };
+    let how = match &name {
+        Some(n) => format!("`runuser -u {n} -- cohort-reap …`"),
+        None => "a shell of that user".to_string(),
+    };
+    Err(Error::Usage(format!(
+        "{} belongs to {who}, not to you (uid {me}); cohort-reap works only on a state root it owns, \
+         so that nothing it creates is left owned by another user: reap it as its owner, with {how}",
+        root.path().display()
+    )))
+}
+
 /// Take `R/.reap.lock`, waiting at most `wait` for another reap (calling `on_wait` once).
 fn reaper_lock(root: &StateRoot, wait: Duration, on_wait: &mut dyn FnMut()) -> Result<File> {
     let path = root.reaper_lock();
@@ -280,4 +325,18 @@ fn reaper_lock(root: &StateRoot, wait: Duration, on_wait: &mut dyn FnMut()) -> R
         root.path().display(),
         path.display()
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_owners_reaper_may_work_on_a_root() {
+        assert_eq!(foreign_owner(1000, 1000), None);
+        assert_eq!(foreign_owner(0, 0), None);
+        // Root is not the owner of another user's tree.
+        assert_eq!(foreign_owner(1000, 0), Some(1000));
+        assert_eq!(foreign_owner(0, 1000), Some(0));
+    }
 }

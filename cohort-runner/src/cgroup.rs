@@ -122,6 +122,43 @@ impl RunCgroup {
         &self.path
     }
 
+    /// At the run's end, end every process in the run's own cgroups but the runner itself:
+    /// the members of the runner's leaf and of the run's cgroup (where only the runner and
+    /// nothing else belongs; a tool running as root can move a process into either). TERM to
+    /// each, up to `grace` for them to go (looking every 25 ms: the runner's leaf never empties
+    /// while the runner is in it), then KILL and up to 1 s more. Returns the processes found,
+    /// pid and command line, read before they were signalled; empty when there were none.
+    pub fn sweep_strays(&self, grace: Duration) -> Vec<(u32, String)> {
+        let me = std::process::id();
+        let strays = || -> Vec<u32> {
+            let mut all = cgroup::procs(&self.path.join(cgroup::RUNNER_LEAF));
+            all.extend(cgroup::procs(&self.path));
+            all.retain(|&p| p != me);
+            all
+        };
+        let found = strays();
+        if found.is_empty() {
+            return Vec::new();
+        }
+        let described = found.iter().map(|&p| (p, procinfo::cmdline(p))).collect();
+        for (sig, wait) in [
+            (Signal::SIGTERM, grace),
+            (Signal::SIGKILL, Duration::from_secs(1)),
+        ] {
+            for p in strays() {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), sig);
+            }
+            let deadline = Instant::now() + wait;
+            while !strays().is_empty() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            if strays().is_empty() {
+                break;
+            }
+        }
+        described
+    }
+
     /// Create the leaf for the on-exit hook (an existing one is fine) and return it.
     ///
     /// Errors: the `mkdir` fails.

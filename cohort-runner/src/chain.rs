@@ -67,20 +67,12 @@ pub const PROGRESS_FILE: &str = "progress.md";
 /// Resolve a path of `output:` / `reads:` (pure): absolute as given; relative under
 /// `chain_dir`, and refused when it is empty or climbs out with `..`.
 pub fn resolve_path(chain_dir: &Path, p: &str) -> std::result::Result<PathBuf, String> {
+    if let Some(problem) = cohort_common::format::spec::handoff_path_problem(p) {
+        return Err(problem);
+    }
     let path = Path::new(p);
     if path.is_absolute() {
         return Ok(path.to_path_buf());
-    }
-    let plain = path.components().all(|c| {
-        matches!(
-            c,
-            std::path::Component::Normal(_) | std::path::Component::CurDir
-        )
-    });
-    if p.is_empty() || !plain {
-        return Err(format!(
-            "{p:?}: a relative handoff path must stay inside the chain directory"
-        ));
     }
     Ok(chain_dir.join(path))
 }
@@ -221,8 +213,8 @@ impl FileStamp {
 
 /// Apply the `output:` rule after a step with answer `text`: if the step wrote `path` (its
 /// stamp differs from `before`), the file's content is the step's answer; else the runner
-/// writes `text` there (0600, creating its directories in the chain directory). Returns the
-/// answer.
+/// writes `text` there, replacing the file (an existing file keeps its mode, a new one is
+/// 0600; its directories are created in the chain directory). Returns the answer.
 ///
 /// Errors: the file cannot be read or written (a one-line reason naming it).
 pub fn take_output(
@@ -237,7 +229,7 @@ pub fn take_output(
     if let Some(parent) = path.parent() {
         files::create_dir_all_private(parent).map_err(|e| e.to_string())?;
     }
-    files::write_atomic(path, text.as_bytes()).map_err(|e| e.to_string())?;
+    files::write_atomic_keeping_mode(path, text.as_bytes()).map_err(|e| e.to_string())?;
     Ok(text)
 }
 

@@ -130,6 +130,21 @@ impl Tracker {
         }
     }
 
+    /// The run's cgroup directory, when it has one.
+    pub fn cgroup_path(&self) -> Option<&std::path::Path> {
+        self.cgroup.as_ref().map(|c| c.path())
+    }
+
+    /// End the processes left in the run's own cgroups but the runner
+    /// ([`RunCgroup::sweep_strays`]); the ones found, pid and command line. Empty without a
+    /// cgroup.
+    pub fn sweep_run_strays(&self, grace: std::time::Duration) -> Vec<(u32, String)> {
+        self.cgroup
+            .as_ref()
+            .map(|c| c.sweep_strays(grace))
+            .unwrap_or_default()
+    }
+
     /// Step `i`'s cgroup leaf for its child to be placed in, when the run has a cgroup (made
     /// now if it is not there yet).
     ///

@@ -644,15 +644,10 @@ impl Caller for Machine<'_> {
         if name.contains('/') || name.starts_with('.') {
             return None;
         }
-        let mut dirs: Vec<PathBuf> = self
-            .project
-            .map(|p| p.join(".pi").join("skills"))
-            .into_iter()
-            .collect();
-        dirs.push(self.profile.join("skills"));
-        dirs.into_iter()
-            .map(|d| d.join(name).join("SKILL.md"))
-            .find(|f| f.is_file())
+        crate::skills::find(
+            name,
+            &crate::skills::agent_skill_dirs(self.project, self.profile),
+        )
     }
 
     fn exists(&self, path: &Path) -> bool {

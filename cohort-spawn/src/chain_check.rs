@@ -9,7 +9,8 @@
 use std::collections::HashSet;
 
 use cohort_common::format::spec::{
-    is_output_name, ChainStep, OutputMode, Setting, TaskSpec, OUTPUT_NAME_SYNTAX,
+    handoff_path_problem, is_output_name, ChainStep, OutputMode, Setting, TaskSpec,
+    OUTPUT_NAME_SYNTAX,
 };
 
 /// The variables every template may use besides `{outputs.NAME}` (and, in a fan-out template,
@@ -19,7 +20,8 @@ pub const RESERVED_VARIABLES: [&str; 3] = ["task", "previous", "chain_dir"];
 /// Check `steps` (pure). The error is the chain step it is about and what is wrong, one line:
 /// a bad or duplicate `as` / `collect.as`; an `{outputs.NAME}` that no earlier step produces
 /// (a later one's is a forward reference); `outputMode: file-only` without an `output` path; a
-/// label with a line break; a fan-out reading a name that is not an earlier structured step's,
+/// label with a line break; an `output` or `reads` path that is empty or climbs out of the
+/// chain directory with `..`; a fan-out reading a name that is not an earlier structured step's,
 /// a bad JSON Pointer or item name, an `as` in its template, or an unknown `{word}` in it.
 pub fn check(steps: &[ChainStep]) -> Result<(), (usize, String)> {
     let all: Vec<(usize, &str)> = steps
@@ -60,6 +62,18 @@ pub fn check(steps: &[ChainStep]) -> Result<(), (usize, String)> {
         };
         let task_checks = |t: &TaskSpec| -> Result<(), String> {
             refs(&t.task)?;
+            let output = t.output.as_ref().and_then(|o| o.value());
+            let reads = t
+                .reads
+                .as_ref()
+                .and_then(|r| r.value())
+                .into_iter()
+                .flatten();
+            for p in output.into_iter().chain(reads) {
+                if let Some(problem) = handoff_path_problem(p) {
+                    return Err(problem);
+                }
+            }
             if let Some(l) = &t.label {
                 refs(l)?;
                 if l.contains(['\n', '\r']) {

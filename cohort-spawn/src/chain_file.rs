@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 
 use cohort_common::error::{Error, Result};
 use cohort_common::format::spec::{
-    ChainStep, ExpandStep, ParallelSpec, TaskSpec, DEFAULT_EXPAND_MAX_ITEMS,
+    ChainStep, ExpandStep, ParallelSpec, TaskSpec, DEFAULT_EXPAND_MAX_ITEMS, MAX_FANOUT_WIDTH,
 };
 
 use crate::frontmatter::{split_list, TextError};
@@ -295,6 +295,12 @@ fn parse_step(
             let step: ExpandStep = typed(rest, line, n)?;
             if step.concurrency == Some(0) {
                 return Err(TextError::at(line, format!("step {n}: `concurrency` must be at least 1")));
+            }
+            if let Some(c) = step.concurrency.filter(|c| *c > MAX_FANOUT_WIDTH) {
+                return Err(TextError::at(
+                    line,
+                    format!("step {n}: a fan-out's `concurrency` is at most {MAX_FANOUT_WIDTH} members alive at once, not {c}"),
+                ));
             }
             Ok(ChainStep::Expand(step))
         }
@@ -877,6 +883,11 @@ mod tests {
                 "step 1, member 1: unknown key `modle`",
             ),
             ("[]", 1, "expected a JSON object"),
+            (
+                "{\"steps\":[{\"task\":\"a\",\"as\":\"t\",\"outputSchema\":{}},\n{\"expand\":{\"from\":{\"output\":\"t\"}},\"parallel\":{\"task\":\"x\"},\"collect\":{\"as\":\"c\"},\"concurrency\":33}]}",
+                2,
+                "at most 32 members alive at once, not 33",
+            ),
             ("{\"steps\":[{\"parallel\":[]}]}", 1, "empty"),
             ("{\"steps\":[{\"parallel\":[{\"task\":\"a\"}],\"concurrency\":0}]}", 1, "at least 1"),
             ("{\"steps\":[]}", 1, "empty"),

@@ -119,25 +119,9 @@ fn canonical_dir(dir: &Path) -> Result<PathBuf, String> {
     }
 }
 
-/// The directories a skill name is looked up in, first match wins (pure): the run's
-/// `.pi/skills/`, each `.agents/skills/` from the run's cwd up, the profile's `skills/`, then
-/// `~/.agents/skills/` — Pi's own skill locations.
-pub fn skill_dirs(run_cwd: &Path, profile: &Path, home: Option<&Path>) -> Vec<PathBuf> {
-    let mut dirs = vec![run_cwd.join(".pi").join("skills")];
-    dirs.extend(
-        run_cwd
-            .ancestors()
-            .map(|a| a.join(".agents").join("skills")),
-    );
-    dirs.push(profile.join("skills"));
-    if let Some(h) = home {
-        dirs.push(h.join(".agents").join("skills"));
-    }
-    dirs
-}
-
-/// The `SKILL.md` of skill `name`: `DIR/NAME/SKILL.md` in the first of [`skill_dirs`] that has
-/// it. A name with a `/` is a path (relative to the run's cwd) to a skill directory or file.
+/// The `SKILL.md` of skill `name`: `DIR/NAME/SKILL.md` in the first of
+/// [`crate::skills::chain_skill_dirs`] that has it and may be trusted. A name with a `/` is a
+/// path (relative to the run's cwd) to a skill directory or file.
 fn find_skill(name: &str, at: &Places) -> Result<PathBuf, String> {
     if name.contains('/') {
         let p = at.run_cwd.join(name);
@@ -149,17 +133,14 @@ fn find_skill(name: &str, at: &Places) -> Result<PathBuf, String> {
         };
     }
     let home = std::env::var_os("HOME").map(PathBuf::from);
-    let dirs = skill_dirs(at.run_cwd, at.profile, home.as_deref());
-    dirs.iter()
-        .map(|d| d.join(name).join("SKILL.md"))
-        .find(|f| f.is_file())
-        .ok_or_else(|| {
-            format!(
-                "skill {name:?} not found: no {name}/SKILL.md in {} or {}",
-                dirs[0].display(),
-                at.profile.join("skills").display()
-            )
-        })
+    let dirs = crate::skills::chain_skill_dirs(at.run_cwd, at.profile, home.as_deref());
+    crate::skills::find(name, &dirs).ok_or_else(|| {
+        format!(
+            "skill {name:?} not found: no {name}/SKILL.md in {} or {}",
+            dirs[0].path.display(),
+            at.profile.join("skills").display()
+        )
+    })
 }
 
 /// Whether `dir` is inside a git work tree (`git rev-parse --show-toplevel`, with git's

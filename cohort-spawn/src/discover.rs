@@ -478,11 +478,7 @@ struct Warnings(BTreeSet<String>);
 
 impl Warnings {
     fn untrusted(&mut self, what: &Path, u: &trust::Untrusted) {
-        self.0.insert(format!(
-            "skipping the project's {}: {u} (project files are read only from directories you \
-             or root own that no one else can write)",
-            what.display()
-        ));
+        self.0.insert(trust::skip_message(what, u));
     }
 
     fn dangling(&mut self, link: &Path) {

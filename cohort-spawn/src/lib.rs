@@ -49,6 +49,7 @@ pub mod limits;
 pub mod revive;
 pub mod route;
 pub mod session;
+pub mod skills;
 pub mod spawn;
 pub mod stdin;
 pub mod supervision;

@@ -2,10 +2,11 @@
 //!
 //! Order matters and is the contract: usage errors are refused before anything exists; then the
 //! run dir is assembled under a hidden name with its lock file already held; cwd, runtime and
-//! session rules are checked; the record (`queued`, or already `failed` with the reason when a
-//! check failed) and the launch spec are written durably beside the lock and the directory is
-//! renamed into view, so a failed start always leaves a record that says why (a top-level run
-//! is then journaled for the listing index, [`cohort_common::store::index::note_spawned`]).
+//! session rules are checked, and a start they refuse makes no run (the hidden directory is
+//! removed; the exit code says which check refused it); the `queued` record and the launch
+//! spec are written durably beside the lock and the directory is renamed into view (a
+//! top-level run is then journaled for the listing index,
+//! [`cohort_common::store::index::note_spawned`]).
 //! Then the run's backend starts the runner ([`crate::backend`]): natively the detached runner
 //! is started with the held lock, and spawn returns once it has adopted it; under a scheduler
 //! the runner is submitted as a job whose handle is recorded before spawn lets go of the run
@@ -22,7 +23,7 @@ use cohort_common::fault;
 use cohort_common::format::events::{self, EventKind};
 use cohort_common::format::id::RunId;
 use cohort_common::format::layout::{self, RunDir, StateRoot};
-use cohort_common::format::record::{self, Failure, RunMode, RunRecord, RunState, StepRecord};
+use cohort_common::format::record::{self, Failure, RunMode, RunRecord, StepRecord};
 use cohort_common::format::spec::{
     self, ChainStep, LaunchSpec, Placement, RunOptions, SPEC_VERSION,
 };
@@ -235,30 +236,17 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
             }
         })
         .collect();
+    // A start refused here (a missing cwd, no runtime, a Node outside `engines.node`) makes no
+    // run: the staging directory goes with `unpublished`, and nothing is left for `--check`.
     let prepared = prepare(root, &mut rec, &req);
     fault::point("spawn.validated");
-    let failure = prepared
-        .as_ref()
-        .err()
-        .map(|e| format!("start failed: {e}"));
-    if let Some(msg) = &failure {
-        rec.fail(Failure::StartFailed, msg.clone());
-    }
-    publish(&staging, &dir, &rec, prepared.as_ref().ok().map(|(_, s)| s))?;
+    let (rt, spec) = prepared?;
+    publish(&staging, &dir, &rec, &spec)?;
     unpublished.0 = None;
     if let Some(before) = before {
         index::note_spawned(root, &run_id.to_string(), before);
     }
     fault::point("spawn.published");
-    let (rt, _) = match prepared {
-        Ok(p) => p,
-        Err(error) => {
-            return Err(SpawnError {
-                run_id: Some(run_id),
-                error,
-            });
-        }
-    };
 
     let lock = lock.moved_to(&dir.lock());
     let start = Start {
@@ -307,32 +295,17 @@ impl Drop for Unpublished {
     }
 }
 
-/// Make the assembled run visible: the record (and, for a start that validated, the launch
-/// spec) written into the staging dir with `run.queued` (and `run.failed`) in its event log,
-/// then the dir renamed into place without replacing anything. Nothing is synced here: the
-/// printed id promises the run to every reader while the machine stays up, and the runner
-/// makes the run durable before it starts the first child (`cohort-runner`'s `start`); after a
-/// power loss before then, a run whose record is empty or torn and whose lock is free is an
-/// abandoned start (`store::observe`, docs/format.md "Writes"). A scheduler backend syncs what
-/// it submits (`backend::slurm`).
-fn publish(
-    staging: &RunDir,
-    dir: &RunDir,
-    rec: &RunRecord,
-    spec: Option<&LaunchSpec>,
-) -> Result<()> {
+/// Make the assembled run visible: the record and the launch spec written into the staging dir
+/// with `run.queued` in its event log, then the dir renamed into place without replacing
+/// anything. Nothing is synced here: the printed id promises the run to every reader while the
+/// machine stays up, and the runner makes the run durable before it starts the first child
+/// (`cohort-runner`'s `start`); after a power loss before then, a run whose record is empty or
+/// torn and whose lock is free is an abandoned start (`store::observe`, docs/format.md
+/// "Writes"). A scheduler backend syncs what it submits (`backend::slurm`).
+fn publish(staging: &RunDir, dir: &RunDir, rec: &RunRecord, spec: &LaunchSpec) -> Result<()> {
     record::create_unsynced(&staging.status(), rec)?;
-    if let Some(spec) = spec {
-        files::create_unsynced(&staging.spec(), &files::json_bytes(&staging.spec(), spec)?)?;
-    }
+    files::create_unsynced(&staging.spec(), &files::json_bytes(&staging.spec(), spec)?)?;
     let _ = events::append_once(&staging.events(), EventKind::RunQueued, json!({}));
-    if rec.state == RunState::Failed {
-        let _ = events::append_once(
-            &staging.events(),
-            EventKind::RunFailed,
-            json!({"error": rec.error}),
-        );
-    }
     files::rename_noreplace(staging.path(), dir.path()).map_err(|e| match e.kind() {
         std::io::ErrorKind::AlreadyExists => Error::RunExists {
             path: dir.path().to_path_buf(),

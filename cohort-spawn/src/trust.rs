@@ -62,6 +62,17 @@ impl fmt::Display for Untrusted {
 
 impl std::error::Error for Untrusted {}
 
+/// The one warning line (without the `cohort-spawn: warning: ` prefix) for a project file or
+/// directory `what` skipped because of `u` — the same words for agents, settings, packages and
+/// skills.
+pub fn skip_message(what: &Path, u: &Untrusted) -> String {
+    format!(
+        "skipping the project's {}: {u} (project files are read only from directories you or \
+         root own that no one else can write)",
+        what.display()
+    )
+}
+
 /// The trust decision over one path's owner and permission bits (pure): `None` when `owner`
 /// is `me` or root (0), `mode` has no `o+w` (0o002), and it has no `g+w` (0o020) or its group
 /// is the owner's private group (`private_group`, asked only then). Ownership is judged

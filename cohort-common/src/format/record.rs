@@ -601,7 +601,9 @@ pub struct RunRecord {
     pub backend: Option<Handle>,
     /// Processes of the run found alive (same pid, start time and boot id as tracked) by the
     /// reader that settled it "runner lost", as `"<pid> <cmdline>"`; that reader then ended them
-    /// (events `run.survivors`, `run.survivorsEnded`). Absent when there were none.
+    /// (events `run.survivors`, `run.survivorsEnded`). Also those the runner itself found at the
+    /// run's end in its own cgroup leaf or the run's cgroup, and ended (`run.survivors`).
+    /// Absent when there were none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub survivors: Vec<String>,
     /// How the run's processes are contained: a cgroup of its own, or `/proc` tracking and

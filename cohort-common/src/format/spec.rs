@@ -314,7 +314,8 @@ pub struct ExpandStep {
     pub parallel: TaskSpec,
     /// Where the members' results go.
     pub collect: CollectSpec,
-    /// Most members alive at once (default: the run's `--concurrency`, else all).
+    /// Most members alive at once (default: the run's `--concurrency`, else
+    /// [`DEFAULT_FANOUT_WIDTH`]; never above [`MAX_FANOUT_WIDTH`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<usize>,
     /// `phase` of the step (display only).
@@ -351,8 +352,37 @@ pub struct ExpandSpec {
     pub on_empty: OnEmpty,
 }
 
+/// Why a handoff path (`output:` / `reads:`) cannot be used (pure): a relative one that is
+/// empty or has a component other than a name or `.` (so `..` climbs out of the chain
+/// directory). Spawn refuses such a step's paths with the chain's other checks; the runner
+/// applies the same rule to what a fan-out's template filled in. `None`: usable (an absolute
+/// path is taken as given).
+pub fn handoff_path_problem(p: &str) -> Option<String> {
+    let path = std::path::Path::new(p);
+    if path.is_absolute() {
+        return None;
+    }
+    let plain = path.components().all(|c| {
+        matches!(
+            c,
+            std::path::Component::Normal(_) | std::path::Component::CurDir
+        )
+    });
+    (p.is_empty() || !plain)
+        .then(|| format!("{p:?}: a relative handoff path must stay inside the chain directory"))
+}
+
 /// The default of `expand.maxItems` when a chain file gives none.
 pub const DEFAULT_EXPAND_MAX_ITEMS: usize = 20;
+
+/// A fan-out's width when neither its step nor the run gives a `concurrency`: most members
+/// alive at once. A model's answer decides how many items there are, so the width is bounded
+/// by default, as `--max-nested` bounds nested runs with its 8.
+pub const DEFAULT_FANOUT_WIDTH: usize = 8;
+
+/// The hard cap on a fan-out's width: a step's `concurrency` above it is refused at spawn, and
+/// the run's `--concurrency` is held to it for fan-outs.
+pub const MAX_FANOUT_WIDTH: usize = 32;
 
 fn default_item() -> String {
     "item".into()
@@ -668,6 +698,16 @@ pub fn join_group_texts(members: &[(String, String)]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_handoff_path_stays_in_the_chain_directory_unless_absolute() {
+        for ok in ["a.md", "./sub/a.md", "/abs/../x.md"] {
+            assert_eq!(handoff_path_problem(ok), None, "{ok}");
+        }
+        for bad in ["", "..", "../a.md", "sub/../../a.md", "a/../b.md"] {
+            assert!(handoff_path_problem(bad).is_some(), "{bad:?}");
+        }
+    }
+
     use super::*;
 
     #[test]

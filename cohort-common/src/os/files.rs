@@ -328,21 +328,34 @@ pub fn remove_temp_files(dir: &Path) -> usize {
 /// Replace `path` with `bytes` atomically and durably (temp file in the same directory, fsync,
 /// rename, fsync the directory). The temp file is 0600 and is removed on failure.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    replace(path, bytes, Durability::ContentAndDir)
+    replace(path, bytes, Durability::ContentAndDir, None)
+}
+
+/// [`write_atomic`] for a file the user named (a step's `output:`): the file is replaced, and
+/// when `path` was a regular file its permission bits (`0o777`; never set-id bits) are given
+/// to the new one before the rename, so replacing it does not change its mode. A new file is
+/// 0600.
+pub fn write_atomic_keeping_mode(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let kept = fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| m.mode() & 0o777);
+    replace(path, bytes, Durability::ContentAndDir, kept)
 }
 
 /// [`write_atomic`] but for the fsync of the directory, which the caller does later
 /// ([`sync_dir`]): the content is durable before the rename, so a crash leaves the old file or
 /// the new one, never a torn one.
 pub fn write_atomic_dir_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
-    replace(path, bytes, Durability::Content)
+    replace(path, bytes, Durability::Content, None)
 }
 
 /// Replace `path` with `bytes` atomically but not durably (temp file + rename, no fsync): for
 /// caches and hints, whose loss after a crash costs only time. A reader sees the old or the
 /// new file, never a torn one.
 pub fn replace_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
-    replace(path, bytes, Durability::Cache)
+    replace(path, bytes, Durability::Cache, None)
 }
 
 /// What [`replace`] fsyncs.
@@ -359,8 +372,9 @@ enum Durability {
 /// The one temp-file-and-rename writer behind [`write_atomic`], [`write_atomic_dir_unsynced`]
 /// and [`replace_unsynced`], syncing what `durability` says. The temp file is created
 /// `O_EXCL | O_NOFOLLOW` and renamed with `renameat`, both relative to the directory opened
-/// by [`open_parent_dir`]: a link at `path` is replaced, never written through.
-fn replace(path: &Path, bytes: &[u8], durability: Durability) -> Result<()> {
+/// by [`open_parent_dir`]: a link at `path` is replaced, never written through. `mode`, when
+/// given, is set on the temp file (`fchmod`) before the rename.
+fn replace(path: &Path, bytes: &[u8], durability: Durability, mode: Option<u32>) -> Result<()> {
     use nix::fcntl::OFlag;
     let (dir, name) = open_parent_dir(path)?;
     let mut tmp_name = None;
@@ -401,6 +415,14 @@ fn replace(path: &Path, bytes: &[u8], durability: Durability) -> Result<()> {
     let written = file
         .write_all(bytes)
         .at("write a temp file for", path)
+        .and_then(|()| match mode {
+            Some(m) => {
+                use std::os::unix::fs::PermissionsExt;
+                file.set_permissions(fs::Permissions::from_mode(m))
+                    .at("set the mode of a temp file for", path)
+            }
+            None => Ok(()),
+        })
         .and_then(|()| {
             if durability != Durability::Cache {
                 file.sync_all().at("sync a temp file for", path)

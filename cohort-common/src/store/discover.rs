@@ -206,14 +206,33 @@ pub const STAGING_GRACE_MS: u64 = 60_000;
 
 /// Whether a staging directory (`.spawn-<id>`) is left over from a start that is provably over
 /// (pure): its lock is created held and held until the run is published, so a free lock means
-/// its spawn is gone; without a lock file only the age of its id (ms, from the UUIDv7) tells a
-/// start caught between `mkdir` and the lock from one killed there.
-pub fn staging_abandoned(lock: Liveness, id_age_ms: Option<u64>) -> bool {
+/// its spawn is gone; without a lock file (a spawn killed between `mkdir` and the rename of its
+/// `.runner.lock.new`) only age tells a start in progress from one killed there: `age_ms` is
+/// the greater of the age of the newest of the directory and its files (ms, from their
+/// mtimes) and the age of its id (from the UUIDv7). The files' age keeps working when the wall
+/// clock stepped back, which leaves a new id's time in the future.
+pub fn staging_abandoned(lock: Liveness, age_ms: Option<u64>) -> bool {
     match lock {
         Liveness::Held => false,
         Liveness::Free => true,
-        Liveness::NoLockFile => id_age_ms.is_some_and(|a| a >= STAGING_GRACE_MS),
+        Liveness::NoLockFile => age_ms.is_some_and(|a| a >= STAGING_GRACE_MS),
     }
+}
+
+/// How long ago the newest of staging directory `dir` and its entries was modified, ms before
+/// `now_ms` (I/O: `lstat` of each, never following a link); `None` when the directory cannot
+/// be read.
+fn files_age_ms(dir: &Path, now_ms: u64) -> Option<u64> {
+    let mtime_ms = |p: &Path| -> Option<u64> {
+        let m = std::fs::symlink_metadata(p).ok()?.modified().ok()?;
+        let d = m.duration_since(std::time::UNIX_EPOCH).ok()?;
+        Some(d.as_millis() as u64)
+    };
+    let mut newest = mtime_ms(dir)?;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        newest = newest.max(mtime_ms(&e.path())?);
+    }
+    Some(now_ms.saturating_sub(newest))
 }
 
 /// Every staging directory under the state root (`.spawn-<id>` beside the top-level runs and in
@@ -247,9 +266,13 @@ pub fn abandoned_staging(root: &StateRoot, now_ms: u64) -> Result<Vec<RunDir>> {
         .into_iter()
         .filter(|d| {
             let lock = lock::probe(&d.lock()).unwrap_or(Liveness::Held);
+            if lock != Liveness::NoLockFile {
+                return staging_abandoned(lock, None);
+            }
             let id = d.name();
-            let age = id::id_time(id.trim_start_matches(STAGING_PREFIX))
+            let by_id = id::id_time(id.trim_start_matches(STAGING_PREFIX))
                 .map(|t| now_ms.saturating_sub(t));
+            let age = files_age_ms(d.path(), now_ms).max(by_id);
             staging_abandoned(lock, age)
         })
         .collect())

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use cohort_common::fault;
+use cohort_common::format::events::EventKind;
 use cohort_common::format::record::RunState;
 
 use super::Supervisor;
@@ -30,6 +31,23 @@ impl Supervisor {
         outcome.close_unstarted(&mut self.rec.steps);
         if outcome.timed_out {
             self.rec.timed_out = Some(true);
+        }
+        // What a tool moved into the runner's leaf or the run's own cgroup outlives every
+        // step's sweep: end it now, and record it as the run's survivors.
+        let grace = Duration::from_millis(self.spec.options.grace_ms);
+        let strays = self.tracker.sweep_run_strays(grace);
+        if !strays.is_empty() {
+            let processes: Vec<_> = strays
+                .iter()
+                .map(|(pid, cmdline)| json!({"pid": pid, "cmdline": cmdline}))
+                .collect();
+            let _ = self.events.append(
+                EventKind::RunSurvivors,
+                json!({"processes": processes, "cgroup": self.tracker.cgroup_path()}),
+            );
+            self.rec
+                .survivors
+                .extend(strays.iter().map(|(pid, c)| format!("{pid} {c}")));
         }
         // Only processes that escaped every sweep are left listed.
         self.tracker.persist();

@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use cohort_common::format::events::EventKind;
-use cohort_common::format::spec::{ChainStep, FlatStep};
+use cohort_common::format::spec::{ChainStep, FlatStep, DEFAULT_FANOUT_WIDTH, MAX_FANOUT_WIDTH};
 
 use super::attempt::StepEnd;
 use super::{flat_step, Supervisor};
@@ -23,8 +23,9 @@ use crate::step::Ending;
 use crate::sweep::{sweep_descendants, StepTrack};
 
 /// How many members of a chain step may be alive at once (pure): one for a task; for a
-/// parallel group of `members` its own concurrency, else the run's, else all of them; at least
-/// one.
+/// parallel group of `members` its own concurrency, else the run's, else all of them; for a
+/// fan-out its own concurrency, else the run's, else [`DEFAULT_FANOUT_WIDTH`], never above
+/// [`MAX_FANOUT_WIDTH`] (the model's answer decides its member count); at least one.
 pub(super) fn group_limit(
     step: &ChainStep,
     members: usize,
@@ -33,7 +34,11 @@ pub(super) fn group_limit(
     match step {
         ChainStep::Task(_) => 1,
         ChainStep::Parallel(p) => p.concurrency.or(run_concurrency).unwrap_or(members).max(1),
-        ChainStep::Expand(e) => e.concurrency.or(run_concurrency).unwrap_or(members).max(1),
+        ChainStep::Expand(e) => e
+            .concurrency
+            .or(run_concurrency)
+            .unwrap_or(DEFAULT_FANOUT_WIDTH)
+            .clamp(1, MAX_FANOUT_WIDTH),
     }
 }
 
@@ -204,6 +209,21 @@ mod tests {
         assert_eq!(group_limit(&group(None), 5, Some(4)), 4);
         assert_eq!(group_limit(&group(None), 5, None), 5);
         assert_eq!(group_limit(&group(Some(0)), 5, None), 1, "at least one");
+        // A fan-out's width: bounded by default, raised by a concurrency up to the cap.
+        let fanout = |concurrency| {
+            let mut e: spec::ExpandStep = serde_json::from_value(serde_json::json!({
+                "expand": {"from": {"output": "t"}, "maxItems": 300},
+                "parallel": {"task": "x"}, "collect": {"as": "c"}
+            }))
+            .unwrap();
+            e.concurrency = concurrency;
+            ChainStep::Expand(e)
+        };
+        assert_eq!(group_limit(&fanout(None), 300, None), DEFAULT_FANOUT_WIDTH);
+        assert_eq!(group_limit(&fanout(None), 300, Some(2)), 2);
+        assert_eq!(group_limit(&fanout(Some(20)), 300, Some(2)), 20);
+        assert_eq!(group_limit(&fanout(None), 300, Some(500)), MAX_FANOUT_WIDTH);
+        assert_eq!(group_limit(&fanout(Some(500)), 300, None), MAX_FANOUT_WIDTH);
     }
 
     #[test]

@@ -581,3 +581,74 @@ fn a_group_writable_directory_of_its_owners_private_group_is_read() {
         "{err}"
     );
 }
+
+#[test]
+fn another_users_planted_skill_is_skipped_for_agents_and_chain_steps() {
+    let Some((uid, gid)) = other_user() else {
+        return;
+    };
+    let env = TestEnv::new();
+    chmod(env.tmp.path(), 0o711);
+    // The /tmp case: another user plants `lint` in both of a project's skill places.
+    let shared = env.tmp.path().join("shared-tmp");
+    std::fs::create_dir(&shared).unwrap();
+    chmod(&shared, 0o1777);
+    as_user(
+        uid,
+        gid,
+        &format!(
+            "for s in .pi .agents; do mkdir -p {d}/$s/skills/lint && printf -- '---\\nname: lint\\ndescription: PLANTED-SKILL-9 lints\\n---\\nPLANTED\\n' > {d}/$s/skills/lint/SKILL.md; done",
+            d = shared.display()
+        ),
+    );
+    let work = shared.join("work");
+    std::fs::create_dir(&work).unwrap();
+    write(
+        &env.profile,
+        "skills/lint/SKILL.md",
+        "---\nname: lint\ndescription: OWN-SKILL-4 lints\n---\nMine.\n",
+    );
+    write(
+        &env.profile,
+        "agents/linter.md",
+        "---\nname: linter\ndescription: d\nskills: lint\ntools: read\n---\nLint.\n",
+    );
+    let chain = write(
+        env.tmp.path(),
+        "c.json",
+        r#"{"steps": [{"task": "t", "skills": "lint"}]}"#,
+    );
+    let cwd = work.to_str().unwrap();
+    for (how, args, skipped) in [
+        ("agent", vec!["--agent", "linter", "hello"], ".pi"),
+        (
+            "chain step",
+            vec!["--chain-file", chain.to_str().unwrap()],
+            ".agents",
+        ),
+    ] {
+        let mut all = vec!["--wait", "--model", "fake/plain", "--cwd", cwd];
+        all.extend(args);
+        let out = env.spawn_raw(&all);
+        assert_eq!(out.status.code(), Some(0), "{how}: {}", stderr(&out));
+        let sys = text(&env.server.last_request()["messages"][0]);
+        assert!(
+            sys.contains("OWN-SKILL-4") && !sys.contains("PLANTED"),
+            "{how}: {sys}"
+        );
+        let e = stderr(&out);
+        // Discovery warns of the shared directory's `.agents/` on its own; the skill lookup
+        // adds one line for the skill place it passed over.
+        let warnings: Vec<_> = e.lines().filter(|l| l.contains("/skills:")).collect();
+        let dir = shared.join(skipped).join("skills");
+        assert_eq!(warnings.len(), 1, "{how}: one skill warning: {e}");
+        assert!(
+            warnings[0].starts_with(&format!(
+                "cohort-spawn: warning: skipping the project's {}: {} is writable by others",
+                dir.display(),
+                shared.display()
+            )),
+            "{how}: {e}"
+        );
+    }
+}

@@ -184,3 +184,58 @@ fn a_tilde_in_handoff_paths_is_the_home_directory() {
     );
     assert!(!env.run_dir(&id).join("chain").join("~").exists());
 }
+
+#[test]
+fn a_later_steps_climbing_handoff_path_is_refused_at_spawn_before_anything_runs() {
+    let env = TestEnv::new();
+    for (key, value) in [
+        ("output", r#""../out.md""#),
+        ("reads", r#"["ok.md", "sub/../../in.md"]"#),
+    ] {
+        let file = env.tmp.path().join(format!("{key}.json"));
+        std::fs::write(
+            &file,
+            format!(
+                r#"{{"steps": [{{"task": "first", "model": "fake/plain"}},
+{{"task": "second", "model": "fake/plain", "{key}": {value}}}]}}"#
+            ),
+        )
+        .unwrap();
+        let out = env.spawn_raw(&["--chain-file", file.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{key}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{key}: one line: {err}");
+        assert!(
+            err.contains("step 1") && err.contains("must stay inside the chain directory"),
+            "{key}: {err}"
+        );
+        assert_eq!(env.run_count(), 0, "{key}: no run");
+        assert!(env.server.requests().is_empty(), "{key}: nothing ran");
+    }
+}
+
+#[test]
+fn an_output_file_that_exists_is_replaced_and_keeps_its_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = TestEnv::new();
+    let target = env.tmp.path().join("report.md");
+    std::fs::write(&target, "old\n").unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let file = env.tmp.path().join("c.json");
+    std::fs::write(
+        &file,
+        format!(
+            r#"{{"steps": [{{"task": "write it", "model": "fake/plain", "output": "{}"}}]}}"#,
+            target.display()
+        ),
+    )
+    .unwrap();
+    run(&env, &["--chain-file", file.to_str().unwrap()]);
+    let text = std::fs::read_to_string(&target).unwrap();
+    assert!(
+        text.starts_with("ECHO: ") && text.contains("write it"),
+        "{text}"
+    );
+    let mode = std::fs::metadata(&target).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o644, "mode {mode:o}");
+}

@@ -1,18 +1,28 @@
-//! End-to-end: bad input gets a clear one-line error and a non-zero exit, and a record created
-//! before the problem was found is left `failed` with the reason.
+//! End-to-end: bad input gets a clear one-line error and a non-zero exit; a start refused before
+//! anything runs (usage, a missing cwd, no runtime) makes no run, and one refused after its run
+//! was published (its runner cannot start) leaves the record `failed` with the reason.
 
 use cohort_common::format::record::RunState;
 use cohort_e2e::fixture::{self, Run, StatusFile};
 use cohort_e2e::harness::{stderr, stdout, TestEnv, HERMETIC};
 use serde_json::Value;
 
-/// Every top-level record, parsed.
+/// Every top-level record, parsed; asserts the runs directory holds nothing else (no staging
+/// directory left by a refused start).
 fn records(env: &TestEnv) -> Vec<Value> {
     let dir = env.state_root().runs_dir();
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
-    rd.flatten()
+    let entries: Vec<_> = rd.flatten().collect();
+    let stray: Vec<_> = entries
+        .iter()
+        .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+        .map(|e| e.path())
+        .collect();
+    assert!(stray.is_empty(), "left in the runs directory: {stray:?}");
+    entries
+        .into_iter()
         .map(|e| {
             serde_json::from_str(&std::fs::read_to_string(e.path().join("status.json")).unwrap())
                 .unwrap()
@@ -52,12 +62,16 @@ fn refused(env: &TestEnv, args: &[&str], code: i32, needle: &str, recorded: bool
         assert_eq!(failed.len(), 1, "{args:?}: {after:#?}");
         assert_eq!(failed[0]["state"], "failed");
     } else {
-        assert_eq!(after.len(), before, "usage errors leave no record");
+        assert_eq!(
+            after.len(),
+            before,
+            "{args:?}: a refused start leaves no record"
+        );
     }
 }
 
 #[test]
-fn start_errors_leave_a_failed_record() {
+fn a_start_refused_before_anything_runs_makes_no_run() {
     let env = TestEnv::new();
     let file = env.tmp.path().join("a-file");
     std::fs::write(&file, "").unwrap();
@@ -70,28 +84,28 @@ fn start_errors_leave_a_failed_record() {
         &["--cwd", missing.to_str().unwrap(), "t"],
         2,
         "is not usable",
-        true,
+        false,
     );
     refused(
         &env,
         &["--cwd", file.to_str().unwrap(), "t"],
         2,
         "is not a directory",
-        true,
+        false,
     );
     refused(
         &env,
         &["--node", missing.to_str().unwrap(), "t"],
         3,
         "Node at",
-        true,
+        false,
     );
     refused(
         &env,
         &["--node", plain.to_str().unwrap(), "t"],
         3,
         "not executable",
-        true,
+        false,
     );
     // An entry outside any Pi package, and a file of the package that is not its CLI.
     refused(
@@ -99,7 +113,7 @@ fn start_errors_leave_a_failed_record() {
         &["--pi-entry", file.to_str().unwrap(), "t"],
         3,
         "not inside an npm package",
-        true,
+        false,
     );
     // Pi 1.x still ships dist/cli.js, the 0.x CLI path, beside its declared dist/bundle/cli.js:
     // the likeliest wrong entry. The refusal names the declared one.
@@ -119,7 +133,7 @@ fn start_errors_leave_a_failed_record() {
             "not the package's declared CLI; use {}, the package's declared CLI",
             env.pi_entry.canonicalize().unwrap().display()
         ),
-        true,
+        false,
     );
 }
 
@@ -145,7 +159,7 @@ fn no_pi_on_path_is_a_runtime_error() {
         .unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("no `pi` on PATH"), "{}", stderr(&out));
-    assert_eq!(records(&env)[0]["state"], "failed");
+    assert!(records(&env).is_empty(), "a refused start makes no run");
 }
 
 #[test]

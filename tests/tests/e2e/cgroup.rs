@@ -327,3 +327,41 @@ fn a_user_without_a_delegated_cgroup_keeps_proc_tracking() {
         stderr(&out)
     );
 }
+
+#[test]
+fn a_process_a_tool_moves_into_the_runners_leaf_or_the_runs_cgroup_is_ended_at_the_end() {
+    let test =
+        "a_process_a_tool_moves_into_the_runners_leaf_or_the_runs_cgroup_is_ended_at_the_end";
+    if cgroups_here(test).is_none() {
+        return;
+    }
+    let env = TestEnv::new();
+    let mount = cgroup::facts().mount.unwrap();
+    let (a, b) = (env.tmp.path().join("a.pid"), env.tmp.path().join("b.pid"));
+    // The tool (root here) finds the run's cgroup from its own, and moves one bare process
+    // into the runner's leaf and another into the run's cgroup itself.
+    let task = format!(
+        "RUN: leaf={m}$(awk -F: '$1==0{{print $3}}' /proc/self/cgroup); run=${{leaf%/step-0/pi}}; \
+         setsid env -i /bin/sh -c 'echo $$ > {a}; exec sleep 1001' & \
+         setsid env -i /bin/sh -c 'echo $$ > {b}; exec sleep 1001' & \
+         while [ ! -s {a} ] || [ ! -s {b} ]; do sleep 0.05; done; \
+         cat {a} > $run/runner/cgroup.procs && cat {b} > $run/cgroup.procs && echo moved",
+        m = mount.display(),
+        a = a.display(),
+        b = b.display()
+    );
+    let id = env.spawn(&["--model", "fake/tool", &task]);
+    let rec = env.wait_terminal(&id, 60);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let cg = run_cgroup(&rec);
+    let (pa, pb) = (read_pid(&a), read_pid(&b));
+    wait_for(Duration::from_secs(5), || !alive(pa) && !alive(pb))
+        .expect("both moved processes were ended at the run's end");
+    for p in [pa, pb] {
+        let found = env.assert_survivor(&id, p);
+        assert_eq!(found["cgroup"], cg.display().to_string(), "{found:#}");
+    }
+    wait_for(Duration::from_secs(5), || !cg.exists()).expect("the run's cgroup was removed");
+    let reap = env.run("cohort-reap", &[&id]);
+    assert!(reap.status.success(), "{}", stderr(&reap));
+}

@@ -407,3 +407,45 @@ fn a_groups_fail_fast_false_lets_its_members_finish_under_the_run_flag() {
         "{rec:#}"
     );
 }
+
+#[test]
+fn a_fanout_without_concurrency_runs_at_most_its_default_width() {
+    let env = TestEnv::new();
+    // Nine items, one more than the default width of 8, no `concurrency` anywhere; each member
+    // lives long enough that all would overlap if all started at once.
+    let items: Vec<Value> = (0..9).map(|i| json!({"path": format!("f{i}")})).collect();
+    let say = serde_json::to_string(&json!({"items": items})).unwrap();
+    let chain = json!({"steps": [
+        {"task": format!("SAY:{say}"), "model": "fake/say", "as": "targets",
+         "outputSchema": {"type": "object"}},
+        {"expand": {"from": {"output": "targets", "path": "/items"}, "item": "target",
+                    "maxItems": 50},
+         "parallel": {"task": "RUN: sleep 4; echo {target.path}", "model": "fake/tool"},
+         "collect": {"as": "done"}}
+    ]});
+    let file = chain_file(&env, "wide.json", &chain.to_string());
+    let id = env.spawn(&["--chain", file.to_str().unwrap()]);
+    let rec = env.wait_terminal(&id, 240);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let spans: Vec<(u64, u64)> = rec["steps"].as_array().unwrap()[1..]
+        .iter()
+        .map(|s| {
+            (
+                s["startedAt"].as_u64().unwrap(),
+                s["endedAt"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(spans.len(), 9);
+    let widest = spans
+        .iter()
+        .map(|&(start, _)| {
+            spans
+                .iter()
+                .filter(|&&(s, e)| s <= start && start < e)
+                .count()
+        })
+        .max()
+        .unwrap();
+    assert_eq!(widest, 8, "at most 8 alive at once, and 8 were: {spans:?}");
+}

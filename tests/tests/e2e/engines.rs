@@ -43,6 +43,7 @@ fn a_node_outside_engines_is_refused_unless_forced() {
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(stdout(&out).is_empty(), "{}", stdout(&out));
+    assert_eq!(env.run_count(), 0, "a refused start makes no run");
     assert_eq!(err.lines().count(), 1, "{err}");
     for want in [
         "9.9.9-synthetic needs Node >=99.0.0 (engines.node) but ",

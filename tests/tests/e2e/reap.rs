@@ -1125,3 +1125,145 @@ fn sessions_removes_what_cohort_created_and_keeps_what_the_user_named_or_a_run_u
     let out = reap(&env, &["--orphan-sessions", "--dry-run"]);
     assert!(!stderr(&out).contains("orphan"), "{}", stderr(&out));
 }
+
+#[test]
+fn root_refuses_to_reap_another_users_tree_and_leaves_nothing_there() {
+    use std::os::unix::process::CommandExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to give the state root to another user");
+        return;
+    }
+    let env = TestEnv::new();
+    let id = top(&env, RunState::Complete, 2 * HOUR);
+    let root = env.state_root();
+    // The tree belongs to another user (65534, nobody), who can reach it.
+    let chown = std::process::Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(root.path())
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    for d in root.path().ancestors().skip(1) {
+        if d.starts_with(env.tmp.path()) {
+            let mode = std::fs::metadata(d).unwrap().mode() | 0o011;
+            std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                .unwrap();
+        }
+    }
+    let before = snapshot_names(root.path());
+    let out = reap(&env, &["--all-terminal"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains(&root.path().display().to_string())
+            && err.contains("nobody (uid 65534)")
+            && err.contains("runuser -u nobody"),
+        "{err}"
+    );
+    assert_eq!(snapshot_names(root.path()), before, "root created nothing");
+    // The owner's own reap then works (nothing of root's is in its way).
+    let out = env
+        .cmd("cohort-reap")
+        .arg("--all-terminal")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!root.run_dir(&id).path().exists());
+    let lock = std::fs::metadata(root.reaper_lock()).unwrap();
+    assert_eq!(lock.uid(), 65534);
+}
+
+/// Every path under `dir`, with its owner.
+fn snapshot_names(dir: &Path) -> Vec<(PathBuf, u32)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+            out.push((e.path(), m.uid()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn killed_spawns_leave_no_staging_debris_past_the_grace_even_after_a_clock_step() {
+    let env = TestEnv::new();
+    let root = env.state_root();
+    // As if the wall clock had stepped back ten minutes: the newest id is in the future, so
+    // the ids of the spawns killed below are too.
+    let ahead = cohort_common::format::id::RunId::after(
+        None,
+        cohort_common::format::record::now_ms() + 600_000,
+    );
+    files::create_dir_all_private(&root.runs_dir()).unwrap();
+    std::fs::write(root.last_run_id(), ahead.to_string()).unwrap();
+    // 40 spawns killed a few ms in: some leave a staging directory behind.
+    for i in 0..40 {
+        let _ = env
+            .program("timeout")
+            .args(["-s", "KILL", &format!("0.00{}", i % 9 + 1)])
+            .arg(cohort_e2e::harness::bin_dir().join("cohort-spawn"))
+            .arg(format!("t{i}"))
+            .output()
+            .unwrap();
+    }
+    // One killed just before renaming `.runner.lock.new` (the window is too short to hit
+    // reliably): a staging directory holding only that file.
+    let id = cohort_common::format::id::RunId::after(Some(&ahead), ahead_ms(&ahead));
+    let lone = root.run_dir(&id.to_string()).staging();
+    files::create_dir_all_private(lone.path()).unwrap();
+    std::fs::write(lone.path().join(".runner.lock.new"), b"").unwrap();
+    // Every staging directory's files are older than the grace: nobody can be writing there.
+    let staging: Vec<PathBuf> = std::fs::read_dir(root.runs_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".spawn-")
+        })
+        .collect();
+    assert!(staging.contains(&lone.path().to_path_buf()));
+    for d in &staging {
+        let mut paths = vec![d.clone()];
+        paths.extend(std::fs::read_dir(d).unwrap().flatten().map(|e| e.path()));
+        for p in paths {
+            let st = std::process::Command::new("touch")
+                .args(["-h", "-d", "2 minutes ago"])
+                .arg(&p)
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }
+    }
+    let doctor = env.run("cohort-status", &["--doctor"]);
+    assert!(
+        stdout(&doctor).contains(&lone.path().display().to_string()),
+        "{}",
+        stdout(&doctor)
+    );
+    let out = reap(&env, &["--all-terminal"]);
+    assert!(out.status.code().is_some(), "{}", stderr(&out));
+    let left: Vec<String> = std::fs::read_dir(root.runs_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".spawn-"))
+        .collect();
+    assert!(left.is_empty(), "staging left after reap: {left:?}");
+}
+
+/// The time of `id`, ms since the epoch, plus one.
+fn ahead_ms(id: &cohort_common::format::id::RunId) -> u64 {
+    cohort_common::format::id::id_time(&id.to_string()).unwrap() + 1
+}
