@@ -205,7 +205,7 @@ impl StdoutState {
     /// to append to the log, if the notice makes one.
     fn note(&mut self, notice: &Notice<'_>) -> Option<String> {
         match notice {
-            Notice::Session { .. } | Notice::LoopEnd { .. } => None,
+            Notice::Session { .. } | Notice::LoopEnd { .. } | Notice::UiRequest { .. } => None,
             Notice::PromptRejected { error } => Some(format!("✗ Pi refused the task: {error}")),
             Notice::TextDelta { text } => {
                 if let Ok(mut log) = self.log.lock() {
@@ -342,6 +342,12 @@ pub fn spawn_stdout_reader(
                     talk.input.close()
                 }
                 Notice::PromptRejected { .. } => talk.input.close(),
+                Notice::UiRequest { ref id, ref method } => {
+                    if let Some(answer) = crate::rpc::dialog_answer(id, method) {
+                        // Closed already or Pi gone: the dialog ends with Pi.
+                        let _ = talk.input.send(&answer);
+                    }
+                }
                 _ => {}
             }
             if let Some(line) = state.note(&notice) {

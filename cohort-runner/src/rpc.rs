@@ -6,7 +6,9 @@
 //! It shuts down cleanly (session saved, exit 0) when its stdin reaches end of file, even
 //! mid-turn, so the runner keeps stdin open until the agent is done: `agent_settled` on Pi 1.x
 //! (after `agent_end`, retries, compaction, steering and follow-ups can still run), `agent_end`
-//! on Pi 0.x (which has no `agent_settled`), or a rejected `prompt`. Source: Pi 0.73.1
+//! on Pi 0.x (which has no `agent_settled`), or a rejected `prompt`. An extension's dialog
+//! (`ctx.ui.confirm`, `select`, `input`, `editor`) becomes an `extension_ui_request` that waits
+//! for an answer on stdin; the runner cancels it at once ([`dialog_answer`]). Source: Pi 0.73.1
 //! `docs/rpc.md` and `dist/modes/rpc/rpc-mode.js` (`process.stdin.on("end", …)` → `shutdown`),
 //! Pi 1.6.0 `docs/rpc.md` ("Wait for `agent_settled`"); pinned by
 //! `tests/tests/e2e/pi_contract.rs`. [`Input`] does the I/O; the rest is pure.
@@ -31,6 +33,19 @@ pub fn command_line(command: &serde_json::Value) -> String {
     let mut s = command.to_string();
     s.push('\n');
     s
+}
+
+/// The `extension_ui_request` methods that wait for an answer on stdin (Pi 0.73.1 and 1.6.0
+/// `docs/rpc.md`, "Dialog methods"); the others (`notify`, `setStatus`, …) expect none.
+pub const DIALOGS: [&str; 4] = ["select", "confirm", "input", "editor"];
+
+/// The answer to an extension's dialog request `id`, or `None` when `method` expects none: the
+/// dialog is cancelled, which Pi turns into what the dialog gives without a user (`undefined`,
+/// `false`), as an extension gets in `-p` mode. An unattended child never waits on a dialog.
+pub fn dialog_answer(id: &str, method: &str) -> Option<String> {
+    DIALOGS.contains(&method).then(|| {
+        command_line(&json!({"type": "extension_ui_response", "id": id, "cancelled": true}))
+    })
 }
 
 /// Whether the end of the agent loop seen (`settled`: `agent_settled`, else `agent_end`) ends
@@ -83,6 +98,28 @@ mod tests {
         assert_eq!(v["type"], "prompt");
         assert_eq!(v["id"], PROMPT_ID);
         assert_eq!(v["message"], "a\nb\r\"c\"\u{2028}");
+    }
+
+    #[test]
+    fn only_dialogs_are_answered_and_always_cancelled() {
+        let a = dialog_answer("u-1", "confirm").unwrap();
+        let v: serde_json::Value = serde_json::from_str(a.trim_end()).unwrap();
+        assert_eq!(
+            v,
+            json!({"type": "extension_ui_response", "id": "u-1", "cancelled": true})
+        );
+        for m in ["select", "input", "editor"] {
+            assert!(dialog_answer("x", m).is_some(), "{m}");
+        }
+        for m in [
+            "notify",
+            "setStatus",
+            "setWidget",
+            "setTitle",
+            "set_editor_text",
+        ] {
+            assert!(dialog_answer("x", m).is_none(), "{m}");
+        }
     }
 
     #[test]

@@ -87,6 +87,13 @@ pub enum Notice<'a> {
         /// Whether this was `agent_settled`.
         settled: bool,
     },
+    /// An extension asked for the user (RPC mode's `extension_ui_request`): its id and method.
+    UiRequest {
+        /// The request id, to answer with.
+        id: String,
+        /// `select`, `confirm`, `input`, `editor`, `notify`, …
+        method: String,
+    },
     /// Pi refused the step's `prompt` command (RPC mode: a `response` with `success: false`
     /// for [`crate::rpc::PROMPT_ID`]): no agent loop runs. Its error text.
     PromptRejected {
@@ -209,6 +216,13 @@ struct ToolEnd<'a> {
     result: Option<&'a RawValue>,
     #[serde(default)]
     is_error: bool,
+}
+
+/// An RPC `extension_ui_request` line.
+#[derive(Deserialize)]
+struct UiRequest {
+    id: String,
+    method: String,
 }
 
 /// An RPC `response` line (Pi's answer to a command on stdin).
@@ -433,6 +447,13 @@ impl StreamParser {
                 Some(Notice::LoopEnd { settled: false })
             }
             "agent_settled" => Some(Notice::LoopEnd { settled: true }),
+            "extension_ui_request" => {
+                let r: UiRequest = serde_json::from_slice(line).ok()?;
+                Some(Notice::UiRequest {
+                    id: r.id,
+                    method: r.method,
+                })
+            }
             "response" => {
                 let r: Response = serde_json::from_slice(line).ok()?;
                 if r.id.as_deref() != Some(crate::rpc::PROMPT_ID) || r.success {
@@ -785,6 +806,12 @@ mod tests {
     #[test]
     fn rpc_lines_end_the_loop_or_refuse_the_task() {
         let mut p = StreamParser::default();
+        let ui = p.parse_line(
+            br#"{"type":"extension_ui_request","id":"u1","method":"confirm","title":"t"}"#,
+        );
+        assert!(
+            matches!(ui, Some(Notice::UiRequest { id, method }) if id == "u1" && method == "confirm")
+        );
         let settled = p.parse_line(br#"{"type":"agent_settled"}"#);
         assert!(matches!(settled, Some(Notice::LoopEnd { settled: true })));
         let ok = br#"{"id":"cohort-task","type":"response","command":"prompt","success":true}"#;

@@ -576,6 +576,8 @@ fn rpc_prompt_streams_the_json_events_and_closing_stdin_ends_pi_cleanly() {
         ),
         task
     );
+    // Unlike `--mode json`, no `session` header line comes first (the runner needs none).
+    assert!(!lines.iter().any(|v| v["type"] == "session"), "{lines:?}");
     // 1.6 says `agent_settled` after `agent_end`; 0.73 never does.
     let settled = lines.iter().any(|v| v["type"] == "agent_settled");
     assert_eq!(
@@ -730,4 +732,49 @@ fn rpc_abort_ends_the_turn_and_the_session_is_saved() {
     // The session holds the prompt: a revival continues it.
     let saved = std::fs::read_to_string(&session).unwrap();
     assert!(saved.contains("count slowly"), "{saved}");
+}
+
+#[test]
+fn rpc_an_extension_dialog_waits_for_an_answer_on_stdin_and_a_cancel_ends_it() {
+    // In RPC mode an extension's `ctx.ui.confirm` is an `extension_ui_request` that blocks until
+    // an `extension_ui_response` comes on stdin; the runner cancels every dialog at once
+    // (`cohort_runner::rpc::dialog_answer`), and the extension gets `false`.
+    let env = TestEnv::new();
+    let ext = env.tmp.path().join("ask.ts");
+    std::fs::write(
+        &ext,
+        r#"export default function (pi: any) {
+  pi.on("before_agent_start", async (_e: any, ctx: any) => {
+    const ok = await ctx.ui.confirm("Proceed?", "cohort contract");
+    process.stderr.write("CONFIRMED=" + ok + "\n");
+  });
+}
+"#,
+    )
+    .unwrap();
+    let e = ext.to_str().unwrap();
+    let mut pi = Rpc::start(&env, &["--no-session", "-e", e, "--model", "fake/plain"]);
+    pi.send(serde_json::json!({"type": "prompt", "message": "hello"}));
+    let req = pi.until("the dialog", |v| {
+        v["type"] == "extension_ui_request" && v["method"] == "confirm"
+    });
+    assert_eq!(req["title"], "Proceed?", "{req}");
+    // The dialog comes before the first model call (`before_agent_start`).
+    assert!(
+        env.server.requests().is_empty(),
+        "the model was called before the answer"
+    );
+    let answer = cohort_runner::rpc::dialog_answer(req["id"].as_str().unwrap(), "confirm").unwrap();
+    pi.stdin
+        .as_mut()
+        .unwrap()
+        .write_all(answer.as_bytes())
+        .unwrap();
+    pi.until_session_over();
+    let (status, lines) = pi.close();
+    assert_eq!(status.code(), Some(0));
+    let (_, v) = rpc_verdict(&lines, 0);
+    assert!(matches!(v, StepVerdict::Complete), "{v:?}");
+    let err = std::fs::read_to_string(env.tmp.path().join("rpc.stderr")).unwrap();
+    assert!(err.contains("CONFIRMED=false"), "{err}");
 }
