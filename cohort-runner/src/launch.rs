@@ -1,9 +1,9 @@
 //! Building and starting a step's Pi child (`docs/architecture.md`, "The runner").
 //!
-//! Each flat step is one Pi child launched as `node <entry> --mode json -p --session <file> …`
+//! Each flat step is one Pi child launched as `node <entry> --mode rpc --session <file> …`
 //! from the recorded runtime (validated again before every launch; never a `PATH` lookup), in
-//! its own process group, its task on stdin from `task-<i>.md` (and its agent's prompt in
-//! `prompt-<i>.md`), cwd = the run's cwd, `TMPDIR` = the run's private `tmp/`, the tree's route
+//! its own process group, its task (kept in `task-<i>.md`) given as a `prompt` command on its
+//! stdin ([`crate::rpc`]; its agent's prompt is in `prompt-<i>.md`), cwd = the run's cwd, `TMPDIR` = the run's private `tmp/`, the tree's route
 //! in its environment, and tied to the runner by a parent-death signal. A continued session is
 //! locked for the step before the child starts ([`crate::session`]). [`start`] does the I/O;
 //! [`pi_command_args`] is the pure part.
@@ -11,7 +11,7 @@
 use std::fs::File;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{ChildStderr, ChildStdout, Command, Stdio};
+use std::process::{Child as Process, ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
 
 use nix::sys::signal::Signal;
 
@@ -48,6 +48,12 @@ pub struct Launch<'a> {
 pub struct Started {
     /// The child's pid, also its process group. It is reaped by `waitpid(-1)` on SIGCHLD.
     pub pid: u32,
+    /// Its stdin (RPC commands; the task is not written yet: see [`Started::prompt`]).
+    pub stdin: ChildStdin,
+    /// The `prompt` command line that gives it the step's task ([`crate::rpc::prompt_line`]).
+    pub prompt: String,
+    /// Pi's major version (0 for 0.x): which event ends its session ([`crate::rpc`]).
+    pub pi_major: u64,
     /// Its stdout (Pi's event stream).
     pub stdout: ChildStdout,
     /// Its stderr.
@@ -114,29 +120,52 @@ pub fn start(
     }
     .map_err(|e| e.to_string())?;
     let tmp = private_tmp(l.dir).map_err(|e| e.to_string())?;
+    let prompt = crate::rpc::prompt_line(&read_task(task_in, &l.dir.task_file(i))?);
     let mut cmd = pi_command(l, &rt, &args, &tmp, step);
     let cannot =
         |e: &dyn std::fmt::Display| format!("cannot start {}: {e}", rt.node_exec_path.display());
-    let (pid, stdout, stderr) = match l.cgroup {
-        Some(leaf) => born_into(&cmd, task_in, leaf).map_err(|e| cannot(&e))?,
+    let (pid, stdin, stdout, stderr) = match l.cgroup {
+        Some(leaf) => born_into(&cmd, leaf).map_err(|e| cannot(&e))?,
         None => {
-            cmd.stdin(Stdio::from(task_in));
             end_with_runner(&mut cmd, None);
-            let mut child = cmd.spawn().map_err(|e| cannot(&e))?;
+            let mut child = spawn_child(&mut cmd).map_err(|e| cannot(&e))?;
+            let input = child.stdin.take().expect("piped stdin");
             let out = child.stdout.take().expect("piped stdout");
             let err = child.stderr.take().expect("piped stderr");
-            (child.id(), out, err)
             // Reaped by waitpid(-1) on SIGCHLD, never by Child::wait.
+            (child.id(), input, out, err)
         }
     };
     Ok(Started {
         pid,
+        stdin,
+        prompt,
+        pi_major,
         stdout,
         stderr,
         session_file,
         session_lock,
         log,
     })
+}
+
+/// Create the process of a prepared Pi child command: the one place a step's child is made
+/// (a different creation primitive slots in here). Its stdin, stdout and stderr are pipes.
+///
+/// Errors: the process cannot be created or its `pre_exec` steps failed (the `io::Error`).
+fn spawn_child(cmd: &mut Command) -> std::io::Result<Process> {
+    cmd.spawn()
+}
+
+/// The text of the task file opened as `file` (at `path`, for the error), read whole.
+///
+/// Errors: one line naming the path.
+fn read_task(mut file: File, path: &Path) -> std::result::Result<String, String> {
+    use std::io::Read;
+    let mut text = String::new();
+    file.read_to_string(&mut text)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok(text)
 }
 
 /// Which attempt at its step a launch is ([`start`]).
@@ -229,7 +258,7 @@ pub struct Child<'a> {
 
 /// The command of step `i`'s Pi child: `node <entry> <args>` in `cwd` (the step's own, else
 /// the run's) and its own
-/// process group, `task_in` on stdin, stdout and stderr piped, and its environment: the
+/// process group, stdin, stdout and stderr piped, and its environment: the
 /// profile, `TMPDIR` = `tmp`, the compile cache ([`crate::compile_cache::child_env`]), the runtime, the
 /// tree's route with the step's depth limit ([`route::step_max_depth`]: its agent's
 /// `maxSubagentDepth` lowers the run's), and no on-exit hook of its own.
@@ -240,6 +269,7 @@ fn pi_command(l: &Launch, rt: &Runtime, args: &[String], tmp: &Path, step: &Flat
     cmd.arg(&rt.pi_entry_path)
         .args(args)
         .current_dir(cwd)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
@@ -265,18 +295,17 @@ fn pi_command(l: &Launch, rt: &Runtime, args: &[String], tmp: &Path, step: &Flat
     cmd
 }
 
-/// Start `cmd` (as [`pi_command`] built it, stdin `task_in`) born in the step's cgroup leaf
+/// Start `cmd` (as [`pi_command`] built it, stdin piped for the RPC commands) born in the step's cgroup leaf
 /// `leaf` (`clone3` with `CLONE_INTO_CGROUP`, or a write of `cgroup.procs` before its exec where
 /// that is unavailable: [`cohort_common::os::child`]), in a process group of its own, tied to
-/// the runner as [`end_with_runner`] ties it; its pid and the read ends of its stdout and
+/// the runner as [`end_with_runner`] ties it; its pid, the write end of its stdin and the read ends of its stdout and
 /// stderr. The child is reaped by `waitpid(-1)` on SIGCHLD.
 ///
 /// Errors: the leaf cannot be opened, or the start failed (its stage and errno).
 fn born_into(
     cmd: &Command,
-    task_in: File,
     leaf: &Path,
-) -> Result<(u32, ChildStdout, ChildStderr), String> {
+) -> Result<(u32, ChildStdin, ChildStdout, ChildStderr), String> {
     use cohort_common::os::child::{self, Stdio as Io};
     let dir = child::open_cgroup(leaf)
         .map_err(|e| format!("cannot open its cgroup {}: {e}", leaf.display()))?;
@@ -295,17 +324,19 @@ fn born_into(
         c.cwd(cwd);
     }
     c.env_clear_and_set(env)
-        .stdin(Io::Fd(task_in.into()))
+        .stdin(Io::Piped)
         .stdout(Io::Piped)
         .stderr(Io::Piped)
         .process_group()
         .parent_death_signal(libc::SIGTERM)
         .cgroup(dir);
     let mut started = c.spawn().map_err(|e| e.to_string())?;
+    let input = started.stdin.take().expect("piped stdin");
     let out = started.stdout.take().expect("piped stdout");
     let err = started.stderr.take().expect("piped stderr");
     Ok((
         started.pid,
+        ChildStdin::from(std::os::fd::OwnedFd::from(input)),
         ChildStdout::from(std::os::fd::OwnedFd::from(out)),
         ChildStderr::from(std::os::fd::OwnedFd::from(err)),
     ))
@@ -394,7 +425,7 @@ fn agent_flags(agent: &AgentSpec, prompt_file: &Path) -> Vec<String> {
     args
 }
 
-/// The arguments of a step's Pi child after the CLI entry (pure): `--mode json -p --session
+/// The arguments of a step's Pi child after the CLI entry (pure): `--mode rpc --session
 /// FILE`, the step's model, thinking and tools (spawn has merged its agent's into them; an
 /// empty tool list is `--no-tools`), the agent's flags for a prompt written to `prompt_file`
 /// (`agent_flags`), the context files the runner gives it and the check of its extension
@@ -402,8 +433,8 @@ fn agent_flags(agent: &AgentSpec, prompt_file: &Path) -> Vec<String> {
 /// them reachable beside `--tools`); then the run-wide and the step's own Pi args, so that
 /// the latter win (Pi keeps the last `--model`, `--tools`, `--thinking`, `--system-prompt`).
 ///
-/// No task: the task goes to Pi on stdin from a file (Pi reads piped stdin as the message in
-/// `-p` mode; `tests/tests/e2e/pi_contract.rs`), so it never shows in `ps`, never hits the kernel's
+/// No task: the task goes to Pi as an RPC `prompt` command on stdin ([`crate::rpc`];
+/// `tests/tests/e2e/pi_contract.rs`), so it never shows in `ps`, never hits the kernel's
 /// argument-size limit, and a task starting with `-` or `@` is never taken for a flag or a file.
 pub fn pi_command_args(
     step: &FlatStep,
@@ -414,8 +445,7 @@ pub fn pi_command_args(
 ) -> Vec<String> {
     let mut args = vec![
         "--mode".to_string(),
-        "json".into(),
-        "-p".into(),
+        "rpc".into(),
         "--session".into(),
         session_file.display().to_string(),
     ];
@@ -512,8 +542,7 @@ mod tests {
             args,
             [
                 "--mode",
-                "json",
-                "-p",
+                "rpc",
                 "--session",
                 "/s/step-0.jsonl",
                 "--model",
@@ -569,7 +598,7 @@ mod tests {
             &Child::default(),
         );
         assert_eq!(
-            &args[5..],
+            &args[4..],
             [
                 "--append-system-prompt",
                 "/r/p-1.md",
@@ -603,7 +632,7 @@ mod tests {
         };
         let args = pi_command_args(&step, Path::new("/s"), &[], Some(Path::new("/p")), &child);
         assert_eq!(
-            &args[5..],
+            &args[4..],
             [
                 "--no-tools",
                 "--append-system-prompt",

@@ -11,6 +11,7 @@
 //! - [`context`]: the project's context files, for an agent that must not see the profile's;
 //! - [`fork`]: `defaultContext: fork`, a step's new session written as a copy of the caller's;
 //! - [`readers`]: the stdout and stderr reader threads of a child, and its capped output log;
+//! - [`rpc`]: the commands the runner writes on a Pi child's stdin (`--mode rpc`), and when its session is over;
 //! - [`cgroup`]: the run's own cgroup: made at its start, a leaf per step, the sweep of a
 //!   step's leaf, removed at its end;
 //! - [`tracking`]: the run's tracked processes, the looks at its tree, `processes.json`;
@@ -50,6 +51,7 @@ pub mod process;
 pub mod queue;
 pub mod readers;
 pub mod reserve;
+pub mod rpc;
 pub mod session;
 pub mod start;
 pub mod step;

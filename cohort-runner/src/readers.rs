@@ -1,12 +1,13 @@
 //! The two reader threads of a step's Pi child and the step's capped output log.
 //!
-//! The stdout reader parses Pi's `--mode json` events ([`crate::stream`]), writes the step's
-//! output log (`output-<i>.log`: text as it streams, tool calls, model errors) and its final
+//! The stdout reader gives Pi its task on stdin and closes stdin when the session is over
+//! ([`crate::rpc`]), parses its events ([`crate::stream`]), writes the step's output log (`output-<i>.log`: text as it streams, tool calls, model errors) and its final
 //! text (`final-<i>.txt`, straight from the parsed line), and reports [`Progress`] and the
 //! stream's end to the supervisor. Its line buffer takes from the run's line budget
 //! ([`crate::line_budget::RUN`]), so the members of a parallel group together hold at most one
 //! line at the cap. The stderr reader writes each line to the same log and to
-//! the step's [`StderrDigest`]. Neither thread decides anything: the supervisor owns the record.
+//! the step's [`StderrDigest`]. Neither thread decides how the step ends: the supervisor owns
+//! the record.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -21,6 +22,7 @@ use cohort_common::format::record::{RecentTool, StepRecord, Usage};
 use cohort_common::os::files;
 
 use crate::pricing::PriceBook;
+use crate::rpc::Input;
 use crate::step::StderrDigest;
 use crate::stream::{preview, Notice, StreamParser, StreamSummary};
 use crate::writer::WRITE_INTERVAL;
@@ -203,7 +205,8 @@ impl StdoutState {
     /// to append to the log, if the notice makes one.
     fn note(&mut self, notice: &Notice<'_>) -> Option<String> {
         match notice {
-            Notice::Session { .. } => None,
+            Notice::Session { .. } | Notice::LoopEnd { .. } | Notice::UiRequest { .. } => None,
+            Notice::PromptRejected { error } => Some(format!("✗ Pi refused the task: {error}")),
             Notice::TextDelta { text } => {
                 if let Ok(mut log) = self.log.lock() {
                     log.write_fragment(text);
@@ -286,20 +289,42 @@ impl StdoutState {
     }
 }
 
-/// Start the thread that reads a step's Pi stdout to its end, writing `log` and the step's
-/// final text at `final_path` (empty when Pi said nothing), and calling `report` with progress
-/// (streamed text at most every [`WRITE_INTERVAL`]; every other notice at once) and, last, the
-/// stream's end. A message Pi gave no cost for is priced from `prices`.
+/// The RPC side of a step's Pi child for its stdout reader: its stdin, the `prompt` line that
+/// gives it the task, and its major version (which event ends its session).
+#[derive(Debug)]
+pub struct Conversation {
+    /// The child's stdin.
+    pub input: Arc<Input>,
+    /// The step's `prompt` command ([`crate::rpc::prompt_line`]).
+    pub prompt: String,
+    /// Pi's major version (0 for 0.x).
+    pub pi_major: u64,
+}
+
+/// Start the thread that sends a step's Pi child its task (`talk.prompt` on its stdin), then
+/// reads its stdout to its end, writing `log` and the step's final text at `final_path` (empty
+/// when Pi said nothing), closing stdin once the session is over ([`crate::rpc`]), and calling
+/// `report` with progress (streamed text at most every [`WRITE_INTERVAL`]; every other notice at
+/// once) and, last, the stream's end. A message Pi gave no cost for is priced from `prices`.
+///
+/// The task is written before the first read: Pi prints nothing in RPC mode before its first
+/// command, so the write cannot wait on a full stdout pipe.
 ///
 /// Errors: the thread cannot be created (the process limit); nothing was started then.
 pub fn spawn_stdout_reader(
     stdout: ChildStdout,
+    talk: Conversation,
     log: Arc<Mutex<OutputLog>>,
     final_path: PathBuf,
     prices: PriceBook,
     report: impl Fn(Report) + Send + 'static,
 ) -> std::io::Result<()> {
     std::thread::Builder::new().spawn(move || {
+        if let Err(e) = talk.input.send(&talk.prompt) {
+            // Pi is gone already: its stdout ends at once and the step is judged from its exit.
+            crate::process::log(format_args!("cannot give the Pi child its task: {e}"));
+            talk.input.close();
+        }
         let mut parser = StreamParser::with_prices(prices).with_budget(&crate::line_budget::RUN);
         let mut reader = BufReader::with_capacity(256 << 10, stdout);
         let mut state = StdoutState {
@@ -312,6 +337,19 @@ pub fn spawn_stdout_reader(
         };
         let mut last_sent = Instant::now() - WRITE_INTERVAL;
         let _ = parser.run(&mut reader, |summary, notice| {
+            match notice {
+                Notice::LoopEnd { settled } if crate::rpc::ends_session(settled, talk.pi_major) => {
+                    talk.input.close()
+                }
+                Notice::PromptRejected { .. } => talk.input.close(),
+                Notice::UiRequest { ref id, ref method } => {
+                    if let Some(answer) = crate::rpc::dialog_answer(id, method) {
+                        // Closed already or Pi gone: the dialog ends with Pi.
+                        let _ = talk.input.send(&answer);
+                    }
+                }
+                _ => {}
+            }
             if let Some(line) = state.note(&notice) {
                 if let Ok(mut log) = state.log.lock() {
                     log.write_line(&line);

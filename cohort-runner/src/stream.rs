@@ -1,4 +1,5 @@
-//! Reading a Pi child's `--mode json` event stream in bounded memory.
+//! Reading a Pi child's event stream (`--mode rpc`, whose events are `--mode json`'s plus a
+//! `response` per command; [`crate::rpc`]) in bounded memory.
 //!
 //! Pi prints one JSON object per line. Lines can be many MiB: each `message_update` repeats the
 //! whole partial message, and `agent_end`/`turn_end` repeat whole conversations. The reader
@@ -79,6 +80,25 @@ pub enum Notice<'a> {
         result: String,
         /// Whether Pi marked it an error.
         is_error: bool,
+    },
+    /// The agent loop ended: `agent_end` (`settled: false`) or, on Pi 1.x, `agent_settled`
+    /// (`settled: true`: Pi will not go on by itself). See [`crate::rpc::ends_session`].
+    LoopEnd {
+        /// Whether this was `agent_settled`.
+        settled: bool,
+    },
+    /// An extension asked for the user (RPC mode's `extension_ui_request`): its id and method.
+    UiRequest {
+        /// The request id, to answer with.
+        id: String,
+        /// `select`, `confirm`, `input`, `editor`, `notify`, …
+        method: String,
+    },
+    /// Pi refused the step's `prompt` command (RPC mode: a `response` with `success: false`
+    /// for [`crate::rpc::PROMPT_ID`]): no agent loop runs. Its error text.
+    PromptRejected {
+        /// Pi's `error`.
+        error: String,
     },
 }
 
@@ -198,6 +218,24 @@ struct ToolEnd<'a> {
     is_error: bool,
 }
 
+/// An RPC `extension_ui_request` line.
+#[derive(Deserialize)]
+struct UiRequest {
+    id: String,
+    method: String,
+}
+
+/// An RPC `response` line (Pi's answer to a command on stdin).
+#[derive(Deserialize)]
+struct Response {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    success: bool,
+    #[serde(default)]
+    error: Option<String>,
+}
+
 #[derive(Deserialize)]
 struct Session {
     #[serde(default)]
@@ -296,6 +334,9 @@ impl StreamParser {
                 }
                 Line::Skipped(kind, head) => {
                     self.count_skipped(kind);
+                    if kind == Skip::AgentEnd {
+                        on_notice(&self.summary, Notice::LoopEnd { settled: false });
+                    }
                     if kind == Skip::Update {
                         if let Some(text) = text_delta(head) {
                             self.summary.streamed_text |= !text.is_empty();
@@ -332,7 +373,7 @@ impl StreamParser {
         }
         if let Some(kind) = classify_prefix(&line[..line.len().min(PREFIX_BYTES)]) {
             self.count_skipped(kind);
-            return None;
+            return (kind == Skip::AgentEnd).then_some(Notice::LoopEnd { settled: false });
         }
         let Ok(env) = serde_json::from_slice::<Envelope>(line) else {
             self.summary.garbage_lines += 1;
@@ -403,7 +444,24 @@ impl StreamParser {
             }
             "agent_end" => {
                 self.summary.saw_agent_end = true;
-                None
+                Some(Notice::LoopEnd { settled: false })
+            }
+            "agent_settled" => Some(Notice::LoopEnd { settled: true }),
+            "extension_ui_request" => {
+                let r: UiRequest = serde_json::from_slice(line).ok()?;
+                Some(Notice::UiRequest {
+                    id: r.id,
+                    method: r.method,
+                })
+            }
+            "response" => {
+                let r: Response = serde_json::from_slice(line).ok()?;
+                if r.id.as_deref() != Some(crate::rpc::PROMPT_ID) || r.success {
+                    return None;
+                }
+                let error = r.error.unwrap_or_else(|| "no reason given".into());
+                self.summary.last_error = Some(format!("Pi refused the task: {error}"));
+                Some(Notice::PromptRejected { error })
             }
             _ => None,
         }
@@ -746,6 +804,32 @@ mod tests {
     );
 
     #[test]
+    fn rpc_lines_end_the_loop_or_refuse_the_task() {
+        let mut p = StreamParser::default();
+        let ui = p.parse_line(
+            br#"{"type":"extension_ui_request","id":"u1","method":"confirm","title":"t"}"#,
+        );
+        assert!(
+            matches!(ui, Some(Notice::UiRequest { id, method }) if id == "u1" && method == "confirm")
+        );
+        let settled = p.parse_line(br#"{"type":"agent_settled"}"#);
+        assert!(matches!(settled, Some(Notice::LoopEnd { settled: true })));
+        let ok = br#"{"id":"cohort-task","type":"response","command":"prompt","success":true}"#;
+        assert!(p.parse_line(ok).is_none());
+        let other = br#"{"id":"s1","type":"response","command":"steer","success":false}"#;
+        assert!(p.parse_line(other).is_none());
+        assert_eq!(p.summary.last_error, None);
+        let refused = br#"{"id":"cohort-task","type":"response","command":"prompt","success":false,"error":"No model"}"#;
+        assert!(
+            matches!(p.parse_line(refused), Some(Notice::PromptRejected { error }) if error == "No model")
+        );
+        assert_eq!(
+            p.summary.last_error.as_deref(),
+            Some("Pi refused the task: No model")
+        );
+    }
+
+    #[test]
     fn summarises_a_stream_whatever_the_chunking() {
         for chunk in [1, 3, 7, 64, 4096] {
             let (s, notices, text) = parse(PLAIN, chunk);
@@ -756,7 +840,11 @@ mod tests {
             assert_eq!(s.tool_count, 1);
             assert_eq!(s.usage.total_tokens, 12);
             assert_eq!(s.model.as_deref(), Some("fake/plain"));
-            assert_eq!(notices.len(), 5, "chunk {chunk}: {notices:?}");
+            assert_eq!(notices.len(), 6, "chunk {chunk}: {notices:?}");
+            assert!(
+                notices[5].contains("LoopEnd { settled: false }"),
+                "{notices:?}"
+            );
             assert!(notices[1].contains("TextDelta") && notices[1].contains("Hel"));
             assert_eq!(
                 decide_step(ChildExit::Code(0), &s, ""),

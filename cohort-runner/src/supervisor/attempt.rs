@@ -89,10 +89,15 @@ impl Supervisor {
             child.log.note(n);
         }
         let digest = run.stderr.clone();
+        let talk = readers::Conversation {
+            input: Arc::new(crate::rpc::Input::new(child.stdin)),
+            prompt: child.prompt,
+            pi_major: child.pi_major,
+        };
         self.start_readers(
             i,
             child.pid,
-            (child.stdout, child.stderr),
+            (child.stdout, child.stderr, talk),
             child.log,
             digest,
         )?;
@@ -144,8 +149,9 @@ impl Supervisor {
         )
     }
 
-    /// Start the reader threads of step `i`'s child `pid`: its stdout into `log`, its final
-    /// text and progress messages to the loop; its stderr into `log` and `digest`.
+    /// Start the reader threads of step `i`'s child `pid`: its task on its stdin (`talk`), its
+    /// stdout into `log`, its final text and progress messages to the loop; its stderr into
+    /// `log` and `digest`.
     ///
     /// Errors: a thread cannot start; the child is then killed (unread, it would block on a
     /// full pipe) and the SIGCHLD reaper collects it.
@@ -153,7 +159,7 @@ impl Supervisor {
         &self,
         i: usize,
         pid: u32,
-        (stdout, stderr): (ChildStdout, ChildStderr),
+        (stdout, stderr, talk): (ChildStdout, ChildStderr, readers::Conversation),
         log: OutputLog,
         digest: Arc<Mutex<StderrDigest>>,
     ) -> std::result::Result<(), String> {
@@ -161,6 +167,7 @@ impl Supervisor {
         let tx = self.tx.clone();
         let readers = readers::spawn_stdout_reader(
             stdout,
+            talk,
             log.clone(),
             self.dir.final_text(i),
             PriceBook::of_profile(&self.spec.profile_dir),

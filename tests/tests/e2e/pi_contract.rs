@@ -1,8 +1,12 @@
 //! End-to-end: the Pi behaviour cohort depends on, checked on the Pi generation under test
 //! (`COHORT_TEST_PI`; `.ci/run` runs this file on 0.73.1 and on 1.6.0).
 //!
-//! Each test runs the pinned Pi CLI directly — `node <entry> --mode json -p …`, as the runner
-//! launches it — against the fake model server, and checks one fact cohort relies on: the event
+//! Each test runs the pinned Pi CLI directly against the fake model server. The runner launches
+//! Pi in RPC mode (`--mode rpc`, [`Rpc`]): the `rpc_*` tests pin each message kind it writes
+//! (`prompt`, `steer`, `follow_up`, `abort`), each `response` it reads, the end of a session
+//! (`agent_end` on 0.73, `agent_settled` on 1.6) and the clean exit when stdin closes. The others
+//! run `--mode json -p …`, whose events RPC mode streams unchanged, and check one fact cohort
+//! relies on: the event
 //! stream (fed through the runner's own parser and step decision), the exit codes, session files
 //! and their continuation, `--system-prompt FILE` and `--append-system-prompt FILE` (Pi's own
 //! prompt gone or kept), the last `--model` winning, and stdin (a pipe, or a file as the runner
@@ -450,4 +454,356 @@ fn a_missing_api_key_fails_the_step_with_the_cause_first() {
         "{err}"
     );
     assert!(env.server.requests().is_empty(), "no model was called");
+}
+
+/// A Pi child in RPC mode (`node <entry> --mode rpc <hermetic flags> ARGS`), as the runner
+/// runs a step: commands go on its stdin, its stdout lines come in on a channel.
+struct Rpc {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<Value>,
+    seen: Vec<Value>,
+}
+
+impl Rpc {
+    fn start(env: &TestEnv, args: &[&str]) -> Rpc {
+        let mut c = env.program(&env.node);
+        c.arg(&env.pi_entry)
+            .args(["--mode", "rpc"])
+            .args(HERMETIC)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(env.tmp.path().join("rpc.stderr")).unwrap());
+        let mut child = c.spawn().expect("start Pi");
+        let stdin = child.stdin.take();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                let v = serde_json::from_str(&l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        });
+        Rpc {
+            child,
+            stdin,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Write one command line, as [`cohort_runner::rpc::command_line`] makes it.
+    fn send(&mut self, cmd: Value) {
+        let line = cohort_runner::rpc::command_line(&cmd);
+        self.stdin
+            .as_mut()
+            .expect("stdin open")
+            .write_all(line.as_bytes())
+            .unwrap();
+    }
+
+    /// Read lines until one satisfies `pred` (returned), within 60 s.
+    fn until(&mut self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(v) => {
+                    self.seen.push(v.clone());
+                    if pred(&v) {
+                        return v;
+                    }
+                }
+                Err(_) => {
+                    let _ = self.child.kill();
+                    let kinds: Vec<_> = self.seen.iter().map(|v| v["type"].clone()).collect();
+                    panic!("no {what} within 60 s; saw {kinds:?}");
+                }
+            }
+        }
+    }
+
+    /// Wait for the end of the session as the runner judges it ([`cohort_runner::rpc`]).
+    fn until_session_over(&mut self) -> Value {
+        let major = major();
+        self.until("the end of the session", |v| {
+            let settled = v["type"] == "agent_settled";
+            (settled || v["type"] == "agent_end")
+                && cohort_runner::rpc::ends_session(settled, major)
+        })
+    }
+
+    /// Close stdin and wait for Pi to exit (60 s); its exit status and the rest of its lines.
+    fn close(mut self) -> (std::process::ExitStatus, Vec<Value>) {
+        self.stdin.take();
+        let mut status = None;
+        wait_for(Duration::from_secs(60), || {
+            status = self.child.try_wait().unwrap();
+            status.is_some()
+        })
+        .unwrap_or_else(|_| {
+            let _ = self.child.kill();
+            panic!("Pi did not exit within 60 s of its stdin closing");
+        });
+        self.seen.extend(self.lines.iter());
+        (status.unwrap(), self.seen)
+    }
+}
+
+/// The major version of the Pi generation under test.
+fn major() -> u64 {
+    let v = cohort_e2e::pi::generation().version;
+    v.split('.').next().unwrap().parse().unwrap()
+}
+
+fn is_response(v: &Value, command: &str) -> bool {
+    v["type"] == "response" && v["command"] == command
+}
+
+/// The runner's verdict on RPC output lines, as for `-p` ([`verdict`]).
+fn rpc_verdict(lines: &[Value], code: i32) -> (StreamParser, StepVerdict) {
+    let text: String = lines.iter().map(|v| format!("{v}\n")).collect();
+    let mut parser = StreamParser::default();
+    parser.run(&mut text.as_bytes(), |_, _| {}).unwrap();
+    let v = decide_step(ChildExit::Code(code), &parser.summary, "");
+    (parser, v)
+}
+
+#[test]
+fn rpc_prompt_streams_the_json_events_and_closing_stdin_ends_pi_cleanly() {
+    let env = TestEnv::new();
+    let session = env.tmp.path().join("s.jsonl");
+    let s = session.to_str().unwrap();
+    let mut pi = Rpc::start(&env, &["--session", s, "--model", "fake/plain"]);
+    let task = "-rf \"quoted\"\nsecond line";
+    pi.send(
+        serde_json::json!({"id": cohort_runner::rpc::PROMPT_ID, "type": "prompt", "message": task}),
+    );
+    let r = pi.until("the prompt's response", |v| is_response(v, "prompt"));
+    assert_eq!(r["id"], cohort_runner::rpc::PROMPT_ID, "{r}");
+    assert_eq!(r["success"], true, "{r}");
+    pi.until_session_over();
+    let (status, lines) = pi.close();
+    assert_eq!(status.code(), Some(0), "Pi exits 0 when its stdin closes");
+    // The same events as `--mode json`, judged the same way; no `session` header line.
+    let (parser, v) = rpc_verdict(&lines, 0);
+    assert!(matches!(v, StepVerdict::Complete), "{v:?}");
+    assert!(parser.summary.saw_agent_end);
+    assert!(parser.summary.final_text_len > 0);
+    assert_eq!(
+        text(
+            env.server.last_request()["messages"]
+                .as_array()
+                .unwrap()
+                .last()
+                .unwrap()
+        ),
+        task
+    );
+    // Unlike `--mode json`, no `session` header line comes first (the runner needs none).
+    assert!(!lines.iter().any(|v| v["type"] == "session"), "{lines:?}");
+    // 1.6 says `agent_settled` after `agent_end`; 0.73 never does.
+    let settled = lines.iter().any(|v| v["type"] == "agent_settled");
+    assert_eq!(
+        settled,
+        major() >= 1,
+        "agent_settled on {}",
+        cohort_e2e::pi::generation().version
+    );
+    // The session file was written and ends with the answer.
+    let saved = std::fs::read_to_string(&session).unwrap();
+    assert!(
+        saved.contains(&format!(
+            "ECHO: {}",
+            task.replace('"', "\\\"").replace('\n', "\\n")
+        )),
+        "{saved}"
+    );
+}
+
+#[test]
+fn rpc_a_rejected_prompt_says_so_in_its_response() {
+    // A second prompt while the first is streaming, without `streamingBehavior`, is refused:
+    // the shape of a refusal the runner reads ([`Notice::PromptRejected`]).
+    let env = TestEnv::new();
+    let mut pi = Rpc::start(&env, &["--no-session", "--model", "fake/slow"]);
+    pi.send(serde_json::json!({"type": "prompt", "message": "one"}));
+    pi.until("a text delta", |v| v["type"] == "message_update");
+    pi.send(serde_json::json!({"id": cohort_runner::rpc::PROMPT_ID, "type": "prompt", "message": "two"}));
+    let r = pi.until("the second prompt's response", |v| {
+        is_response(v, "prompt") && v["id"] == cohort_runner::rpc::PROMPT_ID
+    });
+    assert_eq!(r["success"], false, "{r}");
+    assert!(r["error"].as_str().is_some_and(|e| !e.is_empty()), "{r}");
+    let mut parser = StreamParser::default();
+    let line = r.to_string();
+    assert!(matches!(
+        parser.parse_line(line.as_bytes()),
+        Some(cohort_runner::stream::Notice::PromptRejected { .. })
+    ));
+    let (status, _) = pi.close();
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn rpc_a_steer_reaches_the_next_model_call() {
+    let env = TestEnv::new();
+    let mut pi = Rpc::start(&env, &["--no-session", "--model", "fake/tool"]);
+    pi.send(serde_json::json!({"type": "prompt", "message": "RUN: sleep 1; echo SLEPT"}));
+    pi.until("the tool's start", |v| v["type"] == "tool_execution_start");
+    pi.send(serde_json::json!({"id": "s1", "type": "steer", "message": "STEER: use the red one"}));
+    let r = pi.until("the steer's response", |v| is_response(v, "steer"));
+    assert_eq!(
+        (r["id"].as_str(), r["success"].as_bool()),
+        (Some("s1"), Some(true)),
+        "{r}"
+    );
+    pi.until_session_over();
+    let (status, _) = pi.close();
+    assert_eq!(status.code(), Some(0));
+    // The model call after the tool (the second) carries the steer as its last user message,
+    // after the tool's result. (The fake `tool` model then calls its tool again: the steer is
+    // a new user message.)
+    let texts = env.server.user_texts();
+    assert_eq!(texts[0], "RUN: sleep 1; echo SLEPT", "{texts:?}");
+    assert_eq!(texts[1], "STEER: use the red one", "{texts:?}");
+    let second = &env.server.requests()[1];
+    let roles: Vec<_> = second["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap_or_default().to_string())
+        .collect();
+    let tool = roles
+        .iter()
+        .position(|r| r == "tool")
+        .expect("a tool result");
+    assert!(
+        tool < roles.len() - 1,
+        "the steer comes after the tool result: {roles:?}"
+    );
+}
+
+#[test]
+fn rpc_a_follow_up_arrives_after_the_answer() {
+    let env = TestEnv::new();
+    let mut pi = Rpc::start(&env, &["--no-session", "--model", "fake/tool"]);
+    pi.send(serde_json::json!({"type": "prompt", "message": "RUN: sleep 1; echo SLEPT"}));
+    pi.until("the tool's start", |v| v["type"] == "tool_execution_start");
+    pi.send(serde_json::json!({"id": "f1", "type": "follow_up", "message": "FOLLOW: and then?"}));
+    let r = pi.until("the follow-up's response", |v| is_response(v, "follow_up"));
+    assert_eq!(
+        (r["id"].as_str(), r["success"].as_bool()),
+        (Some("f1"), Some(true)),
+        "{r}"
+    );
+    pi.until_session_over();
+    let (status, lines) = pi.close();
+    assert_eq!(status.code(), Some(0));
+    // The model calls: the tool call, the answer (`TOOL DONE: SLEPT`), then the follow-up's,
+    // whose conversation holds that answer before the follow-up. No call before the answer
+    // carries the follow-up.
+    let reqs = env.server.requests();
+    let texts = env.server.user_texts();
+    assert_eq!(texts[1], "RUN: sleep 1; echo SLEPT", "{texts:?}");
+    assert_eq!(texts[2], "FOLLOW: and then?", "{texts:?}");
+    let third: Vec<_> = reqs[2]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(text)
+        .collect();
+    let answer = third
+        .iter()
+        .position(|t| t == "TOOL DONE: SLEPT")
+        .expect("the answer");
+    let follow = third
+        .iter()
+        .position(|t| t == "FOLLOW: and then?")
+        .expect("the follow-up");
+    assert!(answer < follow, "{third:?}");
+    let answers = lines
+        .iter()
+        .filter(|v| v["type"] == "message_end" && v["message"]["role"] == "assistant")
+        .count();
+    assert!(answers >= 3, "the follow-up got its own answer: {answers}");
+}
+
+#[test]
+fn rpc_abort_ends_the_turn_and_the_session_is_saved() {
+    let env = TestEnv::new();
+    let session = env.tmp.path().join("s.jsonl");
+    let s = session.to_str().unwrap();
+    let mut pi = Rpc::start(&env, &["--session", s, "--model", "fake/slow"]);
+    pi.send(serde_json::json!({"type": "prompt", "message": "count slowly"}));
+    pi.until("a text delta", |v| v["type"] == "message_update");
+    pi.send(serde_json::json!({"id": "a1", "type": "abort"}));
+    let end = pi.until("the aborted message", |v| {
+        v["type"] == "message_end" && v["message"]["role"] == "assistant"
+    });
+    assert_eq!(end["message"]["stopReason"], "aborted", "{end}");
+    pi.until_session_over();
+    let (status, lines) = pi.close();
+    assert_eq!(status.code(), Some(0));
+    assert!(lines
+        .iter()
+        .any(|v| is_response(v, "abort") && v["success"] == true));
+    let (_, v) = rpc_verdict(&lines, 0);
+    assert!(
+        !matches!(v, StepVerdict::Complete),
+        "an aborted turn is no answer: {v:?}"
+    );
+    // The session holds the prompt: a revival continues it.
+    let saved = std::fs::read_to_string(&session).unwrap();
+    assert!(saved.contains("count slowly"), "{saved}");
+}
+
+#[test]
+fn rpc_an_extension_dialog_waits_for_an_answer_on_stdin_and_a_cancel_ends_it() {
+    // In RPC mode an extension's `ctx.ui.confirm` is an `extension_ui_request` that blocks until
+    // an `extension_ui_response` comes on stdin; the runner cancels every dialog at once
+    // (`cohort_runner::rpc::dialog_answer`), and the extension gets `false`.
+    let env = TestEnv::new();
+    let ext = env.tmp.path().join("ask.ts");
+    std::fs::write(
+        &ext,
+        r#"export default function (pi: any) {
+  pi.on("before_agent_start", async (_e: any, ctx: any) => {
+    const ok = await ctx.ui.confirm("Proceed?", "cohort contract");
+    process.stderr.write("CONFIRMED=" + ok + "\n");
+  });
+}
+"#,
+    )
+    .unwrap();
+    let e = ext.to_str().unwrap();
+    let mut pi = Rpc::start(&env, &["--no-session", "-e", e, "--model", "fake/plain"]);
+    pi.send(serde_json::json!({"type": "prompt", "message": "hello"}));
+    let req = pi.until("the dialog", |v| {
+        v["type"] == "extension_ui_request" && v["method"] == "confirm"
+    });
+    assert_eq!(req["title"], "Proceed?", "{req}");
+    // The dialog comes before the first model call (`before_agent_start`).
+    assert!(
+        env.server.requests().is_empty(),
+        "the model was called before the answer"
+    );
+    let answer = cohort_runner::rpc::dialog_answer(req["id"].as_str().unwrap(), "confirm").unwrap();
+    pi.stdin
+        .as_mut()
+        .unwrap()
+        .write_all(answer.as_bytes())
+        .unwrap();
+    pi.until_session_over();
+    let (status, lines) = pi.close();
+    assert_eq!(status.code(), Some(0));
+    let (_, v) = rpc_verdict(&lines, 0);
+    assert!(matches!(v, StepVerdict::Complete), "{v:?}");
+    let err = std::fs::read_to_string(env.tmp.path().join("rpc.stderr")).unwrap();
+    assert!(err.contains("CONFIRMED=false"), "{err}");
 }

@@ -351,7 +351,10 @@ fn nothing_is_written_through_a_planted_link() {
 }
 
 #[test]
-#[cfg_attr(not(e2e_root), ignore = "needs root: gives the state root to another user")]
+#[cfg_attr(
+    not(e2e_root),
+    ignore = "needs root: gives the state root to another user"
+)]
 fn a_reader_that_does_not_own_the_state_root_writes_nothing_there() {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("skipped: needs root to give the state root to another user");
