@@ -299,6 +299,11 @@ pub fn decide_step(exit: ChildExit, summary: &StreamSummary, stderr_tail: &str) 
         return StepVerdict::Failed(msg);
     }
     if !summary.saw_agent_end {
+        // A refused prompt (RPC mode) ends the stream before the agent starts: its reason is
+        // the cause.
+        if let Some(e) = &summary.last_error {
+            return StepVerdict::Failed(e.clone());
+        }
         return StepVerdict::Failed(with_tail(
             "Pi's event stream ended without agent_end".to_string(),
         ));

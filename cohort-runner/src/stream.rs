@@ -460,7 +460,7 @@ impl StreamParser {
                     return None;
                 }
                 let error = r.error.unwrap_or_else(|| "no reason given".into());
-                self.summary.last_error = Some(format!("Pi refused the task: {error}"));
+                self.summary.last_error = Some(refusal_line(&error));
                 Some(Notice::PromptRejected { error })
             }
             _ => None,
@@ -724,6 +724,20 @@ fn classify_whole(line: &[u8]) -> Line<'_> {
     }
 }
 
+/// A refused prompt's error as one line (pure): `Pi refused the task: ` and the first line of
+/// Pi's reason (the cause), then its other lines (where to read more) in parentheses, joined
+/// with ` | `.
+pub fn refusal_line(error: &str) -> String {
+    let mut lines = error.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next().unwrap_or("no reason given");
+    let rest: Vec<&str> = lines.collect();
+    if rest.is_empty() {
+        format!("Pi refused the task: {first}")
+    } else {
+        format!("Pi refused the task: {first} ({})", rest.join(" | "))
+    }
+}
+
 /// The text delta in the head of a `message_update` line (pure): the JSON string after
 /// `"delta":` in an `assistantMessageEvent` of type `text_delta`, decoded; cut (with `…`) when
 /// the head ends inside it. `None` for other updates (thinking, tool-call deltas, …).
@@ -826,6 +840,11 @@ mod tests {
         assert_eq!(
             p.summary.last_error.as_deref(),
             Some("Pi refused the task: No model")
+        );
+        // Pi's missing-key refusal: the cause first, then where to read more, on one line.
+        assert_eq!(
+            refusal_line("No API key found for x.\n\nUse /login. See:\n  /p/providers.md\n  /p/models.md"),
+            "Pi refused the task: No API key found for x. (Use /login. See: | /p/providers.md | /p/models.md)"
         );
     }
 

@@ -427,8 +427,9 @@ fn the_pinned_engines_range_is_the_packages() {
     assert_eq!(info.node_engines.as_deref(), Some(g.node_engines), "{g:?}");
 }
 
-/// A provider without a key: Pi exits 1 before it calls any model, printing the cause and then
-/// the paths of its docs. The step's error leads with the cause, not a path.
+/// A provider without a key: Pi refuses the prompt before it calls any model (in RPC mode, as
+/// the runner runs it; in `-p` mode it exits 1 with the same text on stderr), giving the cause
+/// and then the paths of its docs. The step's error leads with the cause, not a path.
 #[test]
 fn a_missing_api_key_fails_the_step_with_the_cause_first() {
     let env = TestEnv::new();
@@ -450,7 +451,7 @@ fn a_missing_api_key_fails_the_step_with_the_cause_first() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(
-        err.contains("Pi exited with code 1: No API key found for anthropic. (stderr: "),
+        err.contains("(step-0): Pi refused the task: No API key found for anthropic. ("),
         "{err}"
     );
     assert!(env.server.requests().is_empty(), "no model was called");
