@@ -46,7 +46,7 @@
 //!
 //! # Ownership
 //!
-//! A reap works only on a state root its user owns ([`refuse_foreign_root`]): what it creates
+//! A reap works only on a state root its user owns ([`foreign_owner`]): what it creates
 //! there (`.reap.lock`, `.reap-trash/`) would otherwise be left owned by another uid, and the
 //! owner's own reaps would fail on them. Root reaping another user's tree is refused the same
 //! way (exit 2, naming the owner); `--dry-run` creates nothing and is allowed.
