@@ -192,9 +192,12 @@ impl fmt::Display for Refusal {
                 "its record cannot be read ({why}); inspect it with cohort-status"
             ),
             Refusal::Running => write!(f, "its runner holds the lock (still running)"),
+            // Only a run whose record is terminal gets here: no reader will settle it, so
+            // nothing ends what it left but the user.
             Refusal::CgroupPopulated(cg) => write!(
                 f,
-                "its cgroup {} still holds a process (see its cgroup.procs); `cohort-status <id>` ends them when it settles a lost run, or end them yourself",
+                "its cgroup {} still holds a process the ended run left (see its cgroup.procs); nothing ends it for you: end it yourself (`echo 1 > {}/cgroup.kill` ends every one), then reap again",
+                cg.display(),
                 cg.display()
             ),
             Refusal::ProcessesAlive(ps) => write!(
@@ -612,7 +615,13 @@ mod tests {
         for picked in [Picked::ByName, Picked::ByFilters] {
             let d = decide_run(&o, &sel, picked, &Now::wall(0));
             assert_eq!(d.refusal().map(Refusal::code), Some("cgroup-populated"));
-            assert!(d.refusal().unwrap().to_string().contains("/m/cohort/x"));
+            let why = d.refusal().unwrap().to_string();
+            assert!(why.contains("/m/cohort/x"), "{why}");
+            // The run has ended: the hint is to end the process, not to wait for a settle.
+            assert!(
+                why.contains("`echo 1 > /m/cohort/x/cgroup.kill`") && !why.contains("settles"),
+                "{why}"
+            );
         }
         // A recorded process still alive: refused whatever the state says, named or not.
         for state in [RunState::Complete, RunState::Running] {
