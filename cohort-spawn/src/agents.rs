@@ -65,6 +65,8 @@ pub struct Problem {
     pub path: Option<PathBuf>,
     /// `FILE:LINE: what is wrong`, one line.
     pub message: String,
+    /// The file's `description`, when its frontmatter reads.
+    pub description: Option<String>,
     #[serde(skip)]
     rank: u8,
 }
@@ -84,6 +86,7 @@ impl Problem {
             scope,
             path,
             message,
+            description: None,
             rank,
         }
     }
@@ -159,9 +162,16 @@ impl Catalog {
                         Some(p) => format!("{p}.{local}"),
                         None => local,
                     };
-                    (name, format!("{shown}:{}: {}", e.line, e.message))
+                    let description = doc
+                        .as_ref()
+                        .and_then(|d| d.string("description").ok().flatten());
+                    (
+                        name,
+                        format!("{shown}:{}: {}", e.line, e.message),
+                        description,
+                    )
                 }),
-                Err(e) => Err((guess.clone(), format!("{shown}: {e}"))),
+                Err(e) => Err((guess.clone(), format!("{shown}: {e}"), None)),
             };
             match parsed {
                 Ok(def) => {
@@ -169,11 +179,12 @@ impl Catalog {
                     list.push((f.rank, def));
                     list.sort_by_key(|(r, _)| *r);
                 }
-                Err((name, message)) => cat.problems.push(Problem {
+                Err((name, message, description)) => cat.problems.push(Problem {
                     name,
                     scope: f.scope,
                     path: f.path.clone(),
                     message,
+                    description,
                     rank: f.rank,
                 }),
             }
@@ -213,23 +224,27 @@ impl Catalog {
         }
     }
 
-    /// The agent named `name` (pure): the one of the highest rank. Errors
-    /// ([`Error::Usage`], exit 2), each one line: no agent of that name (with the closest
-    /// names); a broken file meant to be that agent at the winning rank or above (its path,
-    /// line and problem); two files of the winning rank naming it (both paths).
+    /// The agent named `name` (pure): the usable one of the highest rank. A file cohort
+    /// refuses never hides a usable agent of the same name below it: the caller names the
+    /// files passed over ([`Catalog::skipped`]). Errors ([`Error::Usage`], exit 2), each one
+    /// line: no agent of that name (with the closest names); only broken files meant to be that
+    /// agent (the highest one's path, line and problem); two files of the winning rank naming
+    /// it (both paths).
     pub fn resolve_name(&self, name: &str) -> Result<&AgentDef> {
         let candidates = self.agents.get(name);
         let top = candidates.and_then(|c| c.last()).map(|(r, _)| *r);
-        if let Some(p) = self
-            .problems
-            .iter()
-            .filter(|p| p.name == name && top.is_none_or(|t| p.rank >= t))
-            .max_by_key(|p| p.rank)
-        {
-            return Err(Error::Usage(format!(
-                "agent {name:?} cannot be used: {}",
-                p.message
-            )));
+        if top.is_none() {
+            if let Some(p) = self
+                .problems
+                .iter()
+                .filter(|p| p.name == name)
+                .max_by_key(|p| p.rank)
+            {
+                return Err(Error::Usage(format!(
+                    "agent {name:?} cannot be used: {}",
+                    p.message
+                )));
+            }
         }
         let Some(c) = candidates else {
             return Err(Error::Usage(unknown("agent", name, &self.names())));
@@ -247,9 +262,30 @@ impl Catalog {
         Ok(&same[0].1)
     }
 
+    /// The refused files meant to be agent `name` that rank at or above `chosen`, the agent
+    /// it resolves to (pure), highest first: the files a user put there to win, passed over.
+    pub fn skipped(&self, name: &str, chosen: &AgentDef) -> Vec<&Problem> {
+        let rank = self
+            .agents
+            .get(name)
+            .and_then(|c| {
+                c.iter()
+                    .find(|(_, d)| d.spec.path == chosen.spec.path)
+                    .map(|(r, _)| *r)
+            })
+            .unwrap_or(0);
+        let mut out: Vec<&Problem> = self
+            .problems
+            .iter()
+            .filter(|p| p.name == name && p.rank >= rank)
+            .collect();
+        out.sort_by_key(|p| std::cmp::Reverse(p.rank));
+        out
+    }
+
     /// What `--list-agents` shows (pure): each usable name once (the agent it resolves to, or
-    /// the reason it cannot be used), then each broken file whose name is not listed already,
-    /// sorted by name.
+    /// the reason it cannot be used), and each refused file as a row of its own (its scope,
+    /// path, description and reason), sorted by name, the usable agent first.
     pub fn listing(&self) -> Vec<AgentRow> {
         let mut rows = Vec::new();
         for (name, candidates) in &self.agents {
@@ -272,21 +308,24 @@ impl Catalog {
                 problem,
             });
         }
+        // Every refused file, with its own scope, path and description, beside the agent its
+        // name resolves to (if any).
         for p in &self.problems {
-            if !self.agents.contains_key(&p.name) {
-                rows.push(AgentRow {
-                    name: p.name.clone(),
-                    scope: p.scope,
-                    path: p.path.clone(),
-                    description: None,
-                    model: None,
-                    aliases: Vec::new(),
-                    ignored: Vec::new(),
-                    problem: Some(p.message.clone()),
-                });
-            }
+            rows.push(AgentRow {
+                name: p.name.clone(),
+                scope: p.scope,
+                path: p.path.clone(),
+                description: p.description.clone(),
+                model: None,
+                aliases: Vec::new(),
+                ignored: Vec::new(),
+                problem: Some(p.message.clone()),
+            });
         }
-        rows.sort_by(|a, b| a.name.cmp(&b.name));
+        // By name; within a name the usable agent first.
+        rows.sort_by(|a, b| {
+            (a.name.as_str(), a.problem.is_some()).cmp(&(b.name.as_str(), b.problem.is_some()))
+        });
         rows
     }
 }
@@ -617,7 +656,7 @@ mod tests {
     }
 
     #[test]
-    fn a_broken_file_is_a_problem_for_its_name_only() {
+    fn a_refused_file_never_hides_a_usable_agent_below_it() {
         let cat = Catalog::build(vec![
             Found {
                 scope: AgentScope::Builtin,
@@ -639,15 +678,40 @@ mod tests {
             ),
             found(AgentScope::User, 1, "/u/fine.md", &agent("fine", "ok")),
         ]);
-        let e = cat.resolve("reviewer").unwrap_err().to_string();
-        assert!(e.contains("/u/reviewer.md:"), "{e}");
+        // The user's broken reviewer ranks above the builtin: the builtin runs, and the
+        // broken file is what was passed over.
+        let r = cat.resolve("reviewer").unwrap();
+        assert_eq!(
+            (r.spec.scope, r.spec.prompt.as_str()),
+            (AgentScope::Builtin, "builtin")
+        );
+        let skipped = cat.skipped("reviewer", r);
+        assert_eq!(skipped.len(), 1);
+        assert_eq!(
+            skipped[0].path.as_deref(),
+            Some(Path::new("/u/reviewer.md"))
+        );
+        assert!(
+            skipped[0].message.contains("/u/reviewer.md:"),
+            "{:?}",
+            skipped[0]
+        );
+        // A name with only a broken file is refused with that file's problem.
         let e = cat.resolve("nameless").unwrap_err().to_string();
         assert!(e.contains("/u/nameless.md:1: missing `name`"), "{e}");
         assert!(cat.resolve("fine").is_ok());
+        assert!(cat.skipped("fine", cat.resolve("fine").unwrap()).is_empty());
+        // The listing shows the usable reviewer, then the refused file with its own scope.
         let rows = cat.listing();
         let names: Vec<_> = rows.iter().map(|r| r.name.as_str()).collect();
-        assert_eq!(names, vec!["fine", "nameless", "reviewer"]);
-        assert!(rows[2].problem.is_some());
+        assert_eq!(names, vec!["fine", "nameless", "reviewer", "reviewer"]);
+        assert_eq!(
+            (rows[2].scope, rows[2].problem.is_none()),
+            (AgentScope::Builtin, true)
+        );
+        assert_eq!(rows[3].scope, AgentScope::User);
+        assert_eq!(rows[3].path.as_deref(), Some(Path::new("/u/reviewer.md")));
+        assert!(rows[3].problem.is_some());
         // A broken file below the winning scope does not stop the winner.
         let cat = Catalog::build(vec![
             found(AgentScope::User, 1, "/u/r.md", "---\nname: r\n"),

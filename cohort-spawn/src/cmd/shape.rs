@@ -411,6 +411,14 @@ pub(super) fn resolve_agents(
         if let (Some(name), None) = (t.agent.clone(), &t.resolved_agent) {
             let mut def = catalog.resolve(&name)?.clone();
             if warned.insert(name.clone()) {
+                for p in catalog.skipped(&def.spec.name, &def) {
+                    eprintln!(
+                        "cohort-spawn: warning: agent {name:?}: skipping {}, which cannot be used ({}); using {}",
+                        p.path.as_ref().map_or_else(|| format!("<{}>", p.scope.as_str()), |x| x.display().to_string()),
+                        p.message,
+                        def.spec.path.as_ref().map_or_else(|| format!("the {} agent", def.spec.scope.as_str()), |x| x.display().to_string()),
+                    );
+                }
                 for w in crate::agent_fields::field_warnings(&def) {
                     eprintln!("cohort-spawn: warning: {w}");
                 }

@@ -515,3 +515,61 @@ fn bad_agents_and_chains_are_one_line_exit_2_and_leave_no_record() {
     );
     assert_eq!(answer.trim(), "ECHO: still works");
 }
+
+/// A file cohort refuses never hides a usable agent of the same name: the next in rank runs,
+/// with one warning naming the file passed over, and `--list-agents` shows that file as a row
+/// of its own (its scope, path, description and reason) beside the agent the name means.
+#[test]
+fn a_refused_user_file_falls_back_to_the_builtin_of_its_name() {
+    let env = TestEnv::new();
+    let file = write(
+        &env.profile.join("agents"),
+        "scout.md",
+        "---\nname: scout\ndescription: Upstream scout\nrunner: external-cli\ntools: read, grep\n---\n\nUPSTREAM-SCOUT\n",
+    );
+    let out = env.spawn_raw(&[
+        "--wait",
+        "--agent",
+        "scout",
+        "--model",
+        "fake/plain",
+        "look",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    let warned: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("skipping") && l.contains(file.to_str().unwrap()))
+        .collect();
+    assert_eq!(warned.len(), 1, "{err}");
+    assert!(warned[0].contains("using the builtin agent"), "{err}");
+    let sys = system_prompt(&last_request(&env));
+    assert!(!sys.contains("UPSTREAM-SCOUT"), "{sys}");
+    let id = started_id(&out);
+    assert_eq!(
+        env.record(&id)["steps"][0]["agentSource"]["scope"],
+        "builtin"
+    );
+
+    let listed = stdout(&env.run("cohort-spawn", &["--list-agents", "--json"]));
+    let rows: Vec<Value> = listed
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r["name"] == "scout")
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:#?}");
+    assert_eq!(
+        (rows[0]["scope"].as_str(), rows[0]["problem"].is_null()),
+        (Some("builtin"), true)
+    );
+    assert_eq!(rows[1]["scope"], "user");
+    assert_eq!(rows[1]["path"], file.to_str().unwrap());
+    assert_eq!(rows[1]["description"], "Upstream scout");
+    assert!(
+        rows[1]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("external-cli"),
+        "{rows:#?}"
+    );
+}
