@@ -2,6 +2,8 @@
 //! operator's terminal; a run's processes are recorded, reported and ended when its runner is
 //! lost; Pi's temp files stay inside the run directory.
 
+use cohort_common::format::record::RunState;
+use cohort_e2e::fixture::Run;
 use cohort_e2e::harness::{stderr, stdout, TestEnv};
 
 /// Bytes a terminal would obey: ESC, BEL, the C1 CSI (as UTF-8 and as a lone byte).
@@ -27,7 +29,8 @@ fn control_characters_never_reach_the_table_the_view_or_check() {
     ]);
     let rec = env.wait_terminal(&id, 60);
     assert_eq!(rec["state"], "complete", "{rec:#}");
-    // A failed start whose error quotes a path with an OSC in it: --check reports it.
+    // A refused start whose error quotes a path with an OSC in it: escaped on stderr, and no
+    // run is made of it.
     let bad_cwd = env.tmp.path().join("gone\u{1b}]0;PWNED\u{7}");
     let out = env.spawn_raw(&[
         "--model",
@@ -38,6 +41,11 @@ fn control_characters_never_reach_the_table_the_view_or_check() {
     ]);
     assert_ne!(out.status.code(), Some(0));
     assert!(raw_controls(&out.stderr).is_empty(), "{:?}", stderr(&out));
+    assert_eq!(env.run_count(), 1, "a refused start makes no run");
+    // A failed run whose error quotes that path: --check reports it.
+    Run::new(RunState::Failed)
+        .edit(|r| r.error = Some(format!("cannot use {}", bad_cwd.display())))
+        .write(&env);
 
     let table = env.run("cohort-status", &[]);
     assert!(table.status.success(), "{}", stderr(&table));

@@ -322,14 +322,8 @@ fn session_root_rules_are_enforced_one_by_one() {
         assert_eq!(out.status.code(), Some(2), "{needle}: {}", stderr(&out));
         assert!(stderr(&out).contains(needle), "{needle}: {}", stderr(&out));
     }
-    // Each refusal left a failed record under the root, saying why.
-    let failed = nested_dirs(&env, &root);
-    assert_eq!(failed.len(), 7);
-    for d in &failed {
-        let r = read_json(&d.join("status.json"));
-        assert_eq!(r["state"], "failed");
-        assert!(r["error"].as_str().unwrap().contains("session"), "{r:#}");
-    }
+    // Each refusal came before anything ran: no run was made of it.
+    assert_eq!(nested_dirs(&env, &root).len(), 0);
     // Without --session-root a nested start may not reuse a session file.
     let out = spawn_with(
         &env,
