@@ -247,7 +247,7 @@ impl Drop for RunCgroup {
 /// The members of step leaf `leaf` that belong to the step: every one but a nested run's
 /// runner that has not moved into its own cgroup yet (its first argument lies under
 /// `nested_runs`).
-fn members(leaf: &Path, nested_runs: &Path) -> (Vec<u32>, bool) {
+pub(crate) fn members(leaf: &Path, nested_runs: &Path) -> (Vec<u32>, bool) {
     let all = cgroup::procs(leaf);
     let n = all.len();
     let mine: Vec<u32> = all

@@ -293,14 +293,12 @@ impl Leftovers {
     }
 }
 
-/// The processes an end-of-hook sweep with `track` would end, `"<pid> <cmdline>"` each: the
-/// members of the hook's cgroup leaf, else the runner's orphans ([`sweep::step_processes`]).
+/// The pids an end-of-hook sweep with `track` would end: the members of the hook's cgroup
+/// leaf ([`crate::cgroup::members`], as the sweep counts them), else the runner's orphans
+/// ([`sweep::step_processes`]).
 fn sweep_targets(track: &StepTrack) -> Vec<u32> {
     match &track.cgroup {
-        Some(leaf) => cohort_common::os::cgroup::procs(leaf)
-            .into_iter()
-            .filter(|&p| !sweep::runs_under(p, &track.nested_runs))
-            .collect(),
+        Some(leaf) => crate::cgroup::members(leaf, &track.nested_runs).0,
         None => sweep::step_processes(track, &[]),
     }
 }
