@@ -87,12 +87,28 @@ pub enum Notice<'a> {
         /// Whether this was `agent_settled`.
         settled: bool,
     },
-    /// An extension asked for the user (RPC mode's `extension_ui_request`): its id and method.
+    /// An extension asked for the user (RPC mode's `extension_ui_request`): its id, method,
+    /// and the words it shows (`title` and `placeholder` of an `input`, `message` of a
+    /// `notify`).
     UiRequest {
         /// The request id, to answer with.
         id: String,
         /// `select`, `confirm`, `input`, `editor`, `notify`, …
         method: String,
+        /// The dialog's `title`, if it has one.
+        title: Option<String>,
+        /// An `input`'s `placeholder`, or a `notify`'s `message`.
+        text: Option<String>,
+    },
+    /// Pi's answer to a command of the runner's other than the task (a `response` whose id is
+    /// not [`crate::rpc::PROMPT_ID`]): a steer, follow-up or abort it was given.
+    Response {
+        /// The command's id.
+        id: String,
+        /// Whether Pi took it.
+        success: bool,
+        /// Pi's `error` when it did not.
+        error: Option<String>,
     },
     /// Pi refused the step's `prompt` command (RPC mode: a `response` with `success: false`
     /// for [`crate::rpc::PROMPT_ID`]): no agent loop runs. Its error text.
@@ -223,6 +239,12 @@ struct ToolEnd<'a> {
 struct UiRequest {
     id: String,
     method: String,
+    #[serde(default)]
+    title: Option<String>,
+    #[serde(default)]
+    placeholder: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
 }
 
 /// An RPC `response` line (Pi's answer to a command on stdin).
@@ -452,12 +474,23 @@ impl StreamParser {
                 Some(Notice::UiRequest {
                     id: r.id,
                     method: r.method,
+                    title: r.title,
+                    text: r.placeholder.or(r.message),
                 })
             }
             "response" => {
                 let r: Response = serde_json::from_slice(line).ok()?;
-                if r.id.as_deref() != Some(crate::rpc::PROMPT_ID) || r.success {
-                    return None;
+                match r.id {
+                    Some(id) if id != crate::rpc::PROMPT_ID => {
+                        return Some(Notice::Response {
+                            id,
+                            success: r.success,
+                            error: r.error,
+                        })
+                    }
+                    None => return None,
+                    Some(_) if r.success => return None,
+                    Some(_) => {}
                 }
                 let error = r.error.unwrap_or_else(|| "no reason given".into());
                 self.summary.last_error = Some(refusal_line(&error));
@@ -821,17 +854,27 @@ mod tests {
     fn rpc_lines_end_the_loop_or_refuse_the_task() {
         let mut p = StreamParser::default();
         let ui = p.parse_line(
-            br#"{"type":"extension_ui_request","id":"u1","method":"confirm","title":"t"}"#,
+            br#"{"type":"extension_ui_request","id":"u1","method":"input","title":"t","placeholder":"p"}"#,
         );
         assert!(
-            matches!(ui, Some(Notice::UiRequest { id, method }) if id == "u1" && method == "confirm")
+            matches!(ui, Some(Notice::UiRequest { id, method, title, text }) if id == "u1" && method == "input" && title.as_deref() == Some("t") && text.as_deref() == Some("p"))
+        );
+        let note = p.parse_line(
+            br#"{"type":"extension_ui_request","id":"u2","method":"notify","message":"m"}"#,
+        );
+        assert!(
+            matches!(note, Some(Notice::UiRequest { title: None, text, .. }) if text.as_deref() == Some("m"))
         );
         let settled = p.parse_line(br#"{"type":"agent_settled"}"#);
         assert!(matches!(settled, Some(Notice::LoopEnd { settled: true })));
         let ok = br#"{"id":"cohort-task","type":"response","command":"prompt","success":true}"#;
         assert!(p.parse_line(ok).is_none());
-        let other = br#"{"id":"s1","type":"response","command":"steer","success":false}"#;
-        assert!(p.parse_line(other).is_none());
+        let other =
+            br#"{"id":"s1","type":"response","command":"steer","success":false,"error":"e"}"#;
+        assert!(matches!(
+            p.parse_line(other),
+            Some(Notice::Response { id, success: false, error }) if id == "s1" && error.as_deref() == Some("e")
+        ));
         assert_eq!(p.summary.last_error, None);
         let refused = br#"{"id":"cohort-task","type":"response","command":"prompt","success":false,"error":"No model"}"#;
         assert!(

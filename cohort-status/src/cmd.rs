@@ -71,6 +71,11 @@ pub struct Args {
     /// failures (default 24h).
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, allow_hyphen_values = true)]
     since: Option<Duration>,
+    /// With --check: how long a child's request may wait for its supervisor (cohort-spawn
+    /// --reply) before its run is reported `waiting` (default 0: at once).
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, allow_hyphen_values = true,
+          requires = "check")]
+    waiting_after: Option<Duration>,
     /// List at most this many runs, newest first (0: all).
     #[arg(long, value_name = "N", default_value_t = 50, value_parser = parse_limit, allow_hyphen_values = true)]
     limit: usize,
@@ -446,7 +451,11 @@ fn check(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
             root.source()
         )));
     }
-    let problems = check::check(root, args.since.unwrap_or(check::DEFAULT_SINCE))?;
+    let problems = check::check(
+        root,
+        args.since.unwrap_or(check::DEFAULT_SINCE),
+        args.waiting_after.unwrap_or(Duration::ZERO),
+    )?;
     let mut text = String::new();
     for p in &problems {
         if args.json {

@@ -50,6 +50,7 @@ mod start;
 mod status;
 mod stdin;
 mod supervision;
+mod talk;
 mod trust;
 mod usage;
 mod worktrees;
