@@ -207,10 +207,7 @@ pub fn check_message(id: &str, m: ControlMessage) -> std::result::Result<Control
         (Steer | FollowUp | Reply, Some(t)) => control::check_text(t)?,
         (_, None) => return Err(format!("{} needs a message", m.kind.flag())),
     }
-    if m.member
-        .as_deref()
-        .is_some_and(|s| s.len() > 256)
-    {
+    if m.member.as_deref().is_some_and(|s| s.len() > 256) {
         return Err("its member is over 256 bytes".into());
     }
     Ok(m)

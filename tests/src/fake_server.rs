@@ -16,6 +16,7 @@
 //! | `say` | replies with the text after the first `SAY:` in the last user message, up to a line `---` (where cohort's handoff instructions start) or its end, trimmed (`SAY:` absent: the whole message) |
 //! | `ask` | calls `contact_supervisor` with `reason` `need_decision` and the last user message as `message`; once the tool has answered, replies `GOT: <tool result>` |
 //! | `intercom` | calls `intercom` with `action` `ask`, `to` `supervisor` and the last user message as `message`; once the tool has answered, replies `GOT: <tool result>` |
+//! | `report` | calls `contact_supervisor` with `reason` `progress_update` and the last user message as `message`; once the tool has answered, replies `GOT: <tool result>` |
 //! | `metered` | replies as `plain`, reporting 1000 prompt tokens of which 300 were cached, and 200 completion tokens; the profile gives it prices ([`METERED_PRICES`]) |
 //! | `delegate` | delegates as the `cohort` skill teaches: first `read`s the skill's file, from the `<location>` of the skill named `cohort` in the system prompt (no such skill: replies `NO COHORT SKILL`); then runs with `bash` the skill's first `cohort-spawn --wait "TASK"` line, `TASK` replaced by the text after `DELEGATE:` in the user's message (no such line: replies `NO WAIT EXAMPLE`); then replies `DELEGATED: <bash output>` |
 //! | `big` | replies with 10 MiB of text in 1 MiB chunks (Pi 0.73.1 on Node 20 dies with ENOBUFS writing much larger lines to a pipe) |
@@ -34,7 +35,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 /// The model ids the server knows.
-pub const MODELS: [&str; 13] = [
+pub const MODELS: [&str; 14] = [
     "plain",
     "metered",
     "delegate",
@@ -48,6 +49,7 @@ pub const MODELS: [&str; 13] = [
     "say",
     "ask",
     "intercom",
+    "report",
 ];
 
 /// The prices `models.json` gives model `metered`: dollars per million input, output,
@@ -364,6 +366,15 @@ fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()>
                 model,
                 "contact_supervisor",
                 json!({"reason": "need_decision", "message": last_user}),
+            ),
+            Some(answer) => reply(out, model, &format!("GOT: {}", answer.trim())),
+        },
+        "report" => match last_tool {
+            None => tool_call(
+                out,
+                model,
+                "contact_supervisor",
+                json!({"reason": "progress_update", "message": last_user}),
             ),
             Some(answer) => reply(out, model, &format!("GOT: {}", answer.trim())),
         },

@@ -305,6 +305,49 @@ fn an_extensions_ui_input_is_an_extension_ui_request_answered_on_stdin() {
     assert_eq!(message_text(&last), "GOT: ANSWER: GO LEFT", "{last:#}");
 }
 
+/// An extension whose tool tells the RPC client something with `ctx.ui.notify`, expecting no
+/// answer.
+const NOTIFY_EXTENSION: &str = r#"
+export default function (pi) {
+  pi.registerTool({
+    name: "contact_supervisor",
+    label: "Contact supervisor",
+    description: "Tell the supervisor.",
+    parameters: {
+      type: "object",
+      properties: { reason: { type: "string" }, message: { type: "string" } },
+      required: ["reason"],
+    },
+    async execute(_id, params, _signal, _onUpdate, ctx) {
+      ctx.ui.notify("NOTE " + params.reason + "\n" + params.message, "info");
+      return { content: [{ type: "text", text: "TOLD" }], details: {} };
+    },
+  });
+}
+"#;
+
+#[test]
+fn an_extensions_ui_notify_is_an_extension_ui_request_that_waits_for_nothing() {
+    let env = TestEnv::new();
+    let ext = env.tmp.path().join("notify.ts");
+    std::fs::write(&ext, NOTIFY_EXTENSION).unwrap();
+    let mut pi = Rpc::start_with(&env, "fake/report", &["-e", ext.to_str().unwrap()]);
+    pi.send(json!({"id": "p1", "type": "prompt", "message": "HALFWAY"}));
+    let note = pi.until(30, "extension_ui_request", |v| {
+        v["type"] == "extension_ui_request"
+    });
+    assert_eq!(note["method"], "notify", "{note:#}");
+    assert_eq!(note["message"], "NOTE progress_update\nHALFWAY", "{note:#}");
+    // Nothing is answered, and the agent goes on at once.
+    let end = pi.until(30, "agent_end", |v| v["type"] == "agent_end");
+    let last = end["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .unwrap();
+    assert_eq!(message_text(&last), "GOT: TOLD", "{last:#}");
+}
+
 #[test]
 fn an_unanswered_ui_input_resolves_undefined_after_its_timeout() {
     let env = TestEnv::new();

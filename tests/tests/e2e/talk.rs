@@ -339,6 +339,33 @@ fn an_unanswered_request_returns_after_its_bound() {
 }
 
 #[test]
+fn a_progress_update_waits_for_nothing() {
+    let env = TestEnv::new();
+    agent(
+        &env,
+        "reporter",
+        "model: fake/report\ntools: contact_supervisor\n",
+    );
+    let id = env.spawn(&["--agent", "reporter", "HALF-DONE"]);
+    let rec = env.wait_terminal(&id, 60);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let answer = stdout(&env.run("cohort-status", &["--output", &id]));
+    assert!(answer.contains("Progress update sent"), "{answer}");
+    let requests: Vec<Value> = env
+        .events(&id)
+        .into_iter()
+        .filter(|e| e["type"] == "supervisor.request")
+        .collect();
+    assert_eq!(requests.len(), 1, "{:#?}", env.events(&id));
+    assert_eq!(requests[0]["reason"], "progress_update");
+    assert!(requests[0]["id"].is_null());
+    assert!(requests[0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("HALF-DONE"));
+}
+
+#[test]
 fn intercom_asks_the_same_way() {
     let env = TestEnv::new();
     agent(&env, "talker", "model: fake/intercom\ntools: intercom\n");
