@@ -51,6 +51,14 @@ pub enum Report {
         /// The request.
         ask: crate::rpc::Ask,
     },
+    /// The step's turn limit (`--max-turns`) acted: the wrap-up was steered in, or the session
+    /// was ended after its last turn; `turn` is the number of turns done.
+    TurnLimit {
+        /// What it did.
+        action: crate::rpc::TurnLimit,
+        /// Turns done.
+        turn: u64,
+    },
     /// Pi answered a control command the runner gave it ([`crate::rpc::control_command`]).
     Ack {
         /// The control message's kind.
@@ -225,6 +233,7 @@ impl StdoutState {
     fn note(&mut self, notice: &Notice<'_>) -> Option<String> {
         match notice {
             Notice::Session { .. }
+            | Notice::TurnEnd
             | Notice::LoopEnd { .. }
             | Notice::UiRequest { .. }
             | Notice::Response { .. } => None,
@@ -321,6 +330,8 @@ pub struct Conversation {
     pub prompt: String,
     /// Pi's major version (0 for 0.x).
     pub pi_major: u64,
+    /// The most turns the step may take (`--max-turns`).
+    pub max_turns: Option<u64>,
 }
 
 /// Start the thread that sends a step's Pi child its task (`talk.prompt` on its stdin), then
@@ -358,7 +369,34 @@ pub fn spawn_stdout_reader(
             streamed: false,
         };
         let mut last_sent = Instant::now() - WRITE_INTERVAL;
+        let (mut wrapped, mut capped) = (false, false);
         let _ = parser.run(&mut reader, |summary, notice| {
+            if let Some(max) = talk.max_turns {
+                let done = summary.turn_count;
+                let at = crate::rpc::TurnState {
+                    tool_start: matches!(notice, Notice::ToolStart { .. }),
+                    turn_end: matches!(notice, Notice::TurnEnd),
+                    completed: done,
+                    called_tools: summary.last_stop_reason.as_deref() == Some("toolUse"),
+                    wrapped,
+                    ended: capped,
+                };
+                match crate::rpc::turn_limit(max, at) {
+                    Some(action @ crate::rpc::TurnLimit::WrapUp) => {
+                        wrapped = true;
+                        if talk.input.send(&crate::rpc::wrap_up_line(max)).is_ok() {
+                            report(Report::TurnLimit { action, turn: done });
+                        }
+                    }
+                    Some(action @ crate::rpc::TurnLimit::End) => {
+                        capped = true;
+                        if talk.input.send(&crate::rpc::turn_limit_abort()).is_ok() {
+                            report(Report::TurnLimit { action, turn: done });
+                        }
+                    }
+                    None => {}
+                }
+            }
             match notice {
                 Notice::LoopEnd { settled } if crate::rpc::ends_session(settled, talk.pi_major) => {
                     talk.input.close()
@@ -387,6 +425,10 @@ pub fn spawn_stdout_reader(
                     success,
                     ref error,
                 } => {
+                    if id == crate::rpc::TURN_LIMIT_ID {
+                        // The last turn is over: end the session, which Pi saves.
+                        talk.input.close();
+                    }
                     if let Some((kind, cid)) = crate::rpc::control_of_response(id) {
                         if kind == cohort_common::format::control::ControlKind::Interrupt {
                             // The turn is over (Pi answers an abort after its `agent_end`):

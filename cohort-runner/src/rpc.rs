@@ -161,6 +161,72 @@ pub fn reply_timeout_ms(run: Option<u64>, agent: Option<u64>) -> u64 {
         .unwrap_or(cohort_common::format::control::DEFAULT_REPLY_TIMEOUT_MS)
 }
 
+/// The steer a step gets before its last turn under `--max-turns N` (`docs/usage.md`,
+/// "Budgets"): `{max}` is N.
+pub const WRAP_UP_MESSAGE: &str = "You have one turn left (cohort-spawn --max-turns {max}). \
+Do not start new work: in your next reply, without calling tools, report what you have done, \
+what you found, and what is left undone.";
+
+/// The id of the runner's `abort` at a step's turn limit; Pi's `response` to it ends the
+/// session.
+pub const TURN_LIMIT_ID: &str = "cohort-turn-limit";
+
+/// What a step's turn limit calls for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TurnLimit {
+    /// Steer the wrap-up message: the tools running now belong to the turn before the last.
+    WrapUp,
+    /// End the session (`abort`): the last turn is over and the agent goes on.
+    End,
+}
+
+/// Where a step is, for its turn limit: the notice seen (a tool starting, a turn ending),
+/// the turns done (counting one that just ended), whether the last model answer called tools
+/// (the agent goes on), and what the limit did already.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TurnState {
+    /// A tool is starting.
+    pub tool_start: bool,
+    /// A turn has just ended.
+    pub turn_end: bool,
+    /// Turns done.
+    pub completed: u64,
+    /// The last model answer stopped for tool calls (`stopReason` `toolUse`).
+    pub called_tools: bool,
+    /// The wrap-up was sent.
+    pub wrapped: bool,
+    /// The end was sent.
+    pub ended: bool,
+}
+
+/// What the limit of `max` turns calls for (pure). The wrap-up goes while turn `max - 1`
+/// runs its tools, so Pi gives it before the last model call; with `max` 1 there is no turn
+/// before the last. The end comes when turn `max` is over and its answer called tools (the
+/// agent would go on); an answer without tool calls ends the step by itself.
+pub fn turn_limit(max: u64, t: TurnState) -> Option<TurnLimit> {
+    if t.tool_start && !t.wrapped && max >= 2 && t.completed + 1 == max - 1 {
+        return Some(TurnLimit::WrapUp);
+    }
+    if t.turn_end && !t.ended && t.called_tools && t.completed >= max {
+        return Some(TurnLimit::End);
+    }
+    None
+}
+
+/// The `steer` line of the wrap-up before the last of `max` turns.
+pub fn wrap_up_line(max: u64) -> String {
+    command_line(&json!({
+        "id": "cohort-wrap-up",
+        "type": "steer",
+        "message": WRAP_UP_MESSAGE.replace("{max}", &max.to_string()),
+    }))
+}
+
+/// The `abort` line that ends a step at its turn limit.
+pub fn turn_limit_abort() -> String {
+    command_line(&json!({"id": TURN_LIMIT_ID, "type": "abort"}))
+}
+
 /// A step's Pi stdin, shared by whoever writes commands to it; closed once, for good.
 ///
 /// The step's task goes first ([`Input::send_task`]): a command sent before it (a steer that
@@ -376,6 +442,48 @@ mod tests {
         for t in cohort_common::format::control::SUPERVISOR_TOOLS {
             assert!(SUPERVISOR_EXTENSION.contains(&format!("\"{t}\"")), "{t}");
         }
+    }
+
+    #[test]
+    fn the_turn_limit_wraps_up_during_the_turn_before_the_last_and_ends_after_the_last() {
+        let tool = |completed, wrapped| TurnState {
+            tool_start: true,
+            completed,
+            wrapped,
+            ..TurnState::default()
+        };
+        let end = |completed, called_tools, ended| TurnState {
+            turn_end: true,
+            completed,
+            called_tools,
+            wrapped: true,
+            ended,
+            ..TurnState::default()
+        };
+        // Three turns: tools of turn 2 (one turn done) get the wrap-up; turn 3's end ends it
+        // when its answer called tools again.
+        assert_eq!(turn_limit(3, tool(0, false)), None);
+        assert_eq!(turn_limit(3, tool(1, false)), Some(TurnLimit::WrapUp));
+        assert_eq!(turn_limit(3, tool(1, true)), None, "once");
+        assert_eq!(turn_limit(3, end(2, true, false)), None);
+        assert_eq!(turn_limit(3, end(3, true, false)), Some(TurnLimit::End));
+        assert_eq!(
+            turn_limit(3, end(3, false, false)),
+            None,
+            "it answered: it ends itself"
+        );
+        assert_eq!(turn_limit(3, end(3, true, true)), None, "once");
+        // One turn: nothing to warn in; its end ends it.
+        assert_eq!(turn_limit(1, tool(0, false)), None);
+        assert_eq!(turn_limit(1, end(1, true, false)), Some(TurnLimit::End));
+        let v: serde_json::Value = serde_json::from_str(wrap_up_line(4).trim_end()).unwrap();
+        assert_eq!(v["type"], "steer");
+        assert!(v["message"].as_str().unwrap().contains("--max-turns 4"));
+        let v: serde_json::Value = serde_json::from_str(turn_limit_abort().trim_end()).unwrap();
+        assert_eq!(
+            (v["type"].as_str(), v["id"].as_str()),
+            (Some("abort"), Some(TURN_LIMIT_ID))
+        );
     }
 
     #[test]

@@ -63,6 +63,8 @@ pub enum Ending {
     /// Its supervisor interrupted it (`cohort-spawn --interrupt`): Pi was sent `abort`, not a
     /// signal, and saves its session as it ends.
     Interrupt,
+    /// It was still working after its last turn under `--max-turns`: Pi was sent `abort`.
+    TurnLimit,
 }
 
 /// A signal the supervisor must send to a step's process group.
@@ -168,6 +170,14 @@ impl StepRun {
                 Some(Signal::Term)
             }
             _ => None,
+        }
+    }
+
+    /// Record that it was ended at its turn limit (Pi's `abort` is on its way), unless
+    /// something ended it already.
+    pub fn turn_limit(&mut self) {
+        if matches!(self.phase, Phase::Alive { term_at: None, .. }) && self.ending.is_none() {
+            self.ending = Some(Ending::TurnLimit);
         }
     }
 
@@ -480,6 +490,10 @@ pub fn timed_out_after(what: &str, ms: u64) -> String {
 pub const INTERRUPTED: &str =
     "interrupted: its supervisor ended the turn (cohort-spawn --interrupt); the session is saved";
 
+/// The error of a step ended at its turn limit.
+pub const TURN_LIMIT: &str =
+    "the step reached its turn limit (--max-turns) still working, and was ended after its last turn";
+
 /// Decide how a finished step is recorded (pure): a step the runner ended is recorded for why
 /// it ended it; otherwise Pi's verdict ([`decide_step`]) from its exit, stream and stderr.
 /// `step_timeout_ms` is the step deadline, for the message.
@@ -513,6 +527,12 @@ pub fn step_outcome(
             StepStatus::Stopped,
             INTERRUPTED,
             EventKind::StepStopped,
+            false,
+        ),
+        Some(Ending::TurnLimit) => ended(
+            StepStatus::Failed,
+            TURN_LIMIT,
+            EventKind::StepFailed,
             false,
         ),
         Some(Ending::StepTimeout) => ended(

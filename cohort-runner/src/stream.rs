@@ -81,6 +81,9 @@ pub enum Notice<'a> {
         /// Whether Pi marked it an error.
         is_error: bool,
     },
+    /// A turn ended (`turn_end`): the model answered and its tool calls, if any, have run.
+    /// [`StreamSummary::turn_count`] counts it already.
+    TurnEnd,
     /// The agent loop ended: `agent_end` (`settled: false`) or, on Pi 1.x, `agent_settled`
     /// (`settled: true`: Pi will not go on by itself). See [`crate::rpc::ends_session`].
     LoopEnd {
@@ -359,6 +362,9 @@ impl StreamParser {
                     if kind == Skip::AgentEnd {
                         on_notice(&self.summary, Notice::LoopEnd { settled: false });
                     }
+                    if kind == Skip::TurnEnd {
+                        on_notice(&self.summary, Notice::TurnEnd);
+                    }
                     if kind == Skip::Update {
                         if let Some(text) = text_delta(head) {
                             self.summary.streamed_text |= !text.is_empty();
@@ -395,7 +401,11 @@ impl StreamParser {
         }
         if let Some(kind) = classify_prefix(&line[..line.len().min(PREFIX_BYTES)]) {
             self.count_skipped(kind);
-            return (kind == Skip::AgentEnd).then_some(Notice::LoopEnd { settled: false });
+            return match kind {
+                Skip::AgentEnd => Some(Notice::LoopEnd { settled: false }),
+                Skip::TurnEnd => Some(Notice::TurnEnd),
+                _ => None,
+            };
         }
         let Ok(env) = serde_json::from_slice::<Envelope>(line) else {
             self.summary.garbage_lines += 1;
@@ -462,7 +472,7 @@ impl StreamParser {
             }
             "turn_end" => {
                 self.summary.turn_count += 1;
-                None
+                Some(Notice::TurnEnd)
             }
             "agent_end" => {
                 self.summary.saw_agent_end = true;
@@ -865,6 +875,13 @@ mod tests {
         assert!(
             matches!(note, Some(Notice::UiRequest { title: None, text, .. }) if text.as_deref() == Some("m"))
         );
+        let turns = p.summary.turn_count;
+        let turn = p.parse_line(br#"{"type":"turn_end","message":{"role":"assistant"}}"#);
+        assert!(
+            matches!(turn, Some(Notice::TurnEnd)),
+            "a turn's end is a notice"
+        );
+        assert_eq!(p.summary.turn_count, turns + 1);
         let settled = p.parse_line(br#"{"type":"agent_settled"}"#);
         assert!(matches!(settled, Some(Notice::LoopEnd { settled: true })));
         let ok = br#"{"id":"cohort-task","type":"response","command":"prompt","success":true}"#;
@@ -902,9 +919,10 @@ mod tests {
             assert_eq!(s.tool_count, 1);
             assert_eq!(s.usage.total_tokens, 12);
             assert_eq!(s.model.as_deref(), Some("fake/plain"));
-            assert_eq!(notices.len(), 6, "chunk {chunk}: {notices:?}");
+            assert_eq!(notices.len(), 8, "chunk {chunk}: {notices:?}");
+            assert_eq!(notices.iter().filter(|n| *n == "TurnEnd").count(), 2);
             assert!(
-                notices[5].contains("LoopEnd { settled: false }"),
+                notices[7].contains("LoopEnd { settled: false }"),
                 "{notices:?}"
             );
             assert!(notices[1].contains("TextDelta") && notices[1].contains("Hel"));

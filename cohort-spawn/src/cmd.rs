@@ -134,6 +134,10 @@ pub struct Args {
     /// Deadline for the whole run (e.g. 30m, 1h).
     #[arg(long, value_parser = duration::parse_positive, allow_hyphen_values = true)]
     timeout: Option<std::time::Duration>,
+    /// The most turns each step may take: before its last turn the step is steered to wrap up
+    /// and report, and a step still working after it is ended (failed, its session saved).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_turns: Option<u64>,
     /// Deadline for each step (e.g. 10m).
     #[arg(long, value_parser = duration::parse_positive, allow_hyphen_values = true)]
     step_timeout: Option<std::time::Duration>,
@@ -578,6 +582,7 @@ fn request(
                     slots: args.slots.unwrap_or(1),
                 }),
             reply_timeout_ms: args.reply_timeout.map(|d| d.as_millis() as u64),
+            max_turns: args.max_turns,
         },
         revives: built.revives,
         placement,

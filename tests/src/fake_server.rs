@@ -17,6 +17,7 @@
 //! | `ask` | calls `contact_supervisor` with `reason` `need_decision` and the last user message as `message`; once the tool has answered, replies `GOT: <tool result>` |
 //! | `intercom` | calls `intercom` with `action` `ask`, `to` `supervisor` and the last user message as `message`; once the tool has answered, replies `GOT: <tool result>` |
 //! | `report` | calls `contact_supervisor` with `reason` `progress_update` and the last user message as `message`; once the tool has answered, replies `GOT: <tool result>` |
+//! | `busy` | calls `bash` (`echo BUSY`) every turn; but when the task (the first user message) says `OBEY` and the last message is a user message saying `one turn left` (`--max-turns`' wrap-up), replies `WRAPPED UP after N tool calls` |
 //! | `metered` | replies as `plain`, reporting 1000 prompt tokens of which 300 were cached, and 200 completion tokens; the profile gives it prices ([`METERED_PRICES`]) |
 //! | `delegate` | delegates as the `cohort` skill teaches: first `read`s the skill's file, from the `<location>` of the skill named `cohort` in the system prompt (no such skill: replies `NO COHORT SKILL`); then runs with `bash` the skill's first `cohort-spawn --wait "TASK"` line, `TASK` replaced by the text after `DELEGATE:` in the user's message (no such line: replies `NO WAIT EXAMPLE`); then replies `DELEGATED: <bash output>` |
 //! | `big` | replies with 10 MiB of text in 1 MiB chunks (Pi 0.73.1 on Node 20 dies with ENOBUFS writing much larger lines to a pipe) |
@@ -35,7 +36,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 /// The model ids the server knows.
-pub const MODELS: [&str; 14] = [
+pub const MODELS: [&str; 15] = [
     "plain",
     "metered",
     "delegate",
@@ -50,6 +51,7 @@ pub const MODELS: [&str; 14] = [
     "ask",
     "intercom",
     "report",
+    "busy",
 ];
 
 /// The prices `models.json` gives model `metered`: dollars per million input, output,
@@ -369,6 +371,22 @@ fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()>
             ),
             Some(answer) => reply(out, model, &format!("GOT: {}", answer.trim())),
         },
+        "busy" => {
+            let first_user = messages
+                .iter()
+                .find(|m| m["role"] == "user")
+                .map(message_text)
+                .unwrap_or_default();
+            let told = messages
+                .last()
+                .is_some_and(|m| m["role"] == "user" && message_text(m).contains("one turn left"));
+            if told && first_user.contains("OBEY") {
+                let calls = messages.iter().filter(|m| m["role"] == "tool").count();
+                reply(out, model, &format!("WRAPPED UP after {calls} tool calls"))
+            } else {
+                tool_call(out, model, "bash", json!({"command": "echo BUSY"}))
+            }
+        }
         "report" => match last_tool {
             None => tool_call(
                 out,

@@ -59,6 +59,9 @@ pub enum EventKind {
     StepTimedOut,
     /// Processes of a step survived TERM and KILL; `{step, processes: ["<pid> <cmdline>"]}`.
     StepEscaped,
+    /// The step's turn limit (`--max-turns`) steered it to wrap up before its last turn;
+    /// `{step, turn, maxTurns}` (`turn`: turns done).
+    StepWrapUp,
     /// An attempt of a step failed before its model answered and the step goes on with the
     /// next of its agent's fallback models; `{step, model, error, next}`.
     StepFallback,
@@ -99,7 +102,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind, in the order `docs/format.md` lists them.
-    pub const ALL: [EventKind; 32] = [
+    pub const ALL: [EventKind; 33] = [
         EventKind::RunQueued,
         EventKind::RunSubmitted,
         EventKind::RunStarted,
@@ -118,6 +121,7 @@ impl EventKind {
         EventKind::StepStopped,
         EventKind::StepTimedOut,
         EventKind::StepEscaped,
+        EventKind::StepWrapUp,
         EventKind::StepFallback,
         EventKind::SessionContended,
         EventKind::NestedStopping,
@@ -155,6 +159,7 @@ impl EventKind {
             EventKind::StepStopped => "step.stopped",
             EventKind::StepTimedOut => "step.timedOut",
             EventKind::StepEscaped => "step.escaped",
+            EventKind::StepWrapUp => "step.wrapUp",
             EventKind::StepFallback => "step.fallback",
             EventKind::SessionContended => "session.contended",
             EventKind::NestedStopping => "nested.stopping",

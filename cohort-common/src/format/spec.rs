@@ -480,6 +480,10 @@ pub struct RunOptions {
     /// [`DEFAULT_REPLY_TIMEOUT_MS`](crate::format::control::DEFAULT_REPLY_TIMEOUT_MS).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_timeout_ms: Option<u64>,
+    /// The most turns each step may take (`--max-turns N`): before its last turn the step is
+    /// steered to wrap up, and after it the session is ended. Absent: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_turns: Option<u64>,
 }
 
 /// A run's place in a named queue: it starts when fewer than `slots` runs that joined queue
@@ -567,6 +571,7 @@ impl Default for RunOptions {
             limits: Limits::default(),
             queue: None,
             reply_timeout_ms: None,
+            max_turns: None,
         }
     }
 }

@@ -98,6 +98,7 @@ impl Supervisor {
             input,
             prompt: child.prompt,
             pi_major: child.pi_major,
+            max_turns: self.spec.options.max_turns,
         };
         self.start_readers(
             i,

@@ -143,6 +143,7 @@ impl Supervisor {
             }
             Msg::QueueTurn(_) => {}
             Msg::Control => self.take_control(),
+            Msg::Stream(i, Report::TurnLimit { action, turn }) => self.turn_limit(i, action, turn),
             Msg::Stream(i, Report::Ask { ui_id, ask }) => self.asked(i, ui_id, ask),
             Msg::Stream(
                 i,

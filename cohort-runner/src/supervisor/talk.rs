@@ -373,6 +373,24 @@ impl Supervisor {
         let _ = self.events.append(event, fields);
     }
 
+    /// Step `i`'s turn limit acted after `turn` turns: record the wrap-up, or that the step
+    /// is being ended.
+    pub(super) fn turn_limit(&mut self, i: usize, action: rpc::TurnLimit, turn: u64) {
+        match action {
+            rpc::TurnLimit::WrapUp => {
+                let _ = self.events.append(
+                    EventKind::StepWrapUp,
+                    json!({"step": i, "turn": turn, "maxTurns": self.spec.options.max_turns}),
+                );
+            }
+            rpc::TurnLimit::End => {
+                if let Some(a) = self.active.get_mut(&i) {
+                    a.turn_limit();
+                }
+            }
+        }
+    }
+
     /// When the first pending request stops waiting.
     pub(super) fn next_expiry(&self) -> Option<Instant> {
         self.talk.asked.iter().map(|a| a.expires).min()

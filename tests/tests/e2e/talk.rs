@@ -431,3 +431,68 @@ fn another_users_run_is_not_talked_to() {
     env.stop(&id);
     env.wait_terminal(&id, 30);
 }
+
+#[test]
+fn max_turns_steers_a_wrap_up_before_the_last_turn() {
+    let env = TestEnv::new();
+    let id = env.spawn(&[
+        "--model",
+        "fake/busy",
+        "--max-turns",
+        "3",
+        "OBEY: keep busy",
+    ]);
+    let rec = env.wait_terminal(&id, 60);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let answer = stdout(&env.run("cohort-status", &["--output", &id]));
+    assert_eq!(answer.trim(), "WRAPPED UP after 2 tool calls");
+    assert_eq!(
+        env.server.requests().len(),
+        3,
+        "{:#?}",
+        env.server.user_texts()
+    );
+    let wrap: Vec<Value> = env
+        .events(&id)
+        .into_iter()
+        .filter(|e| e["type"] == "step.wrapUp")
+        .collect();
+    assert_eq!(wrap.len(), 1, "{:#?}", env.events(&id));
+    assert_eq!(
+        (wrap[0]["turn"].as_u64(), wrap[0]["maxTurns"].as_u64()),
+        (Some(1), Some(3))
+    );
+}
+
+#[test]
+fn max_turns_ends_a_step_still_working_after_its_last_turn() {
+    let env = TestEnv::new();
+    let id = env.spawn(&[
+        "--model",
+        "fake/busy",
+        "--max-turns",
+        "2",
+        "IGNORE: keep busy",
+    ]);
+    let rec = env.wait_terminal(&id, 60);
+    assert_eq!(rec["state"], "failed", "{rec:#}");
+    assert!(
+        rec["steps"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("turn limit (--max-turns)"),
+        "{rec:#}"
+    );
+    // Ended once its second turn was over: the model call Pi had begun by then is aborted,
+    // and no other follows.
+    let calls = env.server.requests().len();
+    assert!((2..=3).contains(&calls), "{calls} model calls");
+    assert!(
+        rec["steps"][0]["turnCount"].as_u64().unwrap() <= 3,
+        "{rec:#}"
+    );
+    let session = rec["steps"][0]["sessionFile"].as_str().unwrap();
+    assert!(std::fs::read_to_string(session)
+        .unwrap()
+        .contains("keep busy"));
+}
