@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::format::record::RunState;
+use crate::identity::procinfo;
 use crate::os::lock;
 use crate::store::discover::Found;
-use crate::store::observe::{observe_found, Judgement};
+use crate::store::observe::{self, observe_found, Judgement, Proof, RecordedRunner};
 
 /// How often a waiter asks the scheduler again about a run whose job is still pending.
 pub const SCHEDULER_POLL: Duration = Duration::from_secs(2);
@@ -36,8 +37,12 @@ pub enum WaitOutcome {
 /// observation and returns at once, unless a scheduler still holds its job: then the
 /// scheduler is asked again every [`SCHEDULER_POLL`].
 ///
-/// A legacy record is never waited on: it has no lock and nothing will ever change it, so its
-/// stored state is the answer.
+/// A legacy pi-subagents record is never waited on: it has no lock and nothing will ever
+/// change it, so its stored state is the answer. A `running` record of pi-cohort (under the
+/// state root, or in its temp dir up to 7.1) whose recorded runner is alive and proven the
+/// same process ([`observe::recorded_runner`]) is waited on by that process: pinned by a pidfd,
+/// the kernel wakes the waiter when it exits ([`procinfo::wait_exit`]); then its record is read
+/// again.
 ///
 /// Errors: those of observing a run; [`Error::Resource`] when a waiting thread (one per run)
 /// cannot be created.
@@ -87,13 +92,20 @@ fn wait_one(found: &Found) -> Result<RunState> {
             | Judgement::Abandoned
             | Judgement::Unknown
             | Judgement::Legacy
-            // Nothing cohort can block on: no lock of its own protocol.
-            | Judgement::ForeignAlive
+            // Nothing cohort can block on: no lock of its own protocol, no runner alive.
             | Judgement::ForeignGone
             | Judgement::Unresolved => return Ok(obs.record.state),
             // Spawn or the runner holds the lock (it is handed from one to the other, never
             // free in between): the kernel wakes us when the last holder is gone.
             Judgement::Alive | Judgement::Starting => lock::wait_released(&dir.lock())?,
+            // A pi-cohort runner, alive and proven by its start: its exit is the end of the
+            // wait (its record says what it wrote last).
+            Judgement::ForeignAlive => {
+                match observe::recorded_runner(&obs.record, Proof::for_origin(&found.origin)) {
+                    RecordedRunner::Alive { pid, start_time } => procinfo::wait_exit(pid, start_time)?,
+                    RecordedRunner::Gone | RecordedRunner::Unrecorded => {}
+                }
+            }
             // The scheduler holds the job (or cannot be asked): no lock to block on yet.
             Judgement::Scheduled | Judgement::Unconfirmed => std::thread::sleep(SCHEDULER_POLL),
         }
