@@ -155,16 +155,6 @@ pub enum Proof {
     StartedBeforeRecord,
 }
 
-impl Proof {
-    /// The proof the records of `origin` are held to (pure).
-    pub fn for_origin(origin: &Origin) -> Proof {
-        match origin {
-            Origin::PiCohortLegacy => Proof::StartedBeforeRecord,
-            _ => Proof::AsRecorded,
-        }
-    }
-}
-
 /// The runner a record cohort did not write names, as found now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecordedRunner {
@@ -1174,10 +1164,5 @@ mod tests {
                 r.pid, r.pid_start_time
             );
         }
-        assert_eq!(
-            Proof::for_origin(&Origin::PiCohortLegacy),
-            Proof::StartedBeforeRecord
-        );
-        assert_eq!(Proof::for_origin(&Origin::PiCohort), Proof::AsRecorded);
     }
 }

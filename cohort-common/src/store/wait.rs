@@ -40,9 +40,11 @@ pub enum WaitOutcome {
 /// A legacy pi-subagents record is never waited on: it has no lock and nothing will ever
 /// change it, so its stored state is the answer. A `running` record of pi-cohort (under the
 /// state root, or in its temp dir up to 7.1) whose recorded runner is alive and proven the
-/// same process ([`observe::recorded_runner`]) is waited on by that process: pinned by a pidfd,
-/// the kernel wakes the waiter when it exits ([`procinfo::wait_exit`]); then its record is read
-/// again.
+/// same process under [`Proof::StartedBeforeRecord`] ([`observe::recorded_runner`]: its
+/// recorded start time, else a start no later than the record's `startedAt`) is waited on by
+/// that process: pinned by a pidfd, the kernel wakes the waiter when it exits
+/// ([`procinfo::wait_exit`]); then its record is read again. One without that proof is not
+/// waited on, whatever the listing says of it.
 ///
 /// Errors: those of observing a run; [`Error::Resource`] when a waiting thread (one per run)
 /// cannot be created.
@@ -101,9 +103,15 @@ fn wait_one(found: &Found) -> Result<RunState> {
             // A pi-cohort runner, alive and proven by its start: its exit is the end of the
             // wait (its record says what it wrote last).
             Judgement::ForeignAlive => {
-                match observe::recorded_runner(&obs.record, Proof::for_origin(&found.origin)) {
-                    RecordedRunner::Alive { pid, start_time } => procinfo::wait_exit(pid, start_time)?,
-                    RecordedRunner::Gone | RecordedRunner::Unrecorded => {}
+                // Blocking needs proof of the process whatever the listing accepts: a recorded
+                // start time, else a start no later than the record's `startedAt`.
+                match observe::recorded_runner(&obs.record, Proof::StartedBeforeRecord) {
+                    RecordedRunner::Alive { pid, start_time } => {
+                        procinfo::wait_exit(pid, start_time)?
+                    }
+                    RecordedRunner::Gone | RecordedRunner::Unrecorded => {
+                        return Ok(obs.record.state)
+                    }
                 }
             }
             // The scheduler holds the job (or cannot be asked): no lock to block on yet.

@@ -993,8 +993,27 @@ fn wait_on_a_live_pi_cohort_record_waits_for_its_runner_by_pid() {
     )
     .unwrap();
 
+    // The same for pi-cohort 7.2: listed live as pi-cohort judges it (any live process with the
+    // pid), but never waited on without proof that it is the runner.
+    let reused72 = "4cae0f72-5b6d-4e7f-8a91-b2c3d4e5f607";
+    let dir72 = w.env.state_root().runs_dir().join(reused72);
+    std::fs::create_dir_all(&dir72).unwrap();
+    std::fs::write(
+        dir72.join("status.json"),
+        pi_cohort_running(reused72, runner.pid(), started - 3_600_000),
+    )
+    .unwrap();
+
     let rows = json_lines(&w.ok(&["--all", "--json"]));
     let live = |id: &str| rows.iter().find(|r| r["runId"] == id).unwrap()["live"].clone();
+    assert_eq!(live(reused72), true, "{rows:?}");
+    let out = w.run(&["--wait", &reused72[..8], "--timeout", "60s"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "answered at once: {}",
+        stderr(&out)
+    );
     assert_eq!(live("7a11ce55"), true, "{rows:?}");
     assert_eq!(live(seven_two), true, "{rows:?}");
     assert_eq!(live("0dd5eed5"), false, "{rows:?}");
