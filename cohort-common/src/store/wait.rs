@@ -193,4 +193,46 @@ mod tests {
             WaitOutcome::Done(vec![(dir.name(), RunState::Complete)])
         );
     }
+
+    #[test]
+    fn a_pi_cohort_record_is_waited_on_while_its_proven_runner_lives() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(t.path());
+        let mut runner = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .unwrap();
+        // pi-cohort's shape: no formatVersion, no lock; `startedAt` written after its start.
+        let put = |id: &str, started_at: u64| {
+            let dir = root.run_dir(id);
+            files::create_dir_all_private(dir.path()).unwrap();
+            let rec = serde_json::json!({"runId": id, "mode": "single", "state": "running",
+                "pid": runner.id(), "startedAt": started_at, "steps": []});
+            std::fs::write(dir.status(), rec.to_string()).unwrap();
+            found(&dir)
+        };
+        let now = record::now_ms();
+        let proven = put("5d7e1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b", now);
+        // The same pid recorded an hour before the process started: not proven, not waited on.
+        let reused = put("6e8f2b3c-4d5e-4f60-9bac-1d2e3f4a5b6c", now - 3_600_000);
+        assert_eq!(
+            wait(vec![reused.clone()], Some(Duration::from_secs(30))).unwrap(),
+            WaitOutcome::Done(vec![(reused.id.clone(), RunState::Running)])
+        );
+        assert_eq!(
+            wait(vec![proven.clone()], Some(Duration::from_millis(200))).unwrap(),
+            WaitOutcome::TimedOut
+        );
+        let waiter = std::thread::spawn(move || wait(vec![proven], Some(Duration::from_secs(30))));
+        runner.kill().unwrap();
+        runner.wait().unwrap();
+        // The runner died without writing an end: the record still says running.
+        assert_eq!(
+            waiter.join().unwrap().unwrap(),
+            WaitOutcome::Done(vec![(
+                "5d7e1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b".into(),
+                RunState::Running
+            )])
+        );
+    }
 }
