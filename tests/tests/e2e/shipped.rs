@@ -581,6 +581,32 @@ fn pi_cohorts_scout_planner_chain_runs_saved_and_from_its_file() {
     );
     step_ran(&env, "planner", "PLANNER STEP", 2, "plain");
     assert_eq!(env.server.requests().len(), 4, "one request per step");
+
+    // Saved in the profile's `chains/`, found by name outside any project.
+    let saved = env.profile.join("chains");
+    std::fs::create_dir_all(&saved).unwrap();
+    std::fs::copy(&file, saved.join("scout-planner.chain.md")).unwrap();
+    let out = spawn(
+        &env,
+        &cwd,
+        &[
+            "--chain",
+            "scout-planner",
+            "--model",
+            "fake/plain",
+            "the reset flow",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    step_ran(
+        &env,
+        "scout",
+        "SCOUT STEP: survey the code for the reset flow",
+        1,
+        "plain",
+    );
+    step_ran(&env, "planner", "PLANNER STEP", 3, "plain");
+    assert_eq!(env.server.requests().len(), 6, "one request per step");
 }
 
 #[test]
