@@ -3,8 +3,9 @@
 //!
 //! One place owns all human output so the binaries stay thin and the formats are tested.
 //! `--json` prints one object per line ([`json_line`]): the stored record (camelCase, times in
-//! ms since the epoch) plus `shortId`, `origin` (`top`, `nested`, `legacy`, `pi-cohort`), `live`
-//! (the runner lock is held, or a pi-cohort record's recorded runner is alive; probed only for
+//! ms since the epoch) plus `shortId`, `origin` (`top`, `nested`, `legacy`, `pi-cohort`,
+//! `pi-cohort-legacy`), `live` (the runner lock is held, or a pi-cohort record's recorded
+//! runner is alive; probed only for
 //! records that are not terminal) and `unresolved` (nothing proves the run alive or dead); a record that
 //! cannot be read is `{"runId": …, "origin": …, "error": …}`. `docs/format.md` documents it.
 //!
@@ -250,6 +251,7 @@ fn task_cell(l: &Listed) -> String {
     match row.origin {
         Origin::Legacy => marks.push_str("(legacy) "),
         Origin::PiCohort => marks.push_str("(pi-cohort) "),
+        Origin::PiCohortLegacy => marks.push_str("(pi-cohort legacy) "),
         Origin::Nested { .. } if row.depth == 0 => marks.push_str("(nested) "),
         _ => {}
     }

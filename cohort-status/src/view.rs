@@ -66,6 +66,12 @@ pub fn header(origin: &Origin, o: &Observed, children: &[Row]) -> String {
             "origin",
             "legacy pi-subagents record (read-only: never reconciled, rewritten or revived)",
         );
+    } else if *origin == Origin::PiCohortLegacy {
+        line(
+            &mut s,
+            "origin",
+            "legacy record of pi-cohort up to 7.1, in its temp dir (read-only: judged by its recorded runner pid and start, never rewritten)",
+        );
     } else if o.foreign {
         line(
             &mut s,

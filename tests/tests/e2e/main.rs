@@ -43,6 +43,7 @@ mod reliability;
 mod revive;
 mod runner;
 mod shell;
+mod shipped;
 mod skill;
 mod slurm;
 mod spawn_wait;
