@@ -334,7 +334,6 @@ fn pi_subagents_agents_that_run_on_pi_run_as_declared() {
 }
 
 #[test]
-#[ignore = "needs issue 32: contact_supervisor/intercom"]
 fn pi_subagents_agents_that_contact_the_supervisor_run_as_declared() {
     all_run_as_declared(PI_SUBAGENTS, &PS_NEED_SUPERVISOR, false);
 }
@@ -393,7 +392,6 @@ fn pi_cohort_7_context_builder_runs_as_declared_with_the_profiles_web_extension(
 }
 
 #[test]
-#[ignore = "needs issue 32: contact_supervisor/intercom"]
 fn pi_cohort_5_agents_that_use_intercom_run_as_declared() {
     all_run_as_declared(PI_COHORT_5, &PC5_NEED_SUPERVISOR, false);
 }
@@ -441,23 +439,29 @@ fn installing_every_shipped_agent_leaves_the_builtins_usable() {
             .filter(|r| r["problem"].is_null())
             .min_by_key(|r| rank(r["scope"].as_str().unwrap()))
             .unwrap_or_else(|| panic!("{name}: no usable candidate in {candidates:?}"));
-        // Every installed file of this name is listed with its own path, and a refused one
-        // with why.
-        for file in [env.profile.join("agents"), project.join(".pi/agents")]
+        // The highest-ranked installed file of this name wins when it is usable (a usable
+        // file shadows the ones below it, as upstream); any other row listed for the name is
+        // a refused file, listed with its own path and why.
+        let files: Vec<PathBuf> = [project.join(".pi/agents"), env.profile.join("agents")]
             .iter()
             .map(|d| d.join(format!("{name}.md")))
             .filter(|f| f.is_file())
-        {
-            let row = candidates
+            .collect();
+        if let Some(top) = files.first() {
+            let listed = candidates
                 .iter()
-                .find(|r| r["path"] == file.display().to_string())
-                .unwrap_or_else(|| panic!("{} not listed: {candidates:?}", file.display()));
-            if !row["problem"].is_null() {
-                assert!(row["problem"]
-                    .as_str()
-                    .unwrap()
-                    .contains(&file.display().to_string()));
+                .find(|r| r["path"] == top.display().to_string())
+                .unwrap_or_else(|| panic!("{} not listed: {candidates:?}", top.display()));
+            if listed["problem"].is_null() {
+                assert_eq!(winner["path"], top.display().to_string(), "{name}");
             }
+        }
+        for row in candidates.iter().filter(|r| r["path"] != winner["path"]) {
+            let path = row["path"].as_str().unwrap_or_default();
+            let problem = row["problem"].as_str().unwrap_or_else(|| {
+                panic!("{name}: a usable file below the winner is listed: {row:?}")
+            });
+            assert!(problem.contains(path), "{row:?}");
         }
         let out = spawn(
             &env,
