@@ -496,3 +496,54 @@ fn max_turns_ends_a_step_still_working_after_its_last_turn() {
         .unwrap()
         .contains("keep busy"));
 }
+
+#[test]
+fn a_nested_runs_request_is_shown_with_its_parent_and_answered_by_its_id() {
+    use cohort_e2e::harness::{bin_dir, HERMETIC};
+    let env = TestEnv::new();
+    agent(
+        &env,
+        "asker",
+        "model: fake/ask\ntools: contact_supervisor\n",
+    );
+    let command = format!(
+        "{} --agent asker --wait --quiet 'NESTED-Q' -- {}",
+        bin_dir().join("cohort-spawn").display(),
+        HERMETIC.join(" ")
+    );
+    let root = env.spawn(&["--model", "fake/tool", &format!("RUN: {command}")]);
+    let dir = env.state_root().nested_runs_dir(&root);
+    let mut nested = None;
+    wait_for(Duration::from_secs(60), || {
+        nested = std::fs::read_dir(&dir).ok().and_then(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| !p.file_name().unwrap().to_string_lossy().starts_with('.'))
+                .find(|p| {
+                    std::fs::read_to_string(p.join("status.json"))
+                        .ok()
+                        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                        .is_some_and(|r| r["pending"].as_array().is_some_and(|a| !a.is_empty()))
+                })
+        });
+        nested.is_some()
+    })
+    .expect("the nested run asks");
+    let nested = nested.unwrap();
+    let nested_id = nested.file_name().unwrap().to_str().unwrap().to_string();
+    let short = &nested_id[nested_id.len() - 12..];
+    let show = stdout(&env.run("cohort-status", &[&root]));
+    assert!(
+        show.contains(&format!(
+            "waiting      nested run {short}: q1 need_decision"
+        )),
+        "{show}"
+    );
+    let check = env.run("cohort-status", &["--check"]);
+    assert!(stdout(&check).contains(short), "{}", stdout(&check));
+    accepted(&env, &["--reply", &nested_id, "NESTED-ANSWER"]);
+    let rec = env.wait_terminal(&root, 60);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    let answer = stdout(&env.run("cohort-status", &["--output", &root]));
+    assert!(answer.contains("NESTED-ANSWER"), "{answer}");
+}
