@@ -221,6 +221,19 @@ fn handle(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     }
 }
 
+/// The roles and texts of a logged request's messages, as `role: text` lines (the system
+/// prompt first).
+pub fn transcript(req: &Value) -> Vec<String> {
+    req["messages"]
+        .as_array()
+        .map(|ms| {
+            ms.iter()
+                .map(|m| format!("{}: {}", m["role"].as_str().unwrap_or(""), message_text(m)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The text of a logged or received message: its `content` string, or its text parts joined.
 pub fn message_text(m: &Value) -> String {
     match &m["content"] {

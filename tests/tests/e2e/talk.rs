@@ -8,36 +8,9 @@
 use std::process::Output;
 use std::time::Duration;
 
-use cohort_e2e::fake_server::message_text;
+use cohort_e2e::fake_server::transcript;
 use cohort_e2e::harness::{stderr, stdout, wait_for, TestEnv};
 use serde_json::Value;
-
-/// The roles and texts of a logged model request's messages, as `role: text` lines.
-fn transcript(req: &Value) -> Vec<String> {
-    req["messages"]
-        .as_array()
-        .map(|ms| {
-            ms.iter()
-                .map(|m| format!("{}: {}", m["role"].as_str().unwrap_or(""), message_text(m)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The first logged request whose messages carry `needle`, waited for.
-fn request_with(env: &TestEnv, needle: &str) -> Value {
-    let mut found = None;
-    wait_for(Duration::from_secs(60), || {
-        found = env
-            .server
-            .requests()
-            .into_iter()
-            .find(|r| transcript(r).iter().any(|l| l.contains(needle)));
-        found.is_some()
-    })
-    .unwrap_or_else(|_| panic!("no model request carried {needle:?}"));
-    found.unwrap()
-}
 
 /// `cohort-spawn ARGS` (no hermetic Pi flags: they are not for a control message).
 fn talk(env: &TestEnv, args: &[&str]) -> Output {
@@ -113,7 +86,7 @@ fn a_steer_reaches_the_next_model_call_after_the_tool() {
     let cid = accepted(&env, &["--steer", &id, "STEER-E2E: also count the files"]);
     assert_eq!(control_events(&env, &id, "control.accepted", &cid).len(), 1);
     wait_delivered(&env, &id, &cid);
-    let req = request_with(&env, "STEER-E2E");
+    let req = env.request_with("STEER-E2E");
     let lines = transcript(&req);
     let tool = lines
         .iter()
@@ -143,7 +116,7 @@ fn a_follow_up_arrives_after_the_answer() {
     wait_tool(&env, &id, 0);
     let cid = accepted(&env, &["--follow-up", &id, "FOLLOW-E2E"]);
     wait_delivered(&env, &id, &cid);
-    let req = request_with(&env, "FOLLOW-E2E");
+    let req = env.request_with("FOLLOW-E2E");
     let lines = transcript(&req);
     let answer = lines
         .iter()
@@ -160,7 +133,7 @@ fn an_interrupt_ends_the_turn_and_revive_continues_the_same_session() {
     let env = TestEnv::new();
     let id = env.spawn(&["--model", "fake/slow", "TAKE-YOUR-TIME"]);
     // The model is streaming its answer.
-    request_with(&env, "TAKE-YOUR-TIME");
+    env.request_with("TAKE-YOUR-TIME");
     wait_record(&env, &id, "the step running", |r| {
         r["steps"][0]["status"] == "running"
     });
@@ -188,7 +161,7 @@ fn an_interrupt_ends_the_turn_and_revive_continues_the_same_session() {
         rec2["steps"][0]["sessionFile"].as_str(),
         Some(session.as_str())
     );
-    let req = request_with(&env, "AGAIN-E2E");
+    let req = env.request_with("AGAIN-E2E");
     assert!(
         transcript(&req)
             .iter()
@@ -287,7 +260,7 @@ fn a_childs_request_is_shown_everywhere_and_answered_by_reply() {
     assert_eq!(later.status.code(), Some(0), "{}", stdout(&later));
     // The answer reaches the child's tool call, and its next model call.
     let cid = accepted(&env, &["--reply", &id, "GO-LEFT"]);
-    let req = request_with(&env, "GO-LEFT");
+    let req = env.request_with("GO-LEFT");
     assert!(
         transcript(&req)
             .iter()
