@@ -427,6 +427,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         runtime: &runtime_request,
         major: Default::default(),
         session: session.as_deref(),
+        cwd: &lookup,
+        extensions: Default::default(),
     };
     shape::resolve_agents(&mut built.chain, &lookup, &machine)?;
     let started = start(&root, request(&args, built, placement, backend))?;

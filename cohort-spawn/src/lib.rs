@@ -46,6 +46,7 @@ pub mod complete;
 pub mod discover;
 pub mod frontmatter;
 pub mod limits;
+pub mod pi_extensions;
 pub mod revive;
 pub mod route;
 pub mod session;

@@ -222,8 +222,11 @@ pub struct AgentSpec {
     /// loads them even with `--no-skills`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skills: Vec<PathBuf>,
-    /// `extensions`, resolved to paths: one `-e PATH` each, after `--no-extensions` (an agent's
-    /// child loads no extension it does not list; absent and empty both mean none).
+    /// `extensions`, resolved to paths: one `-e PATH` each, after `--no-extensions`, so an
+    /// agent's child loads exactly these. Spawn fills an agent without the field with the
+    /// extensions Pi itself would load for the run's profile and working directory, less the
+    /// subagent extensions (`cohort-spawn/src/pi_extensions.rs`); `[]` is none. `None` (a
+    /// spec written before that) is none too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extensions: Option<Vec<PathBuf>>,
     /// `subagentOnlyExtensions`, resolved to paths: one `-e PATH` each, beside whatever else
