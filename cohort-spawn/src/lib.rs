@@ -45,6 +45,7 @@ pub mod cmd;
 pub mod complete;
 pub mod discover;
 pub mod frontmatter;
+pub mod governance;
 pub mod limits;
 pub mod pi_extensions;
 pub mod revive;
