@@ -498,6 +498,36 @@ pub fn check_tool_name(name: &str, extensions: bool) -> Result<(), String> {
 /// extension.
 const NEEDS_EXTENSION: &str = "a tool an extension provides needs an extension: leave out `extensions` (the profile's extensions) or list the one that provides it under `extensions`";
 
+/// Refuse the step's extension tools when no extension could provide them (pure): the
+/// step's tool list `tools` (the agent's, or the command line's that replaced it) names
+/// tools of the settled agent `spec`'s `extension_tools`, and the agent loads no extension at
+/// all, because it has no `extensions` field and the profile has none (`extensions: []` is
+/// refused when the file is read). Every such tool is named, with what provides it upstream.
+pub fn check_provided(spec: &AgentSpec, tools: Option<&[String]>) -> Result<(), String> {
+    let loads =
+        spec.extensions.as_ref().is_none_or(|e| !e.is_empty()) || !spec.extra_extensions.is_empty();
+    let needed: Vec<String> = tools
+        .unwrap_or_default()
+        .iter()
+        .filter(|t| spec.extension_tools.contains(t))
+        .map(|t| cohort_common::tools::described(t))
+        .collect();
+    if loads || needed.is_empty() {
+        return Ok(());
+    }
+    let file = match &spec.path {
+        Some(p) => p.display().to_string(),
+        None => format!("builtin agent {}", spec.name),
+    };
+    Err(format!(
+        "{file}: `tools`: {} {} not one of Pi's built-in tools ({}), and no extension provides {}: the agent has no `extensions` field and the profile has no extension (none in its extensions/ directory, settings or packages): install the extension in the profile or list it under `extensions`",
+        needed.join(", "),
+        if needed.len() == 1 { "is" } else { "are" },
+        PI_TOOLS.join(", "),
+        if needed.len() == 1 { "it" } else { "them" },
+    ))
+}
+
 /// What [`settle`] needs to know about the caller and the machine.
 pub trait Caller {
     /// The model `model: inherit` means here: the parent run's step's, for a nested run; Pi's
@@ -1077,6 +1107,33 @@ mod tests {
             settled("extensions: /abs/x.ts\n").extensions,
             Some(vec![PathBuf::from("/abs/x.ts")])
         );
+    }
+
+    #[test]
+    fn extension_tools_no_extension_could_provide_are_refused_at_once() {
+        let fake = caller(Ok("p/m".into()), Some(1));
+        let mut spec = settle(
+            &parse(&fm("tools: read, web_search, fetch\n")).unwrap(),
+            &fake,
+        )
+        .unwrap();
+        let tools = spec.tools.clone();
+        assert_eq!(
+            check_provided(&spec, tools.as_deref()),
+            Ok(()),
+            "the profile has one"
+        );
+        spec.extensions = Some(vec![]);
+        let e = check_provided(&spec, tools.as_deref()).unwrap_err();
+        assert!(
+            e.starts_with("/u/agents/a.md: `tools`: web_search (from pi-web-access (pi install npm:pi-web-access)), fetch (from pi-essentials")
+                && e.contains("are not one of Pi's built-in tools (read, bash"),
+            "{e}"
+        );
+        // The command line replaced the tools with Pi's own: nothing to provide.
+        assert_eq!(check_provided(&spec, Some(&["read".to_string()])), Ok(()));
+        spec.extra_extensions = vec!["/x.ts".into()];
+        assert_eq!(check_provided(&spec, tools.as_deref()), Ok(()));
     }
 
     #[test]
