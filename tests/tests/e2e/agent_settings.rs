@@ -329,3 +329,22 @@ fn the_subagent_config_sets_the_deadline_depth_width_and_default_queue_the_comma
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("more than `parallel.maxTasks` (2)"), "{err}");
 }
+
+#[test]
+fn the_subagent_configs_timeout_ends_a_single_run_unless_its_agent_names_one() {
+    let env = TestEnv::new();
+    subagent_config(&env, json!({"timeoutMs": 3000}));
+    let id = env.spawn(&["--model", "fake/slow", "--grace", "1s", "slow"]);
+    let rec = env.wait_terminal(&id, 30);
+    assert_eq!(rec["state"], "failed", "{rec:#}");
+    assert_eq!(rec["timedOut"], true, "{rec:#}");
+    // The agent's own deadline wins over the config's: the run gets none of its own.
+    agent(
+        &env.profile.join("agents"),
+        "patient",
+        "model: fake/plain\ntimeoutMs: 600000\n",
+        "P",
+    );
+    let id = complete(&env, &["--agent", "patient", "go"]);
+    assert!(launch(&env, &id)["options"]["timeoutMs"].is_null());
+}
