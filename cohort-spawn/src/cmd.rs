@@ -433,7 +433,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     shape::resolve_agents(&mut built.chain, &lookup, &machine)?;
     let gov = crate::governance::load(root.profile(), &lookup)?;
     // `inherit` in a model scope is the caller's model; without one it matches nothing.
-    let inherit = crate::agent_fields::Caller::inherited_model(&machine).ok();
+    let inherit = gov
+        .model_scope
+        .as_ref()
+        .and_then(|_| crate::agent_fields::Caller::inherited_model(&machine).ok());
     let verdict =
         crate::governance::check(&built.chain, &gov, args.model.is_some(), inherit.as_deref());
     match verdict {

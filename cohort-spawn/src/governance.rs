@@ -348,8 +348,8 @@ pub type Verdict = Result<Vec<String>, String>;
 /// command line merged in. `explicit` says the models came from the command line (`--model`);
 /// `inherit` is the caller's model (`modelScope`'s `inherit`).
 ///
-/// - `modelScope` (pi-subagents' `checkModelScope`): a step's model, and each of its agent's
-///   `fallbackModels`, must pass the global allow-list and its agent's. Outside one with
+/// - `modelScope` (pi-subagents' `checkModelScope`): a step's model (the caller's `inherit`
+///   when it names none), and each of its agent's `fallbackModels`, must pass the global allow-list and its agent's. Outside one with
 ///   `enforce: true`: refused when the model is the command line's or the list is `strict`,
 ///   else a warning; without `enforce` a warning that it is not enforced.
 /// - `maxThinking`: a step asking for more thinking than the ceiling is refused (pi-subagents:
@@ -398,10 +398,15 @@ pub fn check(
                 .as_ref()
                 .map(|a| a.fallback_models.clone())
                 .unwrap_or_default();
-            let models = t
-                .model
-                .iter()
-                .map(|m| (m.clone(), explicit))
+            // A step without a model runs the caller's (Pi's default, or the parent step's):
+            // checked as a model that does not come from the command line.
+            let own = match (&t.model, inherit) {
+                (Some(m), _) => Some((m.clone(), explicit)),
+                (None, Some(i)) => Some((i.to_string(), false)),
+                (None, None) => None,
+            };
+            let models = own
+                .into_iter()
                 .chain(fallbacks.into_iter().map(|m| (m, false)));
             for (model, explicit) in models {
                 for (key, rule) in rules(scope, t.agent.as_deref()) {
@@ -547,6 +552,11 @@ mod tests {
         );
         let w = check(&chain, &loose, true, None).unwrap();
         assert!(w[0].contains("not enforced"), "{w:?}");
+        // No model: the caller's is checked, as one the command line did not give.
+        let bare = [task(None, None, None)];
+        assert_eq!(check(&bare, &g, true, Some("other/m")).unwrap().len(), 1);
+        assert!(check(&bare, &strict, true, Some("other/m")).is_err());
+        assert!(check(&bare, &g, true, Some("fake/ok")).unwrap().is_empty());
     }
 
     #[test]
