@@ -555,7 +555,7 @@ pub trait Caller {
 
 /// The warnings spawn prints for agent `def` (pure), one line each: every frontmatter key
 /// neither upstream documents, in file order, with the closest known field names
-/// ([`crate::agents::closest_names`] over [`FIELDS`]), e.g. `thinkng` → `thinking`; then a
+/// ([`crate::agents::did_you_mean`] over [`FIELDS`]), e.g. `thinkng` → `thinking`; then a
 /// field with no effect where it stands: `inheritGlobalContext: true` without
 /// `inheritProjectContext: true` (pi-subagents 0.67 launches such a child with
 /// `noContextFiles`, `src/runs/shared/child-launch.ts`, so no context file reaches it). Warnings,
@@ -569,18 +569,7 @@ pub fn field_warnings(def: &AgentDef) -> Vec<String> {
     def.ignored
         .iter()
         .map(|key| {
-            let near = crate::agents::closest_names(key, &known);
-            let hint = match near.as_slice() {
-                [] => String::new(),
-                names => format!(
-                    " (did you mean {}?)",
-                    names
-                        .iter()
-                        .map(|n| format!("`{n}`"))
-                        .collect::<Vec<_>>()
-                        .join(" or ")
-                ),
-            };
+            let hint = crate::agents::did_you_mean(key, &known, "");
             format!("{file}: `{key}` is not an agent field cohort or the upstreams know, so it has no effect{hint}")
         })
         .chain(

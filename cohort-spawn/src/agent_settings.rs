@@ -342,7 +342,7 @@ pub fn parse(file: &Path, text: &str) -> Result<AgentSettings, String> {
 
 /// The warnings for the `subagents` keys of file `at` (pure): each key without effect in
 /// cohort ([`Setting::NoEffect`]), and each key pi-subagents does not read, with the closest
-/// known names ([`crate::agents::closest_names`]), in file order.
+/// known names ([`crate::agents::did_you_mean`]), in file order.
 fn key_warnings(at: &std::path::Display, sub: &Map<String, Json>) -> Vec<String> {
     let known: Vec<&str> = SETTINGS.iter().map(|(k, _)| *k).collect();
     sub.keys()
@@ -352,18 +352,7 @@ fn key_warnings(at: &std::path::Display, sub: &Map<String, Json>) -> Vec<String>
                 "{at}: `subagents.{k}` has no effect in cohort: {why}"
             )),
             None => {
-                let near = crate::agents::closest_names(k, &known);
-                let hint = match near.as_slice() {
-                    [] => String::new(),
-                    names => format!(
-                        " (did you mean {}?)",
-                        names
-                            .iter()
-                            .map(|n| format!("`subagents.{n}`"))
-                            .collect::<Vec<_>>()
-                            .join(" or ")
-                    ),
-                };
+                let hint = crate::agents::did_you_mean(k, &known, "subagents.");
                 Some(format!(
                     "{at}: `subagents.{k}` is not a setting pi-subagents or cohort knows, so it has no effect{hint}"
                 ))

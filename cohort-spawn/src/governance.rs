@@ -193,18 +193,7 @@ pub fn parse_config(at: &Path, text: &str) -> Result<Config, String> {
         .copied()
         .collect();
     for k in o.keys().filter(|k| !known.contains(&k.as_str())) {
-        let near = crate::agents::closest_names(k, &known);
-        let hint = if near.is_empty() {
-            String::new()
-        } else {
-            format!(
-                " (did you mean {}?)",
-                near.iter()
-                    .map(|n| format!("`{n}`"))
-                    .collect::<Vec<_>>()
-                    .join(" or ")
-            )
-        };
+        let hint = crate::agents::did_you_mean(k, &known, "");
         out.warnings.push(format!(
             "{at}: `{k}` is not a key pi-subagents or cohort knows, so it has no effect{hint}"
         ));
