@@ -411,133 +411,163 @@ pub fn resolve(agent_dir: &Path, cwd: &Path, home: Option<&Path>) -> Resolved {
         &mut out.warnings,
     );
     let scopes = [
-        (
-            Scope::Project,
-            project_base.clone(),
-            cwd.to_path_buf(),
-            project,
-        ),
-        (
-            Scope::User,
-            agent_dir.to_path_buf(),
-            agent_dir.to_path_buf(),
-            user,
-        ),
+        Place {
+            scope: Scope::Project,
+            base: project_base.clone(),
+            trust: cwd.to_path_buf(),
+            settings: project,
+        },
+        Place {
+            scope: Scope::User,
+            base: agent_dir.to_path_buf(),
+            trust: agent_dir.to_path_buf(),
+            settings: user,
+        },
     ];
-    let mut found: Vec<Candidate> = Vec::new();
-    // Packages: the project's first; a package in both is the project's.
-    let mut seen_packages = HashSet::new();
-    for (scope, base, trust, settings) in &scopes {
+    let mut found = package_candidates(&scopes, home, &mut out.warnings);
+    for place in &scopes {
+        found.extend(local_candidates(place, home));
+    }
+    choose(found, &mut out);
+    out
+}
+
+/// One settings file's place: its scope, the directory its entries are relative to (the
+/// project's `.pi/`, the profile), the directory its files' trust is checked from (the working
+/// directory, the profile), and what it says.
+struct Place {
+    scope: Scope,
+    base: PathBuf,
+    trust: PathBuf,
+    settings: PiSettings,
+}
+
+/// The extensions of the settings' `packages` (I/O), the project's first; a package named in
+/// both is the project's. A package that is not installed is a warning.
+fn package_candidates(
+    places: &[Place],
+    home: Option<&Path>,
+    warnings: &mut Vec<String>,
+) -> Vec<Candidate> {
+    let mut found = Vec::new();
+    let mut seen = HashSet::new();
+    for Place {
+        scope,
+        base,
+        trust,
+        settings,
+    } in places
+    {
         for (source, filter) in &settings.packages {
             let root = crate::discover::settings_package_root(source, base, home);
-            if !seen_packages.insert(package_identity(base, root.as_deref(), source)) {
+            if !seen.insert(package_identity(base, root.as_deref(), source)) {
                 continue;
             }
             let Some(root) = root.filter(|r| r.exists()) else {
-                out.warnings.push(format!(
+                let project = *scope == Scope::Project;
+                warnings.push(format!(
                     "the {} settings' package {source:?} is not installed, so its extensions are not loaded (install it with `pi install{} {source}`)",
-                    if *scope == Scope::Project { "project" } else { "profile" },
-                    if *scope == Scope::Project { " -l" } else { "" },
+                    if project { "project" } else { "profile" },
+                    if project { " -l" } else { "" },
                 ));
                 continue;
             };
-            let files = if root.is_file() {
-                vec![root.clone()]
+            let (files, pkg_root) = if root.is_file() {
+                (
+                    vec![root.clone()],
+                    root.parent().unwrap_or(&root).to_path_buf(),
+                )
             } else {
                 let f = package_extensions(&root, filter.as_deref());
-                if f.is_empty() && manifest(&root).is_none() && !root.join("extensions").exists() {
+                let bare = manifest(&root).is_none() && !root.join("extensions").exists();
+                let f = if f.is_empty() && bare {
                     entry_points(&root).unwrap_or_default()
                 } else {
                     f
-                }
-            };
-            let pkg_root = if root.is_file() {
-                root.parent().unwrap_or(&root).to_path_buf()
-            } else {
-                root.clone()
+                };
+                (f, root.clone())
             };
             let trust_root = if pkg_root.starts_with(trust) {
                 trust.clone()
             } else {
                 pkg_root.clone()
             };
-            for path in files {
-                found.push(Candidate {
-                    path,
-                    rank: 4,
-                    enabled: true,
-                    trust_root: trust_root.clone(),
-                    found_in: pkg_root.clone(),
-                    source: Some(source.clone()),
-                });
-            }
-        }
-    }
-    // Settings entries, then the automatic directories.
-    for (scope, base, trust, settings) in &scopes {
-        let (plain, patterns): (Vec<&String>, Vec<String>) = {
-            let plain = settings
-                .extensions
-                .iter()
-                .filter(|e| !is_pattern(e))
-                .collect();
-            let patterns = settings
-                .extensions
-                .iter()
-                .filter(|e| is_pattern(e))
-                .cloned()
-                .collect();
-            (plain, patterns)
-        };
-        let rank = if *scope == Scope::Project { 0 } else { 2 };
-        for entry in plain {
-            let at = from_base(entry, base, home);
-            let files = files_of(&at);
-            let on: HashSet<PathBuf> = apply_patterns(&files, &patterns, base)
-                .into_iter()
-                .collect();
-            let found_in = if at.is_dir() {
-                at.clone()
-            } else {
-                at.parent().unwrap_or(&at).to_path_buf()
-            };
-            let trust_root = if at.starts_with(trust) {
-                trust.clone()
-            } else {
-                found_in.clone()
-            };
-            for path in files {
-                found.push(Candidate {
-                    enabled: on.contains(&path),
-                    path,
-                    rank,
-                    trust_root: trust_root.clone(),
-                    found_in: found_in.clone(),
-                    source: None,
-                });
-            }
-        }
-        let dir = base.join("extensions");
-        for path in auto_entries(&dir) {
-            found.push(Candidate {
-                enabled: enabled_by_overrides(&path, &settings.extensions, base),
+            found.extend(files.into_iter().map(|path| Candidate {
                 path,
-                rank: rank + 1,
-                trust_root: trust.clone(),
-                found_in: dir.clone(),
-                source: None,
-            });
+                rank: 4,
+                enabled: true,
+                trust_root: trust_root.clone(),
+                found_in: pkg_root.clone(),
+                source: Some(source.clone()),
+            }));
         }
     }
-    // Pi keeps the first sighting of a path, orders by rank, and drops repeats of one file.
+    found
+}
+
+/// The extensions of one settings file's top-level `extensions` path entries (narrowed by its
+/// pattern entries) and of its scope's automatic directory (turned off and on by its `!`, `+`,
+/// `-` entries), I/O.
+fn local_candidates(place: &Place, home: Option<&Path>) -> Vec<Candidate> {
+    let Place {
+        scope,
+        base,
+        trust,
+        settings,
+    } = place;
+    let entries = &settings.extensions;
+    let patterns: Vec<String> = entries.iter().filter(|e| is_pattern(e)).cloned().collect();
+    let rank = if *scope == Scope::Project { 0 } else { 2 };
+    let mut found = Vec::new();
+    for entry in entries.iter().filter(|e| !is_pattern(e)) {
+        let at = from_base(entry, base, home);
+        let files = files_of(&at);
+        let on: HashSet<PathBuf> = apply_patterns(&files, &patterns, base)
+            .into_iter()
+            .collect();
+        let found_in = if at.is_dir() {
+            at.clone()
+        } else {
+            at.parent().unwrap_or(&at).to_path_buf()
+        };
+        let trust_root = if at.starts_with(trust) {
+            trust.clone()
+        } else {
+            found_in.clone()
+        };
+        found.extend(files.into_iter().map(|path| Candidate {
+            enabled: on.contains(&path),
+            path,
+            rank,
+            trust_root: trust_root.clone(),
+            found_in: found_in.clone(),
+            source: None,
+        }));
+    }
+    let dir = base.join("extensions");
+    found.extend(auto_entries(&dir).into_iter().map(|path| Candidate {
+        enabled: enabled_by_overrides(&path, entries, base),
+        path,
+        rank: rank + 1,
+        trust_root: trust.clone(),
+        found_in: dir.clone(),
+        source: None,
+    }));
+    found
+}
+
+/// Pi's choice among the candidates `found` (in the order they were found), then cohort's
+/// (I/O): the first sighting of a path stands, ordered by rank; a later path to the same file
+/// and a turned-off one are dropped; a subagent extension goes to `out.subagent`, an untrusted
+/// one to a warning, the rest to `out.load`.
+fn choose(mut found: Vec<Candidate>, out: &mut Resolved) {
     let mut first = HashSet::new();
     found.retain(|c| first.insert(c.path.clone()));
     found.sort_by_key(|c| c.rank);
     let mut canonical = HashSet::new();
     for c in found {
-        if !canonical.insert(std::fs::canonicalize(&c.path).unwrap_or_else(|_| c.path.clone()))
-            || !c.enabled
-        {
+        let real = std::fs::canonicalize(&c.path).unwrap_or_else(|_| c.path.clone());
+        if !canonical.insert(real) || !c.enabled {
             continue;
         }
         if is_subagent(&c.path, &c.found_in, c.source.as_deref()) {
@@ -553,7 +583,6 @@ pub fn resolve(agent_dir: &Path, cwd: &Path, home: Option<&Path>) -> Resolved {
         }
         out.load.push(c.path);
     }
-    out
 }
 
 /// The extension keys of the settings file `file`; none when there is no such file, when it
