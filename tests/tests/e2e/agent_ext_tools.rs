@@ -245,3 +245,20 @@ fn a_profile_extension_others_can_write_is_skipped_with_a_warning() {
     assert_eq!(env.run_count(), 0);
     assert!(env.server.requests().is_empty());
 }
+
+#[test]
+fn an_extension_in_the_projects_pi_extensions_reaches_an_agent_without_extensions() {
+    let env = TestEnv::new();
+    // The run's cwd is the test's directory: its `.pi/extensions/` is the project's.
+    let project = env.tmp.path().join(".pi/extensions/fetch.ts");
+    write(
+        &project,
+        &std::fs::read_to_string(fixtures_dir().join("extensions/fetch.ts")).unwrap(),
+    );
+    agent(&env, "builder", "tools: read, fetch\n");
+    let id = env.spawn(&["--agent", "builder", "read the link"]);
+    let rec = env.wait_terminal(&id, 120);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    assert_eq!(tools(&env.server.last_request()), ["fetch", "read"]);
+    assert_eq!(launched_extensions(&env, &id), [project.display().to_string()]);
+}
