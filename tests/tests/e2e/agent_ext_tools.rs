@@ -260,5 +260,8 @@ fn an_extension_in_the_projects_pi_extensions_reaches_an_agent_without_extension
     let rec = env.wait_terminal(&id, 120);
     assert_eq!(rec["state"], "complete", "{rec:#}");
     assert_eq!(tools(&env.server.last_request()), ["fetch", "read"]);
-    assert_eq!(launched_extensions(&env, &id), [project.display().to_string()]);
+    assert_eq!(
+        launched_extensions(&env, &id),
+        [project.display().to_string()]
+    );
 }
