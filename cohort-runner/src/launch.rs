@@ -443,7 +443,8 @@ pub fn born_in(cmd: &mut Command, procs: File) {
 /// The Pi flags an agent adds for a prompt written to `prompt_file` (pure): the prompt
 /// flag of its [`PromptMode`] (none for an empty prompt), then `--no-context-files` and
 /// `--no-skills` unless it inherits them, `--skill` per skill file, `--no-extensions`, and
-/// `-e` per extension it lists. The project's context files, when the agent inherits them but
+/// `-e` per extension it loads (spawn has resolved an absent `extensions` to the profile's
+/// own, `AgentSpec::extensions`). The project's context files, when the agent inherits them but
 /// not the profile's, are the runner's ([`crate::context`]). Model, thinking and tools are not
 /// here: spawn merges them into the step (`TaskSpec::model`, …) so that the command line and
 /// the step can override them.

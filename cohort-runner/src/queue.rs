@@ -27,20 +27,7 @@ pub fn may_start(earlier_alive: usize, slots: u32) -> bool {
     earlier_alive < slots.max(1) as usize
 }
 
-/// The width of the default queue every top-level run joins: pi-subagents'
-/// `globalConcurrencyLimit` (`extensions/subagent/config.json`), when it is set and positive
-/// (pure). The queue is named [`DEFAULT_QUEUE`].
-pub fn default_queue(global_concurrency_limit: Option<u32>) -> Option<QueueSpec> {
-    global_concurrency_limit
-        .filter(|n| *n > 0)
-        .map(|slots| QueueSpec {
-            name: DEFAULT_QUEUE.into(),
-            slots,
-        })
-}
-
-/// The name of the queue `globalConcurrencyLimit` sets the width of.
-pub const DEFAULT_QUEUE: &str = "default";
+pub use cohort_common::format::spec::{default_queue, DEFAULT_QUEUE};
 
 /// Whether `name` is a valid queue name (pure): 1 to 64 of `[A-Za-z0-9._-]`, not starting with
 /// `.`. Errors: [`Error::Usage`] naming the name.

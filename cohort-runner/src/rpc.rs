@@ -201,13 +201,18 @@ pub struct TurnState {
 
 /// What the limit of `max` turns calls for (pure). The wrap-up goes while turn `max - 1`
 /// runs its tools, so Pi gives it before the last model call; with `max` 1 there is no turn
-/// before the last. The end comes when turn `max` is over and its answer called tools (the
-/// agent would go on); an answer without tool calls ends the step by itself.
+/// before the last. The end comes as soon as turn `max` starts a tool (its answer called tools
+/// after all: the agent would go on), so those tools are cut short and no model call follows;
+/// a turn that ends past `max` all the same (Pi took the `abort` late) ends it too. An answer
+/// without tool calls ends the step by itself.
 pub fn turn_limit(max: u64, t: TurnState) -> Option<TurnLimit> {
     if t.tool_start && !t.wrapped && max >= 2 && t.completed + 1 == max - 1 {
         return Some(TurnLimit::WrapUp);
     }
-    if t.turn_end && !t.ended && t.called_tools && t.completed >= max {
+    if t.tool_start && !t.ended && t.completed + 1 >= max {
+        return Some(TurnLimit::End);
+    }
+    if t.turn_end && !t.ended && t.called_tools && t.completed > max {
         return Some(TurnLimit::End);
     }
     None
@@ -460,22 +465,31 @@ mod tests {
             ended,
             ..TurnState::default()
         };
-        // Three turns: tools of turn 2 (one turn done) get the wrap-up; turn 3's end ends it
-        // when its answer called tools again.
+        // Three turns: tools of turn 2 (one turn done) get the wrap-up; a tool of turn 3
+        // (two done) ends it.
         assert_eq!(turn_limit(3, tool(0, false)), None);
         assert_eq!(turn_limit(3, tool(1, false)), Some(TurnLimit::WrapUp));
         assert_eq!(turn_limit(3, tool(1, true)), None, "once");
         assert_eq!(turn_limit(3, end(2, true, false)), None);
-        assert_eq!(turn_limit(3, end(3, true, false)), Some(TurnLimit::End));
+        assert_eq!(turn_limit(3, tool(2, true)), Some(TurnLimit::End));
         assert_eq!(
-            turn_limit(3, end(3, false, false)),
+            turn_limit(3, end(3, true, false)),
+            None,
+            "its own turn's end"
+        );
+        assert_eq!(
+            turn_limit(3, end(4, true, false)),
+            Some(TurnLimit::End),
+            "late"
+        );
+        assert_eq!(
+            turn_limit(3, end(4, false, false)),
             None,
             "it answered: it ends itself"
         );
-        assert_eq!(turn_limit(3, end(3, true, true)), None, "once");
-        // One turn: nothing to warn in; its end ends it.
-        assert_eq!(turn_limit(1, tool(0, false)), None);
-        assert_eq!(turn_limit(1, end(1, true, false)), Some(TurnLimit::End));
+        assert_eq!(turn_limit(3, end(4, true, true)), None, "once");
+        // One turn: nothing to warn in; a tool in it ends it.
+        assert_eq!(turn_limit(1, tool(0, false)), Some(TurnLimit::End));
         let v: serde_json::Value = serde_json::from_str(wrap_up_line(4).trim_end()).unwrap();
         assert_eq!(v["type"], "steer");
         assert!(v["message"].as_str().unwrap().contains("--max-turns 4"));

@@ -386,6 +386,23 @@ pub fn closest_names(name: &str, known: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// The hint for a name `name` no one knows (pure): ` (did you mean `a` or `b`?)` over the
+/// [`closest_names`] in `known`, each shown with `prefix` (`subagents.` for a settings key);
+/// empty when none is close.
+pub fn did_you_mean(name: &str, known: &[&str], prefix: &str) -> String {
+    match closest_names(name, known).as_slice() {
+        [] => String::new(),
+        names => format!(
+            " (did you mean {}?)",
+            names
+                .iter()
+                .map(|n| format!("`{prefix}{n}`"))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ),
+    }
+}
+
 /// Give a task the agent it names (pure): its resolved agent `a` (settled for this spawn,
 /// [`crate::agent_fields::settle`]), the agent's name as the label's default (the record's
 /// `agent`), and the agent's model, thinking and tools where the task (its step, or the

@@ -489,9 +489,30 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         runtime: &runtime_request,
         major: Default::default(),
         session: session.as_deref(),
+        cwd: &lookup,
+        extensions: Default::default(),
     };
     shape::resolve_agents(&mut built.chain, &lookup, &machine)?;
-    let started = start(&root, request(&args, built, placement, backend))?;
+    let gov = crate::governance::load(root.profile(), &lookup)?;
+    // `inherit` in a model scope is the caller's model; without one it matches nothing.
+    let inherit = gov
+        .model_scope
+        .as_ref()
+        .and_then(|_| crate::agent_fields::Caller::inherited_model(&machine).ok());
+    let verdict =
+        crate::governance::check(&built.chain, &gov, args.model.is_some(), inherit.as_deref());
+    match verdict {
+        Ok(warnings) => {
+            for w in warnings {
+                eprintln!("cohort-spawn: warning: {w}");
+            }
+        }
+        Err(why) => bail!(cohort_common::Error::Usage(why)),
+    }
+    let started = start(
+        &root,
+        request(&args, built, placement, backend, &gov.config),
+    )?;
     if args.wait {
         if !args.quiet {
             eprintln!("cohort-spawn: run {} started", started.run_id);
@@ -545,13 +566,34 @@ fn parse_queue_name(name: &str) -> Result<String, String> {
     }
 }
 
-/// The start request for the run `built` describes, with the options every shape shares.
+/// The start request for the run `built` describes, with the options every shape shares. The
+/// command line beats pi-subagents' `config` (`crate::governance`): `--timeout` (and an
+/// agent's `timeoutMs`, or `--step-timeout`) its `timeoutMs` for a single-agent run,
+/// `--concurrency` its `parallel.concurrency`, `--max-depth` its `maxSubagentDepth`, `--queue`
+/// its `globalConcurrencyLimit` (the default queue, for a top-level run on this machine).
 fn request(
     args: &Args,
     built: Built,
     placement: Option<Placement>,
     backend: LaunchBackend,
+    config: &crate::governance::Config,
 ) -> SpawnRequest {
+    let single_deadline = match built.chain.as_slice() {
+        [spec::ChainStep::Task(t)]
+            if built.mode == cohort_common::format::record::RunMode::Single
+                && args.step_timeout.is_none()
+                && t.resolved_agent
+                    .as_ref()
+                    .is_none_or(|a| a.timeout_ms.is_none()) =>
+        {
+            config.timeout_ms
+        }
+        _ => None,
+    };
+    let top_level = placement.is_none();
+    let default_queue = (top_level && backend.kind.is_native())
+        .then(|| spec::default_queue(config.global_concurrency_limit))
+        .flatten();
     SpawnRequest {
         chain: built.chain,
         task: built.task,
@@ -565,10 +607,16 @@ fn request(
         pi_args: built.pi_args,
         options: RunOptions {
             grace_ms: args.grace.as_millis() as u64,
-            timeout_ms: args.timeout.map(|d| d.as_millis() as u64),
+            timeout_ms: args
+                .timeout
+                .map(|d| d.as_millis() as u64)
+                .or(single_deadline),
             step_timeout_ms: args.step_timeout.map(|d| d.as_millis() as u64),
             fail_fast: args.fail_fast,
-            concurrency: args.concurrency.map(|c| c as usize),
+            concurrency: args
+                .concurrency
+                .map(|c| c as usize)
+                .or(config.parallel_concurrency),
             output_cap_bytes: args.output_cap,
             events_cap_bytes: args.events_cap,
             on_exit: on_exit_command(args.on_exit.clone(), std::env::var(spec::ON_EXIT_ENV).ok()),
@@ -580,13 +628,17 @@ fn request(
                 .map(|name| cohort_common::format::spec::QueueSpec {
                     name,
                     slots: args.slots.unwrap_or(1),
-                }),
+                })
+                .or(default_queue),
             reply_timeout_ms: args.reply_timeout.map(|d| d.as_millis() as u64),
             max_turns: args.max_turns,
         },
         revives: built.revives,
         placement,
-        max_depth: args.max_depth.unwrap_or(route::DEFAULT_MAX_DEPTH),
+        max_depth: args
+            .max_depth
+            .or(config.max_subagent_depth.filter(|_| top_level))
+            .unwrap_or(route::DEFAULT_MAX_DEPTH),
         max_nested: args.max_nested,
         session_root: args.session_root.clone(),
         runner: spawn::default_runner_path(),

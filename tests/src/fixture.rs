@@ -258,3 +258,21 @@ fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+/// The test suite's own Pi extensions in `tests/fixtures/extensions/`, standing in for the
+/// packages upstream agents need: `web-access.ts` registers pi-web-access's `web_search`,
+/// `fetch_content`, `get_search_content` and `source_check`; `fetch.ts` registers
+/// pi-essentials' `fetch`.
+pub const EXTENSIONS: [&str; 2] = ["web-access.ts", "fetch.ts"];
+
+/// Copy the fixture extension `name` (one of [`EXTENSIONS`]) into `env`'s profile
+/// `extensions/` directory, where Pi loads it by default and where an agent without an
+/// `extensions` field finds it; returns its path there.
+pub fn install_extension(env: &TestEnv, name: &str) -> PathBuf {
+    let dir = env.profile.join("extensions");
+    std::fs::create_dir_all(&dir).unwrap();
+    let to = dir.join(name);
+    std::fs::copy(fixtures_dir().join("extensions").join(name), &to)
+        .unwrap_or_else(|e| panic!("cannot install the fixture extension {name}: {e}"));
+    to
+}

@@ -222,8 +222,11 @@ pub struct AgentSpec {
     /// loads them even with `--no-skills`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skills: Vec<PathBuf>,
-    /// `extensions`, resolved to paths: one `-e PATH` each, after `--no-extensions` (an agent's
-    /// child loads no extension it does not list; absent and empty both mean none).
+    /// `extensions`, resolved to paths: one `-e PATH` each, after `--no-extensions`, so an
+    /// agent's child loads exactly these. Spawn fills an agent without the field with the
+    /// extensions Pi itself would load for the run's profile and working directory, less the
+    /// subagent extensions (`cohort-spawn/src/pi_extensions.rs`); `[]` is none. `None` (a
+    /// spec written before that) is none too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extensions: Option<Vec<PathBuf>>,
     /// `subagentOnlyExtensions`, resolved to paths: one `-e PATH` each, beside whatever else
@@ -496,6 +499,22 @@ pub struct QueueSpec {
     /// How many runs of the queue may run at once, as this run counts them (at least 1).
     pub slots: u32,
 }
+
+/// The width of the default queue every top-level run joins: pi-subagents'
+/// `globalConcurrencyLimit` (`extensions/subagent/config.json`), when it is set and positive
+/// (pure). The queue is named [`DEFAULT_QUEUE`]. Spawn gives it to a top-level run that names
+/// no `--queue` (`cohort-spawn/src/governance.rs`).
+pub fn default_queue(global_concurrency_limit: Option<u32>) -> Option<QueueSpec> {
+    global_concurrency_limit
+        .filter(|n| *n > 0)
+        .map(|slots| QueueSpec {
+            name: DEFAULT_QUEUE.into(),
+            slots,
+        })
+}
+
+/// The name of the queue `globalConcurrencyLimit` sets the width of.
+pub const DEFAULT_QUEUE: &str = "default";
 
 /// Whether `name` is a valid queue name (pure): 1 to 64 of `[A-Za-z0-9._-]`, not starting with
 /// `.`, so it is one path component under `R/queues/`. Spawn and the runner both check it.

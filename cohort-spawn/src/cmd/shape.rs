@@ -423,6 +423,19 @@ pub(super) fn resolve_agents(
                     eprintln!("cohort-spawn: warning: {w}");
                 }
             }
+            // Before settling (whose notes would come first): the step's tools (its own or
+            // the command line's, else the agent's) that no extension could provide.
+            let mut probe = def.spec.clone();
+            if probe.extensions.is_none() {
+                probe.extensions = Some(crate::agent_fields::Caller::profile_extensions(machine));
+            }
+            crate::agent_fields::check_provided(
+                &probe,
+                t.tools.as_deref().or(probe.tools.as_deref()),
+            )
+            .map_err(|e| {
+                cohort_common::Error::Usage(format!("agent {name:?} cannot be used: {e}"))
+            })?;
             // A model given for the step beats the agent's, `inherit` included.
             def.model_inherit &= t.model.is_none();
             let spec = crate::agent_fields::settle(&def, machine).map_err(|e| {

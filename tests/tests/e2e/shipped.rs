@@ -339,7 +339,6 @@ fn pi_subagents_agents_that_contact_the_supervisor_run_as_declared() {
 }
 
 #[test]
-#[ignore = "needs point 2: profile extensions"]
 fn pi_subagents_web_agents_run_as_declared_with_the_profiles_web_extension() {
     all_run_as_declared(PI_SUBAGENTS, &PS_NEED_WEB, true);
 }
@@ -386,7 +385,6 @@ fn pi_cohort_7_agents_run_as_declared() {
 }
 
 #[test]
-#[ignore = "needs point 2: profile extensions"]
 fn pi_cohort_7_context_builder_runs_as_declared_with_the_profiles_web_extension() {
     all_run_as_declared(PI_COHORT_7, &PC7_NEED_WEB, true);
 }
@@ -397,7 +395,6 @@ fn pi_cohort_5_agents_that_use_intercom_run_as_declared() {
 }
 
 #[test]
-#[ignore = "needs issue 32: contact_supervisor/intercom, and point 2: profile extensions"]
 fn pi_cohort_5_context_builder_runs_as_declared() {
     all_run_as_declared(PI_COHORT_5, &PC5_NEED_BOTH, true);
 }
