@@ -179,7 +179,7 @@ pub fn config_file(profile: &Path) -> PathBuf {
 /// The file pi-subagents keeps its settings in: `<profile>/extensions/subagent/config.json`
 /// (pi-subagents 0.67 `src/extension/config.ts`). Its setup hook is used when pi-cohort's
 /// [`config_file`] names none ([`load_setup_hook`]); spawn reads its other keys
-/// (`cohort-spawn/src/governance.rs`).
+/// (`cohort-spawn/src/agents/governance.rs`).
 pub fn subagent_config_file(profile: &Path) -> PathBuf {
     profile
         .join("extensions")

@@ -482,7 +482,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         }
         _ => None,
     };
-    let machine = crate::agent_fields::Machine {
+    let machine = crate::agents::fields::Machine {
         profile: root.profile(),
         project: project.as_deref(),
         nested: placement.as_ref().map(|p| (&root, p)),
@@ -493,14 +493,18 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         extensions: Default::default(),
     };
     shape::resolve_agents(&mut built.chain, &lookup, &machine)?;
-    let gov = crate::governance::load(root.profile(), &lookup)?;
+    let gov = crate::agents::governance::load(root.profile(), &lookup)?;
     // `inherit` in a model scope is the caller's model; without one it matches nothing.
     let inherit = gov
         .model_scope
         .as_ref()
-        .and_then(|_| crate::agent_fields::Caller::inherited_model(&machine).ok());
-    let verdict =
-        crate::governance::check(&built.chain, &gov, args.model.is_some(), inherit.as_deref());
+        .and_then(|_| crate::agents::fields::Caller::inherited_model(&machine).ok());
+    let verdict = crate::agents::governance::check(
+        &built.chain,
+        &gov,
+        args.model.is_some(),
+        inherit.as_deref(),
+    );
     match verdict {
         Ok(warnings) => {
             for w in warnings {
@@ -567,7 +571,7 @@ fn parse_queue_name(name: &str) -> Result<String, String> {
 }
 
 /// The start request for the run `built` describes, with the options every shape shares. The
-/// command line beats pi-subagents' `config` (`crate::governance`): `--timeout` (and an
+/// command line beats pi-subagents' `config` (`crate::agents::governance`): `--timeout` (and an
 /// agent's `timeoutMs`, or `--step-timeout`) its `timeoutMs` for a single-agent run,
 /// `--concurrency` its `parallel.concurrency`, `--max-depth` its `maxSubagentDepth`, `--queue`
 /// its `globalConcurrencyLimit` (the default queue, for a top-level run on this machine).
@@ -576,7 +580,7 @@ fn request(
     built: Built,
     placement: Option<Placement>,
     backend: LaunchBackend,
-    config: &crate::governance::Config,
+    config: &crate::agents::governance::Config,
 ) -> SpawnRequest {
     let single_deadline = match built.chain.as_slice() {
         [spec::ChainStep::Task(t)]
@@ -689,7 +693,7 @@ mod tests {
 
     #[test]
     fn the_chain_help_names_every_key_the_parser_knows() {
-        use crate::chain_file::{
+        use crate::chains::file::{
             COLLECT_KEYS, EXPAND_KEYS, EXPAND_STEP_KEYS, FROM_KEYS, GROUP_KEYS, REFUSED_KEYS,
             TASK_KEYS,
         };

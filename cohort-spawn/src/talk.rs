@@ -8,7 +8,8 @@
 //! state, 2 for the sender's mistakes. Only the owner of the state root may talk to its runs;
 //! a message is data (it never passes through a shell) and at most 64 KiB.
 //!
-//! [`plan`] decides from the flags and the record alone (pure); [`send`] does the I/O.
+//! [`request`] and [`refusal`] decide from the flags and the record alone (pure); [`send`] does
+//! the I/O.
 
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;

@@ -4,7 +4,7 @@
 //! Spawn writes the launch spec once, before starting the runner; it is immutable and holds
 //! everything the runner needs: the chain of steps (each with the agent it runs as, resolved:
 //! fields and prompt), options, runtime, cwd, profile and session dir. The chain file a user
-//! passes to `cohort-spawn --chain` is parsed by spawn (`cohort_spawn::chain_file`), which
+//! passes to `cohort-spawn --chain` is parsed by spawn (`cohort_spawn::chains::file`), which
 //! refuses unknown keys so that a typo is never silently ignored.
 
 use std::path::PathBuf;
@@ -225,7 +225,7 @@ pub struct AgentSpec {
     /// `extensions`, resolved to paths: one `-e PATH` each, after `--no-extensions`, so an
     /// agent's child loads exactly these. Spawn fills an agent without the field with the
     /// extensions Pi itself would load for the run's profile and working directory, less the
-    /// subagent extensions (`cohort-spawn/src/pi_extensions.rs`); `[]` is none. `None` (a
+    /// subagent extensions (`cohort-spawn/src/agents/extensions.rs`); `[]` is none. `None` (a
     /// spec written before that) is none too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extensions: Option<Vec<PathBuf>>,
@@ -503,7 +503,7 @@ pub struct QueueSpec {
 /// The width of the default queue every top-level run joins: pi-subagents'
 /// `globalConcurrencyLimit` (`extensions/subagent/config.json`), when it is set and positive
 /// (pure). The queue is named [`DEFAULT_QUEUE`]. Spawn gives it to a top-level run that names
-/// no `--queue` (`cohort-spawn/src/governance.rs`).
+/// no `--queue` (`cohort-spawn/src/agents/governance.rs`).
 pub fn default_queue(global_concurrency_limit: Option<u32>) -> Option<QueueSpec> {
     global_concurrency_limit
         .filter(|n| *n > 0)

@@ -1,7 +1,7 @@
 //! Governance: the settings that bound what a run may do, honoured at spawn and never
 //! silently ignored (`docs/agents.md`, "Governance"). Two sources, as in pi-subagents 0.67:
 //!
-//! - the `subagents` keys of `settings.json` ([`crate::agent_settings`]): `modelScope`
+//! - the `subagents` keys of `settings.json` ([`crate::agents::settings`]): `modelScope`
 //!   (which models a step may use), `maxThinking` (the most thinking a step may ask for); the
 //!   project's value replaces the user's, as in pi-subagents;
 //! - pi-subagents' own `$PI_CODING_AGENT_DIR/extensions/subagent/config.json`
@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use cohort_common::format::spec::{ChainStep, TaskSpec};
 use serde_json::Value as Json;
 
-use crate::agent_fields::THINKING_LEVELS;
-use crate::agent_settings::{AgentSettings, ModelScope, ScopeRule};
+use crate::agents::fields::THINKING_LEVELS;
+use crate::agents::settings::{AgentSettings, ModelScope, ScopeRule};
 
 /// pi-subagents' config file under a profile: `extensions/subagent/config.json`
 /// (`src/extension/config.ts`).
@@ -242,11 +242,11 @@ impl Governance {
 }
 
 /// Read the governance of a spawn (I/O): the user's and the trusted project's settings
-/// ([`crate::discover::settings_files`]) and pi-subagents' config under `profile`. Their
+/// ([`crate::agents::discover::settings_files`]) and pi-subagents' config under `profile`. Their
 /// warnings are printed once, on stderr. Errors ([`cohort_common::Error::Usage`]): a settings
 /// file that cannot be read or has a bad value, or a config that is not a JSON object.
 pub fn load(profile: &Path, cwd: &Path) -> cohort_common::Result<Governance> {
-    let (user, project) = crate::discover::settings_files(profile, cwd)?;
+    let (user, project) = crate::agents::discover::settings_files(profile, cwd)?;
     let file = config_file(profile);
     let config = match std::fs::read_to_string(&file) {
         Ok(text) => parse_config(&file, &text).map_err(cohort_common::Error::Usage)?,
@@ -477,7 +477,7 @@ mod tests {
     }
 
     fn gov(settings: &str, config: &str) -> Governance {
-        let user = crate::agent_settings::parse(Path::new("/u/settings.json"), settings).unwrap();
+        let user = crate::agents::settings::parse(Path::new("/u/settings.json"), settings).unwrap();
         let cfg = parse_config(Path::new("/u/config.json"), config).unwrap();
         Governance::of(&user, None, cfg, "/u/config.json".into())
     }
@@ -602,7 +602,7 @@ mod tests {
 
     #[test]
     fn the_config_table_names_exactly_the_keys_the_parser_knows() {
-        let doc = include_str!("../../docs/agents.md");
+        let doc = include_str!("../../../docs/agents.md");
         let section = doc
             .split("### Governance")
             .nth(1)

@@ -17,7 +17,7 @@ use cohort_common::error::{Error, Result};
 use cohort_common::format::record::AgentScope;
 use cohort_common::os::files::{self, EntryKind, Hidden};
 
-use crate::agent_settings::{self, AgentSettings};
+use crate::agents::settings::{self as agent_settings, AgentSettings};
 use crate::agents::{parse_agent, Catalog, Found, Problem, BUILTINS};
 use crate::trust;
 
@@ -471,7 +471,7 @@ fn frontmatter_name(doc: &crate::frontmatter::Document) -> Option<String> {
     match doc.string("package").ok()? {
         Some(p) => Some(format!(
             "{}.{local}",
-            crate::agent_fields::normalise_package(&p)?
+            crate::agents::fields::normalise_package(&p)?
         )),
         None => Some(local),
     }

@@ -5,7 +5,7 @@
 //! ([`SETTINGS`]; the others pi-subagents reads are named in a warning, and so is an unknown
 //! key), and the top-level `packages` list (where installed Pi packages that may declare
 //! agents live) and `defaultProvider` (Pi's own default provider). What the governance keys
-//! decide at spawn is [`crate::governance`].
+//! decide at spawn is [`crate::agents::governance`].
 //!
 //! [`parse`] reads one file's text (pure); [`apply`] lays an agent's overrides over its parsed
 //! frontmatter (pure). An override replaces the frontmatter's value field by field, `false`
@@ -242,13 +242,13 @@ pub fn parse(file: &Path, text: &str) -> Result<AgentSettings, String> {
     }
     match sub.get("maxThinking") {
         None | Some(Json::Null) => {}
-        Some(Json::String(t)) if crate::agent_fields::THINKING_LEVELS.contains(&t.trim()) => {
+        Some(Json::String(t)) if crate::agents::fields::THINKING_LEVELS.contains(&t.trim()) => {
             out.max_thinking = Some(t.trim().to_string())
         }
         Some(_) => {
             return Err(format!(
                 "{at}: `subagents.maxThinking` must be one of {}",
-                crate::agent_fields::THINKING_LEVELS.join(", ")
+                crate::agents::fields::THINKING_LEVELS.join(", ")
             ))
         }
     }
@@ -712,7 +712,7 @@ mod tests {
     /// The keys of docs/agents.md's "Settings" table, each row's first cell up to its first
     /// `.`, and whether its text says "no effect".
     fn table_rows() -> Vec<(String, bool)> {
-        let doc = include_str!("../../docs/agents.md");
+        let doc = include_str!("../../../docs/agents.md");
         let section = doc
             .split("### Settings")
             .nth(1)

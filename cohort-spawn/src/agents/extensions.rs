@@ -459,7 +459,7 @@ fn package_candidates(
     } in places
     {
         for (source, filter) in &settings.packages {
-            let root = crate::discover::settings_package_root(source, base, home);
+            let root = crate::agents::discover::settings_package_root(source, base, home);
             if !seen.insert(package_identity(base, root.as_deref(), source)) {
                 continue;
             }

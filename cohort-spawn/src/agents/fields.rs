@@ -234,8 +234,8 @@ pub fn parse_agent(
         .filter(|t| !PI_TOOLS.contains(&t.as_str()) && !SUPERVISOR_TOOLS.contains(&t.as_str()))
         .cloned()
         .collect();
-    let supervision = crate::supervision::parse(&doc)?;
-    let handoff = crate::agent_handoff::parse(&doc)?;
+    let supervision = crate::agents::supervision::parse(&doc)?;
+    let handoff = crate::agents::handoff::parse(&doc)?;
     Ok(AgentDef {
         spec: AgentSpec {
             name,
@@ -552,7 +552,7 @@ pub trait Caller {
     /// Tell the user `line` (one line on stderr): a field that fell back to its default.
     fn note(&self, line: &str);
     /// The extensions Pi itself would load for the run's profile and working directory, less
-    /// the subagent extensions and untrusted files ([`crate::pi_extensions::resolve`]): what an
+    /// the subagent extensions and untrusted files ([`crate::agents::extensions::resolve`]): what an
     /// agent without `extensions` loads. What was left out is told once, however many agents
     /// ask.
     fn profile_extensions(&self) -> Vec<PathBuf>;
@@ -682,7 +682,7 @@ pub struct Machine<'a> {
 impl Machine<'_> {
     /// The provider of a nested run's caller: of the model its parent step recorded (`None`
     /// for a top-level run, or when the parent step has none yet). It selects the settings'
-    /// `agentOverridesByProvider` ([`crate::discover::discover_as`]).
+    /// `agentOverridesByProvider` ([`crate::agents::discover::discover_as`]).
     pub fn caller_provider(&self) -> Option<String> {
         let (root, place) = self.nested?;
         let model = parent_step_model(root, place).ok()?;
@@ -740,7 +740,8 @@ impl Caller for Machine<'_> {
                 let home = std::env::var_os("HOME")
                     .filter(|h| !h.is_empty())
                     .map(PathBuf::from);
-                let found = crate::pi_extensions::resolve(self.profile, self.cwd, home.as_deref());
+                let found =
+                    crate::agents::extensions::resolve(self.profile, self.cwd, home.as_deref());
                 for w in &found.warnings {
                     eprintln!("cohort-spawn: warning: {w}");
                 }
@@ -1242,7 +1243,7 @@ mod tests {
 
     /// The first-column fields of `docs/agents.md`'s compatibility table.
     fn table_fields() -> Vec<String> {
-        let doc = include_str!("../../docs/agents.md");
+        let doc = include_str!("../../../docs/agents.md");
         let table = doc
             .split("### Compatibility, field by field")
             .nth(1)
@@ -1267,7 +1268,7 @@ mod tests {
             table, known,
             "docs/agents.md's table and FIELDS, in one order"
         );
-        let doc = include_str!("../../docs/agents.md");
+        let doc = include_str!("../../../docs/agents.md");
         for (key, t) in FIELDS {
             let row = doc
                 .lines()
