@@ -346,9 +346,7 @@ fn entries_after(scan: &Scan<'_>, watermark: Option<&str>) -> Vec<Entry> {
     let mut n = 16;
     loop {
         let tail = scan.newest(n.min(total));
-        let reached = watermark.is_some_and(|w| {
-            tail.last().is_some_and(|f| f.id.as_str() <= w)
-        });
+        let reached = watermark.is_some_and(|w| tail.last().is_some_and(|f| f.id.as_str() <= w));
         if reached || n >= total {
             let mut out: Vec<Entry> = tail
                 .into_iter()
@@ -435,7 +433,11 @@ fn read_trees(root: &StateRoot, mut scan: Scan<'_>, entries: &[Entry]) -> Result
 fn rebuild(root: &StateRoot) -> Result<(DaySums, usize)> {
     let trees = crate::usage::collect(root, None)?;
     let mut covered = Covered::default();
-    covered.cover(trees.names.clone(), trees.pending.clone(), trees.names.len());
+    covered.cover(
+        trees.names.clone(),
+        trees.pending.clone(),
+        trees.names.len(),
+    );
     let mut open = DaySums::default();
     for (id, t) in trees.iter() {
         if trees.pending.iter().any(|p| p == id) {

@@ -92,9 +92,8 @@ impl Line {
 
     /// Add the steps of `other` (its key is not looked at): the sums of two sets of trees.
     pub(crate) fn merge(&mut self, o: &Line) {
-        let priced = self.cost.is_some()
-            || o.cost.is_some()
-            || self.tokens_unpriced + o.tokens_unpriced > 0;
+        let priced =
+            self.cost.is_some() || o.cost.is_some() || self.tokens_unpriced + o.tokens_unpriced > 0;
         self.runs += o.runs;
         self.steps += o.steps;
         self.input += o.input;

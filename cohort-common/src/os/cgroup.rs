@@ -1002,9 +1002,15 @@ mod tests {
         assert!(!is_cohort_run_cgroup(&p("/m/cohort/NE/ID"), id, m));
         assert!(!is_cohort_run_cgroup(&p("/m/x/step-3/ID"), id, m));
         assert!(!is_cohort_run_cgroup(&p("/m/x.slice/step-3/ID"), id, m));
-        assert!(!is_cohort_run_cgroup(&p("/cohort/ID"), id, m), "outside the mount");
+        assert!(
+            !is_cohort_run_cgroup(&p("/cohort/ID"), id, m),
+            "outside the mount"
+        );
         assert!(!is_cohort_run_cgroup(&p("/m/cohort/../cohort/ID"), id, m));
-        assert!(!is_cohort_run_cgroup(&p("/m/cohort/NE"), id, m), "another run's");
+        assert!(
+            !is_cohort_run_cgroup(&p("/m/cohort/NE"), id, m),
+            "another run's"
+        );
     }
 
     #[test]
@@ -1075,7 +1081,11 @@ mod tests {
             unsafe {
                 // The child's copy of the write end, closed: the parent's drop ends the read.
                 libc::close(std::os::fd::AsRawFd::as_raw_fd(&w));
-                libc::read(std::os::fd::AsRawFd::as_raw_fd(&r), b.as_mut_ptr().cast(), 1);
+                libc::read(
+                    std::os::fd::AsRawFd::as_raw_fd(&r),
+                    b.as_mut_ptr().cast(),
+                    1,
+                );
                 libc::_exit(0)
             }
         }
@@ -1087,7 +1097,11 @@ mod tests {
             );
         } else {
             // Forked where clone3 is refused: put it there for the test.
-            write(&run.join(RUNNER_LEAF).join("cgroup.procs"), &pid.to_string()).unwrap();
+            write(
+                &run.join(RUNNER_LEAF).join("cgroup.procs"),
+                &pid.to_string(),
+            )
+            .unwrap();
         }
         assert_eq!(populated(&run), Some(true));
         assert!(!remove_ended(&run, &id, Duration::ZERO), "populated: kept");

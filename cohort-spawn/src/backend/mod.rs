@@ -15,8 +15,8 @@ use std::path::Path;
 use cohort_common::backend::{BackendKind, Handle, LaunchBackend, BACKEND_ENV};
 use cohort_common::error::{Error, Result};
 use cohort_common::format::layout::{RunDir, StateRoot};
-use cohort_common::format::spec::Limits;
 use cohort_common::format::record::RunRecord;
+use cohort_common::format::spec::Limits;
 use cohort_common::os::lock::RunLock;
 
 /// How each backend starts a run, one line per backend of `cohort_common::backend::REGISTRY`

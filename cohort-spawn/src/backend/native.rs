@@ -25,8 +25,8 @@ use cohort_common::format::layout::{RunDir, StateRoot, PROFILE_ENV};
 use cohort_common::format::record::RunRecord;
 use cohort_common::format::route;
 use cohort_common::format::spec::{self, Limits, LOCK_FD, LOCK_FD_ENV};
-use cohort_common::os::{cgroup, child, files};
 use cohort_common::os::lock::RunLock;
+use cohort_common::os::{cgroup, child, files};
 
 use super::{Start, Submit};
 

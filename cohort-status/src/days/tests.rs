@@ -11,7 +11,13 @@ fn tree(started_at: Option<u64>, groups: Vec<Group>) -> TreeUsage {
     }
 }
 
-fn group(agent: Option<&str>, model: Option<&str>, steps: u64, tokens: u64, cost: Option<f64>) -> Group {
+fn group(
+    agent: Option<&str>,
+    model: Option<&str>,
+    steps: u64,
+    tokens: u64,
+    cost: Option<f64>,
+) -> Group {
     Group {
         agent: agent.map(str::to_string),
         model: model.map(str::to_string),
@@ -33,8 +39,24 @@ fn group(agent: Option<&str>, model: Option<&str>, steps: u64, tokens: u64, cost
 fn assert_same(got: &(Vec<Line>, Line), want: &(Vec<Line>, Line), by: Option<By>) {
     let same = |g: &Line, w: &Line| {
         assert_eq!(
-            (&g.key, g.runs, g.steps, g.input, g.output, g.cache_read, g.cache_write),
-            (&w.key, w.runs, w.steps, w.input, w.output, w.cache_read, w.cache_write),
+            (
+                &g.key,
+                g.runs,
+                g.steps,
+                g.input,
+                g.output,
+                g.cache_read,
+                g.cache_write
+            ),
+            (
+                &w.key,
+                w.runs,
+                w.steps,
+                w.input,
+                w.output,
+                w.cache_read,
+                w.cache_write
+            ),
             "{by:?}"
         );
         assert_eq!(
@@ -43,9 +65,18 @@ fn assert_same(got: &(Vec<Line>, Line), want: &(Vec<Line>, Line), by: Option<By>
             "{by:?} {}",
             w.key
         );
-        assert!((g.cost_known - w.cost_known).abs() < 1e-9, "{by:?} {g:?} {w:?}");
+        assert!(
+            (g.cost_known - w.cost_known).abs() < 1e-9,
+            "{by:?} {g:?} {w:?}"
+        );
     };
-    assert_eq!(got.0.len(), want.0.len(), "{by:?}: {:?} {:?}", got.0, want.0);
+    assert_eq!(
+        got.0.len(),
+        want.0.len(),
+        "{by:?}: {:?} {:?}",
+        got.0,
+        want.0
+    );
     for (g, w) in got.0.iter().zip(&want.0) {
         same(g, w);
     }
@@ -64,7 +95,10 @@ fn the_sums_give_the_rows_of_the_trees_themselves() {
                 group(None, Some("fake/b"), 1, 3, None),
             ],
         ),
-        tree(Some(19_000 * DAY + 9), vec![group(Some("scout"), Some("fake/b"), 1, 4, Some(0.25))]),
+        tree(
+            Some(19_000 * DAY + 9),
+            vec![group(Some("scout"), Some("fake/b"), 1, 4, Some(0.25))],
+        ),
         tree(Some(19_001 * DAY), vec![]),
         tree(None, vec![group(Some("-"), None, 1, 2, Some(0.0))]),
     ];
@@ -80,7 +114,10 @@ fn the_sums_give_the_rows_of_the_trees_themselves() {
     // A day whose only tree ran no step is in the total, not a row of its own.
     let (rows, total) = sums.lines(Some(By::Day));
     assert_eq!(total.runs, 4);
-    assert_eq!(rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(), ["-", "2022-01-08"]);
+    assert_eq!(
+        rows.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(),
+        ["-", "2022-01-08"]
+    );
     assert_eq!(rows[1].runs, 2);
 }
 
@@ -89,7 +126,10 @@ fn the_file_reads_back_as_written() {
     let mut c = Covered {
         watermark: Some("01a22a44-9e62-7266-ab9d-e5b500ee829c".into()),
         count: 12,
-        pending: vec!["01a22a44-9e62-7266-ab9d-e5b500ee8290".into(), "a stray name".into()],
+        pending: vec![
+            "01a22a44-9e62-7266-ab9d-e5b500ee8290".into(),
+            "a stray name".into(),
+        ],
         sums: DaySums::default(),
     };
     c.sums.add(&tree(
@@ -113,7 +153,11 @@ fn the_file_reads_back_as_written() {
 fn the_watermark_moves_to_the_newest_run_id_read() {
     let id = |i: u32| format!("01a22a44-9e62-7266-ab9d-e5b500ee{i:04}");
     let mut c = Covered::default();
-    c.cover(vec![id(1), id(2), "zz-not-a-run".into()], vec![id(2), "zz-not-a-run".into()], 3);
+    c.cover(
+        vec![id(1), id(2), "zz-not-a-run".into()],
+        vec![id(2), "zz-not-a-run".into()],
+        3,
+    );
     assert_eq!(c.watermark, Some(id(2)));
     // The stray name sorts after every id: it is read again each time, never pending.
     assert_eq!((c.count, c.pending.clone()), (2, vec![id(2)]));
@@ -166,7 +210,12 @@ proptest! {
 }
 
 /// A top-level run on disk: its lock file and a record in `state` with one step of `tokens`.
-fn write_run(root: &StateRoot, prev: Option<&str>, state: cohort_common::format::record::RunState, tokens: u64) -> String {
+fn write_run(
+    root: &StateRoot,
+    prev: Option<&str>,
+    state: cohort_common::format::record::RunState,
+    tokens: u64,
+) -> String {
     use cohort_common::format::id::RunId;
     use cohort_common::format::record::{self, RunMode, StepRecord};
     let prev: Option<RunId> = prev.map(|p| p.parse().unwrap());
@@ -194,7 +243,12 @@ fn the_sums_follow_the_runs_directory_through_new_ended_and_reaped_runs() {
     let mut ids = Vec::new();
     for i in 0..5 {
         let prev = ids.last().cloned();
-        ids.push(write_run(&root, prev.as_deref(), RunState::Complete, 100 + i));
+        ids.push(write_run(
+            &root,
+            prev.as_deref(),
+            RunState::Complete,
+            100 + i,
+        ));
     }
     // A running run with its lock held: open, read afresh each time.
     let live = write_run(&root, ids.last().map(String::as_str), RunState::Running, 7);

@@ -55,7 +55,10 @@ fn removed_by_a_listing(env: &TestEnv, cg: &Path) {
 /// The live `cohort-runner` processes of `env`'s profile, found by the environment the runner
 /// is given (`PI_CODING_AGENT_DIR`) and its executable.
 fn runners_of(env: &TestEnv) -> Vec<u32> {
-    let marker = format!("PI_CODING_AGENT_DIR={}", env.state_root().profile().display());
+    let marker = format!(
+        "PI_CODING_AGENT_DIR={}",
+        env.state_root().profile().display()
+    );
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
@@ -425,7 +428,10 @@ fn the_runner_is_born_in_its_leaf_and_the_next_reader_removes_the_ended_runs_cgr
     let runner = runners[0];
     let cg = base.join(&id);
     let leaf = cg.join(cgroup::RUNNER_LEAF);
-    assert!(leaf.is_dir(), "spawn made the run's cgroup and its runner leaf");
+    assert!(
+        leaf.is_dir(),
+        "spawn made the run's cgroup and its runner leaf"
+    );
     if at_birth {
         assert_eq!(cgroup_of(runner), leaf, "the runner was born in its leaf");
         assert_eq!(cgroup::procs(&leaf), [runner]);
@@ -449,11 +455,17 @@ fn the_runner_is_born_in_its_leaf_and_the_next_reader_removes_the_ended_runs_cgr
     let rec = env.wait_terminal(&id, 60);
     let cg = run_cgroup(&rec);
     assert!(cg.is_dir(), "{rec:#}");
-    wait_for(Duration::from_secs(5), || cgroup::populated(&cg) == Some(false))
-        .expect("the runner left its leaf by exiting");
+    wait_for(Duration::from_secs(5), || {
+        cgroup::populated(&cg) == Some(false)
+    })
+    .expect("the runner left its leaf by exiting");
     let reap = env.run("cohort-reap", &[&id]);
     assert!(reap.status.success(), "{}", stderr(&reap));
-    assert!(!env.run_dir(&id).exists() && !cg.exists(), "{}", cg.display());
+    assert!(
+        !env.run_dir(&id).exists() && !cg.exists(),
+        "{}",
+        cg.display()
+    );
 
     // `--wait` removes it when it wakes.
     let out = env.spawn_raw(&["--wait", "--model", "fake/plain", "say hi at last"]);
