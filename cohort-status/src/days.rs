@@ -23,7 +23,7 @@
 //! per line, the slot `*` (all the day's trees), `a:<agent>` or `m:<model>` (escaped as index
 //! names are, [`index::escape`]); `priced` is 1 when a step was added to the line.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 
 use cohort_common::error::Result;
@@ -295,26 +295,30 @@ pub fn collect(root: &StateRoot) -> Result<(DaySums, usize)> {
         drop(scan);
         return rebuild(root);
     }
+    // A pending entry that is no run keeps the kind the index knows (a symlink is read as one).
+    let broken: HashMap<&OsStr, &Entry> = scan
+        .broken_entries()
+        .iter()
+        .map(|e| (e.name.as_os_str(), e))
+        .collect();
     let mut to_read: Vec<Entry> = covered
         .pending
         .iter()
-        .map(|name| {
-            let name = OsString::from(name);
-            scan.broken_entries()
-                .iter()
-                .find(|e| e.name == name)
-                .cloned()
-                .unwrap_or(Entry {
-                    name,
-                    kind: EntryKind::Dir,
-                })
+        .map(|name| match broken.get(OsStr::new(name)) {
+            Some(e) => (*e).clone(),
+            None => Entry {
+                name: name.into(),
+                kind: EntryKind::Dir,
+            },
         })
         .collect();
-    for e in &after {
-        if !to_read.iter().any(|r| r.name == e.name) {
-            to_read.push(e.clone());
-        }
-    }
+    let pending: HashSet<&str> = covered.pending.iter().map(String::as_str).collect();
+    to_read.extend(
+        after
+            .iter()
+            .filter(|e| e.name.to_str().is_none_or(|n| !pending.contains(n)))
+            .cloned(),
+    );
     let read = read_trees(root, scan, &to_read)?;
     let mut open = DaySums::default();
     let mut pending = Vec::new();
