@@ -644,8 +644,8 @@ pub fn remove_tree_no_follow(dir: &Path, mount: &Path) -> Result<()> {
 
 /// Whether descriptor `fd` lies on a cgroup2 file system (`CGROUP2_SUPER_MAGIC`).
 fn is_cgroup2(fd: &std::os::fd::OwnedFd) -> bool {
-    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-    nix::sys::statfs::fstatfs(fd).is_ok_and(|s| s.filesystem_type().0 as i64 == CGROUP2_SUPER_MAGIC)
+    use nix::sys::statfs::{fstatfs, CGROUP2_SUPER_MAGIC};
+    fstatfs(fd).is_ok_and(|s| s.filesystem_type() == CGROUP2_SUPER_MAGIC)
 }
 
 /// `rmdir` cgroup `name` of the directory `parent` after every cgroup below it (their
