@@ -25,6 +25,11 @@ use serde_yaml_ng::Value;
 
 use crate::frontmatter::{self, Document, TextError};
 
+/// The tools cohort itself gives a child that declares them (`contact_supervisor`,
+/// `intercom`), answered by the run's supervisor (`docs/usage.md`, "Talking to a run"): no
+/// extension is needed for them.
+pub use cohort_common::format::control::SUPERVISOR_TOOLS;
+
 /// Pi's built-in tools (both generations; Pi 1.6's Windows-only `powershell` aside).
 pub const PI_TOOLS: [&str; 7] = ["read", "bash", "edit", "write", "grep", "find", "ls"];
 
@@ -221,7 +226,7 @@ pub fn parse_agent(
     let extension_tools = tools
         .iter()
         .flatten()
-        .filter(|t| !PI_TOOLS.contains(&t.as_str()))
+        .filter(|t| !PI_TOOLS.contains(&t.as_str()) && !SUPERVISOR_TOOLS.contains(&t.as_str()))
         .cloned()
         .collect();
     let supervision = crate::supervision::parse(&doc)?;
@@ -427,7 +432,7 @@ fn checked_tools(doc: &Document, key: &str, extensions: bool) -> Result<Vec<Stri
 /// the extension may register, checked when the child starts
 /// (`cohort-runner/src/tool_check.rs`).
 pub fn check_tool_name(name: &str, extensions: bool) -> Result<(), String> {
-    if PI_TOOLS.contains(&name) {
+    if PI_TOOLS.contains(&name) || SUPERVISOR_TOOLS.contains(&name) {
         return Ok(());
     }
     let known = PI_TOOLS.join(", ");
@@ -818,10 +823,6 @@ mod tests {
                 "read, bash, edit, write, grep, find, ls",
             ),
             ("tools: web_search\n", "listed under `extensions`"),
-            (
-                "tools: contact_supervisor\n",
-                "not one of Pi's built-in tools",
-            ),
             ("tools: ./ext/tool.ts\n", "under `extensions`"),
             ("excludeTools: Bash\n", "write `bash`"),
         ] {
@@ -832,6 +833,17 @@ mod tests {
     }
 
     #[test]
+    fn the_supervisor_tools_need_no_extension_and_are_not_checked_as_one() {
+        for t in ["contact_supervisor", "intercom"] {
+            let d = parse(&fm(&format!("tools: read, {t}\n"))).unwrap();
+            assert_eq!(d.spec.tools, Some(vec!["read".into(), t.to_string()]));
+            assert!(d.spec.extension_tools.is_empty(), "{t}");
+        }
+        assert!(check_tool_name("intercom", false).is_ok());
+        assert!(check_tool_name("Intercom", false).is_err());
+    }
+
+    #[test]
     fn an_agent_that_loads_an_extension_may_name_the_tools_it_registers() {
         let d = parse(&fm(
             "extensions: ./web.ts\ntools: read, web_search, fetch_content\nexcludeTools: fetch_content\n",
@@ -839,8 +851,8 @@ mod tests {
         .unwrap();
         assert_eq!(d.spec.tools, Some(vec!["read".into(), "web_search".into()]));
         assert_eq!(d.spec.extension_tools, ["web_search"]);
-        let d = parse(&fm("subagentOnlyExtensions: ./x.ts\ntools: intercom\n")).unwrap();
-        assert_eq!(d.spec.extension_tools, ["intercom"]);
+        let d = parse(&fm("subagentOnlyExtensions: ./x.ts\ntools: notes.search\n")).unwrap();
+        assert_eq!(d.spec.extension_tools, ["notes.search"]);
         assert!(parse(&fm("tools: read, grep\n"))
             .unwrap()
             .spec

@@ -36,6 +36,11 @@ use shape::{Built, Shape};
 #[derive(Parser)]
 #[command(group(clap::ArgGroup::new("shape").args(["parallel", "chain", "chain_file"])))]
 #[command(group(clap::ArgGroup::new("list").args(["list_agents", "list_chains"])))]
+#[command(group(
+    clap::ArgGroup::new("talk")
+        .args(["steer", "follow_up", "interrupt", "reply"])
+        .conflicts_with_all(["shape", "list", "agent", "revive", "wait", "queue", "session"])
+))]
 #[command(
     version,
     after_help = cli::exit_codes_help(MAN.exit_codes),
@@ -129,6 +134,10 @@ pub struct Args {
     /// Deadline for the whole run (e.g. 30m, 1h).
     #[arg(long, value_parser = duration::parse_positive, allow_hyphen_values = true)]
     timeout: Option<std::time::Duration>,
+    /// The most turns each step may take: before its last turn the step is steered to wrap up
+    /// and report, and a step still working after it is ended (failed, its session saved).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_turns: Option<u64>,
     /// Deadline for each step (e.g. 10m).
     #[arg(long, value_parser = duration::parse_positive, allow_hyphen_values = true)]
     step_timeout: Option<std::time::Duration>,
@@ -174,6 +183,41 @@ pub struct Args {
     /// absolute, existing, canonical; files regular, non-symlink, .jsonl, inside it).
     #[arg(long)]
     session_root: Option<PathBuf>,
+    /// Steer the running step of RUN: MESSAGE reaches its Pi session after the current turn's
+    /// tool calls, before its next model call (Pi's steer). Exit 0 once the runner accepted it,
+    /// 1 when RUN is not running.
+    #[arg(long, value_name = "RUN", help_heading = "Talking to a run",
+          add = ArgValueCompleter::new(cohort_cli::complete::run_ids))]
+    steer: Option<String>,
+    /// Give the running step of RUN the MESSAGE once its agent would otherwise finish (Pi's
+    /// follow-up).
+    #[arg(long, value_name = "RUN", help_heading = "Talking to a run",
+          add = ArgValueCompleter::new(cohort_cli::complete::run_ids))]
+    follow_up: Option<String>,
+    /// End the current turn of RUN's running step (Pi's abort; the session is saved): the step
+    /// ends stopped, failure `interrupted`, and a chain stops after it. --revive continues it.
+    #[arg(long, value_name = "RUN", help_heading = "Talking to a run",
+          add = ArgValueCompleter::new(cohort_cli::complete::run_ids))]
+    interrupt: Option<String>,
+    /// Answer RUN's oldest pending request (or REQUEST, given before MESSAGE) from a child's
+    /// contact_supervisor or intercom call: the tool call returns MESSAGE.
+    #[arg(long, value_name = "RUN", help_heading = "Talking to a run",
+          add = ArgValueCompleter::new(cohort_cli::complete::run_ids))]
+    reply: Option<String>,
+    /// With --steer, --follow-up or --interrupt on a parallel group: the member, by its
+    /// position in the group (from 0) or its label.
+    #[arg(
+        long,
+        value_name = "N|LABEL",
+        requires = "talk",
+        help_heading = "Talking to a run"
+    )]
+    member: Option<String>,
+    /// How long a child's contact_supervisor or intercom request waits for --reply before the
+    /// tool call returns without an answer (default: the agent's timeoutMs, else 10m).
+    #[arg(long, value_parser = duration::parse_positive, allow_hyphen_values = true,
+          conflicts_with = "talk")]
+    reply_timeout: Option<std::time::Duration>,
     #[command(flatten)]
     backend: crate::backend::BackendArgs,
     /// Print one JSON object ({"runId", "shortId", "runDir", "runtime"}, and "backend" with the
@@ -355,6 +399,19 @@ pub const MAN: cli::ManPage = cli::ManPage {
     sections: &[("Chain files", CHAIN_FILES), ("Agents", AGENTS)],
 };
 
+/// The talk flag given, if one is, and its RUN (pure; clap allows at most one).
+fn talk_flag(args: &Args) -> Option<(cohort_common::format::control::ControlKind, String)> {
+    use cohort_common::format::control::ControlKind;
+    [
+        (ControlKind::Steer, &args.steer),
+        (ControlKind::FollowUp, &args.follow_up),
+        (ControlKind::Interrupt, &args.interrupt),
+        (ControlKind::Reply, &args.reply),
+    ]
+    .into_iter()
+    .find_map(|(k, run)| run.clone().map(|r| (k, r)))
+}
+
 /// The on-exit hook a run gets (pure): `--on-exit CMD` when given (an empty or blank CMD
 /// means none, so it can turn off `$COHORT_ON_EXIT`), else `$COHORT_ON_EXIT` unless blank.
 pub fn on_exit_command(flag: Option<String>, env: Option<String>) -> Option<String> {
@@ -370,6 +427,11 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     if let Some(kind) = args.generate.generate {
         cli::print_generated::<Args>(kind, &MAN)?;
         return Ok(exit::SUCCESS);
+    }
+    if let Some((kind, run)) = talk_flag(&args) {
+        let req = crate::talk::request(kind, run, &args.tasks, args.member.clone())
+            .map_err(cohort_cli::usage_error)?;
+        return crate::talk::send(&StateRoot::from_env()?, &req, args.json);
     }
     let backend = crate::backend::choose(&args.backend, std::env::var(BACKEND_ENV).ok())?;
     if args.queue.is_some() && !backend.kind.is_native() {
@@ -519,6 +581,8 @@ fn request(
                     name,
                     slots: args.slots.unwrap_or(1),
                 }),
+            reply_timeout_ms: args.reply_timeout.map(|d| d.as_millis() as u64),
+            max_turns: args.max_turns,
         },
         revives: built.revives,
         placement,

@@ -28,7 +28,9 @@
 //!   when it cannot hang;
 //! - [`limits`]: `--memory-max`, `--pids-max`, `--cpu-max`: limits on the run's cgroup, refused
 //!   where they cannot be set;
-//! - [`wait`]: `--wait`, waiting for the run and printing its answer.
+//! - [`wait`]: `--wait`, waiting for the run and printing its answer;
+//! - [`talk`]: `--steer`, `--follow-up`, `--interrupt`, `--reply`: a control message to a
+//!   running run, and the runner's answer.
 
 #![deny(missing_docs)]
 
@@ -53,5 +55,6 @@ pub mod skills;
 pub mod spawn;
 pub mod stdin;
 pub mod supervision;
+pub mod talk;
 pub mod trust;
 pub mod wait;

@@ -474,6 +474,16 @@ pub struct RunOptions {
     /// --slots N`); absent: it starts at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueSpec>,
+    /// How long a child's blocking request of its supervisor (`contact_supervisor`,
+    /// `intercom`) waits for `cohort-spawn --reply`, ms (`--reply-timeout`). Absent: the
+    /// step's agent's `timeoutMs`, else
+    /// [`DEFAULT_REPLY_TIMEOUT_MS`](crate::format::control::DEFAULT_REPLY_TIMEOUT_MS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_timeout_ms: Option<u64>,
+    /// The most turns each step may take (`--max-turns N`): before its last turn the step is
+    /// steered to wrap up, and after it the session is ended. Absent: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_turns: Option<u64>,
 }
 
 /// A run's place in a named queue: it starts when fewer than `slots` runs that joined queue
@@ -560,6 +570,8 @@ impl Default for RunOptions {
             on_exit_timeout_ms: None,
             limits: Limits::default(),
             queue: None,
+            reply_timeout_ms: None,
+            max_turns: None,
         }
     }
 }

@@ -21,6 +21,8 @@ pub(super) enum Msg {
     SweepDone(usize, Vec<String>),
     /// A queued run's turn came (`None`) or its wait failed (why).
     QueueTurn(Option<String>),
+    /// A control message was renamed into the run's inbox (`control/`).
+    Control,
 }
 
 /// Start the thread that sends SIGTERM, SIGINT and SIGCHLD to the loop as [`Msg::Signal`]; it

@@ -31,7 +31,9 @@
 //! - `plan`: what is decided for a step at its first launch (its models, its deadline);
 //! - `attempt`: an attempt's child started and recorded `running`, its end recorded;
 //! - `fallback`: a failed attempt retried on the agent's next fallback model;
-//! - `finish`: the terminal record and the on-exit hook.
+//! - `finish`: the terminal record and the on-exit hook;
+//! - `talk`: control messages (steer, follow-up, interrupt, reply) and the children's requests
+//!   of their supervisor.
 
 mod attempt;
 mod event_loop;
@@ -43,6 +45,7 @@ mod handoff;
 mod messages;
 mod plan;
 mod queued;
+mod talk;
 mod worktrees;
 
 use std::collections::HashMap;
@@ -102,6 +105,7 @@ pub fn run(
     };
     let running = start::into_running(dir, rec)?;
     let mut sup = Supervisor::new(dir, running, (tx, rx));
+    sup.open_inbox();
     let state = sup.run_chain();
     sup.run_on_exit(state);
     Ok(state)
@@ -159,6 +163,8 @@ struct Supervisor {
     /// Why the runner is ending the run, once it is: a stop, or the run's deadline.
     stop: Option<Ending>,
     run_deadline: Option<Instant>,
+    /// The inbox, the live steps' stdin, and the children's pending requests.
+    talk: talk::Talk,
 }
 
 impl Supervisor {
@@ -198,6 +204,7 @@ impl Supervisor {
             session_interval: event_loop::SESSION_INTERVAL,
             stop: None,
             run_deadline: None,
+            talk: talk::Talk::default(),
         }
     }
 
