@@ -55,7 +55,7 @@ impl Submit for Native {
 /// next reader settles `failed` ("start abandoned").
 ///
 /// The runner is born in the `runner` leaf of the run's cgroup, made here with `limits`
-/// ([`run_cgroup`]), where that can be done; else it starts in spawn's cgroup.
+/// ([`cgroup::create_run`]), where that can be done; else it starts in spawn's cgroup.
 ///
 /// Errors ([`Error::Usage`]): the runner is not an executable file (searched on `PATH` when
 /// `runner` has no `/`), or cannot be forked (the process limit), with the reason.
