@@ -551,9 +551,22 @@ fn read_record_under(dir: &RunDir, liveness: Liveness) -> std::result::Result<Ru
 /// The cgroup `rec` names, when one of its own leaves still holds a process (I/O: their
 /// `cgroup.events`; the nested runs inside it are judged as runs of their own). Only a path that
 /// can be the run's cgroup under `mount` is read ([`cgroup::is_run_cgroup`]).
+///
+/// The runner of an ended run stays in its leaf until it exits, and its lock is released a
+/// moment before the kernel empties the leaf: a terminal run's leaves are given that moment
+/// ([`cohort_common::store::wait::ENDED_CGROUP_WAIT`], on their `cgroup.events`) before the
+/// cgroup counts as populated.
 fn populated_cgroup(rec: &RunRecord, mount: &Path) -> Option<PathBuf> {
     use cohort_common::os::cgroup;
     let path = rec.containment.as_ref()?.cgroup()?;
-    (cgroup::is_run_cgroup(path, &rec.run_id, mount) && cgroup::own_populated(path))
-        .then(|| path.to_path_buf())
+    if !cgroup::is_run_cgroup(path, &rec.run_id, mount) || !cgroup::own_populated(path) {
+        return None;
+    }
+    if rec.state.is_terminal() {
+        let deadline = std::time::Instant::now() + cohort_common::store::wait::ENDED_CGROUP_WAIT;
+        for (_, leaf) in cgroup::own_leaves(path) {
+            cgroup::wait_empty(&leaf, deadline);
+        }
+    }
+    cgroup::own_populated(path).then(|| path.to_path_buf())
 }

@@ -1,8 +1,9 @@
-//! The run's own cgroup, on the runner's side: made when the run starts (the runner moves
-//! itself into its `runner` leaf before any child exists), a leaf per step for the children
-//! to be placed in before they execute, the sweep of a step's leaf, and the removal of the
-//! run's cgroups when the run ends (`docs/architecture.md`, "Containment"; the layout and the
-//! shared operations are `cohort_common::os::cgroup`).
+//! The run's own cgroup, on the runner's side: found where spawn made it and started the
+//! runner in its `runner` leaf (at birth), or made here and moved into before any child exists
+//! (where spawn could not place the runner at birth), a leaf per step for the children to be
+//! born in, and the sweep of a step's leaf (`docs/architecture.md`, "Containment"; the layout
+//! and the shared operations are `cohort_common::os::cgroup`). The runner never moves itself out
+//! at the end: the empty cgroup of an ended run is removed by whoever reads the run next.
 //!
 //! Where no cgroup can be made the run keeps `/proc` tracking ([`crate::tracking`],
 //! [`crate::sweep`]) and its record says why.
@@ -19,21 +20,22 @@ use cohort_common::format::spec::Limits;
 use cohort_common::identity::procinfo;
 use cohort_common::os::cgroup;
 
+use cohort_common::os::cgroup::create;
+
 use crate::sweep::runs_under;
 
-/// A run's cgroup, made by [`make`].
+/// A run's cgroup, found or made by [`make`].
 #[derive(Debug)]
 pub struct RunCgroup {
     /// `<base>/<run-id>`.
     path: PathBuf,
-    /// The cgroup the runner was in before it moved into its leaf (it goes back there at the
-    /// end, so that its own cgroups can be removed).
-    came_from: Option<PathBuf>,
 }
 
-/// Make the run's cgroup for `run_id` with `limits` and move this process (the runner) into
-/// its `runner` leaf; or, where no cgroup can be made, say why (the run keeps `/proc`
-/// tracking).
+/// The run's cgroup for `run_id`: the one this process (the runner) was born in, when spawn
+/// made it and started the runner in its `runner` leaf (its limits written); else made here
+/// with `limits` and this process moved into its `runner` leaf (the one migration, where
+/// `clone3` with `CLONE_INTO_CGROUP` is unavailable); or, where no cgroup can be made, why
+/// (the run keeps `/proc` tracking).
 ///
 /// Errors: a limit was asked for and cannot be set (a one-line reason for the run's failure):
 /// a limit is never dropped silently.
@@ -42,6 +44,17 @@ pub fn make(
     limits: &Limits,
 ) -> std::result::Result<(Option<RunCgroup>, Containment), String> {
     let facts = cgroup::facts();
+    let born = facts
+        .mount
+        .as_deref()
+        .zip(facts.own.as_deref())
+        .and_then(|(m, o)| cgroup::born_in(m, o, run_id));
+    if let Some(path) = born {
+        return Ok((
+            Some(RunCgroup { path: path.clone() }),
+            Containment::Cgroup { path },
+        ));
+    }
     let base = cgroup::locate(&facts, cgroup::why_not_writable);
     let asked = limits.values();
     let available = match &base {
@@ -65,17 +78,9 @@ pub fn make(
             ))
         }
     };
-    let came_from = facts
-        .mount
-        .as_deref()
-        .zip(facts.own.as_deref())
-        .map(|(m, o)| cgroup::dir_of(m, o));
     match build(&base, run_id, &asked) {
         Ok(path) => Ok((
-            Some(RunCgroup {
-                path: path.clone(),
-                came_from,
-            }),
+            Some(RunCgroup { path: path.clone() }),
             Containment::Cgroup { path },
         )),
         Err(e) if !asked.is_empty() => Err(format!("cannot set the run's limits: {e}")),
@@ -83,33 +88,16 @@ pub fn make(
     }
 }
 
-/// Create `<base>/<run_id>` with its `runner` leaf, write the limits, and move this process
-/// into the leaf. On an error, what was made is removed.
+/// Make `<base>/<run_id>` with its `runner` leaf and the limits ([`cgroup::create_run`]; what
+/// spawn made already is found), and move this process into the leaf. On an error, what was
+/// made is removed.
 fn build(
     base: &Path,
     run_id: &str,
     limits: &[(cgroup::Limit, String)],
 ) -> cohort_common::error::Result<PathBuf> {
-    create(base)?;
-    for (l, _) in limits {
-        if !cgroup::available_under(base).contains(l.controller()) {
-            if let Some(up) = base.parent() {
-                enable(up, l.controller())?;
-            }
-        }
-        enable(base, l.controller())?;
-    }
-    let path = base.join(run_id);
-    create(&path)?;
-    let leaf = path.join(cgroup::RUNNER_LEAF);
-    let made = (|| {
-        for (l, value) in limits {
-            set_limit(&path, *l, value)?;
-        }
-        create(&leaf)?;
-        move_into(&leaf, 0)
-    })();
-    if let Err(e) = made {
+    let path = cgroup::create_run(base, run_id, limits)?;
+    if let Err(e) = move_into(&path.join(cgroup::RUNNER_LEAF), 0) {
         let _ = cgroup::remove_tree(&path);
         return Err(e);
     }
@@ -173,74 +161,10 @@ impl RunCgroup {
     ///
     /// Errors: a `mkdir` fails.
     pub fn step_leaf(&self, i: usize) -> cohort_common::error::Result<PathBuf> {
-        let dir = cgroup::step_dir(&self.path, i);
         let leaf = cgroup::step_leaf(&self.path, i);
-        create(&dir)?;
-        match create(&leaf) {
-            // A nested run of the step that just ended may have removed the step's empty
-            // cgroup between the two: make it again.
-            Err(_) if !dir.exists() => {
-                create(&dir)?;
-                create(&leaf)?;
-            }
-            other => other?,
-        }
+        create(&cgroup::step_dir(&self.path, i))?;
+        create(&leaf)?;
         Ok(leaf)
-    }
-
-    /// Remove the run's cgroups once it has ended (on drop): the runner moves back to the cgroup it came
-    /// from (else to its run's parent), then each step's leaf and cgroup, the runner's leaf and
-    /// the run's go, deepest first. A cgroup that still holds a process (one that escaped its
-    /// sweep) or a nested run's cgroup stays, and so do the cgroups above it; a nested run
-    /// also removes its parent step's cgroup and its parent run's when they are left empty.
-    fn remove(&self) {
-        let nested = self.path.parent().is_some_and(cgroup::is_step_dir);
-        // A top-level runner goes back where it came from; a nested one leaves its whole tree
-        // (it came from its parent step's leaf), for the place the tree's base hangs from.
-        let target = if nested {
-            top_base(&self.path).parent().map(Path::to_path_buf)
-        } else {
-            self.came_from
-                .clone()
-                .filter(|d| d.exists() && !d.starts_with(&self.path))
-        };
-        let moved = target.is_some_and(|t| move_into(&t, 0).is_ok());
-        if !moved {
-            if let Some(up) = top_base(&self.path).parent() {
-                let _ = move_into(up, 0);
-            }
-        }
-        cgroup::remove_run(&self.path);
-        // A nested run's base is its parent's step cgroup: remove it and the parent run's
-        // cgroup if nothing else is left in them (rmdir refuses otherwise).
-        if let Some(step) = self.path.parent().filter(|p| cgroup::is_step_dir(p)) {
-            if std::fs::remove_dir(step).is_ok() {
-                if let Some(run) = step.parent() {
-                    let _ = std::fs::remove_dir(run);
-                }
-            }
-        }
-    }
-}
-
-/// The base the tree of run cgroup `run` hangs from: up through every parent step's cgroup and
-/// its run's, to the first directory that is not a run's (the `cohort` directory).
-fn top_base(run: &Path) -> &Path {
-    let mut top = run;
-    while let Some(step) = top.parent().filter(|p| cgroup::is_step_dir(p)) {
-        match step.parent() {
-            Some(r) => top = r,
-            None => break,
-        }
-    }
-    top.parent().unwrap_or(top)
-}
-
-impl Drop for RunCgroup {
-    /// However the runner's run ends (its chain, or a failure after the cgroup was made), its
-    /// cgroups go with it.
-    fn drop(&mut self) {
-        self.remove();
     }
 }
 
@@ -314,46 +238,7 @@ fn wait_gone(leaf: &Path, nested_runs: &Path, deadline: Instant) -> bool {
     }
 }
 
-// The runner's writes to the hierarchy: making cgroups, enabling controllers, writing limits
-// and placing processes (readers only look, signal and remove).
-
-/// Create cgroup `dir` (an existing one is fine; its parent must exist).
-///
-/// Errors: `mkdir` fails otherwise.
-pub fn create(dir: &Path) -> cohort_common::error::Result<()> {
-    match fs::create_dir(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e).at("create cgroup", dir),
-    }
-}
-
-/// Let `dir`'s children use `controller` (`+controller` into its `cgroup.subtree_control`;
-/// nothing when it is there already).
-///
-/// Errors: the write fails (the controller is not available to `dir`, or `dir` holds
-/// processes of its own).
-pub fn enable(dir: &Path, controller: &str) -> cohort_common::error::Result<()> {
-    let now = fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
-    if cgroup::parse_controllers(&now).contains(controller) {
-        return Ok(());
-    }
-    cgroup::write(
-        &dir.join("cgroup.subtree_control"),
-        &format!("+{controller}"),
-    )
-}
-
-/// Write `value` to `limit`'s file in cgroup `dir`.
-///
-/// Errors: the write fails (the controller is not enabled for `dir`, or the value is refused).
-pub fn set_limit(
-    dir: &Path,
-    limit: cgroup::Limit,
-    value: &str,
-) -> cohort_common::error::Result<()> {
-    cgroup::write(&dir.join(limit.file()), value)
-}
+// The runner's placing of processes (readers only look, signal and remove).
 
 /// Move process `pid` (0: the caller) into cgroup `dir`.
 ///
@@ -370,18 +255,4 @@ pub fn move_into(dir: &Path, pid: u32) -> cohort_common::error::Result<()> {
 pub fn open_procs(dir: &Path) -> cohort_common::error::Result<fs::File> {
     let p = dir.join("cgroup.procs");
     fs::OpenOptions::new().write(true).open(&p).at("open", &p)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_nested_runs_tree_hangs_from_the_top_level_base() {
-        assert_eq!(
-            top_base(Path::new("/m/cohort/R/step-0/N/step-2/M")),
-            Path::new("/m/cohort")
-        );
-        assert_eq!(top_base(Path::new("/m/cohort/R")), Path::new("/m/cohort"));
-    }
 }

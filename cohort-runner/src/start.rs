@@ -3,7 +3,8 @@
 //!
 //! [`take_queued`] takes the runner lock and refuses a record that is not `queued`; nothing is
 //! written yet, so a failure there is returned alone. [`into_running`] reads the launch spec,
-//! makes the run's cgroup ([`crate::cgroup`]), publishes `running` with the runner's pid
+//! finds the run's cgroup (spawn made it and started the runner in it) or makes it
+//! ([`crate::cgroup`]), publishes `running` with the runner's pid
 //! identity and the run's containment, and then reads what the chain needs; a failure after
 //! `running` is published is recorded (`failed`, with a `run.failed` event) and returned.
 //! Spawn syncs nothing; the runner makes the run durable (launch spec, the directory
@@ -108,8 +109,9 @@ pub fn into_running(dir: &RunDir, mut rec: RunRecord) -> Result<Running> {
     if let Err(e) = make_durable(dir) {
         return fail(rec, format!("cannot make the run durable: {e}"), e);
     }
-    // The runner is in its own cgroup before `running` is published and before any child
-    // exists, so every process of the run is born in it.
+    // The runner is in its own cgroup (born there, or moved in where it could not be) before
+    // `running` is published and before any child exists, so every process of the run is born
+    // in it.
     let cgroup = match crate::cgroup::make(&rec.run_id, &spec.options.limits) {
         Ok((cg, containment)) => {
             rec.containment = Some(containment);

@@ -256,6 +256,7 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         runner: &req.runner,
         lock: &lock,
         launch: &req.backend,
+        limits: &req.options.limits,
     };
     let started =
         check_published(root, &rec, &req, &rt).and_then(|()| submit.start(&start, &mut rec));

@@ -15,8 +15,9 @@
 //! - the full listing `cohort-status --json --limit 0`, median of 5;
 //! - the floor: `cat` of every `status.json` (`xargs -0 cat`), median of 5, in the same run;
 //! - the first `cohort-status --usage --by model`, which reads every record once and writes
-//!   the index's usage ledger, then the same from the ledger, median of 9 (the ratio to the
-//!   default listing is `usage/list`).
+//!   the index's usage ledger and its per-day sums, then `--usage` (no `--by`) from the
+//!   per-day sums, median of 9 (the ratio to the default listing is `usage/list`; the target is
+//!   at most 3), and `--usage --by run` from the per-tree ledger, median of 5 (`byrun/list`).
 //!
 //! Output goes to `/dev/null` for both the listing and `cat`. Files are in the page cache for
 //! both (they were just written). The runs directory is given an mtime a minute old, as it is in
@@ -42,7 +43,7 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
     println!(
-        "{:>8}  {:>10}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8}  {:>9}  {:>11}  {:>9}  {:>10}  {:>9}",
+        "{:>8}  {:>10}  {:>9}  {:>9}  {:>9}  {:>9}  {:>8}  {:>9}  {:>11}  {:>9}  {:>10}  {:>9}  {:>10}  {:>9}",
         "runs",
         "first(ms)",
         "list(ms)",
@@ -54,6 +55,8 @@ fn main() {
         "usage1(ms)",
         "usage(ms)",
         "usage/list",
+        "byrun(ms)",
+        "byrun/list",
         "gen(s)"
     );
     let mut first_list = None;
@@ -84,12 +87,12 @@ fn main() {
                 .arg(&list_file);
             c
         });
-        let usage_args = ["--usage", "--by", "model"];
-        let usage_first = time_once(|| status_cmd(&profile, &usage_args));
-        let usage = median(9, || status_cmd(&profile, &usage_args));
+        let usage_first = time_once(|| status_cmd(&profile, &["--usage", "--by", "model"]));
+        let usage = median(9, || status_cmd(&profile, &["--usage"]));
+        let by_run = median(5, || status_cmd(&profile, &["--usage", "--by", "run"]));
         let base_list = *first_list.get_or_insert(list);
         println!(
-            "{:>8}  {:>10.1}  {:>9.1}  {:>10.1}  {:>9.1}  {:>9.1}  {:>8.2}  {:>11.2}  {:>11.1}  {:>9.1}  {:>10.2}  {:>9.1}",
+            "{:>8}  {:>10.1}  {:>9.1}  {:>10.1}  {:>9.1}  {:>9.1}  {:>8.2}  {:>11.2}  {:>11.1}  {:>9.1}  {:>10.2}  {:>9.1}  {:>10.2}  {:>9.1}",
             n,
             ms(first),
             ms(list),
@@ -101,6 +104,8 @@ fn main() {
             ms(usage_first),
             ms(usage),
             ms(usage) / ms(list),
+            ms(by_run),
+            ms(by_run) / ms(list),
             gen.as_secs_f64()
         );
     }

@@ -384,13 +384,21 @@ fn show(root: &StateRoot, ids: &[String], json: bool) -> anyhow::Result<u8> {
 
 /// `--usage`: the ledger of tokens and cost summed across run trees, grouped `--by`.
 fn usage_ledger(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
-    let trees = crate::usage::collect(root, args.since)?;
-    let (rows, total) = crate::usage::lines(trees.iter(), args.by);
-    if trees.unreadable > 0 {
-        eprintln!(
-            "cohort-status: {} run(s) could not be read and are not counted",
-            trees.unreadable
-        );
+    // Without --by run or --since, the per-day sums answer (crate::days); else every tree.
+    let (rows, total, unreadable) = match (args.by, args.since) {
+        (Some(crate::usage::By::Run), _) | (_, Some(_)) => {
+            let trees = crate::usage::collect(root, args.since)?;
+            let (rows, total) = crate::usage::lines(trees.iter(), args.by);
+            (rows, total, trees.unreadable)
+        }
+        _ => {
+            let (sums, unreadable) = crate::days::collect(root)?;
+            let (rows, total) = sums.lines(args.by);
+            (rows, total, unreadable)
+        }
+    };
+    if unreadable > 0 {
+        eprintln!("cohort-status: {unreadable} run(s) could not be read and are not counted");
     }
     if args.json {
         cli::out(&crate::usage::json_lines(&rows, &total, args.by))?;

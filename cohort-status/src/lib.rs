@@ -30,6 +30,7 @@ pub mod backends;
 pub mod check;
 pub mod cmd;
 pub mod containment;
+pub mod days;
 pub mod doctor;
 pub use cohort_common::identity::engines;
 pub mod follow;

@@ -71,7 +71,8 @@ pub struct Line {
 }
 
 impl Line {
-    fn add(&mut self, u: &Usage, steps: u64) {
+    /// Add `steps` steps whose usage adds up to `u`.
+    pub(crate) fn add(&mut self, u: &Usage, steps: u64) {
         self.steps += steps;
         self.input += u.input;
         self.output += u.output;
@@ -87,6 +88,22 @@ impl Line {
             }
         }
         self.cost = (self.tokens_unpriced == 0).then_some(self.cost_known);
+    }
+
+    /// Add the steps of `other` (its key is not looked at): the sums of two sets of trees.
+    pub(crate) fn merge(&mut self, o: &Line) {
+        let priced =
+            self.cost.is_some() || o.cost.is_some() || self.tokens_unpriced + o.tokens_unpriced > 0;
+        self.runs += o.runs;
+        self.steps += o.steps;
+        self.input += o.input;
+        self.output += o.output;
+        self.cache_read += o.cache_read;
+        self.cache_write += o.cache_write;
+        self.total_tokens += o.total_tokens;
+        self.cost_known += o.cost_known;
+        self.tokens_unpriced += o.tokens_unpriced;
+        self.cost = (priced && self.tokens_unpriced == 0).then_some(self.cost_known);
     }
 
     /// The COST cell (pure): the cost, `unknown`, or the known part `+ unknown`.
@@ -180,6 +197,11 @@ pub struct Trees {
     read: Vec<(String, TreeUsage)>,
     /// Runs that could not be read (not counted).
     pub unreadable: usize,
+    /// The top-level entries not counted as closed trees: trees still open, records that
+    /// could not be read, entries that are no runs (for [`crate::days`]).
+    pub pending: Vec<String>,
+    /// Every top-level entry's name, oldest first.
+    pub names: Vec<String>,
 }
 
 impl Trees {
@@ -206,9 +228,11 @@ pub fn collect(root: &StateRoot, since: Option<Duration>) -> Result<Trees> {
     let mut kept = Vec::new();
     let mut to_read = Vec::new();
     let mut unreadable = 0;
+    let mut pending = Vec::new();
     for e in &entries {
         let Some(id) = discover::run_id_of(e) else {
             unreadable += 1;
+            pending.push(e.name.to_string_lossy().into_owned());
             continue;
         };
         match book.get(id) {
@@ -239,6 +263,7 @@ pub fn collect(root: &StateRoot, since: Option<Duration>) -> Result<Trees> {
             Seen::Gone => continue,
             Seen::Read(Err(_)) => {
                 unreadable += 1;
+                pending.push(f.id.clone());
                 continue;
             }
             Seen::Read(Ok(o)) => o.record,
@@ -255,6 +280,8 @@ pub fn collect(root: &StateRoot, since: Option<Duration>) -> Result<Trees> {
         let tree = TreeUsage::of_tree(&top, nested.iter().flatten());
         if ledger::closed(std::iter::once(Some(&top)).chain(nested.iter().map(Option::as_ref))) {
             book.note(&f.id, tree.clone());
+        } else {
+            pending.push(f.id.clone());
         }
         if in_window(tree.started_at, since, now) {
             read.push((f.id.clone(), tree));
@@ -267,6 +294,11 @@ pub fn collect(root: &StateRoot, since: Option<Duration>) -> Result<Trees> {
         kept,
         read,
         unreadable,
+        pending,
+        names: entries
+            .iter()
+            .map(|e| e.name.to_string_lossy().into_owned())
+            .collect(),
     })
 }
 

@@ -268,21 +268,95 @@ pub fn unrecorded_candidates(facts: &Facts, run_id: &str) -> Vec<PathBuf> {
     out
 }
 
+/// Whether `path` may be acted on as run `run_id`'s cgroup *inside cohort's own hierarchy*
+/// (pure): [`is_run_cgroup`], and its parent is a `cohort` directory ([`BASE_NAME`], where
+/// top-level runs go) or a step's cgroup (`step-<i>`) of a run's cgroup that is itself one of
+/// cohort's, up to a `cohort` directory below `mount`. A record that names any other cgroup
+/// (a service's, a user's slice) never gets it removed.
+pub fn is_cohort_run_cgroup(path: &Path, run_id: &str, mount: &Path) -> bool {
+    if !is_run_cgroup(path, run_id, mount) {
+        return false;
+    }
+    let mut run = path;
+    loop {
+        let Some(parent) = run.parent().filter(|p| *p != mount && p.starts_with(mount)) else {
+            return false;
+        };
+        if parent.file_name().is_some_and(|n| n == BASE_NAME) {
+            return true;
+        }
+        // A nested run: its parent is a step of a run that must be cohort's too.
+        let Some(up) = parent.parent().filter(|_| is_step_dir(parent)) else {
+            return false;
+        };
+        let plausible = up
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(crate::format::id::is_plausible_name);
+        if !plausible {
+            return false;
+        }
+        run = up;
+    }
+}
+
 /// Remove run `run_id`'s cgroup tree `dir` when it holds no process (I/O): only a directory
-/// [`is_run_cgroup`] accepts under `mount`, only when its `cgroup.events` says `populated 0`
-/// (for it and every cgroup below it), deepest first ([`remove_tree`]). Nothing is signalled:
-/// what is found there is not proved to be the run's. Returns whether it is gone now (it was
+/// [`is_cohort_run_cgroup`] accepts under `mount`, only when its `cgroup.events` says
+/// `populated 0` (for it and every cgroup below it), deepest first, never through a symlink
+/// and only on a cgroup2 file system ([`remove_tree_no_follow`]; a cgroup that a process
+/// entered meanwhile refuses its `rmdir` with `EBUSY`, and stays). Nothing is signalled: what
+/// is found there is not proved to be the run's. Returns whether it is gone now (it was
 /// removed, or was not there).
 pub fn remove_if_empty(dir: &Path, run_id: &str, mount: &Path) -> bool {
-    if !is_run_cgroup(dir, run_id, mount) {
+    if !is_cohort_run_cgroup(dir, run_id, mount) {
         return false;
     }
     match populated(dir) {
         // No cgroup.events: not a cgroup (any more).
         None => !dir.exists(),
         Some(true) => false,
-        Some(false) => remove_tree(dir).is_ok(),
+        Some(false) => remove_tree_no_follow(dir, mount).is_ok(),
     }
+}
+
+/// The cgroup2 mount point of this process's mount namespace ([`parse_mountinfo`] of
+/// `/proc/self/mountinfo`), read once per process: a reader that looks at many runs' cgroups
+/// reads the file once.
+pub fn mount() -> Option<&'static Path> {
+    static MOUNT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    MOUNT
+        .get_or_init(|| {
+            fs::read_to_string("/proc/self/mountinfo")
+                .ok()
+                .and_then(|t| parse_mountinfo(&t))
+        })
+        .as_deref()
+}
+
+/// Remove the cgroup of an ended run, as the reader that comes after its runner does
+/// (`docs/architecture.md`, "Containment": the runner never moves itself out, so it cannot
+/// remove the cgroup it is in): `recorded`, the cgroup its record names, by
+/// [`remove_if_empty`]. A runner exits after its lock is released, so its leaf may hold it
+/// for a moment more: with `wait` above zero, a populated cgroup is waited for that long
+/// ([`wait_empty`], on `cgroup.events`) before giving up. Costs one `stat` when the cgroup is
+/// gone already. Returns whether it is gone now.
+pub fn remove_ended(recorded: &Path, run_id: &str, wait: Duration) -> bool {
+    match fs::symlink_metadata(recorded) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return true,
+        Err(_) => return false,
+        Ok(m) if !m.is_dir() => return false,
+        Ok(_) => {}
+    }
+    let Some(mount) = mount() else {
+        return false;
+    };
+    if !is_cohort_run_cgroup(recorded, run_id, mount) {
+        return false;
+    }
+    if !wait.is_zero() && populated(recorded) == Some(true) {
+        wait_empty(recorded, Instant::now() + wait);
+    }
+    remove_if_empty(recorded, run_id, mount)
 }
 
 /// Remove the empty cgroups run `run_id` may have left (I/O, over this process's `facts`, read
@@ -530,6 +604,80 @@ pub fn remove_tree(dir: &Path) -> Result<()> {
     }
 }
 
+/// Remove cgroup `dir` below `mount` and every cgroup below it, deepest first, as
+/// [`remove_tree`] does, but reached component by component from `mount` with `O_NOFOLLOW`
+/// (a symlink anywhere below the mount is refused, `ENOTDIR`), only on a cgroup2 file system
+/// (`fstatfs`, else `EXDEV`), and each `rmdir` relative to its parent's descriptor.
+///
+/// Errors: `dir` is not below `mount`, a component cannot be opened, or an `rmdir` fails
+/// (`EBUSY` for a cgroup that holds a process) other than for a cgroup already gone.
+pub fn remove_tree_no_follow(dir: &Path, mount: &Path) -> Result<()> {
+    use nix::fcntl::{openat, OFlag};
+    use nix::sys::stat::Mode;
+    let fail = |e: nix::errno::Errno| io("remove cgroup", dir)(std::io::Error::from(e));
+    let rel = dir
+        .strip_prefix(mount)
+        .map_err(|_| fail(nix::errno::Errno::EXDEV))?;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let mut parent = nix::fcntl::open(mount, flags, Mode::empty()).map_err(fail)?;
+    let names: Vec<&std::ffi::OsStr> = rel
+        .components()
+        .map(|c| match c {
+            Component::Normal(n) => Ok(n),
+            _ => Err(fail(nix::errno::Errno::EINVAL)),
+        })
+        .collect::<Result<_>>()?;
+    let Some((last, above)) = names.split_last() else {
+        return Err(fail(nix::errno::Errno::EINVAL));
+    };
+    for n in above {
+        parent = openat(&parent, *n, flags | OFlag::O_NOFOLLOW, Mode::empty()).map_err(fail)?;
+    }
+    if !is_cgroup2(&parent) {
+        return Err(fail(nix::errno::Errno::EXDEV));
+    }
+    match remove_below(&parent, last) {
+        Ok(()) | Err(nix::errno::Errno::ENOENT) => Ok(()),
+        Err(e) => Err(fail(e)),
+    }
+}
+
+/// Whether descriptor `fd` lies on a cgroup2 file system (`CGROUP2_SUPER_MAGIC`).
+fn is_cgroup2(fd: &std::os::fd::OwnedFd) -> bool {
+    use nix::sys::statfs::{fstatfs, CGROUP2_SUPER_MAGIC};
+    fstatfs(fd).is_ok_and(|s| s.filesystem_type() == CGROUP2_SUPER_MAGIC)
+}
+
+/// `rmdir` cgroup `name` of the directory `parent` after every cgroup below it (their
+/// directories are opened without following a symlink).
+fn remove_below(parent: &std::os::fd::OwnedFd, name: &std::ffi::OsStr) -> nix::Result<()> {
+    use nix::fcntl::{openat, OFlag};
+    use nix::sys::stat::Mode;
+    let fd = openat(
+        parent,
+        name,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut subdirs = Vec::new();
+    {
+        let mut d = nix::dir::Dir::from_fd(fd.try_clone().map_err(|_| nix::errno::Errno::EMFILE)?)?;
+        for e in d.iter().flatten() {
+            let n = std::ffi::OsStr::from_bytes(e.file_name().to_bytes());
+            if n != "." && n != ".." && e.file_type() == Some(nix::dir::Type::Directory) {
+                subdirs.push(n.to_os_string());
+            }
+        }
+    }
+    for s in &subdirs {
+        match remove_below(&fd, s) {
+            Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    nix::unistd::unlinkat(parent, name, nix::unistd::UnlinkatFlags::RemoveDir)
+}
+
 /// Whether `p` is a step's cgroup (`step-<i>`) by its name (pure).
 pub fn is_step_dir(p: &Path) -> bool {
     step_index(p).is_some()
@@ -581,6 +729,88 @@ pub fn remove_run(run: &Path) {
         }
     }
     let _ = fs::remove_dir(run);
+}
+
+// Making a run's cgroup: spawn makes it and starts the runner in its `runner` leaf
+// (`cohort-spawn`'s native backend), and the runner makes it itself where spawn did not.
+
+/// Create cgroup `dir` (an existing one is fine; its parent must exist).
+///
+/// Errors: `mkdir` fails otherwise.
+pub fn create(dir: &Path) -> Result<()> {
+    match fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(io("create cgroup", dir)(e)),
+    }
+}
+
+/// Let `dir`'s children use `controller` (`+controller` into its `cgroup.subtree_control`;
+/// nothing when it is there already).
+///
+/// Errors: the write fails (the controller is not available to `dir`, or `dir` holds
+/// processes of its own).
+pub fn enable(dir: &Path, controller: &str) -> Result<()> {
+    let now = fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
+    if parse_controllers(&now).contains(controller) {
+        return Ok(());
+    }
+    write(
+        &dir.join("cgroup.subtree_control"),
+        &format!("+{controller}"),
+    )
+}
+
+/// Write `value` to `limit`'s file in cgroup `dir`.
+///
+/// Errors: the write fails (the controller is not enabled for `dir`, or the value is refused).
+pub fn set_limit(dir: &Path, limit: Limit, value: &str) -> Result<()> {
+    write(&dir.join(limit.file()), value)
+}
+
+/// Make run `run_id`'s cgroup under `base` ([`locate`]'s answer) with its `runner` leaf: the
+/// base when it is missing, each limit's controller enabled down to the base, `<base>/<run-id>`
+/// with `limits` written, then `runner/`. Existing directories are fine (the runner makes what
+/// spawn could not, and finds what it did). On an error, what was made for the run is removed.
+/// Returns the run's cgroup.
+///
+/// Errors: a `mkdir`, a controller or a limit cannot be written.
+pub fn create_run(base: &Path, run_id: &str, limits: &[(Limit, String)]) -> Result<PathBuf> {
+    create(base)?;
+    for (l, _) in limits {
+        if !available_under(base).contains(l.controller()) {
+            if let Some(up) = base.parent() {
+                enable(up, l.controller())?;
+            }
+        }
+        enable(base, l.controller())?;
+    }
+    let path = base.join(run_id);
+    create(&path)?;
+    let made = (|| {
+        for (l, value) in limits {
+            set_limit(&path, *l, value)?;
+        }
+        create(&path.join(RUNNER_LEAF))
+    })();
+    if let Err(e) = made {
+        let _ = remove_tree(&path);
+        return Err(e);
+    }
+    Ok(path)
+}
+
+/// The run cgroup a process in cgroup `own` (its `/proc/<pid>/cgroup` path) was started in for
+/// run `run_id` (pure): `own` is `<run cgroup>/runner` under `mount`, and the run cgroup is one
+/// of cohort's named for the run ([`is_cohort_run_cgroup`]). This is how a runner that spawn
+/// started in its leaf (at birth) knows its cgroup is made; `None` for any other cgroup.
+pub fn born_in(mount: &Path, own: &str, run_id: &str) -> Option<PathBuf> {
+    let dir = dir_of(mount, own);
+    if dir.file_name()? != RUNNER_LEAF {
+        return None;
+    }
+    let run = dir.parent()?;
+    is_cohort_run_cgroup(run, run_id, mount).then(|| run.to_path_buf())
 }
 
 /// The cgroup v2 directory of process `pid` under `mount` (I/O: `/proc/<pid>/cgroup`).
@@ -746,6 +976,144 @@ mod tests {
         );
         // Nothing there: gone already.
         assert!(remove_if_empty(&m.join("cohort/G"), "G", m));
+    }
+
+    #[test]
+    fn only_a_run_cgroup_inside_cohorts_hierarchy_is_cohorts() {
+        let m = Path::new("/m");
+        let id = "01a22a44-9e62-7266-ab9d-e5b500ee829c";
+        let nested = "01a22a44-9e62-7266-ab9d-e5b500ee8290";
+        let p = |s: &str| PathBuf::from(s.replace("ID", id).replace("NE", nested));
+        assert!(is_cohort_run_cgroup(&p("/m/cohort/ID"), id, m));
+        assert!(is_cohort_run_cgroup(
+            &p("/m/user.slice/u@1000.service/cohort/ID"),
+            id,
+            m
+        ));
+        assert!(is_cohort_run_cgroup(&p("/m/cohort/NE/step-3/ID"), id, m));
+        assert!(is_cohort_run_cgroup(
+            &p("/m/cohort/NE/step-0/NE/step-1/ID"),
+            id,
+            m
+        ));
+        // Named for the run, but not where cohort puts runs.
+        assert!(!is_cohort_run_cgroup(&p("/m/system.slice/ID"), id, m));
+        assert!(!is_cohort_run_cgroup(&p("/m/ID"), id, m));
+        assert!(!is_cohort_run_cgroup(&p("/m/cohort/NE/ID"), id, m));
+        assert!(!is_cohort_run_cgroup(&p("/m/x/step-3/ID"), id, m));
+        assert!(!is_cohort_run_cgroup(&p("/m/x.slice/step-3/ID"), id, m));
+        assert!(
+            !is_cohort_run_cgroup(&p("/cohort/ID"), id, m),
+            "outside the mount"
+        );
+        assert!(!is_cohort_run_cgroup(&p("/m/cohort/../cohort/ID"), id, m));
+        assert!(
+            !is_cohort_run_cgroup(&p("/m/cohort/NE"), id, m),
+            "another run's"
+        );
+    }
+
+    #[test]
+    fn a_runner_born_in_its_leaf_finds_its_runs_cgroup() {
+        let m = Path::new("/m");
+        let id = "01a22a44-9e62-7266-ab9d-e5b500ee829c";
+        assert_eq!(
+            born_in(m, &format!("/cohort/{id}/runner"), id),
+            Some(m.join("cohort").join(id))
+        );
+        assert_eq!(
+            born_in(m, &format!("/cohort/0123abcd/step-1/{id}/runner"), id),
+            Some(m.join(format!("cohort/0123abcd/step-1/{id}")))
+        );
+        // Another run's leaf, a step's leaf, spawn's own cgroup: not born there.
+        assert_eq!(born_in(m, "/cohort/0123456789ab/runner", id), None);
+        assert_eq!(born_in(m, &format!("/cohort/{id}/step-0/pi"), id), None);
+        assert_eq!(born_in(m, "/user.slice/session-2.scope", id), None);
+        assert_eq!(born_in(m, &format!("/system.slice/{id}/runner"), id), None);
+    }
+
+    #[test]
+    fn the_removal_never_follows_a_symlink_and_touches_only_cgroup2() {
+        let t = tempfile::tempdir().unwrap();
+        let m = t.path();
+        std::fs::create_dir_all(m.join("real/cohort/R")).unwrap();
+        std::os::unix::fs::symlink(m.join("real"), m.join("link")).unwrap();
+        let err = |d: &str| match remove_tree_no_follow(&m.join(d), m) {
+            Err(Error::Io { source, .. }) => source.raw_os_error(),
+            other => panic!("{other:?}"),
+        };
+        // O_NOFOLLOW with O_DIRECTORY: a symlink is "not a directory".
+        assert!(
+            matches!(err("link/cohort/R"), Some(libc::ELOOP | libc::ENOTDIR)),
+            "a symlink is never followed"
+        );
+        assert!(m.join("real/cohort/R").is_dir());
+        // A plain directory is no cgroup: nothing below a non-cgroup2 file system is removed.
+        assert_eq!(err("real/cohort/R"), Some(libc::EXDEV));
+        assert!(m.join("real/cohort/R").is_dir());
+        assert!(remove_tree_no_follow(Path::new("/elsewhere/R"), m).is_err());
+    }
+
+    /// An empty run cgroup is removed with everything below it; one that holds a process
+    /// stays (EBUSY). On the real hierarchy, where this process may make cgroups (root).
+    #[test]
+    fn an_empty_run_cgroup_is_removed_and_a_populated_one_stays() {
+        let (Some(mount), Ok(base)) = (mount(), locate_here()) else {
+            eprintln!("no cgroup can be made here: skipped");
+            return;
+        };
+        if !base.ends_with(BASE_NAME) || create(&base).is_err() {
+            eprintln!("no cohort base here: skipped");
+            return;
+        }
+        let id = format!("{:08x}-0000-7000-8000-00000000test", std::process::id())
+            .replace("test", "0001");
+        let run = create_run(&base, &id, &[]).unwrap();
+        create(&step_dir(&run, 0)).unwrap();
+        create(&step_leaf(&run, 0)).unwrap();
+        // A child that waits on a pipe, born in the runner leaf.
+        let (r, w) = nix::unistd::pipe().unwrap();
+        let leaf = crate::os::child::open_cgroup(&run.join(RUNNER_LEAF)).unwrap();
+        // SAFETY: the child only reads and exits (async-signal-safe).
+        let (pid, placed) = unsafe { crate::os::child::fork_into(Some(leaf.as_fd())) }.unwrap();
+        if pid == 0 {
+            let mut b = [0u8; 1];
+            unsafe {
+                // The child's copy of the write end, closed: the parent's drop ends the read.
+                libc::close(std::os::fd::AsRawFd::as_raw_fd(&w));
+                libc::read(
+                    std::os::fd::AsRawFd::as_raw_fd(&r),
+                    b.as_mut_ptr().cast(),
+                    1,
+                );
+                libc::_exit(0)
+            }
+        }
+        if placed == crate::os::child::Placement::AtBirth {
+            assert_eq!(
+                cgroup_of(pid as u32, mount),
+                Some(run.join(RUNNER_LEAF)),
+                "born in the leaf"
+            );
+        } else {
+            // Forked where clone3 is refused: put it there for the test.
+            write(
+                &run.join(RUNNER_LEAF).join("cgroup.procs"),
+                &pid.to_string(),
+            )
+            .unwrap();
+        }
+        assert_eq!(populated(&run), Some(true));
+        assert!(!remove_ended(&run, &id, Duration::ZERO), "populated: kept");
+        assert!(run.join(RUNNER_LEAF).is_dir() && step_leaf(&run, 0).is_dir());
+        drop(w);
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        assert!(
+            remove_ended(&run, &id, Duration::from_secs(2)),
+            "empty: removed"
+        );
+        assert!(!run.exists());
+        assert!(remove_ended(&run, &id, Duration::ZERO), "gone already");
     }
 
     #[test]

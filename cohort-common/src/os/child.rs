@@ -577,6 +577,41 @@ fn clone3_usable() -> bool {
     CLONE3.load(Ordering::Relaxed) != REFUSED
 }
 
+/// Fork this process like `fork(2)`, the child born in cgroup `cgroup` (a cgroup2 directory
+/// opened as [`open_cgroup`] does) by `clone3(CLONE_INTO_CGROUP)`, or, where that fails (it,
+/// or the flag, is unavailable: remembered as [`Command::spawn`] does; or the kernel refuses
+/// the cgroup), forked in the caller's cgroup, for the child to place itself. For a caller that
+/// runs its own child branch ([`Command`] is the whole start; this is for one that must return
+/// before the child's `exec`). Returns the child's pid (0 in the child) and how it was placed:
+/// [`Placement::AtBirth`], or [`Placement::Inherited`] (also without a cgroup).
+///
+/// Errors: `fork(2)`'s (`EAGAIN` at the process limit).
+///
+/// # Safety
+///
+/// As for `fork(2)` in a process that may have other threads: until it executes or exits, the
+/// child may call only async-signal-safe functions, and must not allocate or return into code
+/// that does.
+pub unsafe fn fork_into(
+    cgroup: Option<BorrowedFd<'_>>,
+) -> std::io::Result<(libc::pid_t, Placement)> {
+    if let Some(cg) = cgroup.filter(|_| clone3_usable()) {
+        match clone3_into(cg) {
+            -1 => {
+                if falls_back(&std::io::Error::last_os_error()) {
+                    CLONE3.store(REFUSED, Ordering::Relaxed);
+                }
+            }
+            pid => return Ok((pid, Placement::AtBirth)),
+        }
+    }
+    // SAFETY: the caller's contract, as for clone3 above.
+    match unsafe { libc::fork() } {
+        -1 => Err(std::io::Error::last_os_error()),
+        pid => Ok((pid, Placement::Inherited)),
+    }
+}
+
 /// How this process places children in the cgroup `dir` (an empty cgroup2 directory the
 /// caller may write): `/bin/true` started there, waited for; its [`Placement`]
 /// (`AtBirth`, or `Written` where `clone3` or `CLONE_INTO_CGROUP` was refused, which is then

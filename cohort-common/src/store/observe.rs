@@ -488,6 +488,7 @@ pub fn observe(dir: &RunDir) -> Result<Observed> {
         ));
     }
     if rec.state.is_terminal() {
+        remove_ended_cgroup(&rec, Duration::ZERO);
         return Ok(Observed {
             record: rec,
             judgement: Judgement::Trusted,
@@ -537,6 +538,20 @@ pub fn observe(dir: &RunDir) -> Result<Observed> {
                 foreign: false,
             })
         }
+    }
+}
+
+/// Remove the cgroup the terminal record `rec` names, when it is empty
+/// ([`cgroup::remove_ended`]: only one of cohort's named for the run, never through a symlink;
+/// a populated one is waited for up to `wait`). The runner never leaves its cgroup, so it
+/// cannot remove it: the reader that comes after it does, the first one to read the ended
+/// record (a listing or a view that reads it, `--wait` when it wakes, a reap). Costs one
+/// `stat` once it is gone. Returns whether the run has no cgroup left (or never had one).
+pub fn remove_ended_cgroup(rec: &RunRecord, wait: Duration) -> bool {
+    match rec.containment.as_ref().and_then(|c| c.cgroup()) {
+        Some(path) if rec.state.is_terminal() => cgroup::remove_ended(path, &rec.run_id, wait),
+        Some(_) => false,
+        None => true,
     }
 }
 

@@ -109,6 +109,16 @@ impl<'r> Scan<'r> {
         self.index.broken().len()
     }
 
+    /// The top-level entries last seen unreadable as runs, with their kinds, in name order.
+    pub fn broken_entries(&self) -> &[Entry] {
+        self.index.broken()
+    }
+
+    /// How many top-level entries the runs directory holds (without reading their names).
+    pub fn total(&self) -> usize {
+        self.index.total()
+    }
+
     /// The top-level runs last seen terminal, by id, with what the index keeps of them (read
     /// on first use: the file holds a line per terminal run). Filters use it to skip records
     /// that cannot match; it may still hold runs reaped since, so count only ids that

@@ -14,7 +14,9 @@ use crate::format::record::RunState;
 use crate::identity::procinfo;
 use crate::os::lock;
 use crate::store::discover::Found;
-use crate::store::observe::{self, observe_found, Judgement, Proof, RecordedRunner};
+use crate::store::observe::{
+    self, observe_found, remove_ended_cgroup, Judgement, Proof, RecordedRunner,
+};
 
 /// How often a waiter asks the scheduler again about a run whose job is still pending.
 pub const SCHEDULER_POLL: Duration = Duration::from_secs(2);
@@ -75,10 +77,24 @@ pub fn wait(runs: Vec<Found>, timeout: Option<Duration>) -> Result<WaitOutcome> 
     Ok(WaitOutcome::Done(done))
 }
 
+/// How long a waiter that woke at a runner's end waits for the runner to leave its cgroup
+/// (the lock is released as the runner exits, a moment before the kernel empties its leaf),
+/// so that it removes the run's empty cgroup ([`remove_ended_cgroup`]). Only a cgroup still
+/// populated is waited for.
+pub const ENDED_CGROUP_WAIT: Duration = Duration::from_millis(200);
+
 fn wait_one(found: &Found) -> Result<RunState> {
     let dir = &found.dir;
+    // Whether this waiter blocked on the run's lock: then its runner has just exited.
+    let mut woke = false;
     loop {
         let obs = observe_found(found)?;
+        let ended = |obs: &observe::Observed, woke: bool| {
+            if woke && !obs.foreign {
+                remove_ended_cgroup(&obs.record, ENDED_CGROUP_WAIT);
+            }
+            obs.record.state
+        };
         match obs.judgement {
             // Terminal, but its runner still holds the lock: it is running the on-exit hook
             // (and ending what the hook left). The run is over when its runner is.
@@ -86,11 +102,11 @@ fn wait_one(found: &Found) -> Result<RunState> {
                 if !obs.foreign && lock::probe(&dir.lock())? == lock::Liveness::Held =>
             {
                 lock::wait_released(&dir.lock())?;
-                return Ok(obs.record.state);
+                return Ok(ended(&obs, true));
             }
+            Judgement::Trusted => return Ok(ended(&obs, woke)),
             // Settled by the observation, or nothing will ever change it.
-            Judgement::Trusted
-            | Judgement::Lost
+            Judgement::Lost
             | Judgement::Abandoned
             | Judgement::Unknown
             | Judgement::Legacy
@@ -99,7 +115,10 @@ fn wait_one(found: &Found) -> Result<RunState> {
             | Judgement::Unresolved => return Ok(obs.record.state),
             // Spawn or the runner holds the lock (it is handed from one to the other, never
             // free in between): the kernel wakes us when the last holder is gone.
-            Judgement::Alive | Judgement::Starting => lock::wait_released(&dir.lock())?,
+            Judgement::Alive | Judgement::Starting => {
+                lock::wait_released(&dir.lock())?;
+                woke = true;
+            }
             // A pi-cohort runner, alive and proven by its start: its exit is the end of the
             // wait (its record says what it wrote last).
             Judgement::ForeignAlive => {

@@ -16,6 +16,7 @@ use cohort_common::backend::{BackendKind, Handle, LaunchBackend, BACKEND_ENV};
 use cohort_common::error::{Error, Result};
 use cohort_common::format::layout::{RunDir, StateRoot};
 use cohort_common::format::record::RunRecord;
+use cohort_common::format::spec::Limits;
 use cohort_common::os::lock::RunLock;
 
 /// How each backend starts a run, one line per backend of `cohort_common::backend::REGISTRY`
@@ -71,6 +72,9 @@ pub struct Start<'a> {
     pub lock: &'a RunLock,
     /// The launch spec's `backend`: the backend and its options.
     pub launch: &'a LaunchBackend,
+    /// The run's limits (`--memory-max`, `--pids-max`, `--cpu-max`), for the cgroup a native
+    /// start makes.
+    pub limits: &'a Limits,
 }
 
 /// The command line's backend options: `--backend`, and each backend's own (flattened in, one

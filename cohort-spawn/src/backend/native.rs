@@ -5,6 +5,14 @@
 //! soon as the runner exists ([`start_runner`]): once `fork(2)` has returned the child holds the
 //! lock, and spawn waits only until the child says it leads a session of its own, not for its
 //! `exec`, so nothing of the runner's start-up is on spawn's path. The record names no backend.
+//!
+//! Where a cgroup can be made, spawn makes the run's (`<base>/<run-id>/runner/`, with its
+//! limits) and the runner is born in its `runner` leaf (`clone3` with `CLONE_INTO_CGROUP`,
+//! [`cohort_common::os::child::fork_into`]): no process is ever migrated on the start path
+//! (a migration stalls every fork on the host, `docs/architecture.md`, "Containment"). Where
+//! that is unavailable the runner is forked in spawn's cgroup and moves itself into its leaf;
+//! where no cgroup can be made here, the runner finds out why itself and keeps `/proc`
+//! tracking.
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsString};
@@ -16,9 +24,9 @@ use cohort_common::error::{Error, Result};
 use cohort_common::format::layout::{RunDir, StateRoot, PROFILE_ENV};
 use cohort_common::format::record::RunRecord;
 use cohort_common::format::route;
-use cohort_common::format::spec::{self, LOCK_FD, LOCK_FD_ENV};
-use cohort_common::os::files;
+use cohort_common::format::spec::{self, Limits, LOCK_FD, LOCK_FD_ENV};
 use cohort_common::os::lock::RunLock;
+use cohort_common::os::{cgroup, child, files};
 
 use super::{Start, Submit};
 
@@ -31,7 +39,7 @@ impl Submit for Native {
     }
 
     fn start(&self, s: &Start<'_>, _rec: &mut RunRecord) -> Result<()> {
-        start_runner(s.root, s.dir, s.runner, s.lock)
+        start_runner(s.root, s.dir, s.runner, s.lock, s.limits)
     }
 }
 
@@ -46,9 +54,18 @@ impl Submit for Native {
 /// writes why to `runner.log` and exits 127, leaving a `queued` run with a free lock, which the
 /// next reader settles `failed` ("start abandoned").
 ///
+/// The runner is born in the `runner` leaf of the run's cgroup, made here with `limits`
+/// ([`cgroup::create_run`]), where that can be done; else it starts in spawn's cgroup.
+///
 /// Errors ([`Error::Usage`]): the runner is not an executable file (searched on `PATH` when
 /// `runner` has no `/`), or cannot be forked (the process limit), with the reason.
-pub fn start_runner(root: &StateRoot, dir: &RunDir, runner: &Path, lock: &RunLock) -> Result<()> {
+pub fn start_runner(
+    root: &StateRoot,
+    dir: &RunDir,
+    runner: &Path,
+    lock: &RunLock,
+    limits: &Limits,
+) -> Result<()> {
     let cannot = |why: &dyn std::fmt::Display| {
         Error::Usage(format!(
             "cannot start the runner {}: {why}",
@@ -61,22 +78,52 @@ pub fn start_runner(root: &StateRoot, dir: &RunDir, runner: &Path, lock: &RunLoc
     // The child says on this pipe (close-on-exec) that it leads its own session.
     let (in_session, told) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cannot(&e))?;
-    // SAFETY: fork(2) in a process whose other threads (if any) hold no lock the child needs:
+    let cgroup = run_cgroup(&dir.name(), limits);
+    let unmade = || {
+        if let Some((path, _)) = &cgroup {
+            let _ = cgroup::remove_tree(path);
+        }
+    };
+    // SAFETY: a fork in a process whose other threads (if any) hold no lock the child needs:
     // the child calls only async-signal-safe functions ([`ExecImage::exec`]) and allocates
     // nothing, then executes the runner or exits.
-    match unsafe { libc::fork() } {
-        -1 => Err(cannot(&std::io::Error::last_os_error())),
-        0 => image.exec(told.as_raw_fd()),
-        pid => {
+    let forked = unsafe { child::fork_into(cgroup.as_ref().map(|(_, fd)| fd.as_fd())) };
+    match forked {
+        Err(e) => {
+            unmade();
+            Err(cannot(&e))
+        }
+        Ok((0, _)) => image.exec(told.as_raw_fd()),
+        // Born in its leaf, or (clone3 refused) in spawn's cgroup: then the runner moves itself
+        // in (`cohort-runner`'s `cgroup::make`), and finds the cgroup made.
+        Ok((pid, _placement)) => {
             drop(told);
             if let Err(why) = wait_for_session(&in_session) {
                 // SAFETY: waitpid(2) of the child forked just above, which has exited (its
                 // end of the pipe is closed) and is not waited for elsewhere.
                 unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+                unmade();
                 return Err(cannot(&why));
             }
             // The runner leads its own session; it is reparented when spawn exits.
             Ok(())
+        }
+    }
+}
+
+/// Make run `run_id`'s cgroup with `limits` where this process's runs get one
+/// ([`cgroup::locate_here`], [`cgroup::create_run`]), and open its `runner` leaf for the
+/// runner to be born in. `None` where none can be made, or the leaf cannot be opened: nothing
+/// is left, and the runner tries itself and records why it could not (a limit that cannot be
+/// set fails the run there, with the reason).
+fn run_cgroup(run_id: &str, limits: &Limits) -> Option<(PathBuf, OwnedFd)> {
+    let base = cgroup::locate_here().ok()?;
+    let path = cgroup::create_run(&base, run_id, &limits.values()).ok()?;
+    match child::open_cgroup(&path.join(cgroup::RUNNER_LEAF)) {
+        Ok(fd) => Some((path, fd)),
+        Err(_) => {
+            let _ = cgroup::remove_tree(&path);
+            None
         }
     }
 }

@@ -3,12 +3,15 @@
 //! runner is SIGKILLed, by the first reader, and named in the record; a stop ends every member;
 //! a nested run's cgroup is inside its parent step's; a limit is refused where its controller
 //! is missing, and works where it is there; a user without a delegated cgroup keeps `/proc`
-//! tracking. Tests that need a writable cgroup v2 hierarchy print why and pass without one;
-//! each leaves no cgroup behind (the runs' own removal, or `TestEnv`'s drop).
+//! tracking. The runner is born in its `runner` leaf and never leaves it: the empty cgroup of
+//! an ended run stays until a reader comes (a listing, `--wait`, a reap), which removes it.
+//! Tests that need a writable cgroup v2 hierarchy print why and pass without one; each leaves
+//! no cgroup behind (a reader's removal, or `TestEnv`'s drop).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use cohort_common::fault::{self, CRASH_ENV};
 use cohort_common::os::cgroup;
 use cohort_e2e::harness::{
     alive, bin_dir, read_pid, signal, stderr, stdout, wait_for, TestEnv, HERMETIC,
@@ -36,6 +39,37 @@ fn run_cgroup(rec: &Value) -> PathBuf {
 fn cgroup_of(pid: u32) -> PathBuf {
     let mount = cgroup::facts().mount.unwrap();
     cgroup::cgroup_of(pid, &mount).unwrap()
+}
+
+/// Wait until the ended run's cgroup `cg` is gone, a listing (the reader that comes after the
+/// runner) run at each look.
+fn removed_by_a_listing(env: &TestEnv, cg: &Path) {
+    wait_for(Duration::from_secs(5), || {
+        let out = env.run("cohort-status", &[]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        !cg.exists()
+    })
+    .unwrap_or_else(|_| panic!("the listing left {}", cg.display()));
+}
+
+/// The live `cohort-runner` processes of `env`'s profile, found by the environment the runner
+/// is given (`PI_CODING_AGENT_DIR`) and its executable.
+fn runners_of(env: &TestEnv) -> Vec<u32> {
+    let marker = format!(
+        "PI_CODING_AGENT_DIR={}",
+        env.state_root().profile().display()
+    );
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            exe.file_name().is_some_and(|n| n == "cohort-runner")
+                && environ.split(|&b| b == 0).any(|v| v == marker.as_bytes())
+        })
+        .collect()
 }
 
 /// A task whose tool double-forks a bare process (new session, empty environment) that writes
@@ -73,7 +107,7 @@ fn a_bare_double_forked_process_is_ended_at_its_steps_end_through_the_cgroup() {
     let rec = env.wait_terminal(&id, 60);
     assert_eq!(rec["state"], "complete", "{rec:#}");
     wait_for(Duration::from_secs(5), || !alive(bare)).expect("the bare process was ended");
-    wait_for(Duration::from_secs(5), || !cg.exists()).expect("the run's cgroup was removed");
+    removed_by_a_listing(&env, &cg);
     let view = stdout(&env.run("cohort-status", &[&id]));
     assert!(
         view.lines()
@@ -145,7 +179,7 @@ fn a_stop_ends_every_member_of_the_run() {
         wait_for(Duration::from_secs(5), || !alive(*p))
             .unwrap_or_else(|_| panic!("member {p} outlived the stop"));
     }
-    wait_for(Duration::from_secs(5), || !cg.exists()).expect("the run's cgroup was removed");
+    removed_by_a_listing(&env, &cg);
 }
 
 #[test]
@@ -185,7 +219,9 @@ fn a_nested_runs_cgroup_is_inside_its_parent_steps() {
         Some(parent.join("step-0").as_path()),
         "the nested run's cgroup is in its parent step's"
     );
+    // The listing reads the top-level run: its tree goes, the nested run's cgroup with it.
     wait_for(Duration::from_secs(5), || {
+        let _ = env.run("cohort-status", &[]);
         !child.exists() && !parent.exists()
     })
     .expect("both runs' cgroups were removed");
@@ -361,7 +397,92 @@ fn a_process_a_tool_moves_into_the_runners_leaf_or_the_runs_cgroup_is_ended_at_t
         let found = env.assert_survivor(&id, p);
         assert_eq!(found["cgroup"], cg.display().to_string(), "{found:#}");
     }
-    wait_for(Duration::from_secs(5), || !cg.exists()).expect("the run's cgroup was removed");
+    removed_by_a_listing(&env, &cg);
     let reap = env.run("cohort-reap", &[&id]);
     assert!(reap.status.success(), "{}", stderr(&reap));
+}
+
+#[test]
+fn the_runner_is_born_in_its_leaf_and_the_next_reader_removes_the_ended_runs_cgroup() {
+    let test = "the_runner_is_born_in_its_leaf_and_the_next_reader_removes_the_ended_runs_cgroup";
+    let Some(base) = cgroups_here(test) else {
+        return;
+    };
+    let env = TestEnv::new();
+    let doctor = stdout(&env.run("cohort-status", &["--doctor", "--json"]));
+    let at_birth = doctor.contains(r#""placement":"at birth""#);
+    // The runner stops at its first point, before any code of its own has placed it.
+    let pause = env.tmp.path().join("paused");
+    let out = env
+        .cmd("cohort-spawn")
+        .env(CRASH_ENV, fault::pause_at("runner.locked", &pause))
+        .args(["--model", "fake/plain", "say hi", "--"])
+        .args(HERMETIC)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    wait_for(Duration::from_secs(30), || pause.exists()).expect("the runner reaches its point");
+    let runners = runners_of(&env);
+    assert_eq!(runners.len(), 1, "{runners:?}");
+    let runner = runners[0];
+    let cg = base.join(&id);
+    let leaf = cg.join(cgroup::RUNNER_LEAF);
+    assert!(
+        leaf.is_dir(),
+        "spawn made the run's cgroup and its runner leaf"
+    );
+    if at_birth {
+        assert_eq!(cgroup_of(runner), leaf, "the runner was born in its leaf");
+        assert_eq!(cgroup::procs(&leaf), [runner]);
+    } else {
+        eprintln!("{test}: clone3 placement unavailable: the runner moves itself in");
+    }
+    std::fs::remove_file(&pause).unwrap();
+    let rec = env.wait_terminal(&id, 60);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    assert_eq!(run_cgroup(&rec), cg);
+    wait_for(Duration::from_secs(10), || !alive(runner)).expect("the runner exits");
+    // It never moved out: its ended run's cgroup is left, empty, for the next reader.
+    assert!(leaf.is_dir(), "the runner left its cgroup in place");
+    // The kernel empties a leaf a moment after its last process has exited.
+    wait_for(Duration::from_secs(5), || {
+        cgroup::populated(&cg) == Some(false)
+    })
+    .unwrap_or_else(|_| panic!("still in the cgroup: {:?}", cgroup::procs_recursive(&cg)));
+    let list = env.run("cohort-status", &[]);
+    assert!(list.status.success(), "{}", stderr(&list));
+    assert!(!cg.exists(), "the listing removed {}", cg.display());
+
+    // A reap that comes first removes it too, with the run.
+    let id = env.spawn(&["--model", "fake/plain", "say hi again"]);
+    let rec = env.wait_terminal(&id, 60);
+    let cg = run_cgroup(&rec);
+    assert!(cg.is_dir(), "{rec:#}");
+    wait_for(Duration::from_secs(5), || {
+        cgroup::populated(&cg) == Some(false)
+    })
+    .expect("the runner left its leaf by exiting");
+    let reap = env.run("cohort-reap", &[&id]);
+    assert!(reap.status.success(), "{}", stderr(&reap));
+    assert!(
+        !env.run_dir(&id).exists() && !cg.exists(),
+        "{}",
+        cg.display()
+    );
+
+    // `--wait` removes it when it wakes.
+    let out = env.spawn_raw(&["--wait", "--model", "fake/plain", "say hi at last"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let leftover: Vec<_> = std::fs::read_dir(&base)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| env.run_dir(n).is_dir())
+        })
+        .collect();
+    assert!(leftover.is_empty(), "--wait left {leftover:?}");
 }
