@@ -170,6 +170,17 @@ pub struct Args {
     /// How many runs of --queue may run at once, as this run counts them (default 1).
     #[arg(long, value_name = "N", requires = "queue", value_parser = clap::value_parser!(u32).range(1..))]
     slots: Option<u32>,
+    /// Wait, queued, until every run ID has ended (repeatable, or comma-separated); start if
+    /// all of them completed, else end failed (dependency-failed, naming the run) without
+    /// starting Pi. With --queue, the run joins its queue once they have ended.
+    #[arg(long, value_name = "ID", value_delimiter = ',',
+          add = ArgValueCompleter::new(cohort_cli::complete::run_ids))]
+    after: Vec<String>,
+    /// Stop the run once the cost of its whole tree (nested runs included) passes USD US
+    /// dollars (state stopped, failure budget). Every step's model must have a known price
+    /// (Pi's catalog, or a cost in models.json), or the start is refused.
+    #[arg(long, value_name = "USD", value_parser = parse_usd)]
+    max_cost: Option<f64>,
     /// The directory every reused session file (--session) must be inside (checked strictly:
     /// absolute, existing, canonical; files regular, non-symlink, .jsonl, inside it).
     #[arg(long)]
@@ -429,7 +440,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         session: session.as_deref(),
     };
     shape::resolve_agents(&mut built.chain, &lookup, &machine)?;
-    let started = start(&root, request(&args, built, placement, backend))?;
+    let after = after_ids(&root, &args.after)?;
+    let mut req = request(&args, built, placement, backend);
+    req.options.after = after;
+    let started = start(&root, req)?;
     if args.wait {
         if !args.quiet {
             eprintln!("cohort-spawn: run {} started", started.run_id);
@@ -483,6 +497,32 @@ fn parse_queue_name(name: &str) -> Result<String, String> {
     }
 }
 
+/// A `--max-cost` amount: a positive, finite number of US dollars (a leading `$` allowed).
+fn parse_usd(text: &str) -> Result<f64, String> {
+    let n = text.strip_prefix('$').unwrap_or(text);
+    match n.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!(
+            "{text:?} is not an amount of US dollars: give a positive number such as 0.50"
+        )),
+    }
+}
+
+/// The full ids of the runs `--after` names (each a full id, short id or unique prefix).
+///
+/// Errors: a name that matches no run, or more than one (exit 2).
+fn after_ids(root: &StateRoot, names: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut ids: Vec<String> = Vec::new();
+    for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+        let found = cohort_common::store::discover::find(root, name)
+            .with_context(|| format!("--after {name}"))?;
+        if !ids.contains(&found.id) {
+            ids.push(found.id);
+        }
+    }
+    Ok(ids)
+}
+
 /// The start request for the run `built` describes, with the options every shape shares.
 fn request(
     args: &Args,
@@ -519,6 +559,8 @@ fn request(
                     name,
                     slots: args.slots.unwrap_or(1),
                 }),
+            after: Vec::new(),
+            max_cost_usd: args.max_cost,
         },
         revives: built.revives,
         placement,

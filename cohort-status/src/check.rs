@@ -60,6 +60,8 @@ impl Kind {
             | Failure::StartFailed
             | Failure::StepFailed
             | Failure::TimedOut
+            | Failure::DependencyFailed
+            | Failure::Budget
             | Failure::Unknown => Kind::Failed,
         }
     }

@@ -164,6 +164,10 @@ crate::word_enum! {
         StepFailed = "step-failed",
         /// The run's deadline passed.
         TimedOut = "timed-out",
+        /// A run it waited for (`--after`) did not complete; the run never started.
+        DependencyFailed = "dependency-failed",
+        /// The cost of its tree passed its budget (`--max-cost`); the run was stopped.
+        Budget = "budget",
     }
     /// A failure word this binary does not know (written by a newer cohort), or a failure
     /// whose cause was not recorded.

@@ -140,7 +140,7 @@ impl Supervisor {
                     a.swept(escaped);
                 }
             }
-            Msg::QueueTurn(_) => {}
+            Msg::Waited(_) => {}
         }
     }
 

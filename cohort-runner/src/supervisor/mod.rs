@@ -19,6 +19,8 @@
 //! This file holds the run's state and the chain's order; its parts, one job each, are its
 //! private modules:
 //!
+//! - `queued`: a queued run's waits before it starts (the runs of `--after`, its queue's turn),
+//!   and its end when it never starts;
 //! - `messages`: what wakes the loop (the message type) and the signal thread;
 //! - `event_loop`: one turn of the loop: a message or a deadline, reaping, stops, deadlines,
 //!   the sweep of a finished step, session locks, the coalesced progress write;
@@ -92,9 +94,9 @@ pub fn run(
     if let Err(e) = start_signal_thread(tx.clone()) {
         return Err(start::fail_queued(dir, rec, e));
     }
-    let (rec, _ticket) = match queued::wait(dir, rec, &tx, &rx) {
-        Ok(queued::Waited::Start(rec, ticket)) => (*rec, ticket),
-        Ok(queued::Waited::Stopped) => return Ok(RunState::Stopped),
+    let rec = match queued::wait(dir, rec, &tx, &rx) {
+        Ok(queued::Waited::Start(rec)) => *rec,
+        Ok(queued::Waited::Ended(state)) => return Ok(state),
         Err(e) => {
             let rec = record::load(&dir.status())?;
             return Err(start::fail_queued(dir, rec, e));
