@@ -34,11 +34,15 @@ pub fn show(
     origin: &Origin,
     o: &Observed,
     children: &[Row],
+    queue: Option<&str>,
     worktrees: &str,
     on_disk: &dyn Fn(&Path) -> bool,
 ) -> String {
     let now = Now::current();
     let mut s = header(origin, o, children);
+    if let Some(q) = queue {
+        line(&mut s, "queue", q);
+    }
     s.push_str(&runtime(o, &now));
     s.push_str(&steps(&o.record, now.wall_ms, on_disk));
     s.push_str(worktrees);
@@ -548,10 +552,12 @@ mod tests {
             &Origin::TopLevel,
             &observed(rec),
             &[],
+            Some("q (1 slot), position 2"),
             "",
             &|_| true,
         );
         assert!(!v.contains(['\x1b', '\x07', '\u{9b}']), "{v:?}");
+        assert!(v.contains("queue        q (1 slot), position 2\n"), "{v}");
         assert!(
             v.contains("two\\nlines") && v.contains("phase p\\x1b[2J"),
             "{v}"

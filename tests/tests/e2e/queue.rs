@@ -401,3 +401,59 @@ fn a_queued_run_after_another_joins_its_queue_once_the_other_completed() {
     assert_eq!(env.wait_terminal(&second, 60)["state"], "complete");
     assert_eq!(gates.started(), vec![0, 1]);
 }
+
+fn status_json(env: &TestEnv, args: &[&str]) -> Vec<serde_json::Value> {
+    let out = env.run("cohort-status", args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        cohort_e2e::harness::stderr(&out)
+    );
+    cohort_e2e::harness::json_lines(&cohort_e2e::harness::stdout(&out))
+}
+
+#[test]
+fn status_shows_each_runs_position_and_the_queues_counts() {
+    let env = TestEnv::new();
+    let gates = Gates::new(&env);
+    let ids: Vec<String> = (0..3)
+        .map(|n| spawn_queued(&env, &gates, n, "pos", "1"))
+        .collect();
+    wait_started(&gates, 1);
+    let position = |id: &str| status_json(&env, &["--json", id])[0]["queue"].clone();
+    assert_eq!(
+        position(&ids[0]),
+        serde_json::json!({"name": "pos", "slots": 1, "position": 0})
+    );
+    assert_eq!(position(&ids[2])["position"], 2);
+    assert_eq!(
+        status_json(&env, &["--queues", "--json"]),
+        vec![serde_json::json!({"name": "pos", "running": 1, "waiting": 2})]
+    );
+    let view = cohort_e2e::harness::stdout(&env.run("cohort-status", &[&ids[1]]));
+    assert!(view.contains("pos (1 slot), position 1"), "{view}");
+    gates.release(0);
+    wait_started(&gates, 2);
+    wait_for(Duration::from_secs(30), || {
+        position(&ids[2])["position"] == 1
+    })
+    .expect("the last run moves up once the first ended");
+    gates.release(1);
+    gates.release(2);
+    for id in &ids {
+        assert_eq!(env.wait_terminal(id, 60)["state"], "complete");
+    }
+    assert!(
+        position(&ids[0])["position"].is_null(),
+        "an ended run has no position"
+    );
+    assert_eq!(
+        status_json(&env, &["--queues", "--json"]),
+        Vec::<serde_json::Value>::new()
+    );
+    let plain = env.spawn(&["--model", "fake/plain", "hi"]);
+    env.wait_terminal(&plain, 60);
+    assert!(status_json(&env, &["--json", &plain])[0]
+        .get("queue")
+        .is_none());
+}
