@@ -440,6 +440,9 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         session: session.as_deref(),
     };
     shape::resolve_agents(&mut built.chain, &lookup, &machine)?;
+    if args.max_cost.is_some() {
+        refuse_unpriced(&root, &built)?;
+    }
     let after = after_ids(&root, &args.after)?;
     let mut req = request(&args, built, placement, backend);
     req.options.after = after;
@@ -505,6 +508,21 @@ fn parse_usd(text: &str) -> Result<f64, String> {
         _ => Err(format!(
             "{text:?} is not an amount of US dollars: give a positive number such as 0.50"
         )),
+    }
+}
+
+/// Refuse a `--max-cost` start whose steps may run a model without a price cohort can know
+/// ([`crate::budget::refusal`], over the profile's `models.json`; a missing file has no
+/// entries).
+fn refuse_unpriced(root: &StateRoot, built: &Built) -> anyhow::Result<()> {
+    let text = cohort_common::os::files::read_regular(&root.profile().join("models.json"))
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .unwrap_or_default();
+    let entries = cohort_common::format::models_json::model_entries(&text);
+    match crate::budget::refusal(&built.chain, &built.pi_args, &entries) {
+        Some(why) => bail!(cohort_common::Error::Usage(why)),
+        None => Ok(()),
     }
 }
 

@@ -28,6 +28,7 @@
 //!   when it cannot hang;
 //! - [`limits`]: `--memory-max`, `--pids-max`, `--cpu-max`: limits on the run's cgroup, refused
 //!   where they cannot be set;
+//! - [`budget`]: `--max-cost`: every model the run may use must have a price cohort can know;
 //! - [`wait`]: `--wait`, waiting for the run and printing its answer.
 
 #![deny(missing_docs)]
@@ -37,6 +38,7 @@ pub mod agent_handoff;
 pub mod agent_settings;
 pub mod agents;
 pub mod backend;
+pub mod budget;
 pub mod chain_check;
 pub mod chain_file;
 pub mod chain_resolve;

@@ -174,6 +174,20 @@ crate::word_enum! {
     else Unknown = "unknown";
 }
 
+/// A run's budget and its tree's spending (`budget` in `status.json`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetRecord {
+    /// `--max-cost`, US dollars.
+    pub max_cost_usd: f64,
+    /// What the run's tree (the run and the nested runs under it) has spent, US dollars: the
+    /// known part of its cost (a step whose cost is unknown adds nothing).
+    pub spent_usd: f64,
+    /// True once the spending passed the budget and the runner stopped the run.
+    #[serde(default)]
+    pub exceeded: bool,
+}
+
 /// The shape of a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -562,6 +576,10 @@ pub struct RunRecord {
     /// True when the run ended because a deadline passed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timed_out: Option<bool>,
+    /// The run's budget (`--max-cost`) and what its tree has spent, written by its runner as
+    /// the cost grows; absent for a run without a budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetRecord>,
     /// The chain step being run (0-based).
     #[serde(default)]
     pub current_step: Option<usize>,
@@ -652,6 +670,7 @@ impl RunRecord {
             error: None,
             failure: None,
             timed_out: None,
+            budget: None,
             current_step: None,
             chain_step_count: None,
             session_dir: None,

@@ -72,6 +72,7 @@ impl Supervisor {
         self.handle_pending();
         self.check_deadlines();
         self.tracker.look(&mut self.active);
+        self.check_budget();
         if self.last_session_look.elapsed() >= self.session_interval
             && session::awaits_new_session(&self.active, &self.rec.steps)
         {

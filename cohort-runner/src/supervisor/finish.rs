@@ -27,7 +27,8 @@ impl Supervisor {
             self.nested.wait_stopped(&mut self.events, grace);
         }
         fault::point("runner.before-final");
-        let outcome = step::run_outcome(self.stop, failure, self.spec.options.timeout_ms);
+        let mut outcome = step::run_outcome(self.stop, failure, self.spec.options.timeout_ms);
+        self.budget_outcome(&mut outcome);
         outcome.close_unstarted(&mut self.rec.steps);
         if outcome.timed_out {
             self.rec.timed_out = Some(true);

@@ -33,9 +33,12 @@
 //! - `plan`: what is decided for a step at its first launch (its models, its deadline);
 //! - `attempt`: an attempt's child started and recorded `running`, its end recorded;
 //! - `fallback`: a failed attempt retried on the agent's next fallback model;
-//! - `finish`: the terminal record and the on-exit hook.
+//! - `finish`: the terminal record and the on-exit hook;
+//! - `budget`: `--max-cost`: the tree's spending looked at as the run goes, and the stop once
+//!   it passes the budget.
 
 mod attempt;
+mod budget;
 mod event_loop;
 mod fallback;
 mod fanout;
@@ -160,6 +163,8 @@ struct Supervisor {
     session_interval: Duration,
     /// Why the runner is ending the run, once it is: a stop, or the run's deadline.
     stop: Option<Ending>,
+    /// The run's budget (`--max-cost`), when it has one.
+    budget: Option<budget::Watch>,
     run_deadline: Option<Instant>,
 }
 
@@ -174,6 +179,10 @@ impl Supervisor {
             cgroup,
         } = running;
         let nested_runs = state_root.nested_runs_dir(&tree.root_run_id);
+        let budget = spec
+            .options
+            .max_cost_usd
+            .map(|max| budget::Watch::new(max, nested_runs.clone()));
         let worktrees_dir = state_root.worktrees_dir();
         let since = rec.pid_start_time.unwrap_or(0);
         Supervisor {
@@ -199,6 +208,7 @@ impl Supervisor {
             last_session_look: Instant::now(),
             session_interval: event_loop::SESSION_INTERVAL,
             stop: None,
+            budget,
             run_deadline: None,
         }
     }
