@@ -7,16 +7,19 @@
 //! spawns; the runner finds it ([`take_place`]; a run of `--after` has none yet and joins once
 //! its dependencies have ended). A ticket counts while its run's lock is held, and the runner
 //! holds that lock for its whole life. A waiting runner blocks in the kernel, one thread per
-//! earlier live ticket, on a shared `flock` of that run's lock, and counts again whenever one
-//! is released, as nq waits for the jobs before it ([`wait_turn`]).
+//! lock it waits for, on a shared `flock` (the nearest waiting run's ticket, else the locks of
+//! the runs before it), and looks again whenever one is released, as nq waits for the jobs
+//! before it ([`wait_turn`]). While it waits it holds its own ticket's lock ([`Waiting`]), which
+//! the runs behind it block on, so a run's end wakes the head of the line, not every waiter.
 
 use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::mpsc;
 
 use cohort_common::error::{Error, Result};
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::spec::QueueSpec;
-use cohort_common::os::lock;
+use cohort_common::os::lock::{self, RunLock, RUNNER_LOCK_WAIT};
 use cohort_common::store::queue;
 
 /// The width of the default queue every top-level run joins: pi-subagents'
@@ -34,25 +37,34 @@ pub fn default_queue(global_concurrency_limit: Option<u32>) -> Option<QueueSpec>
 /// The name of the queue `globalConcurrencyLimit` sets the width of.
 pub const DEFAULT_QUEUE: &str = "default";
 
-/// Make sure run `run_id` (of tree `root_run_id` when nested) has its ticket in queue `q`: the
-/// one spawn made, else a new one at the end of the queue.
+/// The held lock on a waiting run's ticket: while it is held, the runs behind it wait for this
+/// one, not for the runs before it. Dropped once the run holds a slot (or by the kernel when the
+/// runner dies).
+#[derive(Debug)]
+pub struct Waiting(#[allow(dead_code)] RunLock);
+
+/// Make sure run `run_id` (of tree `root_run_id` when nested) has its ticket in queue `q` (the
+/// one spawn made, else a new one at the end of the queue), and hold it as waiting.
 ///
-/// Errors: those of [`queue::list`] and [`queue::join`].
+/// Errors: those of [`queue::list`] and [`queue::join`]; the ticket's lock cannot be taken.
 pub fn take_place(
     root: &StateRoot,
     q: &QueueSpec,
     run_id: &str,
     root_run_id: Option<&str>,
-) -> Result<()> {
-    if queue::find(&queue::list(root, &q.name)?, run_id).is_some() {
-        return Ok(());
-    }
-    queue::join(root, q, run_id, root_run_id).map(|_| ())
+) -> Result<Waiting> {
+    let tickets = queue::list(root, &q.name)?;
+    let path = match queue::find(&tickets, run_id) {
+        Some(i) => tickets[i].path.clone(),
+        None => queue::join(root, q, run_id, root_run_id)?,
+    };
+    Ok(Waiting(RunLock::acquire(&path, RUNNER_LOCK_WAIT)?))
 }
 
 /// Block until run `run_id` holds a slot in queue `name`: list the tickets; while it does not,
-/// block (one thread per earlier live ticket, in `flock`) until one of them is released, and
-/// list again. Runs on a thread of its own so a stop can end the wait.
+/// block in `flock` on what can let it in ([`queue::blockers`]: the nearest waiting run before
+/// it, else the runs before it, one thread each) until one is released, and list again. Runs on
+/// a thread of its own so a stop can end the wait; the caller then drops its [`Waiting`].
 ///
 /// Errors: the queue cannot be read, the run has no ticket there, or a thread cannot start.
 pub fn wait_turn(root: &StateRoot, name: &str, run_id: &str) -> Result<()> {
@@ -65,23 +77,26 @@ pub fn wait_turn(root: &StateRoot, name: &str, run_id: &str) -> Result<()> {
                 "run {run_id} has no ticket in queue {name}"
             )));
         };
-        if queue::admitted(&queue::shape(&tickets))[me] {
-            return Ok(());
-        }
-        for t in tickets[..me].iter().filter(|t| t.live) {
-            if !watched.insert(t.path.clone()) {
+        let locks: Vec<PathBuf> = match queue::blockers(&queue::states(&tickets), me) {
+            queue::Blockers::Start => return Ok(()),
+            queue::Blockers::Ticket(i) => vec![tickets[i].path.clone()],
+            queue::Blockers::Runs(runs) => {
+                runs.iter().map(|&i| tickets[i].run_dir.lock()).collect()
+            }
+        };
+        for lock_path in locks {
+            if !watched.insert(lock_path.clone()) {
                 continue;
             }
             let tx = tx.clone();
-            let run_lock = t.run_dir.lock();
             std::thread::Builder::new()
                 .spawn(move || {
-                    let _ = lock::wait_released(&run_lock);
+                    let _ = lock::wait_released(&lock_path);
                     let _ = tx.send(());
                 })
                 .map_err(|e| Error::no_thread("wait for a queue slot", e))?;
         }
-        // One earlier run was released (or vanished): count again.
+        // One of them was released (or vanished): look again.
         let _ = rx.recv();
     }
 }
@@ -111,7 +126,7 @@ mod tests {
     }
 
     #[test]
-    fn the_place_spawn_made_is_kept_and_the_wait_ends_when_the_run_before_ends() {
+    fn the_place_spawn_made_is_kept_and_the_line_moves_up_one_run_at_a_time() {
         let t = tempfile::tempdir().unwrap();
         let root = StateRoot::for_profile(t.path());
         let q = QueueSpec {
@@ -120,30 +135,45 @@ mod tests {
         };
         let (a, la) = held_run(&root);
         let (b, lb) = held_run(&root);
-        // b joined first (as spawn would): a's runner, starting later, stays behind it.
-        queue::join(&root, &q, &b, None).unwrap();
-        take_place(&root, &q, &a, None).unwrap();
-        take_place(&root, &q, &b, None).unwrap();
+        let (c, _lc) = held_run(&root);
+        // a joined first (as spawn would): b's and c's runners, even if they start first,
+        // stay behind it.
+        queue::join(&root, &q, &a, None).unwrap();
+        let wb = take_place(&root, &q, &b, None).unwrap();
+        let wc = take_place(&root, &q, &c, None).unwrap();
+        let wa = take_place(&root, &q, &a, None).unwrap();
         let order: Vec<_> = queue::list(&root, "t")
             .unwrap()
             .into_iter()
-            .map(|t| t.run_id)
+            .map(|t| (t.run_id, t.waiting))
             .collect();
-        assert_eq!(order, vec![b.clone(), a.clone()]);
-        wait_turn(&root, "t", &b).unwrap();
-        let (done_tx, done_rx) = mpsc::channel();
-        let r2 = StateRoot::for_profile(t.path());
-        let a2 = a.clone();
-        std::thread::spawn(move || {
-            let _ = done_tx.send(wait_turn(&r2, "t", &a2).is_ok());
-        });
+        assert_eq!(
+            order,
+            vec![(a.clone(), true), (b.clone(), true), (c.clone(), true)]
+        );
+        wait_turn(&root, "t", &a).unwrap();
+        drop(wa);
+        let (tx, rx) = mpsc::channel();
+        for (id, held) in [(b.clone(), wb), (c.clone(), wc)] {
+            let (tx, root) = (tx.clone(), StateRoot::for_profile(t.path()));
+            std::thread::spawn(move || {
+                let ok = wait_turn(&root, "t", &id).is_ok();
+                drop(held);
+                let _ = tx.send((id, ok));
+            });
+        }
         assert!(
-            done_rx.recv_timeout(Duration::from_millis(200)).is_err(),
-            "a waits while b holds the slot"
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "b and c wait while a holds the slot"
+        );
+        drop(la);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok((b, true)));
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "c waits for b"
         );
         drop(lb);
-        assert_eq!(done_rx.recv_timeout(Duration::from_secs(10)), Ok(true));
-        drop(la);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok((c, true)));
         assert!(wait_turn(&root, "t", &RunId::new().to_string()).is_err());
     }
 }

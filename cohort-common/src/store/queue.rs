@@ -12,10 +12,17 @@
 //! the kernel says whether the run still counts, and a runner killed by SIGKILL frees its place
 //! at once. A dead ticket is removed by the next run to join.
 //!
-//! In the order of the live tickets, a run with `k` live tickets before it holds a slot when
-//! `k < slots` (its own `slots`); tickets only ever leave the front or join at the end, so once
-//! a run holds a slot it keeps it, and at most `slots` of the first tickets run, first in first
-//! out ([`admitted`], [`position`]).
+//! While its run waits, its runner holds an exclusive `flock` on the ticket file itself and lets
+//! go of it once the run holds a slot (or the kernel does, when the runner dies): a ticket is
+//! **waiting** while that lock is held.
+//!
+//! In the order of the live tickets, a run holds a slot when every live run before it holds one
+//! and fewer than its own `slots` of them are live ([`admitted`]): first in, first out, and a
+//! run with a wider `--slots` never passes a narrower one waiting before it. Tickets only ever
+//! leave the front or join at the end, so once a run holds a slot it keeps it. A waiting runner
+//! blocks on what can let it in ([`blockers`]): the nearest waiting ticket before it, while
+//! there is one (so a run's end wakes only the head of the line, not every waiter), else the
+//! run locks of the runs before it.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -66,6 +73,8 @@ pub struct Ticket {
     pub path: PathBuf,
     /// Whether the run's lock is held (the run still counts).
     pub live: bool,
+    /// Whether the ticket's own lock is held: its runner waits for a slot.
+    pub waiting: bool,
 }
 
 /// A ticket's sequence number and run id, from its file name `<seq>.<runId>` (pure); `None`
@@ -88,33 +97,74 @@ pub fn ticket_name(seq: u64, run_id: &str) -> String {
 }
 
 /// For each ticket of a listing in queue order, given each one's `(slots, live)`: whether it
-/// holds a slot (pure). A dead ticket holds none; a live one holds one when fewer than its
-/// `slots` (at least 1) live tickets come before it.
+/// holds a slot (pure). A dead ticket holds none; a live one holds one when every live ticket
+/// before it holds one and fewer than its `slots` (at least 1) live tickets come before it.
 pub fn admitted(tickets: &[(u32, bool)]) -> Vec<bool> {
     let mut live_before = 0usize;
+    let mut line_stopped = false;
     tickets
         .iter()
         .map(|&(slots, live)| {
             if !live {
                 return false;
             }
-            let holds = live_before < slots.max(1) as usize;
+            let holds = !line_stopped && live_before < slots.max(1) as usize;
+            line_stopped |= !holds;
             live_before += 1;
             holds
         })
         .collect()
 }
 
+/// What a run that does not hold a slot blocks on until it may look again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Blockers {
+    /// It holds a slot: start.
+    Start,
+    /// The ticket (by index) of the nearest waiting run before it: that run's runner lets go of
+    /// its ticket once it holds a slot, or dies.
+    Ticket(usize),
+    /// The tickets (by index) whose runs' locks to block on: the live runs before it, which
+    /// all hold slots.
+    Runs(Vec<usize>),
+}
+
+/// What ticket `me` of a listing waits for (pure), given each ticket's `(slots, live,
+/// waiting)` in queue order: nothing when it holds a slot ([`admitted`]); else the nearest
+/// live waiting ticket before it, when there is one; else the live tickets before it.
+pub fn blockers(tickets: &[(u32, bool, bool)], me: usize) -> Blockers {
+    let shape: Vec<(u32, bool)> = tickets.iter().map(|t| (t.0, t.1)).collect();
+    if admitted(&shape).get(me).copied().unwrap_or(false) {
+        return Blockers::Start;
+    }
+    let before = &tickets[..me.min(tickets.len())];
+    if let Some(i) = before.iter().rposition(|t| t.1 && t.2) {
+        return Blockers::Ticket(i);
+    }
+    Blockers::Runs(
+        before
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.1)
+            .map(|(i, _)| i)
+            .collect(),
+    )
+}
+
 /// The position of ticket `index` of a listing given as in [`admitted`] (pure): `Some(0)` when
-/// it holds a slot, `Some(n)` when `n` of the live runs before it must end before it starts
-/// (1: it is next), `None` when the ticket is dead or out of range.
+/// it holds a slot, `Some(n)` when it is `n`-th in the line of runs waiting for one (1: it is
+/// next; with one width for all, `n` of the live runs before it must end first), `None` when
+/// the ticket is dead or out of range.
 pub fn position(tickets: &[(u32, bool)], index: usize) -> Option<u32> {
-    let &(slots, live) = tickets.get(index)?;
-    if !live {
+    if !tickets.get(index)?.1 {
         return None;
     }
-    let live_before = tickets[..index].iter().filter(|t| t.1).count() as u32;
-    Some((live_before + 1).saturating_sub(slots.max(1)))
+    let holds = admitted(tickets);
+    if holds[index] {
+        return Some(0);
+    }
+    let waiting_before = (0..index).filter(|&i| tickets[i].1 && !holds[i]).count() as u32;
+    Some(waiting_before + 1)
 }
 
 /// How many runs of a listing hold a slot and how many wait (pure; dead tickets count in
@@ -128,6 +178,14 @@ pub fn counts(tickets: &[(u32, bool)]) -> (usize, usize) {
 /// The `(slots, live)` pairs of a listing, for [`admitted`], [`position`] and [`counts`].
 pub fn shape(tickets: &[Ticket]) -> Vec<(u32, bool)> {
     tickets.iter().map(|t| (t.slots, t.live)).collect()
+}
+
+/// The `(slots, live, waiting)` triples of a listing, for [`blockers`].
+pub fn states(tickets: &[Ticket]) -> Vec<(u32, bool, bool)> {
+    tickets
+        .iter()
+        .map(|t| (t.slots, t.live, t.waiting))
+        .collect()
 }
 
 fn queue_io(path: &Path, e: std::io::Error) -> Error {
@@ -168,6 +226,7 @@ pub fn list(root: &StateRoot, name: &str) -> Result<Vec<Ticket>> {
             None => root.run_dir(&run_id),
         };
         let live = lock::probe(&run_dir.lock()).is_ok_and(|l| l.is_alive());
+        let waiting = live && lock::probe(&path).is_ok_and(|l| l.is_alive());
         out.push(Ticket {
             seq,
             run_id,
@@ -175,6 +234,7 @@ pub fn list(root: &StateRoot, name: &str) -> Result<Vec<Ticket>> {
             run_dir,
             path,
             live,
+            waiting,
         });
     }
     out.sort_by_key(|t| t.seq);
@@ -286,13 +346,43 @@ mod tests {
         assert_eq!(position(&t, 2), Some(1));
         assert_eq!(position(&t, 4), Some(2));
         assert_eq!(counts(&t), (1, 2));
-        // Each run counts with its own width; a width of 0 counts as 1.
+        // Each run counts with its own width; a width of 0 counts as 1; a wider run never
+        // passes a narrower one waiting before it.
         let t = [(1, true), (3, true), (0, true), (1, true)];
         assert_eq!(admitted(&t), vec![true, true, false, false]);
-        assert_eq!(position(&t, 2), Some(2));
-        assert_eq!(position(&t, 3), Some(3));
+        assert_eq!(position(&t, 2), Some(1));
+        assert_eq!(position(&t, 3), Some(2));
+        let t = [(2, true), (2, true), (1, true), (5, true)];
+        assert_eq!(admitted(&t), vec![true, true, false, false]);
+        assert_eq!(position(&t, 3), Some(2), "behind the narrower run");
         assert_eq!(position(&t, 9), None);
         assert_eq!(counts(&[]), (0, 0));
+    }
+
+    #[test]
+    fn a_waiting_run_blocks_on_the_nearest_waiter_before_it_else_on_the_runs_before_it() {
+        // Two running (slots 2), two waiting: the last waits for the one before it only.
+        let t = [
+            (2, true, false),
+            (2, true, false),
+            (2, true, true),
+            (2, true, true),
+        ];
+        assert_eq!(blockers(&t, 0), Blockers::Start);
+        assert_eq!(blockers(&t, 3), Blockers::Ticket(2));
+        assert_eq!(blockers(&t, 2), Blockers::Runs(vec![0, 1]));
+        // Dead tickets are no one's blockers; a dead waiter is not waited for.
+        let t = [
+            (1, false, false),
+            (1, true, false),
+            (1, false, true),
+            (1, true, true),
+        ];
+        assert_eq!(blockers(&t, 3), Blockers::Runs(vec![1]));
+        // A run not yet waiting (its runner starting) is counted, not waited on.
+        let t = [(1, true, false), (1, true, false), (1, true, true)];
+        assert_eq!(blockers(&t, 2), Blockers::Runs(vec![0, 1]));
+        assert_eq!(blockers(&[(1, true, true)], 0), Blockers::Start);
     }
 
     #[test]

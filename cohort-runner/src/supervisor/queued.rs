@@ -105,7 +105,7 @@ pub(super) fn wait(
         return Ok(Waited::Start(Box::new(rec)));
     };
     let root_run_id = spec.placement.as_ref().map(|p| p.root_run_id.clone());
-    queue::take_place(&root, &q, &rec.run_id, root_run_id.as_deref())?;
+    let waiting = queue::take_place(&root, &q, &rec.run_id, root_run_id.as_deref())?;
     let turn_tx = tx.clone();
     let run_id = rec.run_id.clone();
     let name = q.name.clone();
@@ -115,8 +115,18 @@ pub(super) fn wait(
             let _ = turn_tx.send(Msg::Waited(why.map(|()| None)));
         })
         .map_err(|e| Error::no_thread("wait for a queue slot", e))?;
-    match until_answer(rx)? {
-        Answer::Go => Ok(Waited::Start(Box::new(rec))),
+    let answer = until_answer(rx)?;
+    // Holding a slot, or ending: the runs behind it wait for the runs before them now.
+    drop(waiting);
+    match answer {
+        Answer::Go => {
+            let _ = events::append_once(
+                &dir.events(),
+                EventKind::RunAdmitted,
+                json!({"queue": q.name}),
+            );
+            Ok(Waited::Start(Box::new(rec)))
+        }
         Answer::Stopped => end_unstarted(dir, &spec, rec, Ending::Stopped),
         Answer::Refused(why) => Err(Error::State(why)),
     }
