@@ -86,8 +86,8 @@ print(f"runs {n} slots {slots}  wall: baseline (xargs -P {slots}, no queue) {bas
 print(f"start-up, from when a run may start to its step's start: without a queue median "
       f"{med(startup)} ms p95 {p95(startup)} ms; through the queue median {med(handover)} ms "
       f"p95 {p95(handover)} ms")
-print(f"  of which from the end of the run that let it in to its admission (that runner's "
-      f"exit, the wake, the count) median {med(wake)} ms p95 {p95(wake)} ms, then to its "
+print(f"  of which from the end of the run that let it in to its admission (that run's "
+      f"final record synced and its place let go, the wake, the count) median {med(wake)} ms p95 {p95(wake)} ms, then to its "
       f"step median {med(after)} ms")
 print(f"added latency per run beyond the waiting itself (median): "
       f"{med(handover) - med(startup)} ms (target <= 5 ms)")

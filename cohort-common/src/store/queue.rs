@@ -12,9 +12,10 @@
 //! the kernel says whether the run still counts, and a runner killed by SIGKILL frees its place
 //! at once. A dead ticket is removed by the next run to join.
 //!
-//! While its run waits, its runner holds an exclusive `flock` on the ticket file itself and lets
-//! go of it once the run holds a slot (or the kernel does, when the runner dies): a ticket is
-//! **waiting** while that lock is held.
+//! Its runner also holds a `flock` on the ticket file itself: exclusive while the run waits
+//! (the ticket is **waiting**), shared once it holds a slot, until its run and its on-exit hook
+//! have ended; then it removes the ticket and lets go, before its own teardown, so the next run
+//! does not wait for that. A runner that dies loses both locks at once.
 //!
 //! In the order of the live tickets, a run holds a slot when every live run before it holds one
 //! and fewer than its own `slots` of them are live ([`admitted`]): first in, first out, and a
@@ -22,7 +23,7 @@
 //! leave the front or join at the end, so once a run holds a slot it keeps it. A waiting runner
 //! blocks on what can let it in ([`blockers`]): the nearest waiting ticket before it, while
 //! there is one (so a run's end wakes only the head of the line, not every waiter), else the
-//! run locks of the runs before it.
+//! runs before it, until they have ended.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -73,8 +74,11 @@ pub struct Ticket {
     pub path: PathBuf,
     /// Whether the run's lock is held (the run still counts).
     pub live: bool,
-    /// Whether the ticket's own lock is held: its runner waits for a slot.
+    /// Whether the ticket's own lock is held exclusively: its runner waits for a slot.
     pub waiting: bool,
+    /// Whether the ticket's own lock is held shared: its runner holds a slot and lets go of it
+    /// when its run and its on-exit hook have ended, before the runner's own teardown.
+    pub running: bool,
 }
 
 /// A ticket's sequence number and run id, from its file name `<seq>.<runId>` (pure); `None`
@@ -124,8 +128,9 @@ pub enum Blockers {
     /// The ticket (by index) of the nearest waiting run before it: that run's runner lets go of
     /// its ticket once it holds a slot, or dies.
     Ticket(usize),
-    /// The tickets (by index) whose runs' locks to block on: the live runs before it, which
-    /// all hold slots.
+    /// The tickets (by index) of the runs to wait out: the live runs before it, which all hold
+    /// slots (a ticket held shared is waited on until its runner lets go of it, at the run's
+    /// end; any other on its run's lock, at its runner's exit).
     Runs(Vec<usize>),
 }
 
@@ -201,44 +206,93 @@ fn queue_io(path: &Path, e: std::io::Error) -> Error {
 ///
 /// Errors: the queue's directory cannot be read (other than not existing).
 pub fn list(root: &StateRoot, name: &str) -> Result<Vec<Ticket>> {
+    list_until(root, name, None)
+}
+
+/// [`list`] up to run `run_id`'s ticket, included: what that run's wait looks at (the tickets
+/// after it are not read). All of them when it has none.
+///
+/// Errors: as [`list`].
+pub fn list_until(root: &StateRoot, name: &str, run_id: Option<&str>) -> Result<Vec<Ticket>> {
     let dir = queue_dir(root, name);
     let entries = match std::fs::read_dir(&dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(queue_io(&dir, e)),
     };
-    let mut out = Vec::new();
+    let mut named = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| queue_io(&dir, e))?;
-        let Some((seq, run_id)) = entry.file_name().to_str().and_then(parse_ticket_name) else {
-            continue;
-        };
-        let path = entry.path();
-        let body: Option<TicketBody> = files::read_regular(&path)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
-        let root_run_id = body
-            .as_ref()
-            .and_then(|b| b.root_run_id.clone())
-            .filter(|r| r.parse::<RunId>().is_ok_and(|id| id.to_string() == *r));
-        let run_dir = match &root_run_id {
-            Some(r) => root.nested_run_dir(r, &run_id),
-            None => root.run_dir(&run_id),
-        };
-        let live = lock::probe(&run_dir.lock()).is_ok_and(|l| l.is_alive());
-        let waiting = live && lock::probe(&path).is_ok_and(|l| l.is_alive());
-        out.push(Ticket {
-            seq,
-            run_id,
-            slots: body.map(|b| b.slots).unwrap_or(1),
-            run_dir,
-            path,
-            live,
-            waiting,
-        });
+        if let Some((seq, id)) = entry.file_name().to_str().and_then(parse_ticket_name) {
+            named.push((seq, id, entry.path()));
+        }
     }
-    out.sort_by_key(|t| t.seq);
-    Ok(out)
+    named.sort_by_key(|t| t.0);
+    if let Some(me) = run_id.and_then(|id| named.iter().position(|t| t.1 == id)) {
+        named.truncate(me + 1);
+    }
+    Ok(named
+        .into_iter()
+        .map(|(seq, run_id, path)| probe_ticket(root, seq, run_id, path))
+        .collect())
+}
+
+/// Read ticket `path` (its body) and probe its run's lock and its own.
+fn probe_ticket(root: &StateRoot, seq: u64, run_id: String, path: PathBuf) -> Ticket {
+    let body: Option<TicketBody> = files::read_regular(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let root_run_id = body
+        .as_ref()
+        .and_then(|b| b.root_run_id.clone())
+        .filter(|r| r.parse::<RunId>().is_ok_and(|id| id.to_string() == *r));
+    let run_dir = match &root_run_id {
+        Some(r) => root.nested_run_dir(r, &run_id),
+        None => root.run_dir(&run_id),
+    };
+    let live = lock::probe(&run_dir.lock()).is_ok_and(|l| l.is_alive());
+    let hold = if live { ticket_hold(&path) } else { Hold::Free };
+    Ticket {
+        seq,
+        run_id,
+        slots: body.map(|b| b.slots).unwrap_or(1),
+        run_dir,
+        path,
+        live,
+        waiting: hold == Hold::Waiting,
+        running: hold == Hold::Running,
+    }
+}
+
+/// How a ticket's own lock is held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hold {
+    /// Exclusively: its runner waits for a slot.
+    Waiting,
+    /// Shared: its runner holds a slot, until its run (and its on-exit hook) has ended.
+    Running,
+    /// Not at all (its runner is starting, or it is gone).
+    Free,
+}
+
+/// Probe ticket `path`'s lock without blocking: a shared try-lock that fails means an
+/// exclusive holder; one that succeeds, followed by an exclusive try-lock that fails, a shared
+/// holder (a reader's probe passing by reads as one too, which only costs a waiter one more
+/// look).
+fn ticket_hold(path: &Path) -> Hold {
+    let Ok(f) = files::open_regular(path) else {
+        return Hold::Free;
+    };
+    match f.try_lock_shared() {
+        Err(std::fs::TryLockError::WouldBlock) => return Hold::Waiting,
+        Err(_) => return Hold::Free,
+        Ok(()) => {}
+    }
+    let _ = f.unlock();
+    match f.try_lock() {
+        Err(std::fs::TryLockError::WouldBlock) => Hold::Running,
+        _ => Hold::Free,
+    }
 }
 
 /// The names of the queues under the state root, sorted (directories whose name is a valid

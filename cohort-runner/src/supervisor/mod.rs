@@ -97,8 +97,8 @@ pub fn run(
     if let Err(e) = start_signal_thread(tx.clone()) {
         return Err(start::fail_queued(dir, rec, e));
     }
-    let rec = match queued::wait(dir, rec, &tx, &rx) {
-        Ok(queued::Waited::Start(rec)) => *rec,
+    let (rec, place) = match queued::wait(dir, rec, &tx, &rx) {
+        Ok(queued::Waited::Start(rec, place)) => (*rec, place),
         Ok(queued::Waited::Ended(state)) => return Ok(state),
         Err(e) => {
             let rec = record::load(&dir.status())?;
@@ -109,6 +109,9 @@ pub fn run(
     let mut sup = Supervisor::new(dir, running, (tx, rx));
     let state = sup.run_chain();
     sup.run_on_exit(state);
+    // The run and its hook have ended: its queue's next run may start while this runner
+    // tears down (its cgroups, its lock).
+    drop(place);
     Ok(state)
 }
 

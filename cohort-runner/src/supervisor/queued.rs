@@ -26,8 +26,9 @@ use crate::sweep::StepTrack;
 
 /// How a queued run's waits ended.
 pub(super) enum Waited {
-    /// Its dependencies completed and its turn came (or it has neither): start it.
-    Start(Box<RunRecord>),
+    /// Its dependencies completed and its turn came (or it has neither): start it, holding its
+    /// place in its queue (if any) until the run has ended.
+    Start(Box<RunRecord>, Option<queue::Place>),
     /// It ended before it started (stopped, or a dependency failed); the record is stored.
     Ended(RunState),
 }
@@ -64,7 +65,7 @@ pub(super) fn wait(
     let spec: LaunchSpec = files::read_json(&dir.spec())?;
     let after = spec.options.after.clone();
     if after.is_empty() && spec.options.queue.is_none() {
-        return Ok(Waited::Start(Box::new(rec)));
+        return Ok(Waited::Start(Box::new(rec), None));
     }
     let me = procinfo::own_identity();
     rec.pid = Some(std::process::id());
@@ -102,10 +103,10 @@ pub(super) fn wait(
         }
     }
     let Some(q) = spec.options.queue.clone() else {
-        return Ok(Waited::Start(Box::new(rec)));
+        return Ok(Waited::Start(Box::new(rec), None));
     };
     let root_run_id = spec.placement.as_ref().map(|p| p.root_run_id.clone());
-    let waiting = queue::take_place(&root, &q, &rec.run_id, root_run_id.as_deref())?;
+    let place = queue::take_place(&root, &q, &rec.run_id, root_run_id.as_deref())?;
     let turn_tx = tx.clone();
     let run_id = rec.run_id.clone();
     let name = q.name.clone();
@@ -115,17 +116,15 @@ pub(super) fn wait(
             let _ = turn_tx.send(Msg::Waited(why.map(|()| None)));
         })
         .map_err(|e| Error::no_thread("wait for a queue slot", e))?;
-    let answer = until_answer(rx)?;
-    // Holding a slot, or ending: the runs behind it wait for the runs before them now.
-    drop(waiting);
-    match answer {
+    match until_answer(rx)? {
         Answer::Go => {
+            place.admitted()?;
             let _ = events::append_once(
                 &dir.events(),
                 EventKind::RunAdmitted,
                 json!({"queue": q.name}),
             );
-            Ok(Waited::Start(Box::new(rec)))
+            Ok(Waited::Start(Box::new(rec), Some(place)))
         }
         Answer::Stopped => end_unstarted(dir, &spec, rec, Ending::Stopped),
         Answer::Refused(why) => Err(Error::State(why)),
