@@ -129,9 +129,9 @@ fn cluster_of(user: &[String]) -> Option<String> {
 }
 
 /// The `sbatch` dependency for `--after` (pure): `--dependency=afterany:J1:J2` over the jobs
-/// of the dependencies not yet ended (`deps`, from [`after_jobs`]) that run on the cluster the
-/// job goes to (`user`'s options say which), so Slurm keeps the job pending, on no node, until
-/// they have ended. `afterany`, not `afterok`: the runner then decides as natively (start if
+/// of the dependencies not yet ended (`deps`, one each, `None` for one without a job) on the
+/// cluster the job goes to (`user`'s options say which), so Slurm keeps the job pending, on no
+/// node, until they have ended. `afterany`, not `afterok`: the runner then decides as natively (start if
 /// every one completed, else end `failed`, `dependency-failed`); with `afterok` a failed
 /// dependency would leave the job pending for ever (`DependencyNeverSatisfied`) and a stopped
 /// one could not be told from a failed one. A dependency without a job here (a native run, a
