@@ -56,6 +56,20 @@ fn line(s: &mut String, k: &str, v: &str) {
     s.push_str(&format!("{k:<KEY_WIDTH$} {}\n", untrusted(v)));
 }
 
+/// A run's `--max-cost` and its tree's spending (pure): `$0.0052 of $0.50 spent`, with
+/// `, passed: the run was stopped` once it passed.
+pub fn budget_text(b: &cohort_common::format::record::BudgetRecord) -> String {
+    let passed = if b.exceeded {
+        ", passed: the run was stopped"
+    } else {
+        ""
+    };
+    format!(
+        "${:.4} of ${} spent (the run's tree){passed}",
+        b.spent_usd, b.max_cost_usd
+    )
+}
+
 /// What the run is and what to believe about it (pure): id, state, where the record comes
 /// from, why it is unresolved, nested runs still running under an ended run, the mode, the
 /// backend's job, the error and survivors, its containment, what it revives, where it sits in its tree.
@@ -109,6 +123,9 @@ pub fn header(origin: &Origin, o: &Observed, children: &[Row]) -> String {
     line(&mut s, "mode", &mode_word(r));
     if let Some(b) = backend_line(r, o.job.as_ref()) {
         line(&mut s, "backend", &b);
+    }
+    if let Some(b) = &r.budget {
+        line(&mut s, "budget", &budget_text(b));
     }
     if let Some(e) = &r.error {
         line(&mut s, "error", e);
@@ -558,6 +575,15 @@ mod tests {
         );
         assert!(!v.contains(['\x1b', '\x07', '\u{9b}']), "{v:?}");
         assert!(v.contains("queue        q (1 slot), position 2\n"), "{v}");
+        let b = cohort_common::format::record::BudgetRecord {
+            max_cost_usd: 0.5,
+            spent_usd: 0.61234,
+            exceeded: true,
+        };
+        assert_eq!(
+            budget_text(&b),
+            "$0.6123 of $0.5 spent (the run's tree), passed: the run was stopped"
+        );
         assert!(
             v.contains("two\\nlines") && v.contains("phase p\\x1b[2J"),
             "{v}"

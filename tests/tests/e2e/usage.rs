@@ -183,6 +183,11 @@ fn a_run_past_its_budget_is_stopped_and_records_what_it_spent() {
         rec["steps"][0]["status"], "stopped",
         "the step got TERM: {rec:#}"
     );
+    let view = stdout(&env.run("cohort-status", &[&id]));
+    assert!(
+        view.contains("of $0.001 spent (the run's tree), passed: the run was stopped"),
+        "{view}"
+    );
 }
 
 #[test]
