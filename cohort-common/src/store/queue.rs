@@ -488,6 +488,20 @@ mod tests {
         assert_eq!(find(&l, &c), Some(1));
         assert!(l[1].seq > l[0].seq);
         assert_eq!(names(&root).unwrap(), vec!["q".to_string()]);
+        // A nested run's ticket names its tree's root, so its lock is found under it.
+        let nested = RunId::new().to_string();
+        let dir = root.nested_run_dir(&a, &nested);
+        files::create_dir_all_private(dir.path()).unwrap();
+        let _ln = RunLock::create_held(&dir.lock()).unwrap();
+        join(&root, &q, &nested, Some(&a)).unwrap();
+        let l = list(&root, "q").unwrap();
+        let t = &l[find(&l, &nested).unwrap()];
+        assert!(t.live && t.run_dir == dir, "{t:?}");
+        assert_eq!(
+            list_until(&root, "q", Some(&c)).unwrap().len(),
+            2,
+            "up to c"
+        );
         assert!(join(
             &root,
             &QueueSpec {
