@@ -32,6 +32,7 @@ pub mod format;
 pub mod identity;
 pub mod os;
 pub mod store;
+pub mod tools;
 pub mod worktree;
 
 pub use error::{Error, Result};

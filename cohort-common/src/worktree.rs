@@ -176,6 +176,17 @@ pub fn config_file(profile: &Path) -> PathBuf {
         .join("config.json")
 }
 
+/// The file pi-subagents keeps its settings in: `<profile>/extensions/subagent/config.json`
+/// (pi-subagents 0.67 `src/extension/config.ts`). Its setup hook is used when pi-cohort's
+/// [`config_file`] names none ([`load_setup_hook`]); spawn reads its other keys
+/// (`cohort-spawn/src/agents/governance.rs`).
+pub fn subagent_config_file(profile: &Path) -> PathBuf {
+    profile
+        .join("extensions")
+        .join("subagent")
+        .join("config.json")
+}
+
 /// The default of `worktreeSetupHookTimeoutMs`: 30 s.
 pub const DEFAULT_SETUP_HOOK_TIMEOUT_MS: u64 = 30_000;
 
@@ -239,25 +250,58 @@ pub fn setup_hook(
     Ok(Some(SetupHook { path, timeout_ms }))
 }
 
-/// Read [`config_file`] of `profile` and return its setup hook ([`setup_hook`]).
+/// The setup hook of `profile` ([`setup_hook`]): pi-cohort's [`config_file`]'s, else
+/// pi-subagents' [`subagent_config_file`]'s (the keys are the same in both).
 ///
 /// Errors: one line naming the file (it cannot be read, or [`setup_hook`] refused it).
 pub fn load_setup_hook(profile: &Path, repo: &Path) -> Result<Option<SetupHook>, String> {
-    let file = config_file(profile);
-    let text = if std::fs::symlink_metadata(&file).is_err() {
-        None
-    } else {
-        let bytes = crate::os::files::read_regular(&file).map_err(|e| e.to_string())?;
-        Some(String::from_utf8_lossy(&bytes).into_owned())
-    };
     let home = std::env::var_os("HOME").map(PathBuf::from);
-    setup_hook(text.as_deref(), repo, home.as_deref())
-        .map_err(|m| format!("{}: {m}", file.display()))
+    for file in [config_file(profile), subagent_config_file(profile)] {
+        let text = if std::fs::symlink_metadata(&file).is_err() {
+            None
+        } else {
+            let bytes = crate::os::files::read_regular(&file).map_err(|e| e.to_string())?;
+            Some(String::from_utf8_lossy(&bytes).into_owned())
+        };
+        let hook = setup_hook(text.as_deref(), repo, home.as_deref())
+            .map_err(|m| format!("{}: {m}", file.display()))?;
+        if hook.is_some() {
+            return Ok(hook);
+        }
+    }
+    Ok(None)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_setup_hook_is_pi_cohorts_else_pi_subagents() {
+        let t = tempfile::tempdir().unwrap();
+        let (profile, repo) = (t.path().join("p"), t.path().join("r"));
+        std::fs::create_dir_all(repo.join("s")).unwrap();
+        for n in ["a.sh", "b.sh"] {
+            std::fs::write(repo.join("s").join(n), "").unwrap();
+        }
+        assert_eq!(load_setup_hook(&profile, &repo), Ok(None));
+        let sub = subagent_config_file(&profile);
+        std::fs::create_dir_all(sub.parent().unwrap()).unwrap();
+        std::fs::write(
+            &sub,
+            r#"{"worktreeSetupHook": "./s/b.sh", "worktreeSetupHookTimeoutMs": 5}"#,
+        )
+        .unwrap();
+        let h = load_setup_hook(&profile, &repo).unwrap().unwrap();
+        assert_eq!((h.path, h.timeout_ms), (repo.join("./s/b.sh"), 5));
+        let own = config_file(&profile);
+        std::fs::create_dir_all(own.parent().unwrap()).unwrap();
+        std::fs::write(&own, r#"{"worktreeSetupHook": "./s/a.sh"}"#).unwrap();
+        assert_eq!(
+            load_setup_hook(&profile, &repo).unwrap().unwrap().path,
+            repo.join("./s/a.sh")
+        );
+    }
 
     #[test]
     fn synthetic_paths_and_what_lies_under_them_are_not_changes() {

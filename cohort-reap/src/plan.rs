@@ -66,6 +66,7 @@ pub fn resolve_names(root: &StateRoot, sel: &Selection) -> Result<Named> {
                 discover::Origin::Nested { root } => root,
                 discover::Origin::TopLevel
                 | discover::Origin::Legacy
+                | discover::Origin::PiCohortLegacy
                 | discover::Origin::PiCohort => String::new(),
             };
             (f.id, r)

@@ -98,7 +98,10 @@ pub fn start(
     let context = write_context(l, step, pi_major).map_err(|e| e.to_string())?;
     let tool_check = crate::tool_check::write_check(l.dir, step, attempt == Attempt::First)
         .map_err(|e| e.to_string())?;
+    let supervisor = write_supervisor_tools(l.dir, step, attempt == Attempt::First)
+        .map_err(|e| e.to_string())?;
     let child = Child {
+        supervisor_tools: supervisor.as_deref(),
         pi_major,
         context: match &context {
             None => ContextFiles::Pi,
@@ -254,6 +257,51 @@ pub struct Child<'a> {
     /// The check that the agent's extension tools exist ([`crate::tool_check`]), loaded with
     /// `-e` after the agent's own extensions.
     pub tool_check: Option<&'a Path>,
+    /// cohort's supervisor extension ([`crate::rpc::SUPERVISOR_EXTENSION`]), loaded with `-e`
+    /// when the step's tools include a supervisor tool.
+    pub supervisor_tools: Option<&'a Path>,
+}
+
+/// The supervisor tools among `step`'s tools (pure), in their order: what
+/// `COHORT_SUPERVISOR_TOOLS` names for the supervisor extension. Empty: the step gets none
+/// (its tool list is Pi's default set, or names none of them).
+pub fn supervisor_tools(step: &FlatStep) -> Vec<&str> {
+    step.spec
+        .tools
+        .iter()
+        .flatten()
+        .map(String::as_str)
+        .filter(|t| cohort_common::format::control::SUPERVISOR_TOOLS.contains(t))
+        .collect()
+}
+
+/// Write cohort's supervisor extension for `step` to `supervisor-<i>.ts` in `dir` (0600,
+/// `O_EXCL`) when the step's tools include a supervisor tool, and return its path; a later
+/// attempt (`fresh` false) uses the file its first attempt wrote. `None`: the step has none.
+///
+/// Errors: the file cannot be created.
+fn write_supervisor_tools(dir: &RunDir, step: &FlatStep, fresh: bool) -> Result<Option<PathBuf>> {
+    if supervisor_tools(step).is_empty() {
+        return Ok(None);
+    }
+    let path = dir.path().join(format!("supervisor-{}.ts", step.index));
+    if fresh {
+        files::create_unsynced(&path, crate::rpc::SUPERVISOR_EXTENSION.as_bytes())?;
+    }
+    Ok(Some(path))
+}
+
+/// The variable naming the supervisor tools the supervisor extension registers.
+pub const SUPERVISOR_TOOLS_ENV: &str = "COHORT_SUPERVISOR_TOOLS";
+/// The variable holding the bound on a supervisor request's wait, ms.
+pub const REPLY_TIMEOUT_ENV: &str = "COHORT_REPLY_TIMEOUT_MS";
+
+/// The bound on `step`'s requests' wait for their answer, ms ([`crate::rpc::reply_timeout_ms`]).
+pub fn reply_timeout_of(spec: &LaunchSpec, step: &FlatStep) -> u64 {
+    crate::rpc::reply_timeout_ms(
+        spec.options.reply_timeout_ms,
+        step.spec.resolved_agent.as_ref().and_then(|a| a.timeout_ms),
+    )
 }
 
 /// The command of step `i`'s Pi child: `node <entry> <args>` in `cwd` (the step's own, else
@@ -279,6 +327,11 @@ fn pi_command(l: &Launch, rt: &Runtime, args: &[String], tmp: &Path, step: &Flat
         .env_remove(spec::ON_EXIT_ENV)
         .env(NODE_ENV, &rt.node_exec_path)
         .env(PI_ENTRY_ENV, &rt.pi_entry_path)
+        .env(SUPERVISOR_TOOLS_ENV, supervisor_tools(step).join(","))
+        .env(
+            REPLY_TIMEOUT_ENV,
+            reply_timeout_of(l.spec, step).to_string(),
+        )
         .envs(route::child_env(
             l.tree,
             l.run_id,
@@ -390,7 +443,8 @@ pub fn born_in(cmd: &mut Command, procs: File) {
 /// The Pi flags an agent adds for a prompt written to `prompt_file` (pure): the prompt
 /// flag of its [`PromptMode`] (none for an empty prompt), then `--no-context-files` and
 /// `--no-skills` unless it inherits them, `--skill` per skill file, `--no-extensions`, and
-/// `-e` per extension it lists. The project's context files, when the agent inherits them but
+/// `-e` per extension it loads (spawn has resolved an absent `extensions` to the profile's
+/// own, `AgentSpec::extensions`). The project's context files, when the agent inherits them but
 /// not the profile's, are the runner's ([`crate::context`]). Model, thinking and tools are not
 /// here: spawn merges them into the step (`TaskSpec::model`, …) so that the command line and
 /// the step can override them.
@@ -475,6 +529,9 @@ pub fn pi_command_args(
         if child.pi_major >= 1 {
             args.push("--no-mcp".into());
         }
+    }
+    if let Some(ext) = child.supervisor_tools {
+        args.extend(["-e".into(), ext.display().to_string()]);
     }
     args.extend(run_pi_args.iter().cloned());
     args.extend(s.pi_args.iter().cloned());
@@ -629,6 +686,7 @@ mod tests {
             pi_major: 1,
             context: ContextFiles::Runner(Some(Path::new("/r/context-1.md"))),
             tool_check: None,
+            supervisor_tools: None,
         };
         let args = pi_command_args(&step, Path::new("/s"), &[], Some(Path::new("/p")), &child);
         assert_eq!(
@@ -645,6 +703,12 @@ mod tests {
                 "--no-mcp"
             ]
         );
+        // The supervisor extension is loaded for a step whose tools name a supervisor tool.
+        child.supervisor_tools = Some(Path::new("/r/supervisor-1.ts"));
+        let with = pi_command_args(&step, Path::new("/s"), &[], Some(Path::new("/p")), &child);
+        let at = with.iter().position(|a| a == "/r/supervisor-1.ts").unwrap();
+        assert_eq!(with[at - 1], "-e");
+        child.supervisor_tools = None;
         // The check of the agent's extension tools comes after its extensions.
         child.tool_check = Some(Path::new("/r/tools-1.ts"));
         let args = pi_command_args(&step, Path::new("/s"), &[], Some(Path::new("/p")), &child);

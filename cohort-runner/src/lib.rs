@@ -9,6 +9,8 @@
 //!   `tmp/`, the parent-death signal);
 //! - [`compile_cache`]: Node's compile cache for the children, private to the user;
 //! - [`context`]: the project's context files, for an agent that must not see the profile's;
+//! - [`control`]: the run's inbox: control messages from `cohort-spawn --steer` and the rest,
+//!   and the runner's answers;
 //! - [`fork`]: `defaultContext: fork`, a step's new session written as a copy of the caller's;
 //! - [`readers`]: the stdout and stderr reader threads of a child, and its capped output log;
 //! - [`rpc`]: the commands the runner writes on a Pi child's stdin (`--mode rpc`), and when its session is over;
@@ -42,6 +44,7 @@ pub mod chain;
 pub mod cmd;
 pub mod compile_cache;
 pub mod context;
+pub mod control;
 pub mod fork;
 pub mod group_text;
 pub mod hook;

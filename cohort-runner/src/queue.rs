@@ -26,20 +26,7 @@ use cohort_common::os::files;
 use cohort_common::os::lock::{self, LockKind, RUNNER_LOCK_WAIT};
 use cohort_common::store::queue;
 
-/// The width of the default queue every top-level run joins: pi-subagents'
-/// `globalConcurrencyLimit` (`extensions/subagent/config.json`), when it is set and positive
-/// (pure). The queue is named [`DEFAULT_QUEUE`].
-pub fn default_queue(global_concurrency_limit: Option<u32>) -> Option<QueueSpec> {
-    global_concurrency_limit
-        .filter(|n| *n > 0)
-        .map(|slots| QueueSpec {
-            name: DEFAULT_QUEUE.into(),
-            slots,
-        })
-}
-
-/// The name of the queue `globalConcurrencyLimit` sets the width of.
-pub const DEFAULT_QUEUE: &str = "default";
+pub use cohort_common::format::spec::{default_queue, DEFAULT_QUEUE};
 
 /// A run's ticket in its queue and the lock its runner holds on it: exclusive while the run
 /// waits (the runs behind it wait for this one, not for the runs before it), shared once it

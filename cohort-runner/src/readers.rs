@@ -43,6 +43,33 @@ pub enum Report {
     Progress(Progress),
     /// The stream ended (Pi's stdout closed); what it said, in full.
     End(StreamSummary),
+    /// The child asked its supervisor through cohort's supervisor extension: the dialog to
+    /// answer (`ui_id`) and what it asked.
+    Ask {
+        /// The `extension_ui_request` id.
+        ui_id: String,
+        /// The request.
+        ask: crate::rpc::Ask,
+    },
+    /// The step's turn limit (`--max-turns`) acted: the wrap-up was steered in, or the session
+    /// was ended after its last turn; `turn` is the number of turns done.
+    TurnLimit {
+        /// What it did.
+        action: crate::rpc::TurnLimit,
+        /// Turns done.
+        turn: u64,
+    },
+    /// Pi answered a control command the runner gave it ([`crate::rpc::control_command`]).
+    Ack {
+        /// The control message's kind.
+        kind: cohort_common::format::control::ControlKind,
+        /// The control message's id.
+        id: String,
+        /// Pi took it.
+        success: bool,
+        /// Pi's error when it did not.
+        error: Option<String>,
+    },
 }
 
 /// What a step's stream has said so far, with its recent output lines and tools.
@@ -205,7 +232,11 @@ impl StdoutState {
     /// to append to the log, if the notice makes one.
     fn note(&mut self, notice: &Notice<'_>) -> Option<String> {
         match notice {
-            Notice::Session { .. } | Notice::LoopEnd { .. } | Notice::UiRequest { .. } => None,
+            Notice::Session { .. }
+            | Notice::TurnEnd
+            | Notice::LoopEnd { .. }
+            | Notice::UiRequest { .. }
+            | Notice::Response { .. } => None,
             Notice::PromptRejected { error } => Some(format!("✗ Pi refused the task: {error}")),
             Notice::TextDelta { text } => {
                 if let Ok(mut log) = self.log.lock() {
@@ -299,6 +330,8 @@ pub struct Conversation {
     pub prompt: String,
     /// Pi's major version (0 for 0.x).
     pub pi_major: u64,
+    /// The most turns the step may take (`--max-turns`).
+    pub max_turns: Option<u64>,
 }
 
 /// Start the thread that sends a step's Pi child its task (`talk.prompt` on its stdin), then
@@ -320,7 +353,7 @@ pub fn spawn_stdout_reader(
     report: impl Fn(Report) + Send + 'static,
 ) -> std::io::Result<()> {
     std::thread::Builder::new().spawn(move || {
-        if let Err(e) = talk.input.send(&talk.prompt) {
+        if let Err(e) = talk.input.send_task(&talk.prompt) {
             // Pi is gone already: its stdout ends at once and the step is judged from its exit.
             crate::process::log(format_args!("cannot give the Pi child its task: {e}"));
             talk.input.close();
@@ -336,16 +369,78 @@ pub fn spawn_stdout_reader(
             streamed: false,
         };
         let mut last_sent = Instant::now() - WRITE_INTERVAL;
+        let (mut wrapped, mut capped) = (false, false);
         let _ = parser.run(&mut reader, |summary, notice| {
+            if let Some(max) = talk.max_turns {
+                let done = summary.turn_count;
+                let at = crate::rpc::TurnState {
+                    tool_start: matches!(notice, Notice::ToolStart { .. }),
+                    turn_end: matches!(notice, Notice::TurnEnd),
+                    completed: done,
+                    called_tools: summary.last_stop_reason.as_deref() == Some("toolUse"),
+                    wrapped,
+                    ended: capped,
+                };
+                match crate::rpc::turn_limit(max, at) {
+                    Some(action @ crate::rpc::TurnLimit::WrapUp) => {
+                        wrapped = true;
+                        if talk.input.send(&crate::rpc::wrap_up_line(max)).is_ok() {
+                            report(Report::TurnLimit { action, turn: done });
+                        }
+                    }
+                    Some(action @ crate::rpc::TurnLimit::End) => {
+                        capped = true;
+                        if talk.input.send(&crate::rpc::turn_limit_abort()).is_ok() {
+                            report(Report::TurnLimit { action, turn: done });
+                        }
+                    }
+                    None => {}
+                }
+            }
             match notice {
                 Notice::LoopEnd { settled } if crate::rpc::ends_session(settled, talk.pi_major) => {
                     talk.input.close()
                 }
                 Notice::PromptRejected { .. } => talk.input.close(),
-                Notice::UiRequest { ref id, ref method } => {
-                    if let Some(answer) = crate::rpc::dialog_answer(id, method) {
-                        // Closed already or Pi gone: the dialog ends with Pi.
-                        let _ = talk.input.send(&answer);
+                Notice::UiRequest {
+                    ref id,
+                    ref method,
+                    ref title,
+                    ref text,
+                } => match crate::rpc::supervisor_ask(method, title.as_deref(), text.as_deref()) {
+                    // The supervisor answers it (or its bound passes inside Pi).
+                    Some(ask) => report(Report::Ask {
+                        ui_id: id.clone(),
+                        ask,
+                    }),
+                    None => {
+                        if let Some(answer) = crate::rpc::dialog_answer(id, method) {
+                            // Closed already or Pi gone: the dialog ends with Pi.
+                            let _ = talk.input.send(&answer);
+                        }
+                    }
+                },
+                Notice::Response {
+                    ref id,
+                    success,
+                    ref error,
+                } => {
+                    if id == crate::rpc::TURN_LIMIT_ID {
+                        // The last turn is over: end the session, which Pi saves.
+                        talk.input.close();
+                    }
+                    if let Some((kind, cid)) = crate::rpc::control_of_response(id) {
+                        if kind == cohort_common::format::control::ControlKind::Interrupt {
+                            // The turn is over (Pi answers an abort after its `agent_end`):
+                            // end the session, which Pi saves.
+                            talk.input.close();
+                        }
+                        report(Report::Ack {
+                            kind,
+                            id: cid.to_string(),
+                            success,
+                            error: error.clone(),
+                        });
                     }
                 }
                 _ => {}

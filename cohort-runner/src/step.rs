@@ -60,6 +60,11 @@ pub enum Ending {
     /// A sibling in its parallel group failed and `--fail-fast` (or the group's `failFast`) is
     /// on.
     FailFast,
+    /// Its supervisor interrupted it (`cohort-spawn --interrupt`): Pi was sent `abort`, not a
+    /// signal, and saves its session as it ends.
+    Interrupt,
+    /// It was still working after its last turn under `--max-turns`: Pi was sent `abort`.
+    TurnLimit,
 }
 
 /// A signal the supervisor must send to a step's process group.
@@ -165,6 +170,27 @@ impl StepRun {
                 Some(Signal::Term)
             }
             _ => None,
+        }
+    }
+
+    /// Record that it was ended at its turn limit (Pi's `abort` is on its way), unless
+    /// something ended it already.
+    pub fn turn_limit(&mut self) {
+        if matches!(self.phase, Phase::Alive { term_at: None, .. }) && self.ending.is_none() {
+            self.ending = Some(Ending::TurnLimit);
+        }
+    }
+
+    /// Record that its supervisor interrupted it (Pi's `abort` is on its way): the step ends
+    /// `stopped` as [`Ending::Interrupt`] unless something ended it already. Returns whether
+    /// it took: the child is alive and not being ended.
+    pub fn interrupt(&mut self) -> bool {
+        match self.phase {
+            Phase::Alive { term_at: None, .. } if self.ending.is_none() => {
+                self.ending = Some(Ending::Interrupt);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -460,6 +486,14 @@ pub fn timed_out_after(what: &str, ms: u64) -> String {
     format!("the {what} timed out after {}", duration::human(ms))
 }
 
+/// The error of a step its supervisor interrupted.
+pub const INTERRUPTED: &str =
+    "interrupted: its supervisor ended the turn (cohort-spawn --interrupt); the session is saved";
+
+/// The error of a step ended at its turn limit.
+pub const TURN_LIMIT: &str =
+    "the step reached its turn limit (--max-turns) still working, and was ended after its last turn";
+
 /// Decide how a finished step is recorded (pure): a step the runner ended is recorded for why
 /// it ended it; otherwise Pi's verdict ([`decide_step`]) from its exit, stream and stderr.
 /// `step_timeout_ms` is the step deadline, for the message.
@@ -487,6 +521,18 @@ pub fn step_outcome(
             StepStatus::Stopped,
             "stopped: a sibling in its parallel group failed (--fail-fast, or the group's failFast)",
             EventKind::StepStopped,
+            false,
+        ),
+        Some(Ending::Interrupt) => ended(
+            StepStatus::Stopped,
+            INTERRUPTED,
+            EventKind::StepStopped,
+            false,
+        ),
+        Some(Ending::TurnLimit) => ended(
+            StepStatus::Failed,
+            TURN_LIMIT,
+            EventKind::StepFailed,
             false,
         ),
         Some(Ending::StepTimeout) => ended(
@@ -716,7 +762,8 @@ impl RunOutcome {
 
 /// Decide how a run is recorded (pure) from why the runner stopped it, if it did, and the
 /// first failure of its chain. A stop beats a failure; `timeout_ms` is the run deadline, for
-/// the message.
+/// the message. `Ending::Interrupt` says the chain's first failure was a step its supervisor
+/// interrupted: the run ends `stopped` with the failure `interrupted`.
 pub fn run_outcome(
     stop: Option<Ending>,
     failure: Option<String>,
@@ -725,6 +772,7 @@ pub fn run_outcome(
     let unstarted = match stop {
         Some(Ending::Stop) => "the run was stopped before this step started",
         Some(Ending::RunTimeout) => "the run timed out before this step started",
+        Some(Ending::Interrupt) => "an earlier step was interrupted by its supervisor",
         _ => "an earlier step failed",
     }
     .to_string();
@@ -741,12 +789,19 @@ pub fn run_outcome(
             EventKind::RunTimedOut,
             true,
         ),
+        (Some(Ending::Interrupt), f) => (
+            RunState::Stopped,
+            Some(f.unwrap_or_else(|| INTERRUPTED.to_string())),
+            EventKind::RunStopped,
+            false,
+        ),
         (_, Some(f)) => (RunState::Failed, Some(f), EventKind::RunFailed, false),
         (_, None) => (RunState::Complete, None, EventKind::RunCompleted, false),
     };
-    let failure = match (state, timed_out) {
-        (RunState::Failed, true) => Some(Failure::TimedOut),
-        (RunState::Failed, false) => Some(Failure::StepFailed),
+    let failure = match (state, timed_out, stop) {
+        (RunState::Failed, true, _) => Some(Failure::TimedOut),
+        (RunState::Failed, false, _) => Some(Failure::StepFailed),
+        (RunState::Stopped, _, Some(Ending::Interrupt)) => Some(Failure::Interrupted),
         _ => None,
     };
     RunOutcome {
@@ -1059,6 +1114,36 @@ mod tests {
         assert_eq!(why(None, Some("boom")), Some(Failure::StepFailed));
         assert_eq!(why(Some(Ending::RunTimeout), None), Some(Failure::TimedOut));
         assert_eq!(why(Some(Ending::Stop), Some("boom")), None);
+        assert_eq!(
+            why(Some(Ending::Interrupt), Some("step 0 (w): interrupted")),
+            Some(Failure::Interrupted)
+        );
+    }
+
+    #[test]
+    fn an_interrupted_step_ends_stopped_and_so_does_its_run() {
+        let o = step_outcome(
+            Some(Ending::Interrupt),
+            ChildExit::Code(0),
+            &StreamSummary::default(),
+            "",
+            None,
+        );
+        assert_eq!(o.status, StepStatus::Stopped);
+        assert_eq!(o.error.as_deref(), Some(INTERRUPTED));
+        let r = run_outcome(Some(Ending::Interrupt), Some("step 0 (w): x".into()), None);
+        assert_eq!(r.state, RunState::Stopped);
+        assert_eq!(r.error.as_deref(), Some("step 0 (w): x"));
+        assert!(r.unstarted.contains("interrupted"), "{}", r.unstarted);
+        // A stop that came after the interrupt is the run's end.
+        let mut s = StepRun::started(1, None, None);
+        assert!(s.interrupt());
+        assert!(!s.interrupt(), "once");
+        assert!(s.terminate(Ending::Stop, Instant::now()).is_some());
+        assert_eq!(s.ending, Some(Ending::Stop));
+        let mut s = StepRun::started(1, None, None);
+        s.terminate(Ending::Stop, Instant::now());
+        assert!(!s.interrupt(), "a step being ended is not interrupted");
     }
 
     #[test]

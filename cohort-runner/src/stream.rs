@@ -81,18 +81,37 @@ pub enum Notice<'a> {
         /// Whether Pi marked it an error.
         is_error: bool,
     },
+    /// A turn ended (`turn_end`): the model answered and its tool calls, if any, have run.
+    /// [`StreamSummary::turn_count`] counts it already.
+    TurnEnd,
     /// The agent loop ended: `agent_end` (`settled: false`) or, on Pi 1.x, `agent_settled`
     /// (`settled: true`: Pi will not go on by itself). See [`crate::rpc::ends_session`].
     LoopEnd {
         /// Whether this was `agent_settled`.
         settled: bool,
     },
-    /// An extension asked for the user (RPC mode's `extension_ui_request`): its id and method.
+    /// An extension asked for the user (RPC mode's `extension_ui_request`): its id, method,
+    /// and the words it shows (`title` and `placeholder` of an `input`, `message` of a
+    /// `notify`).
     UiRequest {
         /// The request id, to answer with.
         id: String,
         /// `select`, `confirm`, `input`, `editor`, `notify`, …
         method: String,
+        /// The dialog's `title`, if it has one.
+        title: Option<String>,
+        /// An `input`'s `placeholder`, or a `notify`'s `message`.
+        text: Option<String>,
+    },
+    /// Pi's answer to a command of the runner's other than the task (a `response` whose id is
+    /// not [`crate::rpc::PROMPT_ID`]): a steer, follow-up or abort it was given.
+    Response {
+        /// The command's id.
+        id: String,
+        /// Whether Pi took it.
+        success: bool,
+        /// Pi's `error` when it did not.
+        error: Option<String>,
     },
     /// Pi refused the step's `prompt` command (RPC mode: a `response` with `success: false`
     /// for [`crate::rpc::PROMPT_ID`]): no agent loop runs. Its error text.
@@ -223,6 +242,12 @@ struct ToolEnd<'a> {
 struct UiRequest {
     id: String,
     method: String,
+    #[serde(default)]
+    title: Option<String>,
+    #[serde(default)]
+    placeholder: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
 }
 
 /// An RPC `response` line (Pi's answer to a command on stdin).
@@ -337,6 +362,9 @@ impl StreamParser {
                     if kind == Skip::AgentEnd {
                         on_notice(&self.summary, Notice::LoopEnd { settled: false });
                     }
+                    if kind == Skip::TurnEnd {
+                        on_notice(&self.summary, Notice::TurnEnd);
+                    }
                     if kind == Skip::Update {
                         if let Some(text) = text_delta(head) {
                             self.summary.streamed_text |= !text.is_empty();
@@ -373,7 +401,11 @@ impl StreamParser {
         }
         if let Some(kind) = classify_prefix(&line[..line.len().min(PREFIX_BYTES)]) {
             self.count_skipped(kind);
-            return (kind == Skip::AgentEnd).then_some(Notice::LoopEnd { settled: false });
+            return match kind {
+                Skip::AgentEnd => Some(Notice::LoopEnd { settled: false }),
+                Skip::TurnEnd => Some(Notice::TurnEnd),
+                _ => None,
+            };
         }
         let Ok(env) = serde_json::from_slice::<Envelope>(line) else {
             self.summary.garbage_lines += 1;
@@ -440,7 +472,7 @@ impl StreamParser {
             }
             "turn_end" => {
                 self.summary.turn_count += 1;
-                None
+                Some(Notice::TurnEnd)
             }
             "agent_end" => {
                 self.summary.saw_agent_end = true;
@@ -452,12 +484,23 @@ impl StreamParser {
                 Some(Notice::UiRequest {
                     id: r.id,
                     method: r.method,
+                    title: r.title,
+                    text: r.placeholder.or(r.message),
                 })
             }
             "response" => {
                 let r: Response = serde_json::from_slice(line).ok()?;
-                if r.id.as_deref() != Some(crate::rpc::PROMPT_ID) || r.success {
-                    return None;
+                match r.id {
+                    Some(id) if id != crate::rpc::PROMPT_ID => {
+                        return Some(Notice::Response {
+                            id,
+                            success: r.success,
+                            error: r.error,
+                        })
+                    }
+                    None => return None,
+                    Some(_) if r.success => return None,
+                    Some(_) => {}
                 }
                 let error = r.error.unwrap_or_else(|| "no reason given".into());
                 self.summary.last_error = Some(refusal_line(&error));
@@ -821,17 +864,34 @@ mod tests {
     fn rpc_lines_end_the_loop_or_refuse_the_task() {
         let mut p = StreamParser::default();
         let ui = p.parse_line(
-            br#"{"type":"extension_ui_request","id":"u1","method":"confirm","title":"t"}"#,
+            br#"{"type":"extension_ui_request","id":"u1","method":"input","title":"t","placeholder":"p"}"#,
         );
         assert!(
-            matches!(ui, Some(Notice::UiRequest { id, method }) if id == "u1" && method == "confirm")
+            matches!(ui, Some(Notice::UiRequest { id, method, title, text }) if id == "u1" && method == "input" && title.as_deref() == Some("t") && text.as_deref() == Some("p"))
         );
+        let note = p.parse_line(
+            br#"{"type":"extension_ui_request","id":"u2","method":"notify","message":"m"}"#,
+        );
+        assert!(
+            matches!(note, Some(Notice::UiRequest { title: None, text, .. }) if text.as_deref() == Some("m"))
+        );
+        let turns = p.summary.turn_count;
+        let turn = p.parse_line(br#"{"type":"turn_end","message":{"role":"assistant"}}"#);
+        assert!(
+            matches!(turn, Some(Notice::TurnEnd)),
+            "a turn's end is a notice"
+        );
+        assert_eq!(p.summary.turn_count, turns + 1);
         let settled = p.parse_line(br#"{"type":"agent_settled"}"#);
         assert!(matches!(settled, Some(Notice::LoopEnd { settled: true })));
         let ok = br#"{"id":"cohort-task","type":"response","command":"prompt","success":true}"#;
         assert!(p.parse_line(ok).is_none());
-        let other = br#"{"id":"s1","type":"response","command":"steer","success":false}"#;
-        assert!(p.parse_line(other).is_none());
+        let other =
+            br#"{"id":"s1","type":"response","command":"steer","success":false,"error":"e"}"#;
+        assert!(matches!(
+            p.parse_line(other),
+            Some(Notice::Response { id, success: false, error }) if id == "s1" && error.as_deref() == Some("e")
+        ));
         assert_eq!(p.summary.last_error, None);
         let refused = br#"{"id":"cohort-task","type":"response","command":"prompt","success":false,"error":"No model"}"#;
         assert!(
@@ -859,9 +919,10 @@ mod tests {
             assert_eq!(s.tool_count, 1);
             assert_eq!(s.usage.total_tokens, 12);
             assert_eq!(s.model.as_deref(), Some("fake/plain"));
-            assert_eq!(notices.len(), 6, "chunk {chunk}: {notices:?}");
+            assert_eq!(notices.len(), 8, "chunk {chunk}: {notices:?}");
+            assert_eq!(notices.iter().filter(|n| *n == "TurnEnd").count(), 2);
             assert!(
-                notices[5].contains("LoopEnd { settled: false }"),
+                notices[7].contains("LoopEnd { settled: false }"),
                 "{notices:?}"
             );
             assert!(notices[1].contains("TextDelta") && notices[1].contains("Hel"));

@@ -3,7 +3,8 @@
 //! for a step whose agent names tools that are not Pi's own, the runner gives the child one
 //! more extension of cohort's, `tools-<i>.ts` in the run directory. Before the first model
 //! call (Pi's `before_agent_start`) it compares the tools Pi has made active with the names
-//! the agent declared, and when one is missing it prints one line naming them on stderr and
+//! the agent declared, and when any is missing it prints one line naming every missing one, each
+//! with what provides it upstream ([`cohort_common::tools`]), on stderr and
 //! ends Pi with exit code [`EXIT_CODE`], so the step fails with that line and the model is
 //! never called. It registers nothing and changes nothing else.
 //!
@@ -37,14 +38,22 @@ pub fn required(step: &FlatStep) -> Vec<String> {
         .collect()
 }
 
-/// The check extension's TypeScript for the tool names `required` (pure; the names go in as
-/// a JSON array, so no name can break out of it).
+/// The check extension's TypeScript for the tool names `required` (pure; the names, and
+/// each one's description with what provides it upstream
+/// ([`cohort_common::tools::described`]), go in as JSON, so no name can break out of it).
+/// Every missing tool is named in the one line, in `required`'s order.
 pub fn source(required: &[String]) -> String {
     let names = serde_json::to_string(required).unwrap_or_else(|_| "[]".into());
+    let described: serde_json::Map<String, serde_json::Value> = required
+        .iter()
+        .map(|n| (n.clone(), cohort_common::tools::described(n).into()))
+        .collect();
+    let described = serde_json::Value::Object(described).to_string();
     format!(
         r#"// Written by cohort-runner for one step: ends Pi before its first model call when a
 // tool the step's agent declares is not active (no extension it loads registered it).
 const required: string[] = {names};
+const described: Record<string, string> = {described};
 export default function (pi: any) {{
   pi.on("before_agent_start", async () => {{
     const active = new Set(
@@ -54,7 +63,7 @@ export default function (pi: any) {{
     if (missing.length > 0) {{
       const have = [...active].sort().join(", ") || "none";
       process.stderr.write(
-        "{MISSING}: " + missing.join(", ") +
+        "{MISSING}: " + missing.map((name) => described[name] ?? name).join(", ") +
           " (no extension the agent loads provides them; its tools are: " + have +
           "); the step ends before the model is called\n",
       );
@@ -129,6 +138,14 @@ mod tests {
         assert!(src.contains("before_agent_start"));
         assert!(src.contains(&format!("process.exit({EXIT_CODE})")));
         assert!(src.contains(MISSING));
+        let src = source(&["web_search".into(), "fetch".into(), "mine".into()]);
+        assert!(
+            src.contains(
+                r#""web_search":"web_search (from pi-web-access (pi install npm:pi-web-access))""#
+            ) && src.contains(r#""mine":"mine""#)
+                && src.contains("pi-essentials"),
+            "{src}"
+        );
     }
 
     #[test]

@@ -36,6 +36,11 @@ use shape::{Built, Shape};
 #[derive(Parser)]
 #[command(group(clap::ArgGroup::new("shape").args(["parallel", "chain", "chain_file"])))]
 #[command(group(clap::ArgGroup::new("list").args(["list_agents", "list_chains"])))]
+#[command(group(
+    clap::ArgGroup::new("talk")
+        .args(["steer", "follow_up", "interrupt", "reply"])
+        .conflicts_with_all(["shape", "list", "agent", "revive", "wait", "queue", "session"])
+))]
 #[command(
     version,
     after_help = cli::exit_codes_help(MAN.exit_codes),
@@ -129,6 +134,10 @@ pub struct Args {
     /// Deadline for the whole run (e.g. 30m, 1h).
     #[arg(long, value_parser = duration::parse_positive, allow_hyphen_values = true)]
     timeout: Option<std::time::Duration>,
+    /// The most turns each step may take: before its last turn the step is steered to wrap up
+    /// and report, and a step still working after it is ended (failed, its session saved).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_turns: Option<u64>,
     /// Deadline for each step (e.g. 10m).
     #[arg(long, value_parser = duration::parse_positive, allow_hyphen_values = true)]
     step_timeout: Option<std::time::Duration>,
@@ -185,6 +194,41 @@ pub struct Args {
     /// absolute, existing, canonical; files regular, non-symlink, .jsonl, inside it).
     #[arg(long)]
     session_root: Option<PathBuf>,
+    /// Steer the running step of RUN: MESSAGE reaches its Pi session after the current turn's
+    /// tool calls, before its next model call (Pi's steer). Exit 0 once the runner accepted it,
+    /// 1 when RUN is not running.
+    #[arg(long, value_name = "RUN", help_heading = "Talking to a run",
+          add = ArgValueCompleter::new(cohort_cli::complete::run_ids))]
+    steer: Option<String>,
+    /// Give the running step of RUN the MESSAGE once its agent would otherwise finish (Pi's
+    /// follow-up).
+    #[arg(long, value_name = "RUN", help_heading = "Talking to a run",
+          add = ArgValueCompleter::new(cohort_cli::complete::run_ids))]
+    follow_up: Option<String>,
+    /// End the current turn of RUN's running step (Pi's abort; the session is saved): the step
+    /// ends stopped, failure `interrupted`, and a chain stops after it. --revive continues it.
+    #[arg(long, value_name = "RUN", help_heading = "Talking to a run",
+          add = ArgValueCompleter::new(cohort_cli::complete::run_ids))]
+    interrupt: Option<String>,
+    /// Answer RUN's oldest pending request (or REQUEST, given before MESSAGE) from a child's
+    /// contact_supervisor or intercom call: the tool call returns MESSAGE.
+    #[arg(long, value_name = "RUN", help_heading = "Talking to a run",
+          add = ArgValueCompleter::new(cohort_cli::complete::run_ids))]
+    reply: Option<String>,
+    /// With --steer, --follow-up or --interrupt on a parallel group: the member, by its
+    /// position in the group (from 0) or its label.
+    #[arg(
+        long,
+        value_name = "N|LABEL",
+        requires = "talk",
+        help_heading = "Talking to a run"
+    )]
+    member: Option<String>,
+    /// How long a child's contact_supervisor or intercom request waits for --reply before the
+    /// tool call returns without an answer (default: the agent's timeoutMs, else 10m).
+    #[arg(long, value_parser = duration::parse_positive, allow_hyphen_values = true,
+          conflicts_with = "talk")]
+    reply_timeout: Option<std::time::Duration>,
     #[command(flatten)]
     backend: crate::backend::BackendArgs,
     /// Print one JSON object ({"runId", "shortId", "runDir", "runtime"}, and "backend" with the
@@ -366,6 +410,19 @@ pub const MAN: cli::ManPage = cli::ManPage {
     sections: &[("Chain files", CHAIN_FILES), ("Agents", AGENTS)],
 };
 
+/// The talk flag given, if one is, and its RUN (pure; clap allows at most one).
+fn talk_flag(args: &Args) -> Option<(cohort_common::format::control::ControlKind, String)> {
+    use cohort_common::format::control::ControlKind;
+    [
+        (ControlKind::Steer, &args.steer),
+        (ControlKind::FollowUp, &args.follow_up),
+        (ControlKind::Interrupt, &args.interrupt),
+        (ControlKind::Reply, &args.reply),
+    ]
+    .into_iter()
+    .find_map(|(k, run)| run.clone().map(|r| (k, r)))
+}
+
 /// The on-exit hook a run gets (pure): `--on-exit CMD` when given (an empty or blank CMD
 /// means none, so it can turn off `$COHORT_ON_EXIT`), else `$COHORT_ON_EXIT` unless blank.
 pub fn on_exit_command(flag: Option<String>, env: Option<String>) -> Option<String> {
@@ -381,6 +438,11 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     if let Some(kind) = args.generate.generate {
         cli::print_generated::<Args>(kind, &MAN)?;
         return Ok(exit::SUCCESS);
+    }
+    if let Some((kind, run)) = talk_flag(&args) {
+        let req = crate::talk::request(kind, run, &args.tasks, args.member.clone())
+            .map_err(cohort_cli::usage_error)?;
+        return crate::talk::send(&StateRoot::from_env()?, &req, args.json);
     }
     let backend = crate::backend::choose(&args.backend, std::env::var(BACKEND_ENV).ok())?;
     if args.queue.is_some() && !backend.kind.is_native() {
@@ -431,20 +493,42 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         }
         _ => None,
     };
-    let machine = crate::agent_fields::Machine {
+    let machine = crate::agents::fields::Machine {
         profile: root.profile(),
         project: project.as_deref(),
         nested: placement.as_ref().map(|p| (&root, p)),
         runtime: &runtime_request,
         major: Default::default(),
         session: session.as_deref(),
+        cwd: &lookup,
+        extensions: Default::default(),
     };
     shape::resolve_agents(&mut built.chain, &lookup, &machine)?;
     if args.max_cost.is_some() {
         refuse_unpriced(&root, &built)?;
     }
     let after = after_ids(&root, &args.after)?;
-    let mut req = request(&args, built, placement, backend);
+    let gov = crate::agents::governance::load(root.profile(), &lookup)?;
+    // `inherit` in a model scope is the caller's model; without one it matches nothing.
+    let inherit = gov
+        .model_scope
+        .as_ref()
+        .and_then(|_| crate::agents::fields::Caller::inherited_model(&machine).ok());
+    let verdict = crate::agents::governance::check(
+        &built.chain,
+        &gov,
+        args.model.is_some(),
+        inherit.as_deref(),
+    );
+    match verdict {
+        Ok(warnings) => {
+            for w in warnings {
+                eprintln!("cohort-spawn: warning: {w}");
+            }
+        }
+        Err(why) => bail!(cohort_common::Error::Usage(why)),
+    }
+    let mut req = request(&args, built, placement, backend, &gov.config);
     req.options.after = after;
     let started = start(&root, req)?;
     if args.wait {
@@ -541,13 +625,34 @@ fn after_ids(root: &StateRoot, names: &[String]) -> anyhow::Result<Vec<String>> 
     Ok(ids)
 }
 
-/// The start request for the run `built` describes, with the options every shape shares.
+/// The start request for the run `built` describes, with the options every shape shares. The
+/// command line beats pi-subagents' `config` (`crate::agents::governance`): `--timeout` (and an
+/// agent's `timeoutMs`, or `--step-timeout`) its `timeoutMs` for a single-agent run,
+/// `--concurrency` its `parallel.concurrency`, `--max-depth` its `maxSubagentDepth`, `--queue`
+/// its `globalConcurrencyLimit` (the default queue, for a top-level run on this machine).
 fn request(
     args: &Args,
     built: Built,
     placement: Option<Placement>,
     backend: LaunchBackend,
+    config: &crate::agents::governance::Config,
 ) -> SpawnRequest {
+    let single_deadline = match built.chain.as_slice() {
+        [spec::ChainStep::Task(t)]
+            if built.mode == cohort_common::format::record::RunMode::Single
+                && args.step_timeout.is_none()
+                && t.resolved_agent
+                    .as_ref()
+                    .is_none_or(|a| a.timeout_ms.is_none()) =>
+        {
+            config.timeout_ms
+        }
+        _ => None,
+    };
+    let top_level = placement.is_none();
+    let default_queue = (top_level && backend.kind.is_native())
+        .then(|| spec::default_queue(config.global_concurrency_limit))
+        .flatten();
     SpawnRequest {
         chain: built.chain,
         task: built.task,
@@ -561,10 +666,16 @@ fn request(
         pi_args: built.pi_args,
         options: RunOptions {
             grace_ms: args.grace.as_millis() as u64,
-            timeout_ms: args.timeout.map(|d| d.as_millis() as u64),
+            timeout_ms: args
+                .timeout
+                .map(|d| d.as_millis() as u64)
+                .or(single_deadline),
             step_timeout_ms: args.step_timeout.map(|d| d.as_millis() as u64),
             fail_fast: args.fail_fast,
-            concurrency: args.concurrency.map(|c| c as usize),
+            concurrency: args
+                .concurrency
+                .map(|c| c as usize)
+                .or(config.parallel_concurrency),
             output_cap_bytes: args.output_cap,
             events_cap_bytes: args.events_cap,
             on_exit: on_exit_command(args.on_exit.clone(), std::env::var(spec::ON_EXIT_ENV).ok()),
@@ -576,13 +687,19 @@ fn request(
                 .map(|name| cohort_common::format::spec::QueueSpec {
                     name,
                     slots: args.slots.unwrap_or(1),
-                }),
+                })
+                .or(default_queue),
+            reply_timeout_ms: args.reply_timeout.map(|d| d.as_millis() as u64),
+            max_turns: args.max_turns,
             after: Vec::new(),
             max_cost_usd: args.max_cost,
         },
         revives: built.revives,
         placement,
-        max_depth: args.max_depth.unwrap_or(route::DEFAULT_MAX_DEPTH),
+        max_depth: args
+            .max_depth
+            .or(config.max_subagent_depth.filter(|_| top_level))
+            .unwrap_or(route::DEFAULT_MAX_DEPTH),
         max_nested: args.max_nested,
         session_root: args.session_root.clone(),
         runner: spawn::default_runner_path(),
@@ -633,7 +750,7 @@ mod tests {
 
     #[test]
     fn the_chain_help_names_every_key_the_parser_knows() {
-        use crate::chain_file::{
+        use crate::chains::file::{
             COLLECT_KEYS, EXPAND_KEYS, EXPAND_STEP_KEYS, FROM_KEYS, GROUP_KEYS, REFUSED_KEYS,
             TASK_KEYS,
         };

@@ -23,7 +23,7 @@ pub fn agents() -> Vec<CompletionCandidate> {
     let Some((profile, cwd)) = lookup() else {
         return Vec::new();
     };
-    let Ok(catalog) = crate::discover::discover_quietly(&profile, &cwd) else {
+    let Ok(catalog) = crate::agents::discover::discover_quietly(&profile, &cwd) else {
         return Vec::new();
     };
     catalog

@@ -3,20 +3,20 @@
 //! - [`cmd`]: the command line, and the request it builds: the run's shape (a single task, a
 //!   parallel group, a chain file or saved chain, or a revival) chosen once, one builder per
 //!   shape (`cmd/shape.rs`), and the `--list-agents` / `--list-chains` tables (`cmd/list.rs`);
-//! - [`agent_fields`]: what an agent file's fields mean, checked and refused field by field;
-//! - [`agents`]: agent files: parsing, precedence, `--list-agents`;
-//! - [`discover`]: where agent files come from (directories, order, settings overlays);
-//! - [`agent_settings`]: the `subagents` keys of Pi's `settings.json` (overrides, scan dirs);
+//! - [`agents`]: agent files: parsing, precedence, `--list-agents`, and its rooms:
+//!   `agents::fields` (what an agent file's fields mean, checked and refused field by field),
+//!   `agents::discover` (where agent files come from: directories, order, settings overlays),
+//!   `agents::settings` (the `subagents` keys of Pi's `settings.json`), `agents::governance`
+//!   (model scope and thinking limits), `agents::extensions` (what Pi would load for a profile),
+//!   `agents::handoff` (`output`, `defaultReads`, `defaultProgress`), `agents::supervision`
+//!   (the fields the runner applies: `fallbackModels`, `timeoutMs`, `maxSubagentDepth`);
+//! - [`chains`]: saved chains (`NAME.chain.md`, `NAME.chain.json`), `--list-chains`, and its
+//!   rooms: `chains::file` (the JSON chain file format, its keys and `count`), `chains::check`
+//!   (names, references and fan-out shape, pure), `chains::resolve` (the checks against the
+//!   file system: schemas, step cwds, skills, git);
 //! - [`trust`]: whether a project-level file may be read (owner and mode along its path);
-//! - [`chains`]: saved chains (`NAME.chain.md`, `NAME.chain.json`), `--list-chains`;
 //! - [`frontmatter`]: the YAML frontmatter both kinds of file open with;
-//! - [`agent_handoff`]: the agent fields naming handoff files (`output`, `defaultReads`,
-//!   `defaultProgress`);
-//! - [`supervision`]: the agent fields the runner applies (`fallbackModels`, `timeoutMs`,
-//!   `maxSubagentDepth`);
-//! - [`chain_file`]: the JSON chain file format (both shapes), its keys and `count`;
-//! - [`chain_check`]: the checks of a chain's names, references and fan-out shape (pure);
-//! - [`chain_resolve`]: the checks against the file system: schemas, step cwds, skills, git;
+//! - [`skills`]: the skills an agent or a chain step names, found as Pi finds them;
 //! - [`spawn`]: the start itself, in the order the format requires (`queued` first, a `failed`
 //!   record for every start that fails after it);
 //! - [`route`]: a nested start's inherited route variables, checked before any record exists;
@@ -29,23 +29,18 @@
 //! - [`limits`]: `--memory-max`, `--pids-max`, `--cpu-max`: limits on the run's cgroup, refused
 //!   where they cannot be set;
 //! - [`budget`]: `--max-cost`: every model the run may use must have a price cohort can know;
-//! - [`wait`]: `--wait`, waiting for the run and printing its answer.
+//! - [`wait`]: `--wait`, waiting for the run and printing its answer;
+//! - [`talk`]: `--steer`, `--follow-up`, `--interrupt`, `--reply`: a control message to a
+//!   running run, and the runner's answer.
 
 #![deny(missing_docs)]
 
-pub mod agent_fields;
-pub mod agent_handoff;
-pub mod agent_settings;
 pub mod agents;
 pub mod backend;
 pub mod budget;
-pub mod chain_check;
-pub mod chain_file;
-pub mod chain_resolve;
 pub mod chains;
 pub mod cmd;
 pub mod complete;
-pub mod discover;
 pub mod frontmatter;
 pub mod limits;
 pub mod revive;
@@ -54,6 +49,6 @@ pub mod session;
 pub mod skills;
 pub mod spawn;
 pub mod stdin;
-pub mod supervision;
+pub mod talk;
 pub mod trust;
 pub mod wait;

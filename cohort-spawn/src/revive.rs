@@ -174,7 +174,7 @@ pub fn plan(f: &Facts) -> Result<Plan> {
 /// its session files exist or are in use by live runs.
 pub fn gather(root: &StateRoot, name: &str, step: Option<usize>) -> Result<Facts> {
     let found: Found = cohort_common::store::discover::find(root, name)?;
-    if found.origin == cohort_common::store::discover::Origin::Legacy {
+    if found.origin.is_legacy() {
         return Err(RuntimeError::NotRecorded { run: found.id }.into());
     }
     let record = cohort_common::format::record::load(&found.dir.status())?;

@@ -2,7 +2,7 @@
 //! the trust rule its project-level places follow. A project's skill directories
 //! (`.pi/skills/`, each `.agents/skills/` from the run's cwd up) are read only along a path
 //! [`crate::trust::check_dir_chain`] passes, from the project directory that holds them down
-//! to the `SKILL.md` — the rule agent discovery ([`crate::discover`]) applies to project agent
+//! to the `SKILL.md` — the rule agent discovery ([`crate::agents::discover`](mod@crate::agents::discover)) applies to project agent
 //! files. Otherwise another local user could plant `/tmp/.agents/skills/lint/SKILL.md` and have
 //! it load in place of the user's own `lint`. The user's own places (the profile's `skills/`,
 //! `~/.agents/skills/`) are not checked, as the user's own agent directories are not.

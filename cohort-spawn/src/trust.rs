@@ -1,5 +1,5 @@
 //! Trust: whether cohort may read a project-level file that decides what a run does. Agent
-//! discovery ([`crate::discover`]) checks every project agent file, the project's
+//! discovery ([`crate::agents::discover`](mod@crate::agents::discover)) checks every project agent file, the project's
 //! `.pi/settings.json` and its packages' `package.json` with [`check_dir_chain`].
 //!
 //! The rule is the one git applies to `safe.directory` and ssh to `StrictModes`: every

@@ -26,7 +26,7 @@ use serde::Serialize;
 use cohort_cli::text::untrusted;
 use cohort_common::error::Result;
 use cohort_common::format::layout::StateRoot;
-use cohort_common::format::record::{Failure, Now, RunState};
+use cohort_common::format::record::{Failure, Now, RunRecord, RunState};
 use cohort_common::identity::runtime::{self, Runtime};
 use cohort_common::store::observe::{Judgement, Observed};
 use cohort_common::store::scan::{Scan, Seen};
@@ -45,6 +45,8 @@ cohort_common::word_enum! {
         Abandoned = "abandoned",
         /// Running, but its recorded runtime is gone.
         RuntimeGone = "runtime-gone",
+        /// Running, and a child's request waits for its supervisor's answer.
+        Waiting = "waiting",
         /// Unreadable record or stray entry.
         Corrupt = "corrupt",
     }
@@ -62,6 +64,7 @@ impl Kind {
             | Failure::TimedOut
             | Failure::DependencyFailed
             | Failure::Budget
+            | Failure::Interrupted
             | Failure::Unknown => Kind::Failed,
         }
     }
@@ -103,6 +106,7 @@ pub fn assess(
     observed: &std::result::Result<Observed, String>,
     now: &Now,
     since: u64,
+    waiting_after: u64,
     runtime_ok: &mut dyn FnMut(&Runtime) -> std::result::Result<(), String>,
 ) -> Option<(Kind, String)> {
     let o = match observed {
@@ -114,12 +118,13 @@ pub fn assess(
         Judgement::Alive if r.state == RunState::Running => {
             return match &r.runtime {
                 None => Some((Kind::RuntimeGone, "no runtime is recorded".into())),
-                Some(rt) => runtime_ok(rt).err().map(|e| {
-                    (
+                Some(rt) => match runtime_ok(rt) {
+                    Err(e) => Some((
                         Kind::RuntimeGone,
                         format!("its recorded runtime no longer validates: {e}"),
-                    )
-                }),
+                    )),
+                    Ok(()) => waiting(r, now.wall_ms, waiting_after),
+                },
             };
         }
         _ => {}
@@ -148,8 +153,38 @@ pub fn assess(
     None
 }
 
-/// Run the check over top-level and nested runs; problems in id order.
-pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
+/// The problem of a running run whose oldest pending request has waited at least
+/// `waiting_after` ms at `now_ms` (pure): since when, which request, from which step, what.
+pub fn waiting(r: &RunRecord, now_ms: u64, waiting_after: u64) -> Option<(Kind, String)> {
+    let oldest = r.pending.first()?;
+    let ago = now_ms.saturating_sub(oldest.since);
+    if ago < waiting_after {
+        return None;
+    }
+    let more = match r.pending.len() {
+        1 => String::new(),
+        n => format!(" ({} more)", n - 1),
+    };
+    Some((
+        Kind::Waiting,
+        format!(
+            "waiting on its supervisor for {}: {} {} from step {} ({}): {}{more}; answer with cohort-spawn --reply {} {} MESSAGE",
+            cohort_cli::duration::human(ago),
+            oldest.id,
+            oldest.reason,
+            oldest.step,
+            oldest.label,
+            crate::summary::summarize(&oldest.message, 120),
+            cohort_common::format::id::short_of(&r.run_id),
+            oldest.id,
+        ),
+    ))
+}
+
+/// Run the check over top-level and nested runs; problems in id order. `waiting_after`: how
+/// long a child's request may wait for its supervisor before the run is reported.
+pub fn check(root: &StateRoot, since: Duration, waiting_after: Duration) -> Result<Vec<Problem>> {
+    let waiting_after = waiting_after.as_millis() as u64;
     let now = Now::current();
     let since = since.as_millis() as u64;
     let mut scan = Scan::open(root)?;
@@ -186,7 +221,7 @@ pub fn check(root: &StateRoot, since: Duration) -> Result<Vec<Problem>> {
     let mut out = Vec::new();
     for (f, seen) in found.iter().zip(&obs) {
         let Seen::Read(o) = seen else { continue };
-        if let Some((kind, message)) = assess(o, &now, since, &mut runtime_ok) {
+        if let Some((kind, message)) = assess(o, &now, since, waiting_after, &mut runtime_ok) {
             out.push(Problem {
                 run_id: f.id.clone(),
                 origin: f.origin.word(),
@@ -232,22 +267,24 @@ mod tests {
             o.record.ended_at = Some(50_000);
             o.record.error = Some("boom".into());
         }
-        let got = assess(&o, &Now::wall(60_000), 20_000, &mut ok).unwrap();
+        let got = assess(&o, &Now::wall(60_000), 20_000, 0, &mut ok).unwrap();
         assert_eq!(got.0, Kind::Failed);
         assert!(got.1.contains("boom"), "{}", got.1);
-        assert_eq!(assess(&o, &Now::wall(60_000), 9_999, &mut ok), None);
+        assert_eq!(assess(&o, &Now::wall(60_000), 9_999, 0, &mut ok), None);
         if let Ok(o) = &mut o {
             o.record.error = Some(RUNNER_LOST.into());
         }
         assert_eq!(
-            assess(&o, &Now::wall(60_000), 60_000, &mut ok).unwrap().0,
+            assess(&o, &Now::wall(60_000), 60_000, 0, &mut ok)
+                .unwrap()
+                .0,
             Kind::Lost
         );
         let survivors = "runner lost; 1 process of this run still alive: 42 sleep 9";
         if let Ok(o) = &mut o {
             o.record.error = Some(survivors.into());
         }
-        let got = assess(&o, &Now::wall(60_000), 60_000, &mut ok).unwrap();
+        let got = assess(&o, &Now::wall(60_000), 60_000, 0, &mut ok).unwrap();
         assert_eq!(got.0, Kind::Lost);
         assert!(got.1.contains("42 sleep 9"), "{}", got.1);
     }
@@ -271,7 +308,7 @@ mod tests {
             boot_id: "b".into(),
             boot_ms: Some(100_000),
         };
-        let got = assess(&o, &now, 15 * 60_000, &mut ok).unwrap();
+        let got = assess(&o, &now, 15 * 60_000, 0, &mut ok).unwrap();
         assert_eq!(got.0, Kind::Failed);
         assert!(got.1.starts_with("5s ago"), "{}", got.1);
     }
@@ -288,7 +325,7 @@ mod tests {
             (RunState::Queued, Judgement::Unconfirmed),
         ] {
             assert_eq!(
-                assess(&obs(s, j), &Now::wall(10_000_000), 10_000_000, &mut ok),
+                assess(&obs(s, j), &Now::wall(10_000_000), 10_000_000, 0, &mut ok),
                 None
             );
         }
@@ -309,7 +346,7 @@ mod tests {
                 o.record.ended_at = Some(50_000);
                 o.record.error = Some(error.clone());
             }
-            let got = assess(&o, &Now::wall(60_000), 60_000, &mut ok).unwrap();
+            let got = assess(&o, &Now::wall(60_000), 60_000, 0, &mut ok).unwrap();
             assert_eq!(got.0, kind, "{error}");
             let head: String = error.chars().take(11).collect();
             assert!(got.1.contains(&head), "{}", got.1);
@@ -331,7 +368,7 @@ mod tests {
                 o.record.error = Some("the job went away".into());
                 o.record.failure = Some(failure);
             }
-            let got = assess(&o, &Now::wall(60_000), 60_000, &mut ok).unwrap();
+            let got = assess(&o, &Now::wall(60_000), 60_000, 0, &mut ok).unwrap();
             assert_eq!(got.0, kind, "{failure}");
             assert!(got.1.contains("the job went away"), "{}", got.1);
         }
@@ -352,10 +389,35 @@ mod tests {
             });
         }
         let mut gone = |_: &Runtime| Err("Node at /gone/node is not usable".to_string());
-        let got = assess(&o, &Now::wall(0), 0, &mut gone).unwrap();
+        let got = assess(&o, &Now::wall(0), 0, 0, &mut gone).unwrap();
         assert_eq!(got.0, Kind::RuntimeGone);
         assert!(got.1.contains("/gone/node"));
-        assert_eq!(assess(&o, &Now::wall(0), 0, &mut ok), None);
+        assert_eq!(assess(&o, &Now::wall(0), 0, 0, &mut ok), None);
+        // A child's request waiting for its supervisor: reported once it has waited long enough.
+        if let Ok(o) = &mut o {
+            o.record
+                .pending
+                .push(cohort_common::format::control::PendingRequest {
+                    id: "q1".into(),
+                    step: 0,
+                    label: "worker".into(),
+                    reason: "need_decision".into(),
+                    message: "Which branch?".into(),
+                    since: 10_000,
+                    expires_at: 700_000,
+                });
+        }
+        let got = assess(&o, &Now::wall(70_000), 0, 60_000, &mut ok).unwrap();
+        assert_eq!(got.0, Kind::Waiting);
+        assert!(got.1.contains("for 1m"), "{}", got.1);
+        assert!(
+            got.1
+                .contains("q1 need_decision from step 0 (worker): Which branch?"),
+            "{}",
+            got.1
+        );
+        assert!(got.1.contains("--reply"), "{}", got.1);
+        assert_eq!(assess(&o, &Now::wall(69_999), 0, 60_000, &mut ok), None);
     }
 
     #[test]
@@ -381,7 +443,7 @@ mod tests {
     fn corrupt() {
         let e: std::result::Result<Observed, String> = Err("invalid JSON".into());
         assert_eq!(
-            assess(&e, &Now::wall(0), 0, &mut ok).unwrap().0,
+            assess(&e, &Now::wall(0), 0, 0, &mut ok).unwrap().0,
             Kind::Corrupt
         );
     }

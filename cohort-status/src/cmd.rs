@@ -18,7 +18,7 @@ use cohort_common::exit;
 use cohort_common::format::layout::StateRoot;
 use cohort_common::format::record::RunState;
 use cohort_common::store::answer::{self, AnswerError};
-use cohort_common::store::discover::{self, Origin};
+use cohort_common::store::discover;
 use cohort_common::store::observe;
 use cohort_common::store::wait::{self, WaitOutcome};
 
@@ -71,10 +71,16 @@ pub struct Args {
     /// failures (default 24h).
     #[arg(long, value_name = "DURATION", value_parser = duration::parse, allow_hyphen_values = true)]
     since: Option<Duration>,
+    /// With --check: how long a child's request may wait for its supervisor (cohort-spawn
+    /// --reply) before its run is reported `waiting` (default 0: at once).
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse, allow_hyphen_values = true,
+          requires = "check")]
+    waiting_after: Option<Duration>,
     /// List at most this many runs, newest first (0: all).
     #[arg(long, value_name = "N", default_value_t = 50, value_parser = parse_limit, allow_hyphen_values = true)]
     limit: usize,
-    /// Include nested runs and legacy (pi-subagents) runs in the listing.
+    /// Include nested runs and legacy runs (pi-subagents', and pi-cohort's up to 7.1) in the
+    /// listing.
     #[arg(long)]
     all: bool,
     /// Show nested runs indented under the run and step that started them.
@@ -323,7 +329,7 @@ fn output(root: &StateRoot, ids: &[String], step: Option<usize>) -> anyhow::Resu
 fn pid(root: &StateRoot, ids: &[String]) -> anyhow::Result<u8> {
     let name = one(ids, "--pid takes exactly one run")?;
     let found = discover::find(root, name)?;
-    if found.origin == Origin::Legacy {
+    if found.origin.is_legacy() {
         eprintln!(
             "cohort-status: run {} is a legacy record; it has no runner cohort can vouch for",
             found.id
@@ -468,7 +474,11 @@ fn check(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
             root.source()
         )));
     }
-    let problems = check::check(root, args.since.unwrap_or(check::DEFAULT_SINCE))?;
+    let problems = check::check(
+        root,
+        args.since.unwrap_or(check::DEFAULT_SINCE),
+        args.waiting_after.unwrap_or(Duration::ZERO),
+    )?;
     let mut text = String::new();
     for p in &problems {
         if args.json {
@@ -526,9 +536,19 @@ fn wait(root: &StateRoot, ids: &[String], timeout: Option<Duration>) -> anyhow::
         WaitOutcome::Done(states) => {
             let mut all_ok = true;
             for (id, state) in &states {
-                if *state != RunState::Complete {
-                    all_ok = false;
+                if *state == RunState::Complete {
+                    continue;
+                }
+                all_ok = false;
+                if state.is_terminal() {
                     eprintln!("cohort-status: run {id} ended {}", state.as_str());
+                } else {
+                    // A record no reader may settle (cohort did not write it, or it has no
+                    // lock): its state stays as stored.
+                    eprintln!(
+                        "cohort-status: run {id} is still recorded {}, but no runner cohort can prove alive is left to wait for; the record is left as it is",
+                        state.as_str()
+                    );
                 }
             }
             Ok(if all_ok {

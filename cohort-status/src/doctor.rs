@@ -13,7 +13,8 @@
 //! - counts per state (through the index, so only active records are read);
 //! - leftovers: abandoned starts, temp files of interrupted writes, and session dirs,
 //!   routes and worktree dirs no run refers to ([`cohort_common::store::debris`]);
-//! - the legacy runs directory, if any;
+//! - the legacy runs directories, pi-subagents' (if any) and pi-cohort's up to 7.1 (always
+//!   named, found or not);
 //! - disk use of the state root (a walk that never follows symlinks), split by part;
 //! - whether logout kills runners (systemd-logind, [`crate::logind`]);
 //! - the execution backends usable here ([`crate::backends`]: native always, a scheduler
@@ -42,6 +43,7 @@ use cohort_common::error::Result;
 use cohort_common::format::layout::{
     RunDir, StateRoot, INDEX_DIR, NESTED_RUNS_DIR, RUNS_DIR, SESSIONS_DIR,
 };
+use cohort_common::format::legacy;
 use cohort_common::format::record::now_ms;
 use cohort_common::identity::runtime::{self, RuntimeRequest};
 use cohort_common::os::files::{self, EntryKind, Hidden};
@@ -295,6 +297,14 @@ pub struct Report {
     /// written it (`format::legacy::trusted_runs_dir`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub legacy_refused: Option<String>,
+    /// The runs directory of pi-cohort up to 7.1 (`<tmpdir>/pi-cohort-uid-<uid>/
+    /// async-subagent-runs`), found or not, and how many entries it holds (0 when it does not
+    /// exist or is not read).
+    pub pi_cohort_legacy: (PathBuf, usize),
+    /// Why that directory is not read, when it exists but another user could have written it
+    /// (`format::legacy::trusted`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pi_cohort_legacy_refused: Option<String>,
     /// Staging directories (`.spawn-<id>`) of starts that are provably over: the next
     /// cohort-reap removes them.
     pub abandoned_starts: Vec<PathBuf>,
@@ -369,6 +379,15 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         Ok(None) => (None, None),
         Err(why) => (None, Some(why)),
     };
+    let pi_cohort_dir = legacy::pi_cohort_runs_dir();
+    let (pi_cohort_legacy, pi_cohort_legacy_refused) = match legacy::trusted(&pi_cohort_dir) {
+        Ok(Some(dir)) => {
+            let n = files::list_dir(&dir, Hidden::Include).map_or(0, |v| v.len());
+            ((dir, n), None)
+        }
+        Ok(None) => ((pi_cohort_dir, 0), None),
+        Err(why) => ((pi_cohort_dir, 0), Some(why)),
+    };
     let staging = discover::staging_dirs(root)?;
     let abandoned: Vec<PathBuf> = discover::abandoned_staging(root, now_ms())?
         .into_iter()
@@ -386,6 +405,8 @@ pub fn doctor(root: &StateRoot) -> Result<Report> {
         top_level_counts: counts,
         legacy,
         legacy_refused,
+        pi_cohort_legacy,
+        pi_cohort_legacy_refused,
         disk_bytes,
         disk_linked,
         logind: crate::logind::check(),
@@ -562,6 +583,18 @@ pub fn render(r: &Report) -> String {
             Some(why) => s.push_str(&format!("legacy runs: not read: {}\n", untrusted(why))),
             None => s.push_str("legacy runs: none found\n"),
         },
+    }
+    let (dir, n) = &r.pi_cohort_legacy;
+    let dir = untrusted_path(dir);
+    match &r.pi_cohort_legacy_refused {
+        Some(why) => s.push_str(&format!(
+            "pi-cohort runs (up to 7.1): not read: {}\n",
+            untrusted(why)
+        )),
+        None if *n > 0 => s.push_str(&format!(
+            "pi-cohort runs (up to 7.1): {n} in {dir} (cohort-status --all lists them)\n"
+        )),
+        None => s.push_str(&format!("pi-cohort runs (up to 7.1): none in {dir}\n")),
     }
     if r.starts_in_progress > 0 {
         s.push_str(&format!("starts in progress: {}\n", r.starts_in_progress));

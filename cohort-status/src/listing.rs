@@ -146,8 +146,10 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
                 });
             }
         }
-        if let Err(why) = cohort_common::format::legacy::trusted_runs_dir() {
-            eprintln!("cohort-status: {}", cohort_cli::text::untrusted(&why));
+        for upstream in cohort_common::format::legacy::Upstream::ALL {
+            if let Err(why) = cohort_common::format::legacy::trusted(&upstream.runs_dir()) {
+                eprintln!("cohort-status: {}", cohort_cli::text::untrusted(&why));
+            }
         }
         let legacy = cohort_common::store::discover::legacy_runs()?;
         let obs = scan.observe(&legacy);
@@ -233,7 +235,7 @@ pub fn list(root: &StateRoot, opts: &ListOptions) -> Result<Listing> {
     let mut out: Vec<Row> = Vec::with_capacity(rows.len());
     for (_, mut row) in rows {
         if let Ok(o) = &row.observed {
-            if o.record.state.is_terminal() && !matches!(row.origin, Origin::Legacy) {
+            if o.record.state.is_terminal() && !row.origin.is_legacy() {
                 row.live_descendants = live_descendants(root, &o.record);
             }
         }

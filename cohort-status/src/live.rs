@@ -141,7 +141,7 @@ fn dirs_of(root: &StateRoot, seen: &Seen) -> Vec<PathBuf> {
         Origin::Nested { root: tree } => {
             Some(root.nested_run_dir(tree, &r.id).path().to_path_buf())
         }
-        Origin::Legacy => None,
+        Origin::Legacy | Origin::PiCohortLegacy => None,
     };
     match seen {
         Seen::Table(rows) => rows.iter().filter(|r| open(r)).filter_map(dir_of).collect(),

@@ -3,8 +3,9 @@
 //!
 //! One place owns all human output so the binaries stay thin and the formats are tested.
 //! `--json` prints one object per line ([`json_line`]): the stored record (camelCase, times in
-//! ms since the epoch) plus `shortId`, `origin` (`top`, `nested`, `legacy`, `pi-cohort`), `live`
-//! (the runner lock is held, or a pi-cohort record's recorded runner is alive; probed only for
+//! ms since the epoch) plus `shortId`, `origin` (`top`, `nested`, `legacy`, `pi-cohort`,
+//! `pi-cohort-legacy`), `live` (the runner lock is held, or a pi-cohort record's recorded
+//! runner is alive; probed only for
 //! records that are not terminal) and `unresolved` (nothing proves the run alive or dead); a record that
 //! cannot be read is `{"runId": …, "origin": …, "error": …}`. `docs/format.md` documents it.
 //!
@@ -86,6 +87,7 @@ fn state_colour(word: &str) -> &'static str {
         "failed" | "lost" | "error" => "31",
         "running" => "36",
         "queued" => "33",
+        "waiting" => "1;35",
         _ => "2",
     }
 }
@@ -94,6 +96,37 @@ fn state_colour(word: &str) -> &'static str {
 /// (a run whose runner or start is provably gone was settled `failed` by the observation).
 pub fn state_word(o: &Observed) -> String {
     o.record.state.as_str().to_string()
+}
+
+/// The STATE cell of a listed run (pure): `waiting` for a running run a child's request waits
+/// on (`pending`: answer it with `cohort-spawn --reply`), else [`state_word`].
+pub fn table_state(o: &Observed) -> String {
+    if o.record.state == RunState::Running && !o.record.pending.is_empty() {
+        "waiting".into()
+    } else {
+        state_word(o)
+    }
+}
+
+/// One line per request of `r` waiting for its supervisor (pure over `now_ms`): what asked,
+/// since when, what it asked (one line, cut at 120 characters), and the command that answers it.
+pub fn pending_lines(r: &RunRecord, now_ms: u64) -> Vec<String> {
+    let short = cohort_common::format::id::short_of(&r.run_id);
+    r.pending
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {} from step {} ({}), {} ago: {} — cohort-spawn --reply {short} {} MESSAGE",
+                p.id,
+                p.reason,
+                p.step,
+                p.label,
+                duration::human(now_ms.saturating_sub(p.since)),
+                crate::summary::summarize(&p.message, 120),
+                p.id
+            )
+        })
+        .collect()
 }
 
 fn steps_done(r: &RunRecord) -> String {
@@ -149,7 +182,7 @@ fn columns<'a>() -> [Column<Listed<'a>>; 9] {
     [
         Column::new("ID", id_cell),
         Column::new("STATE", |l: &Listed| match &l.row.observed {
-            Ok(o) => state_word(o),
+            Ok(o) => table_state(o),
             Err(_) => "error".into(),
         })
         .coloured(state_colour),
@@ -218,6 +251,7 @@ fn task_cell(l: &Listed) -> String {
     match row.origin {
         Origin::Legacy => marks.push_str("(legacy) "),
         Origin::PiCohort => marks.push_str("(pi-cohort) "),
+        Origin::PiCohortLegacy => marks.push_str("(pi-cohort legacy) "),
         Origin::Nested { .. } if row.depth == 0 => marks.push_str("(nested) "),
         _ => {}
     }
@@ -239,8 +273,9 @@ pub fn table(rows: &[Row], colour: bool) -> String {
 }
 
 /// The table of `--watch` (pure but for the clock): [`table`]'s columns without colour, and
-/// under each run one line per running step, `[i] LABEL  ELAPSED  turns=N tools=N tokens=N`
-/// (escaped, as every cell is).
+/// under each run first one `>>> WAITING ON YOU:` line per request a child waits on
+/// ([`pending_lines`]), then one line per running step, `[i] LABEL  ELAPSED  turns=N tools=N
+/// tokens=N` (escaped, as every cell is).
 pub fn live_table(rows: &[Row]) -> String {
     let now = Now::current();
     let listed: Vec<Listed> = rows.iter().map(|row| Listed { row, now: &now }).collect();
@@ -254,21 +289,27 @@ fn running_steps(l: &Listed) -> Vec<String> {
     let Ok(o) = &l.row.observed else {
         return Vec::new();
     };
-    o.record
-        .steps
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.status == StepStatus::Running)
-        .map(|(i, s)| {
-            let elapsed = s
-                .started_at
-                .map(|a| duration::human(l.now.wall_ms.saturating_sub(a)))
-                .unwrap_or_else(|| "-".into());
-            format!(
-                "[{i}] {}  {elapsed}  turns={} tools={} tokens={}",
-                s.label, s.turn_count, s.tool_count, s.usage.total_tokens
-            )
-        })
+    let waiting = pending_lines(&o.record, l.now.wall_ms)
+        .into_iter()
+        .map(|p| format!(">>> WAITING ON YOU: {p}"));
+    waiting
+        .chain(
+            o.record
+                .steps
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.status == StepStatus::Running)
+                .map(|(i, s)| {
+                    let elapsed = s
+                        .started_at
+                        .map(|a| duration::human(l.now.wall_ms.saturating_sub(a)))
+                        .unwrap_or_else(|| "-".into());
+                    format!(
+                        "[{i}] {}  {elapsed}  turns={} tools={} tokens={}",
+                        s.label, s.turn_count, s.tool_count, s.usage.total_tokens
+                    )
+                }),
+        )
         .collect()
 }
 
@@ -432,6 +473,49 @@ mod tests {
         let steps = line(true);
         assert_eq!(steps[0]["agent"], "step-0");
         assert_eq!(steps[0]["label"], "step-0");
+    }
+
+    #[test]
+    fn a_run_a_child_waits_on_is_marked_waiting_with_the_command_that_answers() {
+        let mut rec = RunRecord::queued(
+            &"0195f3a2-7c4d-7b21-9e8f-0123456789ab".parse().unwrap(),
+            cohort_common::format::record::RunMode::Single,
+        );
+        rec.state = RunState::Running;
+        let obs = |rec: &RunRecord| Observed {
+            record: rec.clone(),
+            judgement: Judgement::Alive,
+            liveness: Liveness::Held,
+            foreign: false,
+            job: None,
+        };
+        assert_eq!(table_state(&obs(&rec)), "running");
+        rec.pending
+            .push(cohort_common::format::control::PendingRequest {
+                id: "q1".into(),
+                step: 0,
+                label: "worker".into(),
+                reason: "need_decision".into(),
+                message: "Which one?\nA or B".into(),
+                since: 1_000,
+                expires_at: 601_000,
+            });
+        assert_eq!(table_state(&obs(&rec)), "waiting");
+        let lines = pending_lines(&rec, 61_000);
+        assert_eq!(lines.len(), 1);
+        assert!(
+            lines[0].starts_with("q1 need_decision from step 0 (worker), 1m00s ago: Which one?"),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[0].ends_with("cohort-spawn --reply 0123456789ab q1 MESSAGE"),
+            "{}",
+            lines[0]
+        );
+        assert!(!lines[0].contains('\n'));
+        rec.state = RunState::Complete;
+        assert_eq!(table_state(&obs(&rec)), "complete");
     }
 
     #[test]

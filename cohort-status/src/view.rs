@@ -84,6 +84,12 @@ pub fn header(origin: &Origin, o: &Observed, children: &[Row]) -> String {
             "origin",
             "legacy pi-subagents record (read-only: never reconciled, rewritten or revived)",
         );
+    } else if *origin == Origin::PiCohortLegacy {
+        line(
+            &mut s,
+            "origin",
+            "legacy record of pi-cohort up to 7.1, in its temp dir (read-only: judged by its recorded runner pid and start, never rewritten)",
+        );
     } else if o.foreign {
         line(
             &mut s,
@@ -119,6 +125,25 @@ pub fn header(origin: &Origin, o: &Observed, children: &[Row]) -> String {
             "note",
             &format!("this run has ended, but {live_below} nested run(s) started below it are still running"),
         );
+    }
+    let now_ms = cohort_common::format::record::now_ms();
+    for p in crate::render::pending_lines(r, now_ms) {
+        line(&mut s, "waiting", &p);
+    }
+    // A nested run's request belongs to this run's supervisor too (upstream's rule).
+    for c in children {
+        if let Ok(co) = &c.observed {
+            for p in crate::render::pending_lines(&co.record, now_ms) {
+                line(
+                    &mut s,
+                    "waiting",
+                    &format!(
+                        "nested run {}: {p}",
+                        cohort_common::format::id::short_of(&c.id)
+                    ),
+                );
+            }
+        }
     }
     line(&mut s, "mode", &mode_word(r));
     if let Some(b) = backend_line(r, o.job.as_ref()) {
@@ -361,7 +386,7 @@ pub fn nested(children: &[Row]) -> String {
             Ok(co) => s.push_str(&format!(
                 "{indent}{} {:<9} from {step}  {}\n",
                 untrusted(&c.id),
-                state_word(co),
+                crate::render::table_state(co),
                 untrusted(&crate::summary::task_summary(&co.record, 60))
             )),
             Err(e) => s.push_str(&format!(

@@ -15,6 +15,9 @@
 //! | `slow` | streams `tick ` every 200 ms for 60 s |
 //! | `say` | replies with the text after the first `SAY:` in the last user message, up to a line `---` (where cohort's handoff instructions start) or its end, trimmed (`SAY:` absent: the whole message) |
 //! | `ask` | calls `contact_supervisor` with `reason` `need_decision` and the last user message as `message`; once the tool has answered, replies `GOT: <tool result>` |
+//! | `intercom` | calls `intercom` with `action` `ask`, `to` `supervisor` and the last user message as `message`; once the tool has answered, replies `GOT: <tool result>` |
+//! | `report` | calls `contact_supervisor` with `reason` `progress_update` and the last user message as `message`; once the tool has answered, replies `GOT: <tool result>` |
+//! | `busy` | calls `bash` (`echo BUSY`) every turn; but when the task (the first user message) says `OBEY` and the last message is a user message saying `one turn left` (`--max-turns`' wrap-up), replies `WRAPPED UP after N tool calls` |
 //! | `metered` | replies as `plain`, reporting 1000 prompt tokens of which 300 were cached, and 200 completion tokens; the profile gives it prices ([`METERED_PRICES`]) |
 //! | `meteredtool` | behaves as `tool`, reporting `metered`'s tokens on each of its two replies, at `metered`'s prices |
 //! | `delegate` | delegates as the `cohort` skill teaches: first `read`s the skill's file, from the `<location>` of the skill named `cohort` in the system prompt (no such skill: replies `NO COHORT SKILL`); then runs with `bash` the skill's first `cohort-spawn --wait "TASK"` line, `TASK` replaced by the text after `DELEGATE:` in the user's message (no such line: replies `NO WAIT EXAMPLE`); then replies `DELEGATED: <bash output>` |
@@ -34,7 +37,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 /// The model ids the server knows.
-pub const MODELS: [&str; 13] = [
+pub const MODELS: [&str; 16] = [
     "plain",
     "metered",
     "meteredtool",
@@ -48,6 +51,9 @@ pub const MODELS: [&str; 13] = [
     "partial",
     "say",
     "ask",
+    "intercom",
+    "report",
+    "busy",
 ];
 
 /// The prices `models.json` gives models `metered` and `meteredtool`: dollars per million
@@ -217,6 +223,19 @@ fn handle(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     }
 }
 
+/// The roles and texts of a logged request's messages, as `role: text` lines (the system
+/// prompt first).
+pub fn transcript(req: &Value) -> Vec<String> {
+    req["messages"]
+        .as_array()
+        .map(|ms| {
+            ms.iter()
+                .map(|m| format!("{}: {}", m["role"].as_str().unwrap_or(""), message_text(m)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The text of a logged or received message: its `content` string, or its text parts joined.
 pub fn message_text(m: &Value) -> String {
     match &m["content"] {
@@ -366,6 +385,40 @@ fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()>
                 model,
                 "contact_supervisor",
                 json!({"reason": "need_decision", "message": last_user}),
+            ),
+            Some(answer) => reply(out, model, &format!("GOT: {}", answer.trim())),
+        },
+        "busy" => {
+            let first_user = messages
+                .iter()
+                .find(|m| m["role"] == "user")
+                .map(message_text)
+                .unwrap_or_default();
+            let told = messages
+                .last()
+                .is_some_and(|m| m["role"] == "user" && message_text(m).contains("one turn left"));
+            if told && first_user.contains("OBEY") {
+                let calls = messages.iter().filter(|m| m["role"] == "tool").count();
+                reply(out, model, &format!("WRAPPED UP after {calls} tool calls"))
+            } else {
+                tool_call(out, model, "bash", json!({"command": "echo BUSY"}))
+            }
+        }
+        "report" => match last_tool {
+            None => tool_call(
+                out,
+                model,
+                "contact_supervisor",
+                json!({"reason": "progress_update", "message": last_user}),
+            ),
+            Some(answer) => reply(out, model, &format!("GOT: {}", answer.trim())),
+        },
+        "intercom" => match last_tool {
+            None => tool_call(
+                out,
+                model,
+                "intercom",
+                json!({"action": "ask", "to": "supervisor", "message": last_user}),
             ),
             Some(answer) => reply(out, model, &format!("GOT: {}", answer.trim())),
         },

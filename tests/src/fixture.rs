@@ -199,8 +199,9 @@ pub fn run_dir_with(dir: &RunDir, status: StatusFile<'_>) {
     }
 }
 
-/// `tests/fixtures/`: checked-in records of earlier format versions (`v1/`, `v2/`) and a
-/// pi-subagents temp root (`legacy/`).
+/// `tests/fixtures/`: checked-in records of earlier format versions (`v1/`, `v2/`), a
+/// pi-subagents temp root (`legacy/`), a temp root of pi-cohort up to 7.1
+/// (`legacy-pi-cohort/`) and the agents and chains the upstreams ship (`upstream/`).
 pub fn fixtures_dir() -> PathBuf {
     workspace().join("tests/fixtures")
 }
@@ -227,21 +228,51 @@ pub fn checked_in(env: &TestEnv, name: &str) -> (String, RunRecord, RunDir) {
 /// `async-subagent-runs/`) to `to`, which must not exist yet: where a test points
 /// `PI_SUBAGENTS_TEMP_ROOT`.
 pub fn copy_legacy_root(to: &Path) {
-    fn copy_dir(from: &Path, to: &Path) {
-        use std::os::unix::fs::DirBuilderExt;
-        // 0755 whatever the umask says: a legacy root writable by its group is not read.
-        std::fs::DirBuilder::new()
-            .mode(0o755)
-            .create(to)
-            .unwrap_or_else(|e| panic!("{}: {e}", to.display()));
-        for e in std::fs::read_dir(from).unwrap().flatten() {
-            let dest = to.join(e.file_name());
-            if e.file_type().unwrap().is_dir() {
-                copy_dir(&e.path(), &dest);
-            } else {
-                std::fs::copy(e.path(), dest).unwrap();
-            }
+    copy_dir(&fixtures_dir().join("legacy"), to);
+}
+
+/// Copy the checked-in temp root of pi-cohort up to 7.1 (`tests/fixtures/legacy-pi-cohort`,
+/// its runner's records under `async-subagent-runs/`) to `<tmpdir>/pi-cohort-uid-<uid>`, where
+/// pi-cohort kept it (`tmpdir` is what a test sets `TMPDIR` to; it must exist, and that root
+/// must not yet). Returns the root.
+pub fn copy_pi_cohort_legacy_root(tmpdir: &Path) -> PathBuf {
+    let root = tmpdir.join(format!("pi-cohort-uid-{}", nix::unistd::getuid().as_raw()));
+    copy_dir(&fixtures_dir().join("legacy-pi-cohort"), &root);
+    root
+}
+
+/// Copy the tree `from` to `to` (which must not exist), directories 0755 whatever the umask
+/// says: a legacy root writable by its group is not read.
+fn copy_dir(from: &Path, to: &Path) {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create(to)
+        .unwrap_or_else(|e| panic!("{}: {e}", to.display()));
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
         }
     }
-    copy_dir(&fixtures_dir().join("legacy"), to);
+}
+
+/// The test suite's own Pi extensions in `tests/fixtures/extensions/`, standing in for the
+/// packages upstream agents need: `web-access.ts` registers pi-web-access's `web_search`,
+/// `fetch_content`, `get_search_content` and `source_check`; `fetch.ts` registers
+/// pi-essentials' `fetch`.
+pub const EXTENSIONS: [&str; 2] = ["web-access.ts", "fetch.ts"];
+
+/// Copy the fixture extension `name` (one of [`EXTENSIONS`]) into `env`'s profile
+/// `extensions/` directory, where Pi loads it by default and where an agent without an
+/// `extensions` field finds it; returns its path there.
+pub fn install_extension(env: &TestEnv, name: &str) -> PathBuf {
+    let dir = env.profile.join("extensions");
+    std::fs::create_dir_all(&dir).unwrap();
+    let to = dir.join(name);
+    std::fs::copy(fixtures_dir().join("extensions").join(name), &to)
+        .unwrap_or_else(|e| panic!("cannot install the fixture extension {name}: {e}"));
+    to
 }

@@ -259,6 +259,22 @@ impl TestEnv {
             .unwrap_or(0)
     }
 
+    /// The first model request logged whose messages carry `needle`
+    /// ([`crate::fake_server::transcript`]), waited for up to 60 s.
+    pub fn request_with(&self, needle: &str) -> Value {
+        let mut found = None;
+        wait_for(Duration::from_secs(60), || {
+            found = self.server.requests().into_iter().find(|r| {
+                crate::fake_server::transcript(r)
+                    .iter()
+                    .any(|l| l.contains(needle))
+            });
+            found.is_some()
+        })
+        .unwrap_or_else(|_| panic!("no model request carried {needle:?}"));
+        found.unwrap()
+    }
+
     /// The run's directory.
     pub fn run_dir(&self, id: &str) -> PathBuf {
         self.state_root().run_dir(id).path().to_path_buf()

@@ -61,6 +61,9 @@ pub enum EventKind {
     StepTimedOut,
     /// Processes of a step survived TERM and KILL; `{step, processes: ["<pid> <cmdline>"]}`.
     StepEscaped,
+    /// The step's turn limit (`--max-turns`) steered it to wrap up before its last turn;
+    /// `{step, turn, maxTurns}` (`turn`: turns done).
+    StepWrapUp,
     /// An attempt of a step failed before its model answered and the step goes on with the
     /// next of its agent's fallback models; `{step, model, error, next}`.
     StepFallback,
@@ -77,6 +80,22 @@ pub enum EventKind {
     HookStarted,
     /// The on-exit hook exited 0; `{exitCode, durationMs}`.
     HookCompleted,
+    /// The runner took a control message (`cohort-spawn --steer`, `--follow-up`,
+    /// `--interrupt`, `--reply`) for a step; `{id, kind, step}`.
+    ControlAccepted,
+    /// Pi acknowledged a control message the runner gave the step's session; `{id, kind,
+    /// step}`.
+    ControlDelivered,
+    /// A control message was refused, or could not be given to the session (it had ended, or
+    /// Pi said no); `{id, kind, step, error}`.
+    ControlRefused,
+    /// A child asked its supervisor (`contact_supervisor`, `intercom`); `{id, step, reason,
+    /// message, expiresAt}` (`id` null for a progress update, which waits for nothing).
+    SupervisorRequest,
+    /// The supervisor's answer reached the child's tool call; `{id, step, control}`.
+    SupervisorReplied,
+    /// A request got no answer in time, or its step ended first; `{id, step, error}`.
+    SupervisorUnanswered,
     /// The on-exit hook could not start, exited non-zero, was killed by a signal, or ran past
     /// its time bound; `{exitCode, signal, timedOut, durationMs, error}`. The run's state is
     /// not changed.
@@ -85,7 +104,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind, in the order `docs/format.md` lists them.
-    pub const ALL: [EventKind; 27] = [
+    pub const ALL: [EventKind; 34] = [
         EventKind::RunQueued,
         EventKind::RunAdmitted,
         EventKind::RunSubmitted,
@@ -105,11 +124,18 @@ impl EventKind {
         EventKind::StepStopped,
         EventKind::StepTimedOut,
         EventKind::StepEscaped,
+        EventKind::StepWrapUp,
         EventKind::StepFallback,
         EventKind::SessionContended,
         EventKind::NestedStopping,
         EventKind::NestedStarted,
         EventKind::LogTruncated,
+        EventKind::ControlAccepted,
+        EventKind::ControlDelivered,
+        EventKind::ControlRefused,
+        EventKind::SupervisorRequest,
+        EventKind::SupervisorReplied,
+        EventKind::SupervisorUnanswered,
         EventKind::HookStarted,
         EventKind::HookCompleted,
         EventKind::HookFailed,
@@ -137,11 +163,18 @@ impl EventKind {
             EventKind::StepStopped => "step.stopped",
             EventKind::StepTimedOut => "step.timedOut",
             EventKind::StepEscaped => "step.escaped",
+            EventKind::StepWrapUp => "step.wrapUp",
             EventKind::StepFallback => "step.fallback",
             EventKind::SessionContended => "session.contended",
             EventKind::NestedStopping => "nested.stopping",
             EventKind::NestedStarted => "nested.started",
             EventKind::LogTruncated => "log.truncated",
+            EventKind::ControlAccepted => "control.accepted",
+            EventKind::ControlDelivered => "control.delivered",
+            EventKind::ControlRefused => "control.refused",
+            EventKind::SupervisorRequest => "supervisor.request",
+            EventKind::SupervisorReplied => "supervisor.replied",
+            EventKind::SupervisorUnanswered => "supervisor.unanswered",
             EventKind::HookStarted => "hook.started",
             EventKind::HookCompleted => "hook.completed",
             EventKind::HookFailed => "hook.failed",

@@ -340,6 +340,12 @@ impl RunDir {
         self.path.join(TMP_DIR)
     }
 
+    /// `control/`: where control messages for the running run arrive and are answered
+    /// ([`crate::format::control`]).
+    pub fn control_dir(&self) -> PathBuf {
+        self.path.join(crate::format::control::CONTROL_DIR)
+    }
+
     /// `chain/`: the run's chain directory (see [`CHAIN_DIR`]).
     pub fn chain_dir(&self) -> PathBuf {
         self.path.join(CHAIN_DIR)

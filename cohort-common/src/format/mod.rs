@@ -4,6 +4,7 @@
 //! - [`layout`]: the one type that builds every path (state root, run directories, file names);
 //! - [`id`]: run ids and the resolution of a user's name for a run;
 //! - [`record`]: the run record `status.json` and its one reader;
+//! - [`control`]: talking to a running run: control messages, answers, a child's requests;
 //! - [`cost`]: what a run's tokens cost: its source, sums, and how it is written;
 //! - [`spec`]: the immutable launch spec `launch.json`, chains, and the spawn–runner handshake;
 //! - [`template`]: the one-pass filling of chain step templates and the delimiting of a
@@ -16,6 +17,7 @@
 //! - [`legacy`]: read-only records written by the pi-subagents extension;
 //! - [`words`]: enums stored as words (states, statuses, failures), each from one table.
 
+pub mod control;
 pub mod cost;
 pub mod events;
 pub mod id;

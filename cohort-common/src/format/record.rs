@@ -168,6 +168,9 @@ crate::word_enum! {
         DependencyFailed = "dependency-failed",
         /// The cost of its tree passed its budget (`--max-cost`); the run was stopped.
         Budget = "budget",
+        /// Its supervisor interrupted a step (`cohort-spawn --interrupt`): the turn ended, the
+        /// session saved, and the chain stopped after that step.
+        Interrupted = "interrupted",
     }
     /// A failure word this binary does not know (written by a newer cohort), or a failure
     /// whose cause was not recorded.
@@ -637,6 +640,11 @@ pub struct RunRecord {
     /// step cannot bend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock: Option<BootTimes>,
+    /// The requests the run's children have made of their supervisor that wait for an answer
+    /// (`contact_supervisor`, `intercom`), oldest first; written by the runner as they come and
+    /// go (answered, timed out, or their step ended). Absent when none waits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<crate::format::control::PendingRequest>,
     /// One entry per flat step (one Pi child).
     #[serde(default)]
     pub steps: Vec<StepRecord>,
@@ -685,6 +693,7 @@ impl RunRecord {
             revives: None,
             backend: None,
             survivors: Vec::new(),
+            pending: Vec::new(),
             containment: None,
             clock: crate::identity::procinfo::boot_clock_ms().map(|t| BootTimes {
                 boot_id: crate::identity::procinfo::boot_id(),

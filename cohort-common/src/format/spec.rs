@@ -4,7 +4,7 @@
 //! Spawn writes the launch spec once, before starting the runner; it is immutable and holds
 //! everything the runner needs: the chain of steps (each with the agent it runs as, resolved:
 //! fields and prompt), options, runtime, cwd, profile and session dir. The chain file a user
-//! passes to `cohort-spawn --chain` is parsed by spawn (`cohort_spawn::chain_file`), which
+//! passes to `cohort-spawn --chain` is parsed by spawn (`cohort_spawn::chains::file`), which
 //! refuses unknown keys so that a typo is never silently ignored.
 
 use std::path::PathBuf;
@@ -222,8 +222,11 @@ pub struct AgentSpec {
     /// loads them even with `--no-skills`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skills: Vec<PathBuf>,
-    /// `extensions`, resolved to paths: one `-e PATH` each, after `--no-extensions` (an agent's
-    /// child loads no extension it does not list; absent and empty both mean none).
+    /// `extensions`, resolved to paths: one `-e PATH` each, after `--no-extensions`, so an
+    /// agent's child loads exactly these. Spawn fills an agent without the field with the
+    /// extensions Pi itself would load for the run's profile and working directory, less the
+    /// subagent extensions (`cohort-spawn/src/agents/extensions.rs`); `[]` is none. `None` (a
+    /// spec written before that) is none too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extensions: Option<Vec<PathBuf>>,
     /// `subagentOnlyExtensions`, resolved to paths: one `-e PATH` each, beside whatever else
@@ -484,6 +487,16 @@ pub struct RunOptions {
     /// Absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost_usd: Option<f64>,
+    /// How long a child's blocking request of its supervisor (`contact_supervisor`,
+    /// `intercom`) waits for `cohort-spawn --reply`, ms (`--reply-timeout`). Absent: the
+    /// step's agent's `timeoutMs`, else
+    /// [`DEFAULT_REPLY_TIMEOUT_MS`](crate::format::control::DEFAULT_REPLY_TIMEOUT_MS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_timeout_ms: Option<u64>,
+    /// The most turns each step may take (`--max-turns N`): before its last turn the step is
+    /// steered to wrap up, and after it the session is ended. Absent: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_turns: Option<u64>,
 }
 
 /// A run's place in a named queue: it starts when fewer than `slots` runs that joined queue
@@ -496,6 +509,22 @@ pub struct QueueSpec {
     /// How many runs of the queue may run at once, as this run counts them (at least 1).
     pub slots: u32,
 }
+
+/// The width of the default queue every top-level run joins: pi-subagents'
+/// `globalConcurrencyLimit` (`extensions/subagent/config.json`), when it is set and positive
+/// (pure). The queue is named [`DEFAULT_QUEUE`]. Spawn gives it to a top-level run that names
+/// no `--queue` (`cohort-spawn/src/agents/governance.rs`).
+pub fn default_queue(global_concurrency_limit: Option<u32>) -> Option<QueueSpec> {
+    global_concurrency_limit
+        .filter(|n| *n > 0)
+        .map(|slots| QueueSpec {
+            name: DEFAULT_QUEUE.into(),
+            slots,
+        })
+}
+
+/// The name of the queue `globalConcurrencyLimit` sets the width of.
+pub const DEFAULT_QUEUE: &str = "default";
 
 /// Whether `name` is a valid queue name (pure): 1 to 64 of `[A-Za-z0-9._-]`, not starting with
 /// `.`, so it is one path component under `R/queues/`. Spawn and the runner both check it.
@@ -572,6 +601,8 @@ impl Default for RunOptions {
             queue: None,
             after: Vec::new(),
             max_cost_usd: None,
+            reply_timeout_ms: None,
+            max_turns: None,
         }
     }
 }

@@ -108,6 +108,90 @@ pub fn is_same_process(pid: u32, start_time: u64, recorded_boot_id: &str) -> boo
     matches!(stat(pid), Some(s) if s.start_time == start_time && s.state != 'Z')
 }
 
+/// The clock ticks per second that `/proc/<pid>/stat` times count in (`sysconf(_SC_CLK_TCK)`;
+/// 100, Linux's `USER_HZ` everywhere, when it cannot be read).
+pub fn ticks_per_second() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|t| *t > 0)
+        .map_or(100, |t| t as u64)
+}
+
+/// When a process that started `start_time` clock ticks after boot (`/proc/<pid>/stat` field
+/// 22, on `CLOCK_BOOTTIME`) started, in ms since the epoch on the wall clock as it reads now
+/// (pure): `wall_now_ms - (boot_now_ms - start_time / ticks_per_s)`. Exact to a clock tick
+/// while nobody steps the wall clock; a step since the process started moves it by the step.
+/// `None` when the start lies after `boot_now_ms` (a corrupt value) or before the epoch.
+pub fn wall_start_ms(
+    start_time: u64,
+    ticks_per_s: u64,
+    boot_now_ms: u64,
+    wall_now_ms: u64,
+) -> Option<u64> {
+    let started_after_boot_ms = start_time.checked_mul(1000)? / ticks_per_s.max(1);
+    let age_ms = boot_now_ms.checked_sub(started_after_boot_ms)?;
+    wall_now_ms.checked_sub(age_ms)
+}
+
+/// When the process whose stat is `s` started, in ms since the epoch (I/O: reads the clocks;
+/// see [`wall_start_ms`]).
+pub fn started_at_ms(s: &Stat) -> Option<u64> {
+    let wall_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_millis() as u64;
+    wall_start_ms(s.start_time, ticks_per_second(), boot_clock_ms()?, wall_now)
+}
+
+/// Block until process `pid`, the one that started at `start_time` (clock ticks since boot),
+/// has exited; at once when it is gone already or `pid` names another process now.
+///
+/// The process is pinned by a pidfd (Linux 5.3+) opened *before* its start time is checked, so
+/// a pid reused at any moment is never waited on, and the kernel wakes the waiter when the
+/// process exits (the pidfd becomes readable): no polling, and it works for a process that is
+/// not our child. Without pidfds (`ENOSYS`) it looks at `/proc` every 250 ms instead.
+///
+/// Errors: the pidfd cannot be opened or polled for a reason other than the process being gone
+/// (`EMFILE`, …), naming `/proc/<pid>`.
+pub fn wait_exit(pid: u32, start_time: u64) -> crate::error::Result<()> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use rustix::process::{pidfd_open, Pid, PidfdFlags};
+    use std::os::fd::AsFd;
+    let same = || matches!(stat(pid), Some(s) if s.start_time == start_time && s.state != 'Z');
+    let io_err = |source: std::io::Error| crate::error::Error::Io {
+        action: "wait for the exit of",
+        path: std::path::PathBuf::from(format!("/proc/{pid}")),
+        source,
+    };
+    let Some(p) = Pid::from_raw(pid as i32) else {
+        return Ok(());
+    };
+    let fd = match pidfd_open(p, PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        Err(e) if e == rustix::io::Errno::SRCH => return Ok(()),
+        Err(e) if e == rustix::io::Errno::NOSYS => {
+            while same() {
+                std::thread::sleep(std::time::Duration::from_millis(250));
+            }
+            return Ok(());
+        }
+        Err(e) => return Err(io_err(e.into())),
+    };
+    // Checked after pinning: if this is the recorded process now, the pidfd is its.
+    if !same() {
+        return Ok(());
+    }
+    loop {
+        let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(io_err(e.into())),
+        }
+    }
+}
+
 /// The pid of every process `/proc` lists now (none when it cannot be read).
 pub fn pids() -> impl Iterator<Item = u32> {
     fs::read_dir("/proc")
@@ -636,5 +720,37 @@ mod tests {
         let mut d = descendants(&procs, 2);
         d.sort();
         assert_eq!(d, vec![3, 4, 6]);
+    }
+
+    #[test]
+    fn wall_start_is_now_minus_the_age_on_the_boot_clock() {
+        // Started 5 s after boot, 100 ticks a second; the boot clock reads 65 s: 60 s old.
+        assert_eq!(wall_start_ms(500, 100, 65_000, 1_000_000), Some(940_000));
+        assert_eq!(wall_start_ms(5_000, 1000, 65_000, 1_000_000), Some(940_000));
+        // A start after "now" on the boot clock is corrupt, not a time.
+        assert_eq!(wall_start_ms(7_000, 100, 65_000, 1_000_000), None);
+        assert_eq!(wall_start_ms(0, 100, 65_000, 10), None);
+    }
+
+    #[test]
+    fn own_start_is_before_now_and_waiting_ends_with_the_process() {
+        let me = stat(std::process::id()).unwrap();
+        let now = crate::format::record::now_ms();
+        let started = started_at_ms(&me).unwrap();
+        assert!(started <= now + 20, "{started} > {now}");
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let start = stat(pid).unwrap().start_time;
+        // Another start time names another process: no wait at all.
+        wait_exit(pid, start + 1).unwrap();
+        let waiter = std::thread::spawn(move || wait_exit(pid, start));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!waiter.is_finished(), "waits while the process lives");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        waiter.join().unwrap().unwrap();
     }
 }

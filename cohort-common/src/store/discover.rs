@@ -2,8 +2,8 @@
 //! "Layout"; `docs/architecture.md`, "The store").
 //!
 //! Top-level runs live in `R/async-subagent-runs/<id>/`, nested runs in
-//! `R/nested-subagent-runs/<root>/<id>/`, and pi-subagents' legacy runs in their own temp dir
-//! ([`crate::format::legacy`]). Every entry of those directories is reported, runs or not:
+//! `R/nested-subagent-runs/<root>/<id>/`, and the legacy runs of pi-subagents and of pi-cohort
+//! up to 7.1 in their own temp dirs ([`crate::format::legacy`]). Every entry of those directories is reported, runs or not:
 //! [`entry_problem`] is the pure decision of whether an entry can be read as a run at all
 //! (a symlink, a file or an odd name is an error row, never followed and never skipped
 //! silently).
@@ -30,6 +30,10 @@ pub enum Origin {
     },
     /// A pi-subagents record in a legacy runs directory (read-only).
     Legacy,
+    /// A record of pi-cohort up to 7.1 in its temp dir, `<tmpdir>/pi-cohort-uid-<uid>/
+    /// async-subagent-runs/` (read-only; judged by its recorded runner, with proof of the
+    /// process: [`crate::store::observe::recorded_runner`]).
+    PiCohortLegacy,
     /// A record under the state root that pi-cohort's own runner wrote (no `formatVersion`;
     /// read-only). Directories never say so: a listing learns it from the record
     /// ([`crate::store::observe::Observed::foreign`]) and shows the row with this origin.
@@ -37,13 +41,29 @@ pub enum Origin {
 }
 
 impl Origin {
-    /// The word used in listings and `--json`: `top`, `nested`, `legacy` or `pi-cohort`.
+    /// The word used in listings and `--json`: `top`, `nested`, `legacy`, `pi-cohort` or
+    /// `pi-cohort-legacy`.
     pub fn word(&self) -> &'static str {
         match self {
             Origin::TopLevel => "top",
             Origin::Nested { .. } => "nested",
             Origin::Legacy => "legacy",
             Origin::PiCohort => "pi-cohort",
+            Origin::PiCohortLegacy => "pi-cohort-legacy",
+        }
+    }
+
+    /// Whether the run lives in an upstream's temp dir, outside the state root (pure): no
+    /// cohort program ever writes there, and nothing there is indexed, reaped or revived.
+    pub fn is_legacy(&self) -> bool {
+        matches!(self, Origin::Legacy | Origin::PiCohortLegacy)
+    }
+
+    /// The origin of the runs in `upstream`'s legacy runs directory (pure).
+    pub fn of_upstream(upstream: legacy::Upstream) -> Origin {
+        match upstream {
+            legacy::Upstream::PiSubagents => Origin::Legacy,
+            legacy::Upstream::PiCohort => Origin::PiCohortLegacy,
         }
     }
 
@@ -137,14 +157,17 @@ pub fn nested_of(root: &StateRoot, root_id: &str) -> Result<Vec<Found>> {
     )
 }
 
-/// Every run in the legacy runs directory ([`legacy::runs_dir`]), in name order; none when
-/// that directory may not be read ([`legacy::trusted_runs_dir`]: another user could have
-/// planted them).
+/// Every run in the legacy runs directories of both upstreams ([`legacy::Upstream`]: pi-subagents'
+/// first, then pi-cohort's up to 7.1), each in name order; none from a directory that may not be
+/// read ([`legacy::trusted`]: another user could have planted them).
 pub fn legacy_runs() -> Result<Vec<Found>> {
-    match legacy::trusted_runs_dir() {
-        Ok(Some(dir)) => list_dir(&dir, Origin::Legacy),
-        Ok(None) | Err(_) => Ok(Vec::new()),
+    let mut out = Vec::new();
+    for upstream in legacy::Upstream::ALL {
+        if let Ok(Some(dir)) = legacy::trusted(&upstream.runs_dir()) {
+            out.extend(list_dir(&dir, Origin::of_upstream(upstream))?);
+        }
     }
+    Ok(out)
 }
 
 fn list_dir(path: &Path, origin: Origin) -> Result<Vec<Found>> {

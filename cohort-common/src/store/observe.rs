@@ -33,7 +33,8 @@
 //! - a cohort record whose `runner.lock` is missing is damage or a hand-made directory: it is
 //!   [`Judgement::Unresolved`] and left as it is;
 //! - legacy records ([`crate::format::legacy`]) are read through their own parser and are
-//!   never reconciled or probed.
+//!   never reconciled; a pi-subagents one is never probed, one of pi-cohort up to 7.1 is judged
+//!   as pi-cohort's records are, by a runner proven by its start ([`Proof`]).
 
 use std::path::Path;
 use std::time::Duration;
@@ -133,18 +134,126 @@ pub fn judge_foreign(state: RunState, runner_alive: Option<bool>) -> Judgement {
     }
 }
 
-/// Whether a record's recorded runner is alive now: `None` when it records no pid; with a
-/// recorded start time (and boot id), only the same process counts; without one, any live
-/// process with that pid does (as pi-cohort's own check: a zombie is dead).
-pub fn recorded_runner_alive(rec: &RunRecord) -> Option<bool> {
-    let pid = rec.pid.filter(|p| *p > 0)?;
-    Some(match (rec.pid_start_time, rec.boot_id.as_deref()) {
-        (Some(start), Some(boot)) => procinfo::is_same_process(pid, start, boot),
-        (Some(start), None) => {
-            matches!(procinfo::stat(pid), Some(s) if s.start_time == start && s.state != 'Z')
+/// How much later than the process that wrote it a record's `startedAt` may seem to be, ms:
+/// the process start is exact to a clock tick on the boot clock, and this covers the readings
+/// of two clocks and a small slew. See [`Proof::StartedBeforeRecord`].
+pub const START_PROOF_SLACK_MS: u64 = 2_000;
+
+/// How the runner a record cohort did not write names is proven to be the process its pid
+/// names now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proof {
+    /// As pi-cohort 7.2 checks it: the recorded `pidStartTime` (and `bootId`) when recorded,
+    /// else any live process with that pid (a zombie is dead).
+    AsRecorded,
+    /// pi-cohort up to 7.1 records only `pid` and the `startedAt` its runner wrote right after
+    /// it started (`subagent-runner.ts`: `startedAt: overallStartTime`, `pid: process.pid`).
+    /// The process must have started no later than that ([`started_before_record`]): a
+    /// process alive now that was alive then held the pid then, so it is the runner; a pid
+    /// reused after the runner died names a process that started later. A recorded
+    /// `pidStartTime` still wins.
+    StartedBeforeRecord,
+}
+
+/// The runner a record cohort did not write names, as found now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordedRunner {
+    /// Nothing to judge by: no pid, or (for [`Proof::StartedBeforeRecord`]) no `startedAt`, or
+    /// clocks that cannot be read.
+    Unrecorded,
+    /// No process has the pid, it is a zombie, or the pid now names another process.
+    Gone,
+    /// Alive, and proven the recorded process.
+    Alive {
+        /// Its pid.
+        pid: u32,
+        /// Its start time, clock ticks since boot: what [`procinfo::wait_exit`] pins.
+        start_time: u64,
+    },
+}
+
+/// What `/proc` shows now of the process with a record's pid (see [`judge_recorded_runner`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessSeen {
+    /// Its start time, clock ticks since boot.
+    pub start_time: u64,
+    /// It has exited and awaits its parent (a zombie).
+    pub zombie: bool,
+    /// When it started, ms since the epoch ([`procinfo::started_at_ms`]); `None` when the
+    /// clocks cannot be read.
+    pub started_at_ms: Option<u64>,
+}
+
+/// Whether a process that started at `process_start_ms` can have written a record whose
+/// `startedAt` is `record_started_at_ms` (both ms since the epoch) (pure): it started no later,
+/// give or take [`START_PROOF_SLACK_MS`].
+pub fn started_before_record(process_start_ms: u64, record_started_at_ms: u64) -> bool {
+    process_start_ms <= record_started_at_ms.saturating_add(START_PROOF_SLACK_MS)
+}
+
+/// Judge the runner `rec` names from what `/proc` shows of its pid now (`seen`: `None` when no
+/// process has it) and this boot's id, under `proof` (pure).
+pub fn judge_recorded_runner(
+    rec: &RunRecord,
+    proof: Proof,
+    seen: Option<&ProcessSeen>,
+    boot_id_now: &str,
+) -> RecordedRunner {
+    let Some(pid) = rec.pid.filter(|p| *p > 0) else {
+        return RecordedRunner::Unrecorded;
+    };
+    let proven = match (rec.pid_start_time, proof) {
+        (Some(start), _) => {
+            let boot_ok = rec.boot_id.as_deref().is_none_or(|b| b == boot_id_now);
+            seen.map(|s| boot_ok && s.start_time == start)
         }
-        (None, _) => matches!(procinfo::stat(pid), Some(s) if s.state != 'Z'),
-    })
+        (None, Proof::AsRecorded) => seen.map(|_| true),
+        (None, Proof::StartedBeforeRecord) => {
+            let Some(recorded) = rec.started_at else {
+                return RecordedRunner::Unrecorded;
+            };
+            match seen {
+                Some(s) => match s.started_at_ms {
+                    Some(at) => Some(started_before_record(at, recorded)),
+                    None => return RecordedRunner::Unrecorded,
+                },
+                None => None,
+            }
+        }
+    };
+    match (seen, proven) {
+        (Some(s), Some(true)) if !s.zombie => RecordedRunner::Alive {
+            pid,
+            start_time: s.start_time,
+        },
+        _ => RecordedRunner::Gone,
+    }
+}
+
+/// The runner `rec` names, judged now under `proof` ([`judge_recorded_runner`] over `/proc`).
+pub fn recorded_runner(rec: &RunRecord, proof: Proof) -> RecordedRunner {
+    let seen = rec
+        .pid
+        .filter(|p| *p > 0)
+        .and_then(procinfo::stat)
+        .map(|s| ProcessSeen {
+            start_time: s.start_time,
+            zombie: s.state == 'Z',
+            started_at_ms: procinfo::started_at_ms(&s),
+        });
+    judge_recorded_runner(rec, proof, seen.as_ref(), &procinfo::boot_id())
+}
+
+/// Whether a record's recorded runner is alive now, as pi-cohort 7.2 checks it
+/// ([`Proof::AsRecorded`]): `None` when it records no pid; with a recorded start time (and
+/// boot id), only the same process counts; without one, any live process with that pid does
+/// (a zombie is dead).
+pub fn recorded_runner_alive(rec: &RunRecord) -> Option<bool> {
+    match recorded_runner(rec, Proof::AsRecorded) {
+        RecordedRunner::Unrecorded => None,
+        RecordedRunner::Gone => Some(false),
+        RecordedRunner::Alive { .. } => Some(true),
+    }
 }
 
 /// Whether a record was written by cohort: it carries `formatVersion` (pure). A record under
@@ -302,8 +411,21 @@ pub fn observe_found(f: &Found) -> Result<Observed> {
     }
     match f.origin {
         Origin::Legacy => observe_legacy(&f.dir),
+        Origin::PiCohortLegacy => observe_pi_cohort_legacy(&f.dir),
         _ => observe(&f.dir),
     }
+}
+
+/// Read a record of pi-cohort up to 7.1 from its temp dir: judged by its recorded runner under
+/// [`Proof::StartedBeforeRecord`], never written.
+pub fn observe_pi_cohort_legacy(dir: &RunDir) -> Result<Observed> {
+    let path = dir.status();
+    let rec = legacy::parse(&files::read_regular(&path)?, &dir.name(), &path)?;
+    Ok(observe_foreign(
+        rec,
+        Liveness::NoLockFile,
+        Proof::StartedBeforeRecord,
+    ))
 }
 
 /// Read a legacy record: never probed, never reconciled.
@@ -324,13 +446,17 @@ pub fn observe_legacy(dir: &RunDir) -> Result<Observed> {
     })
 }
 
-/// A record cohort did not write, judged by its recorded runner ([`judge_foreign`]): nothing
-/// is probed but the pid, nothing is written.
-fn observe_foreign(rec: RunRecord, liveness: Liveness) -> Observed {
+/// A record cohort did not write, judged by its recorded runner under `proof`
+/// ([`judge_foreign`]): nothing is probed but the pid, nothing is written.
+fn observe_foreign(rec: RunRecord, liveness: Liveness, proof: Proof) -> Observed {
     let alive = if rec.state.is_terminal() {
         None
     } else {
-        recorded_runner_alive(&rec)
+        match recorded_runner(&rec, proof) {
+            RecordedRunner::Unrecorded => None,
+            RecordedRunner::Gone => Some(false),
+            RecordedRunner::Alive { .. } => Some(true),
+        }
     };
     Observed {
         judgement: judge_foreign(rec.state, alive),
@@ -355,7 +481,11 @@ pub fn observe(dir: &RunDir) -> Result<Observed> {
         Err(e) => return observe_lost(dir, e),
     };
     if !written_by_cohort(&rec) {
-        return Ok(observe_foreign(rec, Liveness::NoLockFile));
+        return Ok(observe_foreign(
+            rec,
+            Liveness::NoLockFile,
+            Proof::AsRecorded,
+        ));
     }
     if rec.state.is_terminal() {
         return Ok(Observed {
@@ -397,7 +527,7 @@ pub fn observe(dir: &RunDir) -> Result<Observed> {
             let rec = load_record(&dir.status(), &dir.name())?;
             let liveness = lock::probe(&dir.lock())?;
             if !written_by_cohort(&rec) {
-                return Ok(observe_foreign(rec, liveness));
+                return Ok(observe_foreign(rec, liveness, Proof::AsRecorded));
             }
             Ok(Observed {
                 judgement: judge(rec.state, liveness, phase),
@@ -897,6 +1027,142 @@ mod tests {
                 let why = (got.state == RunState::Failed).then_some(Failure::JobEnded);
                 assert_eq!(got.failure, why, "{phase:?}");
             }
+        }
+    }
+
+    #[test]
+    fn a_recorded_runner_is_alive_only_when_proven_the_same_process() {
+        use RecordedRunner::{Alive, Gone, Unrecorded};
+        let rec = |pid: Option<u32>, start: Option<u64>, boot: Option<&str>, at: Option<u64>| {
+            let mut r = RunRecord::queued(
+                &"01a22a44-9e62-7266-ab9d-e5b500ee829c".parse().unwrap(),
+                record::RunMode::Single,
+            );
+            r.pid = pid;
+            r.pid_start_time = start;
+            r.boot_id = boot.map(str::to_string);
+            r.started_at = at;
+            r
+        };
+        let seen = |start_time: u64, zombie: bool, at: Option<u64>| ProcessSeen {
+            start_time,
+            zombie,
+            started_at_ms: at,
+        };
+        let alive = Alive {
+            pid: 7,
+            start_time: 50,
+        };
+        let t0 = 1_757_000_000_000;
+        let later = t0 + START_PROOF_SLACK_MS + 1;
+        for (r, proof, s, want) in [
+            // No pid: nothing to judge by, under either proof.
+            (
+                rec(None, None, None, Some(t0)),
+                Proof::AsRecorded,
+                Some(seen(50, false, Some(t0))),
+                Unrecorded,
+            ),
+            (
+                rec(Some(0), None, None, Some(t0)),
+                Proof::StartedBeforeRecord,
+                None,
+                Unrecorded,
+            ),
+            // pi-cohort 7.2 without a start time: any live process with the pid.
+            (
+                rec(Some(7), None, None, Some(t0)),
+                Proof::AsRecorded,
+                Some(seen(50, false, Some(later))),
+                alive,
+            ),
+            (
+                rec(Some(7), None, None, Some(t0)),
+                Proof::AsRecorded,
+                Some(seen(50, true, Some(t0))),
+                Gone,
+            ),
+            (
+                rec(Some(7), None, None, Some(t0)),
+                Proof::AsRecorded,
+                None,
+                Gone,
+            ),
+            // A recorded start time (and boot) decides, whatever the proof.
+            (
+                rec(Some(7), Some(50), Some("b1"), None),
+                Proof::AsRecorded,
+                Some(seen(50, false, None)),
+                alive,
+            ),
+            (
+                rec(Some(7), Some(50), Some("b0"), None),
+                Proof::AsRecorded,
+                Some(seen(50, false, None)),
+                Gone,
+            ),
+            (
+                rec(Some(7), Some(49), None, Some(t0)),
+                Proof::StartedBeforeRecord,
+                Some(seen(50, false, Some(t0))),
+                Gone,
+            ),
+            (
+                rec(Some(7), Some(50), None, None),
+                Proof::StartedBeforeRecord,
+                Some(seen(50, false, None)),
+                alive,
+            ),
+            // pi-cohort up to 7.1: the process must have started before the record says.
+            (
+                rec(Some(7), None, None, Some(t0)),
+                Proof::StartedBeforeRecord,
+                Some(seen(50, false, Some(t0 - 900))),
+                alive,
+            ),
+            (
+                rec(Some(7), None, None, Some(t0)),
+                Proof::StartedBeforeRecord,
+                Some(seen(50, false, Some(t0 + START_PROOF_SLACK_MS))),
+                alive,
+            ),
+            (
+                rec(Some(7), None, None, Some(t0)),
+                Proof::StartedBeforeRecord,
+                Some(seen(50, false, Some(later))),
+                Gone,
+            ),
+            (
+                rec(Some(7), None, None, Some(t0)),
+                Proof::StartedBeforeRecord,
+                Some(seen(50, true, Some(t0 - 1))),
+                Gone,
+            ),
+            (
+                rec(Some(7), None, None, Some(t0)),
+                Proof::StartedBeforeRecord,
+                None,
+                Gone,
+            ),
+            (
+                rec(Some(7), None, None, None),
+                Proof::StartedBeforeRecord,
+                Some(seen(50, false, Some(t0))),
+                Unrecorded,
+            ),
+            (
+                rec(Some(7), None, None, Some(t0)),
+                Proof::StartedBeforeRecord,
+                Some(seen(50, false, None)),
+                Unrecorded,
+            ),
+        ] {
+            let got = judge_recorded_runner(&r, proof, s.as_ref(), "b1");
+            assert_eq!(
+                got, want,
+                "{:?} {:?} {proof:?} {s:?}",
+                r.pid, r.pid_start_time
+            );
         }
     }
 }

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::format::record::RunState;
+use crate::identity::procinfo;
 use crate::os::lock;
 use crate::store::discover::Found;
-use crate::store::observe::{observe_found, Judgement};
+use crate::store::observe::{self, observe_found, Judgement, Proof, RecordedRunner};
 
 /// How often a waiter asks the scheduler again about a run whose job is still pending.
 pub const SCHEDULER_POLL: Duration = Duration::from_secs(2);
@@ -36,8 +37,14 @@ pub enum WaitOutcome {
 /// observation and returns at once, unless a scheduler still holds its job: then the
 /// scheduler is asked again every [`SCHEDULER_POLL`].
 ///
-/// A legacy record is never waited on: it has no lock and nothing will ever change it, so its
-/// stored state is the answer.
+/// A legacy pi-subagents record is never waited on: it has no lock and nothing will ever
+/// change it, so its stored state is the answer. A `running` record of pi-cohort (under the
+/// state root, or in its temp dir up to 7.1) whose recorded runner is alive and proven the
+/// same process under [`Proof::StartedBeforeRecord`] ([`observe::recorded_runner`]: its
+/// recorded start time, else a start no later than the record's `startedAt`) is waited on by
+/// that process: pinned by a pidfd, the kernel wakes the waiter when it exits
+/// ([`procinfo::wait_exit`]); then its record is read again. One without that proof is not
+/// waited on, whatever the listing says of it.
 ///
 /// Errors: those of observing a run; [`Error::Resource`] when a waiting thread (one per run)
 /// cannot be created.
@@ -87,13 +94,26 @@ fn wait_one(found: &Found) -> Result<RunState> {
             | Judgement::Abandoned
             | Judgement::Unknown
             | Judgement::Legacy
-            // Nothing cohort can block on: no lock of its own protocol.
-            | Judgement::ForeignAlive
+            // Nothing cohort can block on: no lock of its own protocol, no runner alive.
             | Judgement::ForeignGone
             | Judgement::Unresolved => return Ok(obs.record.state),
             // Spawn or the runner holds the lock (it is handed from one to the other, never
             // free in between): the kernel wakes us when the last holder is gone.
             Judgement::Alive | Judgement::Starting => lock::wait_released(&dir.lock())?,
+            // A pi-cohort runner, alive and proven by its start: its exit is the end of the
+            // wait (its record says what it wrote last).
+            Judgement::ForeignAlive => {
+                // Blocking needs proof of the process whatever the listing accepts: a recorded
+                // start time, else a start no later than the record's `startedAt`.
+                match observe::recorded_runner(&obs.record, Proof::StartedBeforeRecord) {
+                    RecordedRunner::Alive { pid, start_time } => {
+                        procinfo::wait_exit(pid, start_time)?
+                    }
+                    RecordedRunner::Gone | RecordedRunner::Unrecorded => {
+                        return Ok(obs.record.state)
+                    }
+                }
+            }
             // The scheduler holds the job (or cannot be asked): no lock to block on yet.
             Judgement::Scheduled | Judgement::Unconfirmed => std::thread::sleep(SCHEDULER_POLL),
         }
@@ -171,6 +191,48 @@ mod tests {
         assert_eq!(
             wait(vec![found], Some(Duration::from_secs(10))).unwrap(),
             WaitOutcome::Done(vec![(dir.name(), RunState::Complete)])
+        );
+    }
+
+    #[test]
+    fn a_pi_cohort_record_is_waited_on_while_its_proven_runner_lives() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(t.path());
+        let mut runner = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .unwrap();
+        // pi-cohort's shape: no formatVersion, no lock; `startedAt` written after its start.
+        let put = |id: &str, started_at: u64| {
+            let dir = root.run_dir(id);
+            files::create_dir_all_private(dir.path()).unwrap();
+            let rec = serde_json::json!({"runId": id, "mode": "single", "state": "running",
+                "pid": runner.id(), "startedAt": started_at, "steps": []});
+            std::fs::write(dir.status(), rec.to_string()).unwrap();
+            found(&dir)
+        };
+        let now = record::now_ms();
+        let proven = put("5d7e1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b", now);
+        // The same pid recorded an hour before the process started: not proven, not waited on.
+        let reused = put("6e8f2b3c-4d5e-4f60-9bac-1d2e3f4a5b6c", now - 3_600_000);
+        assert_eq!(
+            wait(vec![reused.clone()], Some(Duration::from_secs(30))).unwrap(),
+            WaitOutcome::Done(vec![(reused.id.clone(), RunState::Running)])
+        );
+        assert_eq!(
+            wait(vec![proven.clone()], Some(Duration::from_millis(200))).unwrap(),
+            WaitOutcome::TimedOut
+        );
+        let waiter = std::thread::spawn(move || wait(vec![proven], Some(Duration::from_secs(30))));
+        runner.kill().unwrap();
+        runner.wait().unwrap();
+        // The runner died without writing an end: the record still says running.
+        assert_eq!(
+            waiter.join().unwrap().unwrap(),
+            WaitOutcome::Done(vec![(
+                "5d7e1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b".into(),
+                RunState::Running
+            )])
         );
     }
 }

@@ -89,10 +89,16 @@ impl Supervisor {
             child.log.note(n);
         }
         let digest = run.stderr.clone();
+        let input = Arc::new(crate::rpc::Input::new(child.stdin));
+        self.talk.inputs.insert(i, input.clone());
+        self.talk
+            .bounds
+            .insert(i, launch::reply_timeout_of(&self.spec, &step));
         let talk = readers::Conversation {
-            input: Arc::new(crate::rpc::Input::new(child.stdin)),
+            input,
             prompt: child.prompt,
             pi_major: child.pi_major,
+            max_turns: self.spec.options.max_turns,
         };
         self.start_readers(
             i,
@@ -230,6 +236,10 @@ impl Supervisor {
         let Phase::Finished { exit, escaped } = a.phase else {
             unreachable!("only finished steps are recorded");
         };
+        // Its child is gone: nothing more reaches it, and nothing it asked is waited on.
+        self.talk.inputs.remove(&i);
+        self.drop_requests(Instant::now(), Some(i));
+        let interrupted = a.ending == Some(step::Ending::Interrupt);
         // The step's processes are swept: what is left of them (escaped) stays listed.
         self.tracker.persist();
         let summary = a.summary.unwrap_or_default();
@@ -279,6 +289,11 @@ impl Supervisor {
                 &label,
                 &outcome.error.unwrap_or_default(),
             )),
+            // An interrupted step counts as failed for its group and ends the chain after it.
+            StepStatus::Stopped if interrupted => {
+                self.talk.interrupted = true;
+                Some(step::step_failure(i, &label, step::INTERRUPTED))
+            }
             _ => None,
         })
     }

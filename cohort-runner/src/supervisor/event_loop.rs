@@ -110,6 +110,7 @@ impl Supervisor {
                 self.tracker.next_look(&self.active),
                 run_deadline,
                 sessions,
+                self.next_expiry(),
             ]
             .into_iter()
             .chain(steps),
@@ -142,6 +143,18 @@ impl Supervisor {
                 }
             }
             Msg::Waited(_) => {}
+            Msg::Control => self.take_control(),
+            Msg::Stream(i, Report::TurnLimit { action, turn }) => self.turn_limit(i, action, turn),
+            Msg::Stream(i, Report::Ask { ui_id, ask }) => self.asked(i, ui_id, ask),
+            Msg::Stream(
+                i,
+                Report::Ack {
+                    kind,
+                    id,
+                    success,
+                    error,
+                },
+            ) => self.acked(i, kind, id, success, error),
         }
     }
 
@@ -184,6 +197,9 @@ impl Supervisor {
 
     fn check_deadlines(&mut self) {
         let now = Instant::now();
+        if self.next_expiry().is_some_and(|t| t <= now) {
+            self.drop_requests(now, None);
+        }
         if self.stop.is_none() {
             if let Some(d) = self.run_deadline {
                 if now >= d {

@@ -27,7 +27,14 @@ impl Supervisor {
             self.nested.wait_stopped(&mut self.events, grace);
         }
         fault::point("runner.before-final");
-        let mut outcome = step::run_outcome(self.stop, failure, self.spec.options.timeout_ms);
+        self.refuse_control("the run has ended");
+        // The chain's first failure is the interrupt's when the interrupted step failed first.
+        let interrupted = self.talk.interrupted
+            && failure
+                .as_deref()
+                .is_some_and(|f| f.ends_with(step::INTERRUPTED));
+        let ending = self.stop.or(interrupted.then_some(step::Ending::Interrupt));
+        let mut outcome = step::run_outcome(ending, failure, self.spec.options.timeout_ms);
         self.budget_outcome(&mut outcome);
         outcome.close_unstarted(&mut self.rec.steps);
         if outcome.timed_out {

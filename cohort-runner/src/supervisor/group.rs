@@ -87,6 +87,11 @@ impl Supervisor {
         // A chain step of one task: when its child has exited nothing else of the run is alive,
         // so the step's own sweep takes the orphans too and no second sweep follows.
         self.sole_member = members.len() == 1;
+        // What a steer, follow-up or interrupt can name (`talk::route`).
+        self.talk.members = members
+            .iter()
+            .map(|m| (m.index, self.rec.steps[m.index].label.clone()))
+            .collect();
         let mut failure: Option<String> = None;
         loop {
             self.start_queued(&mut queue, limit, fail_fast, &mut failure);
@@ -99,6 +104,7 @@ impl Supervisor {
                 queue.clear();
             }
         }
+        self.talk.members.clear();
         if !self.sole_member {
             self.sweep_orphans(members);
         }

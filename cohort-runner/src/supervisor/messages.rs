@@ -23,6 +23,8 @@ pub(super) enum Msg {
     /// `Ok(None)` it may go on, `Ok(Some(why))` a run it waited for did not complete (`"run ID
     /// ended STATE"`), `Err(why)` the wait itself failed.
     Waited(std::result::Result<Option<String>, String>),
+    /// A control message was renamed into the run's inbox (`control/`).
+    Control,
 }
 
 /// Start the thread that sends SIGTERM, SIGINT and SIGCHLD to the loop as [`Msg::Signal`]; it

@@ -35,7 +35,9 @@
 //! - `fallback`: a failed attempt retried on the agent's next fallback model;
 //! - `finish`: the terminal record and the on-exit hook;
 //! - `budget`: `--max-cost`: the tree's spending looked at as the run goes, and the stop once
-//!   it passes the budget.
+//!   it passes the budget;
+//! - `talk`: control messages (steer, follow-up, interrupt, reply) and the children's requests
+//!   of their supervisor.
 
 mod attempt;
 mod budget;
@@ -48,6 +50,7 @@ mod handoff;
 mod messages;
 mod plan;
 mod queued;
+mod talk;
 mod worktrees;
 
 use std::collections::HashMap;
@@ -107,6 +110,7 @@ pub fn run(
     };
     let running = start::into_running(dir, rec)?;
     let mut sup = Supervisor::new(dir, running, (tx, rx));
+    sup.open_inbox();
     let state = sup.run_chain();
     sup.run_on_exit(state);
     // The run and its hook have ended: its queue's next run may start while this runner
@@ -169,6 +173,8 @@ struct Supervisor {
     /// The run's budget (`--max-cost`), when it has one.
     budget: Option<budget::Watch>,
     run_deadline: Option<Instant>,
+    /// The inbox, the live steps' stdin, and the children's pending requests.
+    talk: talk::Talk,
 }
 
 impl Supervisor {
@@ -213,6 +219,7 @@ impl Supervisor {
             stop: None,
             budget,
             run_deadline: None,
+            talk: talk::Talk::default(),
         }
     }
 

@@ -1,9 +1,9 @@
-//! The run flags checked the way an agent file's fields are (`agent_fields.rs`): `--thinking`
+//! The run flags checked the way an agent file's fields are (`agents/fields.rs`): `--thinking`
 //! must be one of Pi's thinking levels and each `--tools` name a tool name, with the same rules
 //! and messages, so a typo on the command line is refused (exit 2) instead of reaching Pi as a
 //! child without tools or without thinking.
 
-use crate::agent_fields::{check_tool_name, THINKING_LEVELS};
+use crate::agents::fields::{check_tool_name, THINKING_LEVELS};
 
 /// Why `--thinking LEVEL` / `--tools NAMES` cannot run, if they cannot (pure): one line naming
 /// the flag. A tool name is checked as in a file that loads extensions (the profile's

@@ -188,7 +188,7 @@ pub(super) fn parallel(args: &Args) -> anyhow::Result<Built> {
 }
 
 /// [`Shape::Chain`]: the chain `source` names ([`load_chain`]), checked against the file system
-/// ([`crate::chain_resolve`]), at most one TASK for its `{task}` ([`fill_task`]); labels come
+/// ([`crate::chains::resolve`]), at most one TASK for its `{task}` ([`fill_task`]); labels come
 /// from the chain, never `--label`.
 pub(super) fn chain(
     args: &Args,
@@ -212,12 +212,12 @@ pub(super) fn chain(
     let mut chain = parsed.steps.clone();
     let run_cwd = std::path::absolute(lookup)
         .with_context(|| format!("cannot resolve {}", lookup.display()))?;
-    let places = crate::chain_resolve::Places {
+    let places = crate::chains::resolve::Places {
         chain_dir: path.parent().unwrap_or(Path::new(".")),
         run_cwd: &run_cwd,
         profile,
     };
-    crate::chain_resolve::resolve(&mut chain, &places).map_err(|(step, m)| {
+    crate::chains::resolve::resolve(&mut chain, &places).map_err(|(step, m)| {
         cohort_common::Error::Usage(format!(
             "{}:{}: step {step}: {m}",
             path.display(),
@@ -237,7 +237,7 @@ pub(super) fn chain(
 /// itself beats the agent's: upstream's precedence, the call's value, then the agent's
 /// frontmatter, then settings (pi-subagents 0.67). A flag not given leaves the steps alone.
 fn apply_call(chain: &mut [ChainStep], args: &Args) {
-    for t in crate::chain_file::tasks_mut(chain) {
+    for t in crate::chains::file::tasks_mut(chain) {
         if let Some(m) = &args.model {
             t.model = Some(m.clone());
         }
@@ -379,7 +379,7 @@ fn load_chain(
 /// `{task}` needs a TASK, and a TASK needs a `{task}` to go to: either mismatch is a usage
 /// error.
 pub fn fill_task(chain: &mut [ChainStep], given: Option<&str>) -> anyhow::Result<Option<String>> {
-    let uses = crate::chain_file::tasks_mut(chain).any(|t| template::uses(&t.task, "task"));
+    let uses = crate::chains::file::tasks_mut(chain).any(|t| template::uses(&t.task, "task"));
     match (given, uses) {
         (Some(g), true) => Ok(Some(g.to_string())),
         (None, false) => Ok(None),
@@ -398,16 +398,17 @@ pub fn fill_task(chain: &mut [ChainStep], given: Option<&str>) -> anyhow::Result
 pub(super) fn resolve_agents(
     chain: &mut [ChainStep],
     cwd: &Path,
-    machine: &crate::agent_fields::Machine,
+    machine: &crate::agents::fields::Machine,
 ) -> anyhow::Result<()> {
-    if !crate::chain_file::tasks_mut(chain).any(|t| t.agent.is_some() && t.resolved_agent.is_none())
+    if !crate::chains::file::tasks_mut(chain)
+        .any(|t| t.agent.is_some() && t.resolved_agent.is_none())
     {
         return Ok(());
     }
     let provider = machine.caller_provider();
-    let catalog = crate::discover::discover_as(machine.profile, cwd, provider.as_deref())?;
+    let catalog = crate::agents::discover::discover_as(machine.profile, cwd, provider.as_deref())?;
     let mut warned = std::collections::HashSet::new();
-    for t in crate::chain_file::tasks_mut(chain) {
+    for t in crate::chains::file::tasks_mut(chain) {
         if let (Some(name), None) = (t.agent.clone(), &t.resolved_agent) {
             let mut def = catalog.resolve(&name)?.clone();
             if warned.insert(name.clone()) {
@@ -419,13 +420,26 @@ pub(super) fn resolve_agents(
                         def.spec.path.as_ref().map_or_else(|| format!("the {} agent", def.spec.scope.as_str()), |x| x.display().to_string()),
                     );
                 }
-                for w in crate::agent_fields::field_warnings(&def) {
+                for w in crate::agents::fields::field_warnings(&def) {
                     eprintln!("cohort-spawn: warning: {w}");
                 }
             }
+            // Before settling (whose notes would come first): the step's tools (its own or
+            // the command line's, else the agent's) that no extension could provide.
+            let mut probe = def.spec.clone();
+            if probe.extensions.is_none() {
+                probe.extensions = Some(crate::agents::fields::Caller::profile_extensions(machine));
+            }
+            crate::agents::fields::check_provided(
+                &probe,
+                t.tools.as_deref().or(probe.tools.as_deref()),
+            )
+            .map_err(|e| {
+                cohort_common::Error::Usage(format!("agent {name:?} cannot be used: {e}"))
+            })?;
             // A model given for the step beats the agent's, `inherit` included.
             def.model_inherit &= t.model.is_none();
-            let spec = crate::agent_fields::settle(&def, machine).map_err(|e| {
+            let spec = crate::agents::fields::settle(&def, machine).map_err(|e| {
                 cohort_common::Error::Usage(format!("agent {name:?} cannot be used: {e}"))
             })?;
             // A forked session starts as a copy of `--session FILE`: FILE itself is not
@@ -434,7 +448,7 @@ pub(super) fn resolve_agents(
                 t.session_file = None;
             }
             agents::apply(t, &spec);
-            crate::chain_check::file_only_has_a_file(t, spec.output.as_deref()).map_err(|e| {
+            crate::chains::check::file_only_has_a_file(t, spec.output.as_deref()).map_err(|e| {
                 cohort_common::Error::Usage(format!("the step running agent {name:?}: {e}"))
             })?;
         }
@@ -493,7 +507,7 @@ mod tests {
     fn the_task_stays_apart_from_the_templates_and_mismatches_are_refused() {
         let text =
             r#"{"steps":[{"task":"Map {task}"},{"parallel":[{"task":"a {task} {previous}"}]}]}"#;
-        let mut chain = crate::chain_file::parse_chain(text).unwrap();
+        let mut chain = crate::chains::file::parse_chain(text).unwrap();
         let given = "the {previous} parser";
         assert_eq!(
             fill_task(&mut chain, Some(given)).unwrap().as_deref(),
@@ -503,13 +517,13 @@ mod tests {
         assert_eq!(flat[0].spec.task, "Map {task}", "the template is kept");
         assert_eq!(flat[1].spec.task, "a {task} {previous}");
         let mut chain =
-            crate::chain_file::parse_chain(r#"{"steps":[{"task":"Map {task}"}]}"#).unwrap();
+            crate::chains::file::parse_chain(r#"{"steps":[{"task":"Map {task}"}]}"#).unwrap();
         assert!(fill_task(&mut chain, None)
             .unwrap_err()
             .to_string()
             .contains("give the TASK"));
         let mut chain =
-            crate::chain_file::parse_chain(r#"{"steps":[{"task":"Map {tasks}"}]}"#).unwrap();
+            crate::chains::file::parse_chain(r#"{"steps":[{"task":"Map {tasks}"}]}"#).unwrap();
         assert!(
             fill_task(&mut chain, Some("x")).is_err(),
             "{{tasks}} is not {{task}}"

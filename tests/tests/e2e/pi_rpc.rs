@@ -16,8 +16,8 @@ use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
-use cohort_e2e::fake_server::message_text;
-use cohort_e2e::harness::{wait_for, TestEnv, HERMETIC};
+use cohort_e2e::fake_server::{message_text, transcript};
+use cohort_e2e::harness::{TestEnv, HERMETIC};
 use serde_json::{json, Value};
 
 /// A Pi process in RPC mode: its stdin, and its stdout's records, one per line, read by a
@@ -117,33 +117,6 @@ impl Drop for Rpc {
     }
 }
 
-/// The roles and texts of a logged model request's messages, as `role: text` lines.
-fn transcript(req: &Value) -> Vec<String> {
-    req["messages"]
-        .as_array()
-        .map(|ms| {
-            ms.iter()
-                .map(|m| format!("{}: {}", m["role"].as_str().unwrap_or(""), message_text(m)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The first logged request any of whose messages' text contains `needle`, waited for.
-fn request_with(env: &TestEnv, needle: &str) -> Value {
-    let mut found = None;
-    wait_for(Duration::from_secs(30), || {
-        found = env
-            .server
-            .requests()
-            .into_iter()
-            .find(|r| transcript(r).iter().any(|l| l.contains(needle)));
-        found.is_some()
-    })
-    .unwrap_or_else(|_| panic!("no model request carried {needle:?}"));
-    found.unwrap()
-}
-
 #[test]
 fn a_prompt_is_answered_with_its_id_and_the_run_ends_with_agent_end() {
     let env = TestEnv::new();
@@ -174,7 +147,7 @@ fn a_steer_sent_while_a_tool_runs_is_in_the_next_model_call() {
         (json!("steer"), json!(true)),
         "{r:#}"
     );
-    let req = request_with(&env, "STEER-CONTRACT");
+    let req = env.request_with("STEER-CONTRACT");
     let lines = transcript(&req);
     // The steer comes after the tool's result, in the call that follows the tool: Pi delivers
     // it once the turn's tool calls are done and before the next model call.
@@ -214,7 +187,7 @@ fn a_follow_up_is_sent_after_the_answer() {
         (json!("follow_up"), json!(true)),
         "{r:#}"
     );
-    let req = request_with(&env, "FOLLOW-CONTRACT");
+    let req = env.request_with("FOLLOW-CONTRACT");
     let lines = transcript(&req);
     // The agent answered first (the model's reply to the tool's result), then the follow-up.
     let answer_at = lines
@@ -292,7 +265,7 @@ fn an_extensions_ui_input_is_an_extension_ui_request_answered_on_stdin() {
     assert_eq!(ask["method"], "input", "{ask:#}");
     let id = ask["id"].as_str().expect("the request's id").to_string();
     pi.send(json!({"type": "extension_ui_response", "id": id, "value": "GO LEFT"}));
-    let req = request_with(&env, "ANSWER: GO LEFT");
+    let req = env.request_with("ANSWER: GO LEFT");
     assert!(transcript(&req)
         .iter()
         .any(|l| l.starts_with("tool: ANSWER: GO LEFT")));
@@ -303,6 +276,49 @@ fn an_extensions_ui_input_is_an_extension_ui_request_answered_on_stdin() {
         .cloned()
         .unwrap();
     assert_eq!(message_text(&last), "GOT: ANSWER: GO LEFT", "{last:#}");
+}
+
+/// An extension whose tool tells the RPC client something with `ctx.ui.notify`, expecting no
+/// answer.
+const NOTIFY_EXTENSION: &str = r#"
+export default function (pi) {
+  pi.registerTool({
+    name: "contact_supervisor",
+    label: "Contact supervisor",
+    description: "Tell the supervisor.",
+    parameters: {
+      type: "object",
+      properties: { reason: { type: "string" }, message: { type: "string" } },
+      required: ["reason"],
+    },
+    async execute(_id, params, _signal, _onUpdate, ctx) {
+      ctx.ui.notify("NOTE " + params.reason + "\n" + params.message, "info");
+      return { content: [{ type: "text", text: "TOLD" }], details: {} };
+    },
+  });
+}
+"#;
+
+#[test]
+fn an_extensions_ui_notify_is_an_extension_ui_request_that_waits_for_nothing() {
+    let env = TestEnv::new();
+    let ext = env.tmp.path().join("notify.ts");
+    std::fs::write(&ext, NOTIFY_EXTENSION).unwrap();
+    let mut pi = Rpc::start_with(&env, "fake/report", &["-e", ext.to_str().unwrap()]);
+    pi.send(json!({"id": "p1", "type": "prompt", "message": "HALFWAY"}));
+    let note = pi.until(30, "extension_ui_request", |v| {
+        v["type"] == "extension_ui_request"
+    });
+    assert_eq!(note["method"], "notify", "{note:#}");
+    assert_eq!(note["message"], "NOTE progress_update\nHALFWAY", "{note:#}");
+    // Nothing is answered, and the agent goes on at once.
+    let end = pi.until(30, "agent_end", |v| v["type"] == "agent_end");
+    let last = end["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .unwrap();
+    assert_eq!(message_text(&last), "GOT: TOLD", "{last:#}");
 }
 
 #[test]

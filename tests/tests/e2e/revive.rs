@@ -256,3 +256,29 @@ fn a_checked_in_legacy_record_is_refused() {
     );
     assert_eq!(env.run_count(), 0, "nothing was started");
 }
+
+#[test]
+fn a_checked_in_pi_cohort_legacy_record_is_refused() {
+    let env = TestEnv::new();
+    // pi-cohort's (up to 7.1) fixtures, in the temp dir it kept them in.
+    let tmpdir = env.tmp.path().join("tmpdir");
+    std::fs::create_dir(&tmpdir).unwrap();
+    let root = fixture::copy_pi_cohort_legacy_root(&tmpdir);
+    let before = std::fs::read(root.join("async-subagent-runs/d2a86f15/status.json")).unwrap();
+    let out = env
+        .cmd("cohort-spawn")
+        .env("TMPDIR", &tmpdir)
+        .args(["--revive", "d2a86f15", "--"])
+        .args(HERMETIC)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("inspectable only"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(env.run_count(), 0, "nothing was started");
+    let after = std::fs::read(root.join("async-subagent-runs/d2a86f15/status.json")).unwrap();
+    assert_eq!(before, after, "the record is not touched");
+}

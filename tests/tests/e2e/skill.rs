@@ -41,6 +41,10 @@ fn the_skill_is_in_pis_format_and_shows_every_command_it_teaches() {
         "cohort-status --wait",
         "cohort-status --output",
         "kill \"$(cohort-status --pid ID)\"",
+        "cohort-status --check",
+        "cohort-spawn --reply ID \"ANSWER\"",
+        "cohort-spawn --steer ID \"MESSAGE\"",
+        "cohort-spawn --interrupt ID",
     ] {
         assert!(skill.contains(taught), "the skill shows {taught}");
     }

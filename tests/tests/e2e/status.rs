@@ -734,6 +734,338 @@ fn legacy_records_list_with_all_read_only() {
     );
 }
 
+/// A world with pi-cohort's (up to 7.1) temp root in its own `TMPDIR` (0700, so only the test
+/// can fill it), and pi-subagents' moved where there is none.
+struct PiCohortTmp {
+    env: TestEnv,
+    tmpdir: PathBuf,
+}
+
+impl PiCohortTmp {
+    fn new() -> PiCohortTmp {
+        let env = TestEnv::new();
+        let tmpdir = env.tmp.path().join("tmpdir");
+        std::fs::create_dir(&tmpdir).unwrap();
+        std::fs::set_permissions(&tmpdir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .unwrap();
+        PiCohortTmp { env, tmpdir }
+    }
+
+    fn cmd(&self, args: &[&str]) -> std::process::Command {
+        let mut c = self.env.cmd("cohort-status");
+        c.env("TMPDIR", &self.tmpdir)
+            .env(
+                "PI_SUBAGENTS_TEMP_ROOT",
+                self.env.tmp.path().join("no-pi-subagents"),
+            )
+            .args(args);
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        stdout(&out)
+    }
+
+    /// `<tmpdir>/pi-cohort-uid-<uid>/async-subagent-runs`.
+    fn runs_dir(&self) -> PathBuf {
+        cohort_common::format::legacy::pi_cohort_runs_dir_for(
+            &self.tmpdir,
+            nix::unistd::getuid().as_raw(),
+        )
+    }
+}
+
+#[test]
+fn pi_cohort_legacy_records_list_with_all_read_only_with_their_origin() {
+    let w = PiCohortTmp::new();
+    let root = fixture::copy_pi_cohort_legacy_root(&w.tmpdir);
+    let before = snapshot(&root);
+    put(&w.env, RunState::Complete, None, |_| {});
+    let t = w.ok(&[]);
+    assert!(!t.contains("pi-cohort"), "not without --all: {t}");
+    let t = w.ok(&["--all"]);
+    assert_eq!(
+        t.lines().count(),
+        5,
+        "a header, ours and three of pi-cohort's: {t}"
+    );
+    let row = |id: &str| {
+        t.lines()
+            .find(|l| l.starts_with(id))
+            .unwrap_or_else(|| panic!("{id} not listed: {t}"))
+            .to_string()
+    };
+    let chain = row("2f4b9d1c7a30");
+    assert!(
+        chain.contains("complete")
+            && chain.contains("(pi-cohort legacy)")
+            && chain.contains("scout"),
+        "{chain}"
+    );
+    assert!(chain.contains("2/2"), "{chain}");
+    // Its recorded runner (a pid beyond pid_max) is gone: shown as stored, never rewritten.
+    let lost = row("9e41b7c3");
+    assert!(
+        lost.contains("running") && lost.contains("(runner gone; not rewritten)"),
+        "{lost}"
+    );
+    assert!(row("d2a86f15").contains("failed"), "{t}");
+
+    let rows = json_lines(&w.ok(&["--all", "--json"]));
+    let get = |id: &str| rows.iter().find(|r| r["runId"] == id).unwrap().clone();
+    let r = get("9e41b7c3");
+    assert_eq!(r["origin"], "pi-cohort-legacy", "{r}");
+    assert_eq!(r["live"], false, "{r}");
+    assert_eq!(r["steps"][0]["usage"]["totalTokens"], 33900, "{r}");
+    assert_eq!(
+        get("5c0d7e2a-1b3f-4c9d-8e6a-2f4b9d1c7a30")["steps"][1]["model"],
+        "anthropic/claude-sonnet-4-5"
+    );
+    let v = w.ok(&["9e41b7c3"]);
+    assert!(
+        v.contains("legacy record of pi-cohort up to 7.1") && v.contains("recorded runner is gone"),
+        "{v}"
+    );
+
+    // Nothing is left to wait for: --wait answers at once, saying so.
+    let out = w.run(&["--wait", "9e41b7c3", "--timeout", "30s"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("run 9e41b7c3 is still recorded running"),
+        "{}",
+        stderr(&out)
+    );
+    let out = w.run(&["--pid", "9e41b7c3"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+
+    let doctor = w.ok(&["--doctor"]);
+    assert!(
+        doctor.contains(&format!(
+            "pi-cohort runs (up to 7.1): 3 in {}",
+            w.runs_dir().display()
+        )),
+        "{doctor}"
+    );
+    let _ = w.run(&["--check"]);
+    let _ = w.env.run("cohort-reap", &["--all-terminal"]);
+    assert_eq!(
+        snapshot(&root),
+        before,
+        "pi-cohort's records are never written"
+    );
+}
+
+#[test]
+fn a_pi_cohort_legacy_root_another_user_could_fill_is_not_read_and_says_why() {
+    use std::os::unix::fs::PermissionsExt;
+    let w = PiCohortTmp::new();
+    let doctor = w.ok(&["--doctor"]);
+    assert!(
+        doctor.contains(&format!(
+            "pi-cohort runs (up to 7.1): none in {}",
+            w.runs_dir().display()
+        )),
+        "the path is named even when there is nothing: {doctor}"
+    );
+    let root = fixture::copy_pi_cohort_legacy_root(&w.tmpdir);
+    let refused = |why: &str| {
+        let out = w.run(&["--all"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert!(
+            !stdout(&out).contains("9e41b7c3"),
+            "listed: {}",
+            stdout(&out)
+        );
+        let err = stderr(&out);
+        assert!(
+            err.contains(why) && err.contains("legacy records are not read"),
+            "{err}"
+        );
+        let doctor = w.ok(&["--doctor"]);
+        assert!(
+            doctor.contains("pi-cohort runs (up to 7.1): not read: ") && doctor.contains(why),
+            "{doctor}"
+        );
+    };
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
+    refused(&format!("{} is writable by others", root.display()));
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(w.runs_dir(), std::fs::Permissions::from_mode(0o775)).unwrap();
+    refused("async-subagent-runs is writable by its group");
+    std::fs::set_permissions(w.runs_dir(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Owned by someone else (the test runs as root where it can hand it over).
+    let me = nix::unistd::getuid();
+    if me.is_root() {
+        let other = nix::unistd::Uid::from_raw(54321);
+        nix::unistd::chown(&root, Some(other), None).unwrap();
+        refused("is owned by uid 54321, not by you (uid 0)");
+        nix::unistd::chown(&root, Some(me), None).unwrap();
+    }
+    // A root that is a symlink is never followed, even to a directory of the user's own.
+    let real = w.env.tmp.path().join("real-root");
+    std::fs::rename(&root, &real).unwrap();
+    std::os::unix::fs::symlink(&real, &root).unwrap();
+    refused(&format!("{} is a symlink", root.display()));
+    // Put back as it was, it is read.
+    std::fs::remove_file(&root).unwrap();
+    std::fs::rename(&real, &root).unwrap();
+    assert!(w.ok(&["--all"]).contains("9e41b7c3"));
+}
+
+/// A process this test started and kills by pid: the recorded runner of a pi-cohort record.
+struct FakeRunner(std::process::Child);
+
+impl FakeRunner {
+    fn start() -> FakeRunner {
+        FakeRunner(
+            std::process::Command::new("sleep")
+                .arg("600")
+                .spawn()
+                .expect("start sleep"),
+        )
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    fn end(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for FakeRunner {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// A `running` record as pi-cohort's runner publishes it: `pid` and the `startedAt` it wrote
+/// after it started, no `formatVersion`, no lock.
+fn pi_cohort_running(id: &str, pid: u32, started_at: u64) -> Vec<u8> {
+    serde_json::to_vec_pretty(&serde_json::json!({
+        "runId": id, "mode": "single", "state": "running",
+        "startedAt": started_at, "lastUpdate": started_at, "pid": pid,
+        "cwd": "/tmp", "currentStep": 0, "chainStepCount": 1, "parallelGroups": [],
+        "steps": [{"agent": "worker", "status": "running", "startedAt": started_at,
+                   "recentTools": [], "recentOutput": []}],
+    }))
+    .unwrap()
+}
+
+#[test]
+fn wait_on_a_live_pi_cohort_record_waits_for_its_runner_by_pid() {
+    let w = PiCohortTmp::new();
+    fixture::copy_pi_cohort_legacy_root(&w.tmpdir);
+    let mut runner = FakeRunner::start();
+    // Written after the process started, as pi-cohort's runner writes it.
+    let started = now_ms();
+    let legacy_dir = w.runs_dir().join("7a11ce55");
+    std::fs::create_dir(&legacy_dir).unwrap();
+    std::fs::write(
+        legacy_dir.join("status.json"),
+        pi_cohort_running("7a11ce55", runner.pid(), started),
+    )
+    .unwrap();
+    // The same runner recorded by pi-cohort 7.2, under the state root.
+    let seven_two = "3b9d0e61-2a4c-4d8e-9f10-7c6b5a4d3e2f";
+    let dir = w.env.state_root().runs_dir().join(seven_two);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("status.json"),
+        pi_cohort_running(seven_two, runner.pid(), started),
+    )
+    .unwrap();
+    // A record naming the same pid from an hour before that process started: the pid is not
+    // proven its runner's (a reused pid), so nothing is waited for.
+    let reused = w.runs_dir().join("0dd5eed5");
+    std::fs::create_dir(&reused).unwrap();
+    std::fs::write(
+        reused.join("status.json"),
+        pi_cohort_running("0dd5eed5", runner.pid(), started - 3_600_000),
+    )
+    .unwrap();
+
+    // The same for pi-cohort 7.2: listed live as pi-cohort judges it (any live process with the
+    // pid), but never waited on without proof that it is the runner.
+    let reused72 = "4cae0f72-5b6d-4e7f-8a91-b2c3d4e5f607";
+    let dir72 = w.env.state_root().runs_dir().join(reused72);
+    std::fs::create_dir_all(&dir72).unwrap();
+    std::fs::write(
+        dir72.join("status.json"),
+        pi_cohort_running(reused72, runner.pid(), started - 3_600_000),
+    )
+    .unwrap();
+
+    let rows = json_lines(&w.ok(&["--all", "--json"]));
+    let live = |id: &str| rows.iter().find(|r| r["runId"] == id).unwrap()["live"].clone();
+    assert_eq!(live(reused72), true, "{rows:?}");
+    let out = w.run(&["--wait", &reused72[..8], "--timeout", "60s"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "answered at once: {}",
+        stderr(&out)
+    );
+    assert_eq!(live("7a11ce55"), true, "{rows:?}");
+    assert_eq!(live(seven_two), true, "{rows:?}");
+    assert_eq!(live("0dd5eed5"), false, "{rows:?}");
+    let out = w.run(&["--wait", "0dd5eed5", "--timeout", "60s"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "answered at once: {}",
+        stderr(&out)
+    );
+
+    // While the runner lives, --wait waits (and times out when told to)...
+    for id in ["7a11ce55", &seven_two[..8]] {
+        let out = w.run(&["--wait", id, "--timeout", "1s"]);
+        assert_eq!(out.status.code(), Some(124), "{id}: {}", stderr(&out));
+    }
+    // ...and returns when it exits.
+    let mut waiter = w
+        .cmd(&["--wait", "7a11ce55", &seven_two[..8]])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        waiter.try_wait().unwrap().is_none(),
+        "--wait returned while the runner lives"
+    );
+    runner.end();
+    let ended = wait_for(Duration::from_secs(20), || {
+        waiter.try_wait().unwrap().is_some()
+    });
+    if ended.is_err() {
+        let _ = waiter.kill();
+        panic!("--wait did not return after its runner exited");
+    }
+    let status = waiter.wait().unwrap();
+    let mut err = String::new();
+    waiter
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    // The runner died without writing an end: the records still say running, left as they are.
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("run 7a11ce55 is still recorded running")
+            && err.contains(&format!("run {seven_two} is still recorded running")),
+        "{err}"
+    );
+}
+
 #[test]
 fn format_version_1_fixtures_read_and_list() {
     let env = TestEnv::new();

@@ -1,16 +1,24 @@
 //! Agents: parsing agent files, choosing among them, and listing them (`docs/agents.md`).
 //!
 //! An agent is a markdown file: YAML frontmatter, then the system prompt; what its fields mean
-//! is [`crate::agent_fields`]. An agent with a `package` is named `PACKAGE.NAME`; `aliases` are
+//! is [`crate::agents::fields`]. An agent with a `package` is named `PACKAGE.NAME`; `aliases` are
 //! other names for it. Where the files come from (directories, their order, settings overlays,
-//! trust) is [`crate::discover`]; everything here is pure: [`parse_agent`]
-//! ([`crate::agent_fields`]) reads one file,
+//! trust) is [`crate::agents::discover`](mod@crate::agents::discover); everything here is pure: [`parse_agent`]
+//! ([`crate::agents::fields`]) reads one file,
 //! [`Catalog::build`] applies precedence, [`Catalog::resolve`] picks the agent a name means (or
 //! refuses with the closest names, the broken file and its line, or both colliding files), and
 //! [`Catalog::listing`] is what `--list-agents` prints. Only spawn needs any of this: the
 //! runner gets the resolved agent in the launch spec ([`cohort_common::format::spec::AgentSpec`]).
 
-pub use crate::discover::{discover, markdown_files, project_root, read_text};
+pub mod discover;
+pub mod extensions;
+pub mod fields;
+pub mod governance;
+pub mod handoff;
+pub mod settings;
+pub mod supervision;
+
+pub use crate::agents::discover::{discover, markdown_files, project_root, read_text};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -20,21 +28,21 @@ use cohort_common::format::record::AgentScope;
 use cohort_common::format::spec::{AgentSpec, TaskSpec};
 use serde::Serialize;
 
-pub use crate::agent_fields::{parse_agent, AgentDef};
+pub use crate::agents::fields::{parse_agent, AgentDef};
 use crate::frontmatter;
 
 /// The builtin agents, as (file name, text): `cohort-spawn/agents/*.md`, compiled in.
 pub const BUILTINS: [(&str, &str); 8] = [
-    ("scout.md", include_str!("../agents/scout.md")),
-    ("planner.md", include_str!("../agents/planner.md")),
-    ("worker.md", include_str!("../agents/worker.md")),
-    ("reviewer.md", include_str!("../agents/reviewer.md")),
-    ("oracle.md", include_str!("../agents/oracle.md")),
-    ("delegate.md", include_str!("../agents/delegate.md")),
-    ("researcher.md", include_str!("../agents/researcher.md")),
+    ("scout.md", include_str!("../../agents/scout.md")),
+    ("planner.md", include_str!("../../agents/planner.md")),
+    ("worker.md", include_str!("../../agents/worker.md")),
+    ("reviewer.md", include_str!("../../agents/reviewer.md")),
+    ("oracle.md", include_str!("../../agents/oracle.md")),
+    ("delegate.md", include_str!("../../agents/delegate.md")),
+    ("researcher.md", include_str!("../../agents/researcher.md")),
     (
         "context-builder.md",
-        include_str!("../agents/context-builder.md"),
+        include_str!("../../agents/context-builder.md"),
     ),
 ];
 
@@ -157,7 +165,7 @@ impl Catalog {
                     let package = doc
                         .as_ref()
                         .and_then(|d| d.string("package").ok().flatten())
-                        .and_then(|p| crate::agent_fields::normalise_package(&p));
+                        .and_then(|p| crate::agents::fields::normalise_package(&p));
                     let name = match package {
                         Some(p) => format!("{p}.{local}"),
                         None => local,
@@ -386,8 +394,25 @@ pub fn closest_names(name: &str, known: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// The hint for a name `name` no one knows (pure): ` (did you mean `a` or `b`?)` over the
+/// [`closest_names`] in `known`, each shown with `prefix` (`subagents.` for a settings key);
+/// empty when none is close.
+pub fn did_you_mean(name: &str, known: &[&str], prefix: &str) -> String {
+    match closest_names(name, known).as_slice() {
+        [] => String::new(),
+        names => format!(
+            " (did you mean {}?)",
+            names
+                .iter()
+                .map(|n| format!("`{prefix}{n}`"))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ),
+    }
+}
+
 /// Give a task the agent it names (pure): its resolved agent `a` (settled for this spawn,
-/// [`crate::agent_fields::settle`]), the agent's name as the label's default (the record's
+/// [`crate::agents::fields::settle`]), the agent's name as the label's default (the record's
 /// `agent`), and the agent's model, thinking and tools where the task (its step, or the
 /// command line) names none, because those win.
 pub fn apply(task: &mut TaskSpec, a: &AgentSpec) {
@@ -407,7 +432,7 @@ pub fn apply(task: &mut TaskSpec, a: &AgentSpec) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discover::MAX_FILE_BYTES;
+    use crate::agents::discover::MAX_FILE_BYTES;
     use std::path::Path;
 
     fn found(scope: AgentScope, rank: u8, path: &str, text: &str) -> Found {

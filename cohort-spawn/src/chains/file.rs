@@ -5,9 +5,9 @@
 //! A step is a task, a static parallel group (`parallel` an array), or a dynamic fan-out
 //! (`expand`, a `parallel` template object and `collect`). Unknown keys are errors, and so are
 //! the upstream keys cohort does not carry out (`acceptance`, `toolBudget`). `count: N` is
-//! expanded here into N members. After parsing, [`crate::chain_check::check`] checks names,
+//! expanded here into N members. After parsing, [`crate::chains::check::check`] checks names,
 //! references and the fan-out's shape; paths, schemas, skills and git are checked later against
-//! the file system ([`crate::chain_resolve`]).
+//! the file system ([`crate::chains::resolve`](mod@crate::chains::resolve)).
 //!
 //! Only spawn reads chain files; the runner reads the launch spec's `chain`
 //! (`cohort_common::format::spec`).
@@ -201,7 +201,7 @@ pub fn parse_json(text: &str, fallback_name: &str) -> std::result::Result<Parsed
         lines,
         ignored: Vec::new(),
     };
-    crate::chain_check::check(&chain.steps)
+    crate::chains::check::check(&chain.steps)
         .map_err(|(step, m)| TextError::at(chain.line_of(step), format!("step {step}: {m}")))?;
     Ok(chain)
 }

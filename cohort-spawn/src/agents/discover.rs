@@ -17,7 +17,7 @@ use cohort_common::error::{Error, Result};
 use cohort_common::format::record::AgentScope;
 use cohort_common::os::files::{self, EntryKind, Hidden};
 
-use crate::agent_settings::{self, AgentSettings};
+use crate::agents::settings::{self as agent_settings, AgentSettings};
 use crate::agents::{parse_agent, Catalog, Found, Problem, BUILTINS};
 use crate::trust;
 
@@ -371,7 +371,22 @@ pub fn overlay(
         .flatten()
         .find_map(|s| s.default_extensions.as_ref().map(|e| (s, e)))
         .filter(|_| !mentions("extensions"));
-    if over.is_empty() && fill.is_none() && thinking.is_none() && extensions.is_none() {
+    // `disableThinking` (the project's when it sets it, else the user's) clears a builtin's
+    // thinking unless an override names `thinking` (pi-subagents' `applyBuiltinOverrides`).
+    let clear_thinking = scope == AgentScope::Builtin
+        && project
+            .and_then(|p| p.disable_thinking)
+            .or(user.disable_thinking)
+            == Some(true)
+        && !over
+            .iter()
+            .any(|s| s.overrides[&name].contains_key("thinking"));
+    if over.is_empty()
+        && fill.is_none()
+        && thinking.is_none()
+        && extensions.is_none()
+        && !(clear_thinking && mentions("thinking"))
+    {
         return Overlaid::Unchanged;
     }
     let defaults: Vec<&AgentSettings> = [project, Some(user)]
@@ -389,6 +404,9 @@ pub fn overlay(
     }
     if let Some(t) = thinking {
         fields.insert("thinking".into(), t.into());
+    }
+    if clear_thinking {
+        fields.remove("thinking");
     }
     if let Some((from, list)) = extensions {
         let base = from.file.parent().unwrap_or(Path::new("/"));
@@ -453,10 +471,52 @@ fn frontmatter_name(doc: &crate::frontmatter::Document) -> Option<String> {
     match doc.string("package").ok()? {
         Some(p) => Some(format!(
             "{}.{local}",
-            crate::agent_fields::normalise_package(&p)?
+            crate::agents::fields::normalise_package(&p)?
         )),
         None => Some(local),
     }
+}
+
+/// The user's `settings.json` under `profile` and the project's `.pi/settings.json` of the
+/// nearest project level of `cwd`, when it passes the trust check, as agent discovery reads
+/// them (I/O). An untrusted project file is left out with a warning on stderr. Errors: as
+/// [`discover`]'s for settings.
+pub fn settings_files(
+    profile: &Path,
+    cwd: &Path,
+) -> Result<(AgentSettings, Option<AgentSettings>)> {
+    let mut warn = Warnings::default();
+    let pair = settings_pair(
+        profile,
+        levels_of(cwd).first().map(PathBuf::as_path),
+        &mut warn,
+    );
+    warn.print();
+    pair
+}
+
+fn settings_pair(
+    profile: &Path,
+    nearest: Option<&Path>,
+    warn: &mut Warnings,
+) -> Result<(AgentSettings, Option<AgentSettings>)> {
+    let user = load_settings(&profile.join("settings.json"))?;
+    let project = match nearest {
+        Some(level) => {
+            let file = level.join(".pi").join("settings.json");
+            match trust::check_dir_chain(level, &file) {
+                Ok(()) => Some(load_settings(&file)?),
+                Err(u) => {
+                    if file.exists() {
+                        warn.untrusted(&file, &u);
+                    }
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    Ok((user, project))
 }
 
 /// `settings.json` of `file`, or empty settings naming it when there is none. Errors
@@ -683,22 +743,7 @@ fn discover_with(
     let home = home_dir();
     let levels = levels_of(cwd);
     let nearest = levels.first().cloned();
-    let user = load_settings(&profile.join("settings.json"))?;
-    let project = match &nearest {
-        Some(level) => {
-            let file = level.join(".pi").join("settings.json");
-            match trust::check_dir_chain(level, &file) {
-                Ok(()) => Some(load_settings(&file)?),
-                Err(u) => {
-                    if file.exists() {
-                        warn.untrusted(&file, &u);
-                    }
-                    None
-                }
-            }
-        }
-        None => None,
-    };
+    let (user, project) = settings_pair(profile, nearest.as_deref(), warn)?;
     let provider = provider
         .map(str::to_string)
         .or_else(|| project.as_ref().and_then(|p| p.pi_default_provider.clone()))
@@ -1225,6 +1270,56 @@ mod tests {
             paths(&["/a", "/h/b", "/cwd/rel"])
         );
         assert!(extra_dirs("", None, Path::new("/")).is_empty());
+    }
+
+    #[test]
+    fn disable_thinking_clears_a_builtins_thinking_unless_an_override_names_it() {
+        let user = settings(
+            "/u/settings.json",
+            r#"{"subagents": {"disableThinking": true, "agentOverrides": {"keep": {"thinking": "low"}}}}"#,
+        );
+        let thinking_of = |text: &str, scope, project: Option<&AgentSettings>| match overlay(
+            text, scope, None, &user, project,
+        ) {
+            Overlaid::Changed(t) => {
+                parse_agent(&t, scope, Some(Path::new("/a.md")))
+                    .unwrap()
+                    .spec
+                    .thinking
+            }
+            Overlaid::Unchanged => {
+                parse_agent(text, scope, Some(Path::new("/a.md")))
+                    .unwrap()
+                    .spec
+                    .thinking
+            }
+            other => panic!("{other:?}"),
+        };
+        let builtin = "---\nname: scout\nthinking: high\n---\n";
+        assert_eq!(thinking_of(builtin, AgentScope::Builtin, None), None);
+        assert_eq!(
+            thinking_of(
+                "---\nname: keep\nthinking: high\n---\n",
+                AgentScope::Builtin,
+                None
+            )
+            .as_deref(),
+            Some("low")
+        );
+        // Only builtins: a user's agent keeps its own.
+        assert_eq!(
+            thinking_of(builtin, AgentScope::User, None).as_deref(),
+            Some("high")
+        );
+        // The project's `false` wins over the user's `true`.
+        let proj = settings(
+            "/p/.pi/settings.json",
+            r#"{"subagents": {"disableThinking": false}}"#,
+        );
+        assert_eq!(
+            thinking_of(builtin, AgentScope::Builtin, Some(&proj)).as_deref(),
+            Some("high")
+        );
     }
 
     #[test]

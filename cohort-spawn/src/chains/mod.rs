@@ -2,7 +2,7 @@
 //! runs by name (`docs/agents.md`, "Saved chains"; `docs/chain.md`).
 //!
 //! They live in `$PI_CODING_AGENT_DIR/chains/` (user) and the project's `.pi/chains/`
-//! (project, which wins). A `.chain.json` is a chain file ([`crate::chain_file`]). A `.chain.md`
+//! (project, which wins). A `.chain.json` is a chain file ([`crate::chains::file`]). A `.chain.md`
 //! has frontmatter `name`, `description` and optionally `package` (the chain is then run as
 //! `PACKAGE.NAME`), then one `## AGENT` section per step: `key: value` config lines right under
 //! the heading (keys as upstream, matched without regard to case: [`MD_STEP_KEYS`]), a blank
@@ -10,7 +10,11 @@
 //! `failFast`) holds the members of a parallel group as `### AGENT` sections. An empty task is
 //! `{task}` in the first step and `{previous}` after it, as in pi-subagents' chains.
 //!
-//! [`parse_chain_md`] and [`resolve`] are pure; [`discover`] reads the directories.
+//! [`parse_chain_md`] and [`resolve()`] are pure; [`discover`] reads the directories.
+
+pub mod check;
+pub mod file;
+pub mod resolve;
 
 use std::path::{Path, PathBuf};
 
@@ -20,8 +24,8 @@ use cohort_common::format::spec::{ChainStep, OutputMode, ParallelSpec, Setting, 
 use serde::Serialize;
 
 use crate::agents::{self, markdown_files, read_text};
-pub use crate::chain_file::ParsedChain;
-use crate::chain_file::REFUSED_KEYS;
+pub use crate::chains::file::ParsedChain;
+use crate::chains::file::REFUSED_KEYS;
 use crate::frontmatter::{self, split_list, TextError};
 
 /// Step config keys of pi-subagents' `.chain.md` files that cohort accepts and ignores.
@@ -59,7 +63,7 @@ pub type ChainMd = ParsedChain;
 /// Parse a `.chain.md` file's text (pure). Errors carry the line: broken frontmatter, a missing
 /// `name`, a bad `package`, no steps, an unknown or refused step key, a bad value, text
 /// directly under `## parallel`, an empty group, two members with one label, and what
-/// [`crate::chain_check::check`] refuses (on the step's heading line).
+/// [`crate::chains::check::check`] refuses (on the step's heading line).
 pub fn parse_chain_md(text: &str) -> std::result::Result<ChainMd, TextError> {
     let doc = frontmatter::split(text)?;
     let name = doc
@@ -70,7 +74,7 @@ pub fn parse_chain_md(text: &str) -> std::result::Result<ChainMd, TextError> {
     let description = doc.string("description")?.map(|d| d.trim().to_string());
     let package = doc.string("package")?.map(|p| p.trim().to_string());
     if let Some(p) = &package {
-        crate::chain_file::check_package(p)
+        crate::chains::file::check_package(p)
             .map_err(|m| TextError::at(doc.line_of("package"), m))?;
     }
     let lines: Vec<(usize, &str)> = doc
@@ -108,8 +112,8 @@ pub fn parse_chain_md(text: &str) -> std::result::Result<ChainMd, TextError> {
         } else {
             let (t, count) = parse_step(line, title, body, index, &mut ignored)?;
             if count > 1 {
-                let parallel = crate::chain_file::copies(t, count);
-                if let Some(dup) = crate::chain_file::duplicate_label(&parallel) {
+                let parallel = crate::chains::file::copies(t, count);
+                if let Some(dup) = crate::chains::file::duplicate_label(&parallel) {
                     return Err(TextError::at(
                         line,
                         format!("two copies are labelled {dup:?}"),
@@ -132,7 +136,7 @@ pub fn parse_chain_md(text: &str) -> std::result::Result<ChainMd, TextError> {
         lines: step_lines,
         ignored,
     };
-    crate::chain_check::check(&chain.steps)
+    crate::chains::check::check(&chain.steps)
         .map_err(|(step, m)| TextError::at(chain.line_of(step), format!("step {step}: {m}")))?;
     Ok(chain)
 }
@@ -354,10 +358,10 @@ fn parse_group(
         let end = members_at.get(k + 1).copied().unwrap_or(body.len());
         let title = heading(body[s].1, 3).unwrap_or("");
         let (t, count) = parse_step(body[s].0, title, &body[s + 1..end], chain_index, ignored)?;
-        parallel.extend(crate::chain_file::copies(t, count));
+        parallel.extend(crate::chains::file::copies(t, count));
     }
-    crate::chain_file::number_unlabelled(&mut parallel);
-    if let Some(dup) = crate::chain_file::duplicate_label(&parallel) {
+    crate::chains::file::number_unlabelled(&mut parallel);
+    if let Some(dup) = crate::chains::file::duplicate_label(&parallel) {
         return Err(TextError::at(
             line,
             format!(
@@ -399,14 +403,14 @@ pub fn file_stem(path: &Path) -> String {
 }
 
 /// Parse a chain file's text by its kind (pure): `.chain.md` with [`parse_chain_md`], anything
-/// else as JSON ([`crate::chain_file::parse_json`], named by its file name when it has no
+/// else as JSON ([`crate::chains::file::parse_json`], named by its file name when it has no
 /// `name`). Errors are one line, `PATH:LINE: what is wrong`.
 pub fn parse_file(path: &Path, text: &str) -> std::result::Result<ChainMd, String> {
     let shown = path.display();
     let parsed = if path.to_string_lossy().ends_with(".md") {
         parse_chain_md(text)
     } else {
-        crate::chain_file::parse_json(text, &file_stem(path))
+        crate::chains::file::parse_json(text, &file_stem(path))
     };
     parsed.map_err(|e| format!("{shown}:{}: {}", e.line, e.message))
 }
@@ -490,7 +494,7 @@ pub fn resolve<'a>(found: &'a [SavedChain], name: &str) -> Result<&'a ChainMd> {
         .map_err(|e| Error::Usage(format!("chain {name:?} cannot be used: {e}")))
 }
 
-/// The saved chain file `name` means (pure), as [`resolve`], whether or not it parses.
+/// The saved chain file `name` means (pure), as [`resolve()`], whether or not it parses.
 pub fn resolve_saved<'a>(found: &'a [SavedChain], name: &str) -> Result<&'a SavedChain> {
     let top = found
         .iter()
@@ -556,7 +560,7 @@ pub fn step_count(steps: &[ChainStep]) -> usize {
     cohort_common::format::spec::flatten(steps).0.len() + fan_outs
 }
 
-/// What `--list-chains` shows (pure): each name once, as [`resolve`] sees it, sorted.
+/// What `--list-chains` shows (pure): each name once, as [`resolve()`] sees it, sorted.
 pub fn listing(found: &[SavedChain]) -> Vec<ChainRow> {
     let mut names: Vec<&str> = found.iter().map(|c| c.name.as_str()).collect();
     names.sort();
@@ -890,13 +894,13 @@ outputSchema: schemas/s.json\nskills: lint, fmt\ncwd: sub\ncount: 2\nlabel: w\n\
     #[test]
     fn a_fan_out_step_counts_once() {
         let json = r#"{"steps":[{"task":"a","as":"l","outputSchema":{}},{"expand":{"from":{"output":"l"}},"parallel":{"agent":"r","task":"x"},"collect":{"as":"c"}},{"parallel":[{"task":"p"},{"task":"q"}]},{"task":"z"}]}"#;
-        let steps = crate::chain_file::parse_chain(json).unwrap();
+        let steps = crate::chains::file::parse_chain(json).unwrap();
         assert_eq!(step_count(&steps), 5);
     }
 
     /// The first ```markdown block after `after` in `docs/agents.md`.
     pub(crate) fn doc_example(after: &str) -> String {
-        let doc = include_str!("../../docs/agents.md");
+        let doc = include_str!("../../../docs/agents.md");
         let rest = &doc[doc.find(after).expect("the marker")..];
         let start = rest.find("```markdown\n").expect("a markdown block") + 12;
         let len = rest[start..].find("\n```\n").expect("its end");

@@ -1,8 +1,11 @@
-//! The `subagents` keys of Pi's `settings.json` that shape agents, read the way pi-subagents
-//! reads them (`docs/agents.md`, "Settings"): `agentScanDirs`, `agentOverrides`,
-//! `agentOverridesByProvider`, `disableBuiltins`, `defaultModel`, `defaultThinking`,
-//! `defaultExtensions`, and the top-level `packages` list (where installed Pi packages that
-//! may declare agents live) and `defaultProvider` (Pi's own default provider).
+//! The `subagents` keys of Pi's `settings.json` that shape agents and govern runs, read the
+//! way pi-subagents reads them (`docs/agents.md`, "Settings"): `agentScanDirs`,
+//! `agentOverrides`, `agentOverridesByProvider`, `disableBuiltins`, `defaultModel`,
+//! `defaultThinking`, `defaultExtensions`, `modelScope`, `maxThinking`, `disableThinking`
+//! ([`SETTINGS`]; the others pi-subagents reads are named in a warning, and so is an unknown
+//! key), and the top-level `packages` list (where installed Pi packages that may declare
+//! agents live) and `defaultProvider` (Pi's own default provider). What the governance keys
+//! decide at spawn is [`crate::agents::governance`].
 //!
 //! [`parse`] reads one file's text (pure); [`apply`] lays an agent's overrides over its parsed
 //! frontmatter (pure). An override replaces the frontmatter's value field by field, `false`
@@ -66,6 +69,71 @@ pub const CLEARABLE: [&str; 14] = [
     "toolBudget",
 ];
 
+/// How cohort treats a `subagents` key pi-subagents 0.67 reads from `settings.json`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Setting {
+    /// Honoured with pi-subagents' meaning (`docs/agents.md`, "Settings").
+    Honoured,
+    /// Read by pi-subagents, without effect in cohort: spawn warns, naming why.
+    NoEffect(&'static str),
+}
+
+/// Every `subagents` key pi-subagents 0.67 reads (`src/agents/agents.ts`,
+/// `readSubagentSettings`; watchdog settings, `docs/watchdog.md`), and what cohort does with
+/// it. A key outside this list gets one warning, with the closest names.
+pub const SETTINGS: [(&str, Setting); 13] = [
+    ("agentScanDirs", Setting::Honoured),
+    ("agentOverrides", Setting::Honoured),
+    ("agentOverridesByProvider", Setting::Honoured),
+    ("disableBuiltins", Setting::Honoured),
+    ("defaultModel", Setting::Honoured),
+    ("defaultThinking", Setting::Honoured),
+    ("defaultExtensions", Setting::Honoured),
+    ("modelScope", Setting::Honoured),
+    ("maxThinking", Setting::Honoured),
+    ("disableThinking", Setting::Honoured),
+    (
+        "defaultProvider",
+        Setting::NoEffect("cohort takes a model's provider from `provider/id` only"),
+    ),
+    (
+        "projectRootResolution",
+        Setting::NoEffect("cohort reads the settings of the nearest project level"),
+    ),
+    (
+        "watchdog",
+        Setting::NoEffect("cohort has no watchdog; bound runs with --timeout and the limits"),
+    ),
+];
+
+/// What cohort does with `subagents` key `key` (pure); `None` for a key pi-subagents does not
+/// read.
+pub fn setting(key: &str) -> Option<Setting> {
+    SETTINGS.iter().find(|(k, _)| *k == key).map(|(_, t)| *t)
+}
+
+/// One allow-list of `subagents.modelScope` (pi-subagents' `ModelScopeRule`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScopeRule {
+    /// `enforce`: refuse (or warn of) models outside `allow`.
+    pub enforce: Option<bool>,
+    /// `strict`: with `enforce`, refuse every out-of-scope model, not only the command line's.
+    pub strict: Option<bool>,
+    /// `allow`: glob patterns (`*` only, case-insensitive) over `provider/id`; `inherit` is
+    /// the caller's model. Never empty when present.
+    pub allow: Option<Vec<String>>,
+}
+
+/// `subagents.modelScope`: the global allow-list and one per agent name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelScope {
+    /// The top-level `enforce`, `strict`, `allow`.
+    pub rule: ScopeRule,
+    /// `agents.NAME`: a second list a model of agent NAME must also pass; its `enforce` and
+    /// `strict` default to the top-level ones.
+    pub agents: BTreeMap<String, ScopeRule>,
+}
+
 /// What one `settings.json` says about agents.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct AgentSettings {
@@ -94,6 +162,15 @@ pub struct AgentSettings {
     /// The top-level `defaultProvider` (Pi's own setting): the provider of a top-level
     /// caller's model.
     pub pi_default_provider: Option<String>,
+    /// `subagents.modelScope`, when set.
+    pub model_scope: Option<ModelScope>,
+    /// `subagents.maxThinking`, when set: the most thinking any step may ask for.
+    pub max_thinking: Option<String>,
+    /// `subagents.disableThinking`, when set: `true` clears the builtin agents' thinking.
+    pub disable_thinking: Option<bool>,
+    /// One line each (no `warning:` prefix): a `subagents` key without effect in cohort, or
+    /// unknown (with the closest known names).
+    pub warnings: Vec<String>,
 }
 
 impl AgentSettings {
@@ -153,6 +230,32 @@ pub fn parse(file: &Path, text: &str) -> Result<AgentSettings, String> {
         Some(Json::Object(o)) => o,
         Some(_) => return Err(format!("{at}: `subagents` must be an object")),
     };
+    out.warnings = key_warnings(&at, sub);
+    match sub.get("disableThinking") {
+        None | Some(Json::Null) => {}
+        Some(Json::Bool(b)) => out.disable_thinking = Some(*b),
+        Some(_) => {
+            return Err(format!(
+                "{at}: `subagents.disableThinking` must be true or false"
+            ))
+        }
+    }
+    match sub.get("maxThinking") {
+        None | Some(Json::Null) => {}
+        Some(Json::String(t)) if crate::agents::fields::THINKING_LEVELS.contains(&t.trim()) => {
+            out.max_thinking = Some(t.trim().to_string())
+        }
+        Some(_) => {
+            return Err(format!(
+                "{at}: `subagents.maxThinking` must be one of {}",
+                crate::agents::fields::THINKING_LEVELS.join(", ")
+            ))
+        }
+    }
+    match sub.get("modelScope") {
+        None | Some(Json::Null) => {}
+        Some(v) => out.model_scope = Some(model_scope(&at, v)?),
+    }
     if let Some(v) = sub.get("agentScanDirs") {
         let list = v.as_array().and_then(|a| {
             a.iter()
@@ -235,6 +338,110 @@ pub fn parse(file: &Path, text: &str) -> Result<AgentSettings, String> {
         }
     }
     Ok(out)
+}
+
+/// The warnings for the `subagents` keys of file `at` (pure): each key without effect in
+/// cohort ([`Setting::NoEffect`]), and each key pi-subagents does not read, with the closest
+/// known names ([`crate::agents::did_you_mean`]), in file order.
+fn key_warnings(at: &std::path::Display, sub: &Map<String, Json>) -> Vec<String> {
+    let known: Vec<&str> = SETTINGS.iter().map(|(k, _)| *k).collect();
+    sub.keys()
+        .filter_map(|k| match setting(k) {
+            Some(Setting::Honoured) => None,
+            Some(Setting::NoEffect(why)) => Some(format!(
+                "{at}: `subagents.{k}` has no effect in cohort: {why}"
+            )),
+            None => {
+                let hint = crate::agents::did_you_mean(k, &known, "subagents.");
+                Some(format!(
+                    "{at}: `subagents.{k}` is not a setting pi-subagents or cohort knows, so it has no effect{hint}"
+                ))
+            }
+        })
+        .collect()
+}
+
+/// `subagents.modelScope` of file `at` (pure), checked as pi-subagents checks it
+/// (`src/runs/shared/model-scope.ts`, `parseModelScopeConfig`): an object of `enforce`,
+/// `strict` (booleans), `allow` (a non-empty list of patterns) and `agents` (an object of such
+/// rules by agent name, not nested); `enforce: true` needs at least one `allow` list.
+fn model_scope(at: &std::path::Display, v: &Json) -> Result<ModelScope, String> {
+    let Json::Object(o) = v else {
+        return Err(format!("{at}: `subagents.modelScope` must be an object"));
+    };
+    let mut out = ModelScope {
+        rule: scope_rule(at, "subagents.modelScope", o)?,
+        ..Default::default()
+    };
+    match o.get("agents") {
+        None => {}
+        Some(Json::Object(agents)) => {
+            for (name, r) in agents {
+                let key = format!("subagents.modelScope.agents.{name}");
+                let Json::Object(r) = r else {
+                    return Err(format!("{at}: `{key}` must be an object"));
+                };
+                if r.contains_key("agents") {
+                    return Err(format!("{at}: `{key}.agents`: agent scopes do not nest"));
+                }
+                out.agents
+                    .insert(name.trim().to_string(), scope_rule(at, &key, r)?);
+            }
+        }
+        Some(_) => {
+            return Err(format!(
+                "{at}: `subagents.modelScope.agents` must be an object keyed by agent name"
+            ))
+        }
+    }
+    let any_allow = out.rule.allow.is_some() || out.agents.values().any(|r| r.allow.is_some());
+    if out.rule.enforce == Some(true) && !any_allow {
+        return Err(format!(
+            "{at}: `subagents.modelScope.enforce` is true but there is no `allow` list: list the allowed models or drop `enforce`"
+        ));
+    }
+    Ok(out)
+}
+
+fn scope_rule(
+    at: &std::path::Display,
+    key: &str,
+    o: &Map<String, Json>,
+) -> Result<ScopeRule, String> {
+    let flag = |k: &str| match o.get(k) {
+        None => Ok(None),
+        Some(Json::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(format!("{at}: `{key}.{k}` must be true or false")),
+    };
+    let allow = match o.get("allow") {
+        None => None,
+        Some(Json::Array(items)) => {
+            let list: Vec<String> = items
+                .iter()
+                .map(|i| i.as_str().map(|s| s.trim().to_string()))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| format!("{at}: `{key}.allow` must be a list of model patterns"))?
+                .into_iter()
+                .filter(|s| !s.is_empty())
+                .collect();
+            if list.is_empty() {
+                return Err(format!(
+                    "{at}: `{key}.allow` must name at least one model pattern"
+                ));
+            }
+            Some(list)
+        }
+        Some(_) => {
+            return Err(format!(
+                "{at}: `{key}.allow` must be a list of model patterns"
+            ))
+        }
+    };
+    Ok(ScopeRule {
+        enforce: flag("enforce")?,
+        strict: flag("strict")?,
+        allow,
+    })
 }
 
 /// The override objects of `v`, the value of settings key `key` in file `at` (pure): an object
@@ -433,6 +640,111 @@ mod tests {
                 e.starts_with("/p/settings.json: ") && e.contains(needle),
                 "{text}: {e}"
             );
+        }
+    }
+
+    #[test]
+    fn reads_the_governance_keys_and_warns_of_the_others() {
+        let s = settings(
+            r#"{"subagents": {"maxThinking": "medium", "disableThinking": true,
+                "modelScope": {"enforce": true, "allow": ["fake/*", "inherit"],
+                               "agents": {"worker": {"allow": ["fake/plain"], "strict": true}}},
+                "watchdog": {}, "defaultThinkng": "low", "zzz": 1}}"#,
+        )
+        .unwrap();
+        assert_eq!(s.max_thinking.as_deref(), Some("medium"));
+        assert_eq!(s.disable_thinking, Some(true));
+        let scope = s.model_scope.unwrap();
+        assert_eq!(scope.rule.enforce, Some(true));
+        assert_eq!(
+            scope.rule.allow.as_deref(),
+            Some(&["fake/*".to_string(), "inherit".to_string()][..])
+        );
+        assert_eq!(scope.agents["worker"].strict, Some(true));
+        assert_eq!(s.warnings.len(), 3, "{:?}", s.warnings);
+        assert!(
+            s.warnings[0].contains("`subagents.defaultThinkng` is not a setting")
+                && s.warnings[0].contains("did you mean `subagents.defaultThinking`"),
+            "{:?}",
+            s.warnings
+        );
+        assert!(
+            s.warnings[1].contains("`subagents.watchdog` has no effect in cohort"),
+            "{:?}",
+            s.warnings
+        );
+        assert!(
+            s.warnings[2].contains("`subagents.zzz`") && !s.warnings[2].contains("did you mean"),
+            "{:?}",
+            s.warnings
+        );
+        for (text, needle) in [
+            (
+                r#"{"subagents": {"maxThinking": "huge"}}"#,
+                "maxThinking` must be one of",
+            ),
+            (
+                r#"{"subagents": {"disableThinking": "yes"}}"#,
+                "disableThinking",
+            ),
+            (
+                r#"{"subagents": {"modelScope": {"enforce": true}}}"#,
+                "no `allow` list",
+            ),
+            (
+                r#"{"subagents": {"modelScope": {"allow": []}}}"#,
+                "at least one",
+            ),
+            (
+                r#"{"subagents": {"modelScope": {"strict": 1}}}"#,
+                "modelScope.strict",
+            ),
+            (
+                r#"{"subagents": {"modelScope": {"agents": {"w": {"agents": {}}}}}}"#,
+                "do not nest",
+            ),
+        ] {
+            let e = settings(text).unwrap_err();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
+    }
+
+    /// The keys of docs/agents.md's "Settings" table, each row's first cell up to its first
+    /// `.`, and whether its text says "no effect".
+    fn table_rows() -> Vec<(String, bool)> {
+        let doc = include_str!("../../../docs/agents.md");
+        let section = doc
+            .split("### Settings")
+            .nth(1)
+            .expect("the Settings section");
+        section
+            .lines()
+            .skip_while(|l| !l.starts_with("| key |"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| {
+                let mut cells = l.split('|').skip(1);
+                let key = cells.next().unwrap().trim().trim_matches('`');
+                let key = key.split('.').next().unwrap().to_string();
+                (
+                    key,
+                    cells.next().unwrap().trim_start().starts_with("no effect"),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_settings_table_names_exactly_the_keys_the_parser_knows() {
+        let rows = table_rows();
+        let keys: Vec<&str> = rows.iter().map(|(k, _)| k.as_str()).collect();
+        let known: Vec<&str> = SETTINGS.iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            keys, known,
+            "docs/agents.md's Settings table and SETTINGS, in one order"
+        );
+        for ((key, no_effect), (_, t)) in rows.iter().zip(SETTINGS) {
+            assert_eq!(*no_effect, matches!(t, Setting::NoEffect(_)), "{key}");
         }
     }
 

@@ -25,6 +25,11 @@ use serde_yaml_ng::Value;
 
 use crate::frontmatter::{self, Document, TextError};
 
+/// The tools cohort itself gives a child that declares them (`contact_supervisor`,
+/// `intercom`), answered by the run's supervisor (`docs/usage.md`, "Talking to a run"): no
+/// extension is needed for them.
+pub use cohort_common::format::control::SUPERVISOR_TOOLS;
+
 /// Pi's built-in tools (both generations; Pi 1.6's Windows-only `powershell` aside).
 pub const PI_TOOLS: [&str; 7] = ["read", "bash", "edit", "write", "grep", "find", "ls"];
 
@@ -211,8 +216,13 @@ pub fn parse_agent(
         None => doc.list("skills")?.unwrap_or_default(),
     };
     let skills = paths(&doc, "skillPath", base)?;
-    let extensions = Some(paths(&doc, "extensions", base)?).filter(|e| !e.is_empty());
-    let loads_extensions = !doc.list("extensions")?.unwrap_or_default().is_empty()
+    // Absent `extensions`: the profile's own extensions, found at spawn ([`settle`]); `[]`
+    // (or an empty value): none; a list: exactly those.
+    let extensions = match doc.fields.get("extensions") {
+        None => None,
+        Some(_) => Some(paths(&doc, "extensions", base)?),
+    };
+    let loads_extensions = extensions.as_ref().is_none_or(|e| !e.is_empty())
         || !doc
             .list("subagentOnlyExtensions")?
             .unwrap_or_default()
@@ -221,11 +231,11 @@ pub fn parse_agent(
     let extension_tools = tools
         .iter()
         .flatten()
-        .filter(|t| !PI_TOOLS.contains(&t.as_str()))
+        .filter(|t| !PI_TOOLS.contains(&t.as_str()) && !SUPERVISOR_TOOLS.contains(&t.as_str()))
         .cloned()
         .collect();
-    let supervision = crate::supervision::parse(&doc)?;
-    let handoff = crate::agent_handoff::parse(&doc)?;
+    let supervision = crate::agents::supervision::parse(&doc)?;
+    let handoff = crate::agents::handoff::parse(&doc)?;
     Ok(AgentDef {
         spec: AgentSpec {
             name,
@@ -408,14 +418,34 @@ fn resolve_tools(doc: &Document, extensions: bool) -> Result<Option<Vec<String>>
 
 /// The names list field `key` holds (comma-separated text or a YAML list; empty or null: none),
 /// each checked by [`check_tool_name`], repeats dropped.
+///
+/// When the agent loads no extension, every name that would need one is named in the one
+/// error, each with what provides it upstream ([`cohort_common::tools::described`]).
 fn checked_tools(doc: &Document, key: &str, extensions: bool) -> Result<Vec<String>, TextError> {
     let mut out: Vec<String> = Vec::new();
+    let mut need: Vec<String> = Vec::new();
     for name in doc.list(key)?.unwrap_or_default() {
-        check_tool_name(&name, extensions)
-            .map_err(|m| TextError::at(doc.line_of(key), format!("`{key}`: {m}")))?;
+        match check_tool_name(&name, extensions) {
+            Ok(()) => {}
+            Err(_) if !extensions && check_tool_name(&name, true).is_ok() => {
+                need.push(cohort_common::tools::described(&name));
+            }
+            Err(m) => return Err(TextError::at(doc.line_of(key), format!("`{key}`: {m}"))),
+        }
         if !out.contains(&name) {
             out.push(name);
         }
+    }
+    if !need.is_empty() {
+        return Err(TextError::at(
+            doc.line_of(key),
+            format!(
+                "`{key}`: {} {} not one of Pi's built-in tools ({}), and the agent loads no extension (`extensions: []`); {NEEDS_EXTENSION}",
+                need.join(", "),
+                if need.len() == 1 { "is" } else { "are" },
+                PI_TOOLS.join(", ")
+            ),
+        ));
     }
     Ok(out)
 }
@@ -427,7 +457,7 @@ fn checked_tools(doc: &Document, key: &str, extensions: bool) -> Result<Vec<Stri
 /// the extension may register, checked when the child starts
 /// (`cohort-runner/src/tool_check.rs`).
 pub fn check_tool_name(name: &str, extensions: bool) -> Result<(), String> {
-    if PI_TOOLS.contains(&name) {
+    if PI_TOOLS.contains(&name) || SUPERVISOR_TOOLS.contains(&name) {
         return Ok(());
     }
     let known = PI_TOOLS.join(", ");
@@ -464,7 +494,42 @@ pub fn check_tool_name(name: &str, extensions: bool) -> Result<(), String> {
         ));
     }
     Err(format!(
-        "{name:?} is not one of Pi's built-in tools ({known}); a tool an extension provides needs the extension listed under `extensions`"
+        "{name:?} is not one of Pi's built-in tools ({known}); {}",
+        NEEDS_EXTENSION
+    ))
+}
+
+/// The end of [`check_tool_name`]'s refusal of an extension tool for an agent that loads no
+/// extension.
+const NEEDS_EXTENSION: &str = "a tool an extension provides needs an extension: leave out `extensions` (the profile's extensions) or list the one that provides it under `extensions`";
+
+/// Refuse the step's extension tools when no extension could provide them (pure): the
+/// step's tool list `tools` (the agent's, or the command line's that replaced it) names
+/// tools of the settled agent `spec`'s `extension_tools`, and the agent loads no extension at
+/// all, because it has no `extensions` field and the profile has none (`extensions: []` is
+/// refused when the file is read). Every such tool is named, with what provides it upstream.
+pub fn check_provided(spec: &AgentSpec, tools: Option<&[String]>) -> Result<(), String> {
+    let loads =
+        spec.extensions.as_ref().is_none_or(|e| !e.is_empty()) || !spec.extra_extensions.is_empty();
+    let needed: Vec<String> = tools
+        .unwrap_or_default()
+        .iter()
+        .filter(|t| spec.extension_tools.contains(t))
+        .map(|t| cohort_common::tools::described(t))
+        .collect();
+    if loads || needed.is_empty() {
+        return Ok(());
+    }
+    let file = match &spec.path {
+        Some(p) => p.display().to_string(),
+        None => format!("builtin agent {}", spec.name),
+    };
+    Err(format!(
+        "{file}: `tools`: {} {} not one of Pi's built-in tools ({}), and no extension provides {}: the agent has no `extensions` field and the profile has no extension (none in its extensions/ directory, settings or packages): install the extension in the profile or list it under `extensions`",
+        needed.join(", "),
+        if needed.len() == 1 { "is" } else { "are" },
+        PI_TOOLS.join(", "),
+        if needed.len() == 1 { "it" } else { "them" },
     ))
 }
 
@@ -486,11 +551,16 @@ pub trait Caller {
     fn fork_source(&self) -> Result<Option<PathBuf>, String>;
     /// Tell the user `line` (one line on stderr): a field that fell back to its default.
     fn note(&self, line: &str);
+    /// The extensions Pi itself would load for the run's profile and working directory, less
+    /// the subagent extensions and untrusted files ([`crate::agents::extensions::resolve`]): what an
+    /// agent without `extensions` loads. What was left out is told once, however many agents
+    /// ask.
+    fn profile_extensions(&self) -> Vec<PathBuf>;
 }
 
 /// The warnings spawn prints for agent `def` (pure), one line each: every frontmatter key
 /// neither upstream documents, in file order, with the closest known field names
-/// ([`crate::agents::closest_names`] over [`FIELDS`]), e.g. `thinkng` → `thinking`; then a
+/// ([`crate::agents::did_you_mean`] over [`FIELDS`]), e.g. `thinkng` → `thinking`; then a
 /// field with no effect where it stands: `inheritGlobalContext: true` without
 /// `inheritProjectContext: true` (pi-subagents 0.67 launches such a child with
 /// `noContextFiles`, `src/runs/shared/child-launch.ts`, so no context file reaches it). Warnings,
@@ -504,18 +574,7 @@ pub fn field_warnings(def: &AgentDef) -> Vec<String> {
     def.ignored
         .iter()
         .map(|key| {
-            let near = crate::agents::closest_names(key, &known);
-            let hint = match near.as_slice() {
-                [] => String::new(),
-                names => format!(
-                    " (did you mean {}?)",
-                    names
-                        .iter()
-                        .map(|n| format!("`{n}`"))
-                        .collect::<Vec<_>>()
-                        .join(" or ")
-                ),
-            };
+            let hint = crate::agents::did_you_mean(key, &known, "");
             format!("{file}: `{key}` is not an agent field cohort or the upstreams know, so it has no effect{hint}")
         })
         .chain(
@@ -561,6 +620,9 @@ pub fn settle(def: &AgentDef, caller: &dyn Caller) -> Result<AgentSpec, String> 
                 ))
             }
         }
+    }
+    if spec.extensions.is_none() {
+        spec.extensions = Some(caller.profile_extensions());
     }
     for name in &def.skill_names {
         let found = caller.skill_file(name).ok_or_else(|| {
@@ -611,12 +673,16 @@ pub struct Machine<'a> {
     pub major: std::cell::OnceCell<Option<u64>>,
     /// The `--session FILE` given to spawn for a single task, absolute.
     pub session: Option<&'a Path>,
+    /// The run's working directory, whose `.pi/` Pi reads extensions and settings from.
+    pub cwd: &'a Path,
+    /// The profile's extensions, once asked for.
+    pub extensions: std::cell::OnceCell<Vec<PathBuf>>,
 }
 
 impl Machine<'_> {
     /// The provider of a nested run's caller: of the model its parent step recorded (`None`
     /// for a top-level run, or when the parent step has none yet). It selects the settings'
-    /// `agentOverridesByProvider` ([`crate::discover::discover_as`]).
+    /// `agentOverridesByProvider` ([`crate::agents::discover::discover_as`]).
     pub fn caller_provider(&self) -> Option<String> {
         let (root, place) = self.nested?;
         let model = parent_step_model(root, place).ok()?;
@@ -666,6 +732,22 @@ impl Caller for Machine<'_> {
 
     fn note(&self, line: &str) {
         eprintln!("cohort-spawn: note: {line}");
+    }
+
+    fn profile_extensions(&self) -> Vec<PathBuf> {
+        self.extensions
+            .get_or_init(|| {
+                let home = std::env::var_os("HOME")
+                    .filter(|h| !h.is_empty())
+                    .map(PathBuf::from);
+                let found =
+                    crate::agents::extensions::resolve(self.profile, self.cwd, home.as_deref());
+                for w in &found.warnings {
+                    eprintln!("cohort-spawn: warning: {w}");
+                }
+                found.load
+            })
+            .clone()
     }
 }
 
@@ -813,15 +895,6 @@ mod tests {
             ("tools: read bash\n", "separate tool names with commas"),
             ("tools: Read, Bash\n", "write `read`"),
             ("tools: read, mcp:github\n", "MCP"),
-            (
-                "tools: read, fetch\n",
-                "read, bash, edit, write, grep, find, ls",
-            ),
-            ("tools: web_search\n", "listed under `extensions`"),
-            (
-                "tools: contact_supervisor\n",
-                "not one of Pi's built-in tools",
-            ),
             ("tools: ./ext/tool.ts\n", "under `extensions`"),
             ("excludeTools: Bash\n", "write `bash`"),
         ] {
@@ -832,6 +905,18 @@ mod tests {
     }
 
     #[test]
+    fn the_supervisor_tools_need_no_extension_and_are_not_checked_as_one() {
+        for t in ["contact_supervisor", "intercom"] {
+            // Even for an agent that loads no extension.
+            let d = parse(&fm(&format!("extensions: []\ntools: read, {t}\n"))).unwrap();
+            assert_eq!(d.spec.tools, Some(vec!["read".into(), t.to_string()]));
+            assert!(d.spec.extension_tools.is_empty(), "{t}");
+        }
+        assert!(check_tool_name("intercom", false).is_ok());
+        assert!(check_tool_name("Intercom", false).is_err());
+    }
+
+    #[test]
     fn an_agent_that_loads_an_extension_may_name_the_tools_it_registers() {
         let d = parse(&fm(
             "extensions: ./web.ts\ntools: read, web_search, fetch_content\nexcludeTools: fetch_content\n",
@@ -839,8 +924,11 @@ mod tests {
         .unwrap();
         assert_eq!(d.spec.tools, Some(vec!["read".into(), "web_search".into()]));
         assert_eq!(d.spec.extension_tools, ["web_search"]);
-        let d = parse(&fm("subagentOnlyExtensions: ./x.ts\ntools: intercom\n")).unwrap();
-        assert_eq!(d.spec.extension_tools, ["intercom"]);
+        let d = parse(&fm("subagentOnlyExtensions: ./x.ts\ntools: notes.search\n")).unwrap();
+        assert_eq!(d.spec.extension_tools, ["notes.search"]);
+        // Without `extensions` the agent loads the profile's, which may provide any name.
+        let d = parse(&fm("tools: read, fetch\n")).unwrap();
+        assert_eq!(d.spec.extension_tools, ["fetch"]);
         assert!(parse(&fm("tools: read, grep\n"))
             .unwrap()
             .spec
@@ -854,7 +942,11 @@ mod tests {
             ("extensions: ./web.ts\ntools: \"a;b\"\n", "not a tool name"),
             (
                 "extensions: []\ntools: web_search\n",
-                "listed under `extensions`",
+                "list the one that provides it under `extensions`",
+            ),
+            (
+                "extensions: []\ntools: read, fetch\n",
+                "read, bash, edit, write, grep, find, ls",
             ),
         ] {
             let e = refusal(fields);
@@ -950,10 +1042,15 @@ mod tests {
             vec![PathBuf::from("/u/agents/../c.js")]
         );
         assert_eq!(d.spec.skills, vec![PathBuf::from("/u/agents/skills/s")]);
-        assert_eq!(
-            parse(&fm("extensions: []\n")).unwrap().spec.extensions,
-            None
-        );
+        // `[]` and an empty value: none; absent: the profile's, found when settled.
+        for none in ["extensions: []\n", "extensions:\n"] {
+            assert_eq!(
+                parse(&fm(none)).unwrap().spec.extensions,
+                Some(vec![]),
+                "{none}"
+            );
+        }
+        assert_eq!(parse(&fm("")).unwrap().spec.extensions, None);
         let e = parse_agent(&fm("extensions: ./x.ts\n"), AgentScope::Builtin, None).unwrap_err();
         assert!(e.message.contains("absolute"), "{e:?}");
     }
@@ -993,6 +1090,64 @@ mod tests {
         fn note(&self, line: &str) {
             self.notes.borrow_mut().push(line.to_string());
         }
+        fn profile_extensions(&self) -> Vec<PathBuf> {
+            vec![PathBuf::from("/prof/extensions/web.ts")]
+        }
+    }
+
+    #[test]
+    fn absent_extensions_are_the_profiles_and_an_empty_list_is_none() {
+        let fake = caller(Ok("p/m".into()), Some(1));
+        let settled = |fields: &str| settle(&parse(&fm(fields)).unwrap(), &fake).unwrap();
+        let web = settled("tools: read, web_search\n");
+        assert_eq!(
+            web.extensions,
+            Some(vec![PathBuf::from("/prof/extensions/web.ts")])
+        );
+        assert_eq!(web.extension_tools, ["web_search"]);
+        assert_eq!(settled("extensions: []\n").extensions, Some(vec![]));
+        assert_eq!(
+            settled("extensions: /abs/x.ts\n").extensions,
+            Some(vec![PathBuf::from("/abs/x.ts")])
+        );
+    }
+
+    #[test]
+    fn extension_tools_no_extension_could_provide_are_refused_at_once() {
+        let fake = caller(Ok("p/m".into()), Some(1));
+        let mut spec = settle(
+            &parse(&fm("tools: read, web_search, fetch\n")).unwrap(),
+            &fake,
+        )
+        .unwrap();
+        let tools = spec.tools.clone();
+        assert_eq!(
+            check_provided(&spec, tools.as_deref()),
+            Ok(()),
+            "the profile has one"
+        );
+        spec.extensions = Some(vec![]);
+        let e = check_provided(&spec, tools.as_deref()).unwrap_err();
+        assert!(
+            e.starts_with("/u/agents/a.md: `tools`: web_search (from pi-web-access (pi install npm:pi-web-access)), fetch (from pi-essentials")
+                && e.contains("are not one of Pi's built-in tools (read, bash"),
+            "{e}"
+        );
+        // The command line replaced the tools with Pi's own: nothing to provide.
+        assert_eq!(check_provided(&spec, Some(&["read".to_string()])), Ok(()));
+        spec.extra_extensions = vec!["/x.ts".into()];
+        assert_eq!(check_provided(&spec, tools.as_deref()), Ok(()));
+    }
+
+    #[test]
+    fn an_agent_without_extensions_is_refused_every_extension_tool_at_once() {
+        let e = refusal("extensions: []\ntools: read, web_search, fetch, source_check\n");
+        assert!(
+            e.message.contains("web_search (from pi-web-access (pi install npm:pi-web-access)), fetch (from pi-essentials")
+                && e.message.contains("source_check (from pi-web-access")
+                && e.message.contains("are not one of Pi's built-in tools"),
+            "{e:?}"
+        );
     }
 
     #[test]
@@ -1088,7 +1243,7 @@ mod tests {
 
     /// The first-column fields of `docs/agents.md`'s compatibility table.
     fn table_fields() -> Vec<String> {
-        let doc = include_str!("../../docs/agents.md");
+        let doc = include_str!("../../../docs/agents.md");
         let table = doc
             .split("### Compatibility, field by field")
             .nth(1)
@@ -1113,7 +1268,7 @@ mod tests {
             table, known,
             "docs/agents.md's table and FIELDS, in one order"
         );
-        let doc = include_str!("../../docs/agents.md");
+        let doc = include_str!("../../../docs/agents.md");
         for (key, t) in FIELDS {
             let row = doc
                 .lines()

@@ -4,7 +4,7 @@
 //!
 //! Both chain file parsers call [`check`], so `--list-chains` shows the same problems a run
 //! would refuse. What needs the file system (paths, schemas, skills, git) is
-//! [`crate::chain_resolve`].
+//! [`crate::chains::resolve`](mod@crate::chains::resolve).
 
 use std::collections::HashSet;
 
@@ -247,7 +247,7 @@ pub fn file_only_has_a_file(t: &TaskSpec, agent_output: Option<&str>) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chain_file::parse_json;
+    use crate::chains::file::parse_json;
 
     fn err(json: &str) -> String {
         parse_json(json, "f").unwrap_err().message
