@@ -6,8 +6,9 @@
 # `xargs -P 4`, each `cohort-spawn --wait` started as the one before it in its lane returns.
 # Each run is the same `cohort-spawn ... bench` invocation, with `--queue bench --slots 4` or
 # `--wait` added. Wall time is four lanes of RUNS/4 runs each, so the queue's added latency per
-# run is (queued - baseline) * 4 / RUNS, which also counts the baseline's spawn per run (the
-# queued runs' spawns overlap the runs). The latency itself comes from the records: a run's
+# run is (queued - baseline) * 4 / RUNS, which also counts the baseline's spawn per run and,
+# for the queued runs, the serial spawn loop whenever a spawn is slower than a quarter of a run
+# (the queued runs' spawns overlap the runs). The latency itself comes from the records: a run's
 # start-up is from the moment it may start (without a queue: its spawn made it; through the
 # queue: the end of the run whose exit let it in, or its spawn if later) to its step's start,
 # and what the queue adds beyond the waiting itself is the difference of the medians. Target:
@@ -82,7 +83,8 @@ base, queued = t1 - t0, t2 - t1
 wall_added = (queued - base) * slots / n * 1000
 print(f"runs {n} slots {slots}  wall: baseline (xargs -P {slots}, no queue) {base:.2f} s, "
       f"queue of {slots} {queued:.2f} s, ratio {queued / base:.3f}, "
-      f"{wall_added:+.1f} ms per run")
+      f"{wall_added:+.1f} ms per run (the queued runs are spawned one after another, so when a "
+      f"spawn takes longer than a quarter of a run the spawn loop, not the queue, sets this)")
 print(f"start-up, from when a run may start to its step's start: without a queue median "
       f"{med(startup)} ms p95 {p95(startup)} ms; through the queue median {med(handover)} ms "
       f"p95 {p95(handover)} ms")
