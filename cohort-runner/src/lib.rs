@@ -26,6 +26,7 @@
 //! - [`worktree`]: the git worktrees of a `worktree: true` group, made before its members start;
 //! - [`stream`]: reading a Pi child's `--mode json` event stream in bounded memory;
 //! - [`pricing`]: what an assistant message cost (Pi's figure, else `models.json` prices);
+//! - [`budget`]: `--max-cost`: what the run's tree has spent, and whether it passed the budget;
 //! - [`hook`]: the on-exit hook, run once after the terminal record is durable;
 //! - [`sweep`]: finding and ending the processes a step left behind;
 //! - [`session`]: locking the session files a step writes;
@@ -37,6 +38,7 @@
 // disk is full and would take the runner down; log with `process::log`, which never panics.
 #![deny(clippy::print_stderr, clippy::print_stdout)]
 
+pub mod budget;
 pub mod cgroup;
 pub mod chain;
 pub mod cmd;

@@ -13,10 +13,8 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use serde::Deserialize;
-use serde_json::Value;
-
 use cohort_common::format::cost::CostSource;
+pub use cohort_common::format::models_json::{parse_models_json, Prices, Rates, Tier};
 use cohort_common::os::files;
 
 /// A message's token counts as Pi reports them.
@@ -40,43 +38,6 @@ impl Tokens {
     fn any(&self) -> bool {
         self.input + self.output + self.cache_read + self.cache_write + self.total > 0
     }
-}
-
-/// One set of prices: US dollars per million tokens.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Rates {
-    /// Per million input tokens.
-    pub input: f64,
-    /// Per million output tokens.
-    pub output: f64,
-    /// Per million tokens read from the cache.
-    pub cache_read: f64,
-    /// Per million tokens written to the cache.
-    pub cache_write: f64,
-}
-
-/// A pricing tier (Pi 1.x): its rates apply to the whole request when the request's input
-/// (input, cache reads and writes) exceeds `input_tokens_above`.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Tier {
-    /// The threshold, in tokens.
-    pub input_tokens_above: f64,
-    /// The tier's rates.
-    #[serde(flatten)]
-    pub rates: Rates,
-}
-
-/// A model's `cost` in `models.json`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-pub struct Prices {
-    /// The base rates.
-    #[serde(flatten)]
-    pub rates: Rates,
-    /// Tiers by request size (Pi 1.x; none in Pi 0.73).
-    #[serde(default)]
-    pub tiers: Vec<Tier>,
 }
 
 /// The cost of `t` at `p`, in dollars (pure): Pi's `calculateCost`. The highest tier whose
@@ -152,74 +113,6 @@ impl PriceBook {
             .get(&(provider.to_string(), model.to_string()))
             .cloned()
     }
-}
-
-/// The models with prices in a `models.json` text, by (provider, model id) (pure). Pi reads
-/// the file with comments allowed, so `//` and `/* */` comments are skipped; an entry whose
-/// `cost` does not have all four rates is left out, as Pi refuses it.
-pub fn parse_models_json(text: &str) -> HashMap<(String, String), Prices> {
-    let mut out = HashMap::new();
-    let Ok(doc) = serde_json::from_str::<Value>(&strip_comments(text)) else {
-        return out;
-    };
-    let Some(providers) = doc.get("providers").and_then(Value::as_object) else {
-        return out;
-    };
-    for (provider, conf) in providers {
-        for m in conf
-            .get("models")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let (Some(id), Some(cost)) = (m.get("id").and_then(Value::as_str), m.get("cost"))
-            else {
-                continue;
-            };
-            if let Ok(p) = serde_json::from_value::<Prices>(cost.clone()) {
-                out.insert((provider.clone(), id.to_string()), p);
-            }
-        }
-    }
-    out
-}
-
-/// `text` without `//` line comments and `/* */` block comments outside strings (pure).
-fn strip_comments(text: &str) -> String {
-    let b = text.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let (mut i, mut in_string) = (0, false);
-    while i < b.len() {
-        let c = b[i];
-        if in_string {
-            out.push(c);
-            if c == b'\\' && i + 1 < b.len() {
-                out.push(b[i + 1]);
-                i += 1;
-            } else if c == b'"' {
-                in_string = false;
-            }
-        } else if c == b'"' {
-            in_string = true;
-            out.push(c);
-        } else if b[i..].starts_with(b"//") {
-            while i < b.len() && b[i] != b'\n' {
-                i += 1;
-            }
-            continue;
-        } else if b[i..].starts_with(b"/*") {
-            i += 2;
-            while i < b.len() && !b[i..].starts_with(b"*/") {
-                i += 1;
-            }
-            i += 2;
-            continue;
-        } else {
-            out.push(c);
-        }
-        i += 1;
-    }
-    String::from_utf8(out).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -2,257 +2,161 @@
 //! joined queue NAME before it are still alive (GNU parallel's `sem --id NAME -j N`, first in,
 //! first out), without a daemon and without polling.
 //!
-//! A queue is the directory `R/queues/NAME/`. Joining takes `.lock` (exclusive `flock`), numbers
-//! a ticket one past the highest there, creates `<seq>.<runId>` and takes an exclusive `flock`
-//! on it that the runner holds until it exits, so a runner that dies (even by `kill -9`) frees
-//! its place at once. A ticket is alive while its lock is held: a shared try-lock that fails
-//! proves a holder. A waiting runner blocks in the kernel, one thread per earlier live ticket,
-//! on a shared `flock` of that ticket, and counts again whenever one is released, as nq waits
-//! for the jobs before it. The order only shrinks in front of a ticket (new tickets join at the
-//! end), so at most N of the first tickets run, in the order they joined.
+//! The layout, the tickets and who holds a slot are [`cohort_common::store::queue`]'s. Spawn
+//! makes the run's ticket before it prints the id, so the queue's order is the order of the
+//! spawns; the runner finds it ([`take_place`]; a run of `--after` has none yet and joins once
+//! its dependencies have ended). A ticket counts while its run's lock is held, and the runner
+//! holds that lock for its whole life. A waiting runner blocks in the kernel, one thread per
+//! lock it waits for, on a shared `flock` (the nearest waiting run's ticket, else the locks of
+//! the runs before it), and looks again whenever one is released, as nq waits for the jobs
+//! before it ([`wait_turn`]). Its runner holds its own ticket's lock ([`Place`]): while it
+//! waits, the runs behind it block on that, so a run's end wakes the head of the line, not
+//! every waiter; once it holds a slot, until its run has ended.
 
 use std::collections::HashSet;
-use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::fs::File;
+use std::path::PathBuf;
 use std::sync::mpsc;
 
+use cohort_common::error::IoContext;
 use cohort_common::error::{Error, Result};
+use cohort_common::format::layout::StateRoot;
 use cohort_common::format::spec::QueueSpec;
-
-/// Whether a ticket with `earlier_alive` live tickets before it may start in a queue it counts
-/// as `slots` wide (pure).
-pub fn may_start(earlier_alive: usize, slots: u32) -> bool {
-    earlier_alive < slots.max(1) as usize
-}
+use cohort_common::os::files;
+use cohort_common::os::lock::{self, LockKind, RUNNER_LOCK_WAIT};
+use cohort_common::store::queue;
 
 pub use cohort_common::format::spec::{default_queue, DEFAULT_QUEUE};
 
-/// Whether `name` is a valid queue name (pure): 1 to 64 of `[A-Za-z0-9._-]`, not starting with
-/// `.`. Errors: [`Error::Usage`] naming the name.
-pub fn validate_name(name: &str) -> Result<()> {
-    if cohort_common::format::spec::valid_queue_name(name) {
-        Ok(())
-    } else {
-        Err(Error::Usage(format!(
-            "invalid queue name {name:?}: use 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'"
-        )))
-    }
-}
-
-/// The directory of queue `name` under state root directory `root`.
-pub fn queue_dir(root: &Path, name: &str) -> PathBuf {
-    root.join("queues").join(name)
-}
-
-/// A ticket in a queue: its sequence number, path and the held lock (released when dropped,
-/// or by the kernel when the runner dies).
+/// A run's ticket in its queue and the lock its runner holds on it: exclusive while the run
+/// waits (the runs behind it wait for this one, not for the runs before it), shared once it
+/// holds a slot ([`Place::admitted`]). Dropped when the run and its on-exit hook have ended: the
+/// ticket is removed, then the lock let go, which lets the next run in before this runner's
+/// own teardown. A runner that dies loses the lock at once.
 #[derive(Debug)]
-pub struct Ticket {
-    /// The ticket's place in its queue's order.
-    pub seq: u64,
-    /// `R/queues/NAME/<seq>.<runId>`.
-    pub path: PathBuf,
-    _held: File,
+pub struct Place {
+    path: PathBuf,
+    lock: File,
 }
 
-/// A ticket file's sequence number, from its name `<seq>.<runId>` (pure); `None` for any other
-/// name (`.lock`, strays).
-pub fn ticket_seq(file_name: &str) -> Option<u64> {
-    let (seq, run) = file_name.split_once('.')?;
-    if run.is_empty() || seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    seq.parse().ok()
-}
-
-fn flock(f: &File, op: libc::c_int) -> std::io::Result<()> {
-    // SAFETY: flock takes a descriptor this File owns and a flag word; it touches no memory.
-    if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
+impl Place {
+    /// The run holds a slot: hold the ticket shared, so the run behind it stops waiting for it
+    /// and waits for the runs that hold slots instead.
+    ///
+    /// Errors: the lock cannot be changed, naming the ticket.
+    pub fn admitted(&self) -> Result<()> {
+        self.lock.lock_shared().at("lock", &self.path)
     }
 }
 
-fn io(path: &Path, e: std::io::Error) -> Error {
-    Error::Usage(format!("queue {}: {e}", path.display()))
-}
-
-/// Whether the ticket at `path` is held by a live runner: a shared try-lock fails.
-fn alive(path: &Path) -> bool {
-    match File::open(path) {
-        Ok(f) => flock(&f, libc::LOCK_SH | libc::LOCK_NB).is_err(),
-        Err(_) => false,
+impl Drop for Place {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        let _ = self.lock.unlock();
     }
 }
 
-/// The tickets of the queue at `dir`, by sequence number.
-fn tickets(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
-        let entry = entry.map_err(|e| io(dir, e))?;
-        if let Some(seq) = entry.file_name().to_str().and_then(ticket_seq) {
-            out.push((seq, entry.path()));
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-/// Join queue `q` under the state root directory `root` as run `run_id`: make the queue's
-/// directory (never through a symlink), remove dead tickets and create this run's, held.
+/// Make sure run `run_id` (of tree `root_run_id` when nested) has its ticket in queue `q` (the
+/// one spawn made, else a new one at the end of the queue), and hold it as waiting.
 ///
-/// Errors: [`Error::Usage`] naming the path when the directory or a file cannot be made.
-pub fn join(root: &Path, q: &QueueSpec, run_id: &str) -> Result<Ticket> {
-    validate_name(&q.name)?;
-    let dir = queue_dir(root, &q.name);
-    std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
-    for d in [root.join("queues"), dir.clone()] {
-        let meta = std::fs::symlink_metadata(&d).map_err(|e| io(&d, e))?;
-        if !meta.is_dir() {
-            return Err(Error::Usage(format!(
-                "queue {}: not a directory (a symlink is refused)",
-                d.display()
-            )));
-        }
+/// Errors: those of [`queue::list`] and [`queue::join`]; the ticket's lock cannot be taken.
+pub fn take_place(
+    root: &StateRoot,
+    q: &QueueSpec,
+    run_id: &str,
+    root_run_id: Option<&str>,
+) -> Result<Place> {
+    let tickets = queue::list_until(root, &q.name, Some(run_id))?;
+    let path = match queue::find(&tickets, run_id) {
+        Some(i) => tickets[i].path.clone(),
+        None => queue::join(root, q, run_id, root_run_id)?,
+    };
+    let lock = files::open_regular(&path)?;
+    // Readers' probes hold the lock shared for an instant: wait them out.
+    if !lock::lock_within(&lock, LockKind::Exclusive, RUNNER_LOCK_WAIT, &mut || {})
+        .at("lock", &path)?
+    {
+        return Err(Error::LockBusy { path });
     }
-    let lock_path = dir.join(".lock");
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&lock_path)
-        .map_err(|e| io(&lock_path, e))?;
-    flock(&lock, libc::LOCK_EX).map_err(|e| io(&lock_path, e))?;
-    let mut next = 0;
-    for (seq, path) in tickets(&dir)? {
-        next = seq + 1;
-        if !alive(&path) {
-            let _ = std::fs::remove_file(&path);
-        }
-    }
-    let path = dir.join(format!("{next:020}.{run_id}"));
-    let held = OpenOptions::new()
-        .create_new(true)
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(|e| io(&path, e))?;
-    flock(&held, libc::LOCK_EX).map_err(|e| io(&path, e))?;
-    drop(lock);
-    Ok(Ticket {
-        seq: next,
-        path,
-        _held: held,
-    })
+    Ok(Place { path, lock })
 }
 
-/// A ticket's place without its lock: what a waiting thread needs to count those before it.
-#[derive(Clone, Debug)]
-pub struct TicketRef {
-    /// The ticket's sequence number.
-    pub seq: u64,
-    /// The ticket's path.
-    pub path: PathBuf,
-}
-
-/// The live tickets before `ticket` in its queue.
-fn earlier_alive(ticket: &TicketRef) -> Result<Vec<PathBuf>> {
-    let dir = ticket.path.parent().unwrap_or(Path::new("."));
-    Ok(tickets(dir)?
-        .into_iter()
-        .filter(|(seq, path)| *seq < ticket.seq && alive(path))
-        .map(|(_, p)| p)
-        .collect())
-}
-
-/// [`wait_turn`] for a ticket held elsewhere (by the thread that keeps it for the run).
+/// Block until run `run_id` holds a slot in queue `name`: list the tickets; while it does not,
+/// block in `flock` on what can let it in ([`queue::blockers`]: the nearest waiting run before
+/// it, else the runs before it, one thread each) until one is released, and list again. Runs on
+/// a thread of its own so a stop can end the wait; the caller then calls [`Place::admitted`].
 ///
-/// Errors: as [`wait_turn`].
-pub fn wait_turn_ref(ticket: &TicketRef, slots: u32) -> Result<()> {
-    wait_turn_at(ticket, slots)
-}
-
-/// Block until `ticket` may start in a queue of `slots`: count the live tickets before it; while
-/// too many, block (one thread each, in `flock`) until one of them is released, and count again.
-/// Returns once the run may start; runs on a thread of its own so a stop can end the wait.
-///
-/// Errors: the queue's directory cannot be read, or a thread cannot start.
-pub fn wait_turn(ticket: &Ticket, slots: u32) -> Result<()> {
-    wait_turn_at(&ticket.as_ref(), slots)
-}
-
-impl Ticket {
-    /// The ticket's place, without its lock.
-    pub fn as_ref(&self) -> TicketRef {
-        TicketRef {
-            seq: self.seq,
-            path: self.path.clone(),
-        }
-    }
-}
-
-fn wait_turn_at(ticket: &TicketRef, slots: u32) -> Result<()> {
+/// Errors: the queue cannot be read, the run has no ticket there, or a thread cannot start.
+pub fn wait_turn(root: &StateRoot, name: &str, run_id: &str) -> Result<()> {
     let (tx, rx) = mpsc::channel::<()>();
     let mut watched = HashSet::new();
     loop {
-        let earlier = earlier_alive(ticket)?;
-        if may_start(earlier.len(), slots) {
-            return Ok(());
-        }
-        for path in earlier {
-            if !watched.insert(path.clone()) {
+        let tickets = queue::list_until(root, name, Some(run_id))?;
+        let Some(me) = queue::find(&tickets, run_id) else {
+            return Err(Error::State(format!(
+                "run {run_id} has no ticket in queue {name}"
+            )));
+        };
+        let locks: Vec<Until> = match queue::blockers(&queue::states(&tickets), me) {
+            queue::Blockers::Start => return Ok(()),
+            queue::Blockers::Ticket(i) => vec![Until::Shared(tickets[i].path.clone())],
+            queue::Blockers::Runs(runs) => runs
+                .iter()
+                .map(|&i| match tickets[i].running {
+                    true => Until::Exclusive(tickets[i].path.clone()),
+                    false => Until::Shared(tickets[i].run_dir.lock()),
+                })
+                .collect(),
+        };
+        for until in locks {
+            if !watched.insert(until.clone()) {
                 continue;
             }
             let tx = tx.clone();
             std::thread::Builder::new()
                 .spawn(move || {
-                    if let Ok(f) = File::open(&path) {
-                        let _ = flock(&f, libc::LOCK_SH);
-                    }
+                    until.block();
                     let _ = tx.send(());
                 })
                 .map_err(|e| Error::no_thread("wait for a queue slot", e))?;
         }
-        // One earlier ticket was released (or vanished): count again.
+        // One of them was released (or vanished): look again.
         let _ = rx.recv();
+    }
+}
+
+/// A lock a waiting runner blocks on until it is released.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Until {
+    /// Until no one holds it exclusively (a waiting run's ticket; a run's lock).
+    Shared(PathBuf),
+    /// Until no one holds it at all (the ticket of a run that holds a slot).
+    Exclusive(PathBuf),
+}
+
+impl Until {
+    /// Block until the lock is released (at once when the file is gone).
+    fn block(&self) {
+        match self {
+            Until::Shared(p) => {
+                let _ = lock::wait_released(p);
+            }
+            Until::Exclusive(p) => {
+                if let Ok(f) = files::open_regular(p) {
+                    let _ = f.lock();
+                }
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn starts_only_below_its_width() {
-        assert!(may_start(0, 1));
-        assert!(!may_start(1, 1));
-        assert!(may_start(1, 2));
-        assert!(!may_start(2, 2));
-        assert!(may_start(0, 0), "a width of 0 counts as 1");
-        assert!(!may_start(1, 0));
-    }
-
-    #[test]
-    fn names_are_checked() {
-        for ok in ["a", "build-1", "x.y_z", &"n".repeat(64)] {
-            assert!(validate_name(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", ".hidden", "a/b", "..", "sp ace", &"n".repeat(65), "é"] {
-            assert!(validate_name(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn ticket_names_parse() {
-        assert_eq!(ticket_seq("00000000000000000007.abc"), Some(7));
-        assert_eq!(ticket_seq(".lock"), None);
-        assert_eq!(ticket_seq("7."), None);
-        assert_eq!(ticket_seq("x7.abc"), None);
-    }
+    use cohort_common::format::id::RunId;
+    use cohort_common::os::files;
+    use cohort_common::os::lock::RunLock;
+    use std::time::Duration;
 
     #[test]
     fn global_limit_sets_the_default_queue() {
@@ -262,23 +166,77 @@ mod tests {
         assert_eq!((q.name.as_str(), q.slots), (DEFAULT_QUEUE, 3));
     }
 
+    fn held_run(root: &StateRoot) -> (String, RunLock) {
+        let id = RunId::new().to_string();
+        let dir = root.run_dir(&id);
+        files::create_dir_all_private(dir.path()).unwrap();
+        let lock = RunLock::create_held(&dir.lock()).unwrap();
+        (id, lock)
+    }
+
     #[test]
-    fn fifo_and_freed_by_release() {
-        let root = tempfile::tempdir().unwrap();
+    fn the_line_moves_up_one_run_at_a_time_as_each_run_ends() {
+        let t = tempfile::tempdir().unwrap();
+        let root = StateRoot::for_profile(t.path());
         let q = QueueSpec {
             name: "t".into(),
             slots: 1,
         };
-        let a = join(root.path(), &q, "a").unwrap();
-        let b = join(root.path(), &q, "b").unwrap();
-        assert!(b.seq > a.seq);
-        assert_eq!(earlier_alive(&b.as_ref()).unwrap().len(), 1);
-        let waiter = std::thread::spawn(move || {
-            wait_turn(&b, 1).unwrap();
-            b
-        });
-        drop(a);
-        let b = waiter.join().unwrap();
-        assert_eq!(earlier_alive(&b.as_ref()).unwrap().len(), 0);
+        // The runs' locks stay held throughout: a run lets the next one in when its run has
+        // ended (its place dropped), before its runner exits.
+        let (a, _la) = held_run(&root);
+        let (b, _lb) = held_run(&root);
+        let (c, _lc) = held_run(&root);
+        // a joined first (as spawn would): b's and c's runners, even if they start first,
+        // stay behind it.
+        queue::join(&root, &q, &a, None).unwrap();
+        let pb = take_place(&root, &q, &b, None).unwrap();
+        let pc = take_place(&root, &q, &c, None).unwrap();
+        let pa = take_place(&root, &q, &a, None).unwrap();
+        let order: Vec<_> = queue::list(&root, "t")
+            .unwrap()
+            .into_iter()
+            .map(|t| (t.run_id, t.waiting))
+            .collect();
+        assert_eq!(
+            order,
+            vec![(a.clone(), true), (b.clone(), true), (c.clone(), true)]
+        );
+        wait_turn(&root, "t", &a).unwrap();
+        pa.admitted().unwrap();
+        let l = queue::list(&root, "t").unwrap();
+        assert!(l[0].running && !l[0].waiting, "{l:?}");
+        let (tx, rx) = mpsc::channel();
+        let mut ends = Vec::new();
+        for (id, place) in [(b.clone(), pb), (c.clone(), pc)] {
+            let (tx, root) = (tx.clone(), StateRoot::for_profile(t.path()));
+            let (end_tx, end_rx) = mpsc::channel::<()>();
+            ends.push(end_tx);
+            std::thread::spawn(move || {
+                let ok = wait_turn(&root, "t", &id).is_ok() && place.admitted().is_ok();
+                let _ = tx.send((id, ok));
+                let _ = end_rx.recv();
+                drop(place);
+            });
+        }
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "b and c wait while a holds the slot"
+        );
+        drop(pa);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok((b, true)));
+        assert_eq!(
+            queue::list(&root, "t").unwrap().len(),
+            2,
+            "a's ticket is gone"
+        );
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "c waits for b"
+        );
+        ends[0].send(()).unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok((c, true)));
+        ends[1].send(()).unwrap();
+        assert!(wait_turn(&root, "t", &RunId::new().to_string()).is_err());
     }
 }

@@ -179,6 +179,17 @@ pub struct Args {
     /// How many runs of --queue may run at once, as this run counts them (default 1).
     #[arg(long, value_name = "N", requires = "queue", value_parser = clap::value_parser!(u32).range(1..))]
     slots: Option<u32>,
+    /// Wait, queued, until every run ID has ended (repeatable, or comma-separated); start if
+    /// all of them completed, else end failed (dependency-failed, naming the run) without
+    /// starting Pi. With --queue, the run joins its queue once they have ended.
+    #[arg(long, value_name = "ID", value_delimiter = ',',
+          add = ArgValueCompleter::new(cohort_cli::complete::run_ids))]
+    after: Vec<String>,
+    /// Stop the run once the cost of its whole tree (nested runs included) passes USD US
+    /// dollars (state stopped, failure budget). Every step's model must have a known price
+    /// (Pi's catalog, or a cost in models.json), or the start is refused.
+    #[arg(long, value_name = "USD", value_parser = parse_usd)]
+    max_cost: Option<f64>,
     /// The directory every reused session file (--session) must be inside (checked strictly:
     /// absolute, existing, canonical; files regular, non-symlink, .jsonl, inside it).
     #[arg(long)]
@@ -493,6 +504,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         extensions: Default::default(),
     };
     shape::resolve_agents(&mut built.chain, &lookup, &machine)?;
+    if args.max_cost.is_some() {
+        refuse_unpriced(&root, &built)?;
+    }
+    let after = after_ids(&root, &args.after)?;
     let gov = crate::agents::governance::load(root.profile(), &lookup)?;
     // `inherit` in a model scope is the caller's model; without one it matches nothing.
     let inherit = gov
@@ -513,10 +528,9 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         }
         Err(why) => bail!(cohort_common::Error::Usage(why)),
     }
-    let started = start(
-        &root,
-        request(&args, built, placement, backend, &gov.config),
-    )?;
+    let mut req = request(&args, built, placement, backend, &gov.config);
+    req.options.after = after;
+    let started = start(&root, req)?;
     if args.wait {
         if !args.quiet {
             eprintln!("cohort-spawn: run {} started", started.run_id);
@@ -568,6 +582,47 @@ fn parse_queue_name(name: &str) -> Result<String, String> {
     } else {
         Err("use 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'".into())
     }
+}
+
+/// A `--max-cost` amount: a positive, finite number of US dollars (a leading `$` allowed).
+fn parse_usd(text: &str) -> Result<f64, String> {
+    let n = text.strip_prefix('$').unwrap_or(text);
+    match n.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!(
+            "{text:?} is not an amount of US dollars: give a positive number such as 0.50"
+        )),
+    }
+}
+
+/// Refuse a `--max-cost` start whose steps may run a model without a price cohort can know
+/// ([`crate::budget::refusal`], over the profile's `models.json`; a missing file has no
+/// entries).
+fn refuse_unpriced(root: &StateRoot, built: &Built) -> anyhow::Result<()> {
+    let text = cohort_common::os::files::read_regular(&root.profile().join("models.json"))
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .unwrap_or_default();
+    let entries = cohort_common::format::models_json::model_entries(&text);
+    match crate::budget::refusal(&built.chain, &built.pi_args, &entries) {
+        Some(why) => bail!(cohort_common::Error::Usage(why)),
+        None => Ok(()),
+    }
+}
+
+/// The full ids of the runs `--after` names (each a full id, short id or unique prefix).
+///
+/// Errors: a name that matches no run, or more than one (exit 2).
+fn after_ids(root: &StateRoot, names: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut ids: Vec<String> = Vec::new();
+    for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+        let found = cohort_common::store::discover::find(root, name)
+            .with_context(|| format!("--after {name}"))?;
+        if !ids.contains(&found.id) {
+            ids.push(found.id);
+        }
+    }
+    Ok(ids)
 }
 
 /// The start request for the run `built` describes, with the options every shape shares. The
@@ -636,6 +691,8 @@ fn request(
                 .or(default_queue),
             reply_timeout_ms: args.reply_timeout.map(|d| d.as_millis() as u64),
             max_turns: args.max_turns,
+            after: Vec::new(),
+            max_cost_usd: args.max_cost,
         },
         revives: built.revives,
         placement,

@@ -28,6 +28,7 @@
 //!   when it cannot hang;
 //! - [`limits`]: `--memory-max`, `--pids-max`, `--cpu-max`: limits on the run's cgroup, refused
 //!   where they cannot be set;
+//! - [`budget`]: `--max-cost`: every model the run may use must have a price cohort can know;
 //! - [`wait`]: `--wait`, waiting for the run and printing its answer;
 //! - [`talk`]: `--steer`, `--follow-up`, `--interrupt`, `--reply`: a control message to a
 //!   running run, and the runner's answer.
@@ -36,6 +37,7 @@
 
 pub mod agents;
 pub mod backend;
+pub mod budget;
 pub mod chains;
 pub mod cmd;
 pub mod complete;

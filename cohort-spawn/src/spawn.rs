@@ -437,7 +437,8 @@ fn prepare(
 
 /// The steps that need the run published: no live run (this one's record now among them)
 /// writes a session file this run continues, so of two starts racing for one session at least
-/// one fails; the default session dir is made; a nested run is stamped into its tree's route.
+/// one fails; the default session dir is made; a nested run is stamped into its tree's route;
+/// a run of `--queue` takes its ticket.
 fn check_published(
     root: &StateRoot,
     rec: &RunRecord,
@@ -461,6 +462,13 @@ fn check_published(
         crate::route::stamp_started(p, &rec.run_id, rt).map_err(|e| {
             Error::State(format!("cannot stamp nested.started into the route: {e}"))
         })?;
+    }
+    // The run's place in its queue is taken now, before its id is printed, so the queue's
+    // order is the order of the spawns. Spawn holds the run lock, which makes the ticket live;
+    // the runner finds it. A run of `--after` joins once its dependencies have ended.
+    if let (Some(q), true) = (&req.options.queue, req.options.after.is_empty()) {
+        let tree = req.placement.as_ref().map(|p| p.root_run_id.as_str());
+        cohort_common::store::queue::join(root, q, &rec.run_id, tree)?;
     }
     Ok(())
 }

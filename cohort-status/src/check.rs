@@ -62,6 +62,8 @@ impl Kind {
             | Failure::StartFailed
             | Failure::StepFailed
             | Failure::TimedOut
+            | Failure::DependencyFailed
+            | Failure::Budget
             | Failure::Interrupted
             | Failure::Unknown => Kind::Failed,
         }

@@ -98,6 +98,9 @@ pub struct Args {
     /// profile's models.json cannot price shows as unknown.
     #[arg(long, conflicts_with_all = ["wait", "output", "pid", "check", "doctor", "follow"])]
     usage: bool,
+    /// List the queues (--queue) with how many of their runs hold a slot and how many wait.
+    #[arg(long, conflicts_with_all = ["wait", "output", "pid", "check", "doctor", "follow", "usage", "watch"])]
+    queues: bool,
     /// With --usage: one row per agent, model, day (UTC) or top-level run.
     #[arg(long, value_enum, requires = "usage")]
     by: Option<crate::usage::By>,
@@ -181,6 +184,8 @@ pub enum Mode<'a> {
     Watch(&'a [String]),
     /// `--usage`: tokens and cost summed across runs.
     Usage,
+    /// `--queues`: every queue with its counts.
+    Queues,
     /// `--follow RUN`: stream one run's output logs.
     Follow(&'a [String]),
     /// `--wait RUN…`: block until the runs end.
@@ -197,9 +202,8 @@ pub enum Mode<'a> {
 
 impl<'a> Mode<'a> {
     /// The mode `args` asks for (pure). clap refuses most combinations; of the ones it lets
-    /// through, the first in this order wins: generate, check, doctor, watch, usage, follow, wait,
-    /// output,
-    /// pid, then show when runs are named, else list.
+    /// through, the first in this order wins: generate, check, doctor, watch, usage, queues,
+    /// follow, wait, output, pid, then show when runs are named, else list.
     pub fn of(args: &'a Args) -> Mode<'a> {
         let ids = args.ids.as_slice();
         if let Some(kind) = args.generate.generate {
@@ -212,6 +216,8 @@ impl<'a> Mode<'a> {
             Mode::Watch(ids)
         } else if args.usage {
             Mode::Usage
+        } else if args.queues {
+            Mode::Queues
         } else if args.follow {
             Mode::Follow(ids)
         } else if args.wait {
@@ -239,6 +245,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         Mode::Doctor => doctor(&every_run_root(&args)?, args.json),
         Mode::Watch(ids) => watch(&root_of_env()?, ids, &args),
         Mode::Usage => usage_ledger(&every_run_root(&args)?, &args),
+        Mode::Queues => queues(&every_run_root(&args)?, args.json),
         Mode::Follow(ids) => follow(&root_of_env()?, ids),
         Mode::Wait(ids) => wait(&root_of_env()?, ids, args.timeout),
         Mode::Output(ids) => output(&root_of_env()?, ids, args.step),
@@ -253,7 +260,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
 fn every_run_root(args: &Args) -> anyhow::Result<StateRoot> {
     if !args.ids.is_empty() {
         anyhow::bail!(cohort_cli::usage_error(
-            "--check, --doctor and --usage look at every run; they take no run ids"
+            "--check, --doctor, --usage and --queues look at every run; they take no run ids"
         ));
     }
     Ok(root_of_env()?)
@@ -357,7 +364,9 @@ fn show(root: &StateRoot, ids: &[String], json: bool) -> anyhow::Result<u8> {
         if json {
             let children = listing::descendants(root, &obs.record)?;
             let row = Row::new(found.id.clone(), found.origin.clone(), Ok(obs.clone()));
+            let place = crate::queues::place(root, &found.dir, &obs.record);
             let mut text = crate::worktrees::add_to_json_line(render::json_line(&row), &obs.record);
+            text = crate::queues::add_to_json_line(text, place.as_ref());
             text = crate::usage::with_totals(&text, &obs.record, &children);
             text.push('\n');
             for c in &children {
@@ -367,11 +376,13 @@ fn show(root: &StateRoot, ids: &[String], json: bool) -> anyhow::Result<u8> {
             cli::out(&text)?;
         } else {
             let children = listing::descendants(root, &obs.record)?;
+            let place = crate::queues::place(root, &found.dir, &obs.record);
             let mut text = crate::view::show(
                 &found.dir,
                 &found.origin,
                 &obs,
                 &children,
+                place.as_ref().map(crate::queues::describe).as_deref(),
                 &crate::worktrees::section(&obs.record),
                 &session_on_disk,
             );
@@ -404,6 +415,17 @@ fn usage_ledger(root: &StateRoot, args: &Args) -> anyhow::Result<u8> {
         cli::out(&crate::usage::json_lines(&rows, &total, args.by))?;
     } else {
         cli::out(&crate::usage::table(&rows, &total, args.by))?;
+    }
+    Ok(exit::SUCCESS)
+}
+
+/// `--queues`: every queue with how many of its runs hold a slot and how many wait.
+fn queues(root: &StateRoot, json: bool) -> anyhow::Result<u8> {
+    let rows = crate::queues::rows(root)?;
+    if json {
+        cli::out(&crate::queues::json_lines(&rows))?;
+    } else {
+        cli::out(&crate::queues::table(&rows))?;
     }
     Ok(exit::SUCCESS)
 }

@@ -10,6 +10,7 @@
 //! - [`watch`]: sleeping until a run directory changes (inotify, or a slow poll), for `--pid`
 //!   on a starting run and for `--watch`;
 //! - [`worktrees`]: the worktrees of a run in its single view, with whether they hold work;
+//! - [`queues`]: a run's place in its queue, and `--queues`;
 //! - [`check`]: the cron check;
 //! - [`doctor`]: the installation report;
 //! - [`ledger`]: the usage ledger in the listing index, each closed run tree's tokens and cost;
@@ -39,6 +40,7 @@ pub mod limits;
 pub mod listing;
 pub mod live;
 pub mod logind;
+pub mod queues;
 pub mod render;
 pub mod summary;
 pub mod usage;

@@ -34,11 +34,15 @@ pub fn show(
     origin: &Origin,
     o: &Observed,
     children: &[Row],
+    queue: Option<&str>,
     worktrees: &str,
     on_disk: &dyn Fn(&Path) -> bool,
 ) -> String {
     let now = Now::current();
     let mut s = header(origin, o, children);
+    if let Some(q) = queue {
+        line(&mut s, "queue", q);
+    }
     s.push_str(&runtime(o, &now));
     s.push_str(&steps(&o.record, now.wall_ms, on_disk));
     s.push_str(worktrees);
@@ -50,6 +54,20 @@ pub fn show(
 /// One `key  value` line, the value escaped.
 fn line(s: &mut String, k: &str, v: &str) {
     s.push_str(&format!("{k:<KEY_WIDTH$} {}\n", untrusted(v)));
+}
+
+/// A run's `--max-cost` and its tree's spending (pure): `$0.0052 of $0.50 spent`, with
+/// `, passed: the run was stopped` once it passed.
+pub fn budget_text(b: &cohort_common::format::record::BudgetRecord) -> String {
+    let passed = if b.exceeded {
+        ", passed: the run was stopped"
+    } else {
+        ""
+    };
+    format!(
+        "${:.4} of ${} spent (the run's tree){passed}",
+        b.spent_usd, b.max_cost_usd
+    )
 }
 
 /// What the run is and what to believe about it (pure): id, state, where the record comes
@@ -130,6 +148,9 @@ pub fn header(origin: &Origin, o: &Observed, children: &[Row]) -> String {
     line(&mut s, "mode", &mode_word(r));
     if let Some(b) = backend_line(r, o.job.as_ref()) {
         line(&mut s, "backend", &b);
+    }
+    if let Some(b) = &r.budget {
+        line(&mut s, "budget", &budget_text(b));
     }
     if let Some(e) = &r.error {
         line(&mut s, "error", e);
@@ -573,10 +594,21 @@ mod tests {
             &Origin::TopLevel,
             &observed(rec),
             &[],
+            Some("q (1 slot), position 2"),
             "",
             &|_| true,
         );
         assert!(!v.contains(['\x1b', '\x07', '\u{9b}']), "{v:?}");
+        assert!(v.contains("queue        q (1 slot), position 2\n"), "{v}");
+        let b = cohort_common::format::record::BudgetRecord {
+            max_cost_usd: 0.5,
+            spent_usd: 0.61234,
+            exceeded: true,
+        };
+        assert_eq!(
+            budget_text(&b),
+            "$0.6123 of $0.5 spent (the run's tree), passed: the run was stopped"
+        );
         assert!(
             v.contains("two\\nlines") && v.contains("phase p\\x1b[2J"),
             "{v}"

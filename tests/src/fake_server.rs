@@ -19,6 +19,7 @@
 //! | `report` | calls `contact_supervisor` with `reason` `progress_update` and the last user message as `message`; once the tool has answered, replies `GOT: <tool result>` |
 //! | `busy` | calls `bash` (`echo BUSY`) every turn; but when the task (the first user message) says `OBEY` and the last message is a user message saying `one turn left` (`--max-turns`' wrap-up), replies `WRAPPED UP after N tool calls` |
 //! | `metered` | replies as `plain`, reporting 1000 prompt tokens of which 300 were cached, and 200 completion tokens; the profile gives it prices ([`METERED_PRICES`]) |
+//! | `meteredtool` | behaves as `tool`, reporting `metered`'s tokens on each of its two replies, at `metered`'s prices |
 //! | `delegate` | delegates as the `cohort` skill teaches: first `read`s the skill's file, from the `<location>` of the skill named `cohort` in the system prompt (no such skill: replies `NO COHORT SKILL`); then runs with `bash` the skill's first `cohort-spawn --wait "TASK"` line, `TASK` replaced by the text after `DELEGATE:` in the user's message (no such line: replies `NO WAIT EXAMPLE`); then replies `DELEGATED: <bash output>` |
 //! | `big` | replies with 10 MiB of text in 1 MiB chunks (Pi 0.73.1 on Node 20 dies with ENOBUFS writing much larger lines to a pipe) |
 //!
@@ -36,9 +37,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 /// The model ids the server knows.
-pub const MODELS: [&str; 15] = [
+pub const MODELS: [&str; 16] = [
     "plain",
     "metered",
+    "meteredtool",
     "delegate",
     "tool",
     "err400",
@@ -54,8 +56,8 @@ pub const MODELS: [&str; 15] = [
     "busy",
 ];
 
-/// The prices `models.json` gives model `metered`: dollars per million input, output,
-/// cache-read and cache-write tokens. No other model has prices.
+/// The prices `models.json` gives models `metered` and `meteredtool`: dollars per million
+/// input, output, cache-read and cache-write tokens. No other model has prices.
 pub const METERED_PRICES: [f64; 4] = [3.0, 15.0, 0.3, 3.75];
 
 /// A running server.
@@ -145,7 +147,7 @@ pub fn write_pi_profile(agent_dir: &Path, server: &FakeServer) -> std::io::Resul
     let models: Vec<Value> = MODELS
         .iter()
         .map(|&m| match m {
-            "metered" => json!({"id": m, "cost": {
+            "metered" | "meteredtool" => json!({"id": m, "cost": {
                 "input": input, "output": output, "cacheRead": cache_read, "cacheWrite": cache_write,
             }}),
             _ => json!({"id": m}),
@@ -263,8 +265,10 @@ fn chunk(
 
 fn finish(out: &mut TcpStream, model: &str, reason: &str) -> std::io::Result<()> {
     let usage = match model {
-        "metered" => json!({"prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200,
-            "prompt_tokens_details": {"cached_tokens": 300}}),
+        "metered" | "meteredtool" => {
+            json!({"prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200,
+            "prompt_tokens_details": {"cached_tokens": 300}})
+        }
         _ => json!({"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}),
     };
     let c = json!({
@@ -321,7 +325,7 @@ fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()>
     }
     write!(out, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n")?;
     match model {
-        "tool" if last_tool.is_none() => {
+        "tool" | "meteredtool" if last_tool.is_none() => {
             let command = last_user
                 .split_once("RUN:")
                 .map(|(_, c)| c.trim().to_string())
@@ -334,7 +338,7 @@ fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()>
             )?;
             finish(out, model, "tool_calls")
         }
-        "tool" => reply(
+        "tool" | "meteredtool" => reply(
             out,
             model,
             &format!("TOOL DONE: {}", last_tool.unwrap_or_default().trim()),

@@ -21,6 +21,8 @@ use crate::os::files;
 pub enum EventKind {
     /// Spawn published the `queued` record.
     RunQueued,
+    /// A run of `--queue` got its slot, after waiting; `{queue}`.
+    RunAdmitted,
     /// Spawn submitted the run's batch job to a scheduler and recorded its handle; `{jobId}`.
     RunSubmitted,
     /// The runner took the lock and published `running`; `{pid}`.
@@ -102,8 +104,9 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind, in the order `docs/format.md` lists them.
-    pub const ALL: [EventKind; 33] = [
+    pub const ALL: [EventKind; 34] = [
         EventKind::RunQueued,
+        EventKind::RunAdmitted,
         EventKind::RunSubmitted,
         EventKind::RunStarted,
         EventKind::RunCompleted,
@@ -142,6 +145,7 @@ impl EventKind {
     pub fn as_str(self) -> &'static str {
         match self {
             EventKind::RunQueued => "run.queued",
+            EventKind::RunAdmitted => "run.admitted",
             EventKind::RunSubmitted => "run.submitted",
             EventKind::RunStarted => "run.started",
             EventKind::RunCompleted => "run.completed",

@@ -12,6 +12,8 @@
 //! - [`processes`]: `processes.json`, the processes of a run its runner tracks;
 //! - [`events`]: the append-only `events.jsonl` and its event kinds;
 //! - [`route`]: the route of a run tree and the variables nested runs inherit;
+//! - [`models_json`]: the prices in the profile's `models.json`, and whether a model's price
+//!   can be known;
 //! - [`legacy`]: read-only records written by the pi-subagents extension;
 //! - [`words`]: enums stored as words (states, statuses, failures), each from one table.
 
@@ -21,6 +23,7 @@ pub mod events;
 pub mod id;
 pub mod layout;
 pub mod legacy;
+pub mod models_json;
 pub mod processes;
 pub mod record;
 pub mod route;

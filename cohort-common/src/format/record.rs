@@ -164,6 +164,10 @@ crate::word_enum! {
         StepFailed = "step-failed",
         /// The run's deadline passed.
         TimedOut = "timed-out",
+        /// A run it waited for (`--after`) did not complete; the run never started.
+        DependencyFailed = "dependency-failed",
+        /// The cost of its tree passed its budget (`--max-cost`); the run was stopped.
+        Budget = "budget",
         /// Its supervisor interrupted a step (`cohort-spawn --interrupt`): the turn ended, the
         /// session saved, and the chain stopped after that step.
         Interrupted = "interrupted",
@@ -171,6 +175,20 @@ crate::word_enum! {
     /// A failure word this binary does not know (written by a newer cohort), or a failure
     /// whose cause was not recorded.
     else Unknown = "unknown";
+}
+
+/// A run's budget and its tree's spending (`budget` in `status.json`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetRecord {
+    /// `--max-cost`, US dollars.
+    pub max_cost_usd: f64,
+    /// What the run's tree (the run and the nested runs under it) has spent, US dollars: the
+    /// known part of its cost (a step whose cost is unknown adds nothing).
+    pub spent_usd: f64,
+    /// True once the spending passed the budget and the runner stopped the run.
+    #[serde(default)]
+    pub exceeded: bool,
 }
 
 /// The shape of a run.
@@ -561,6 +579,10 @@ pub struct RunRecord {
     /// True when the run ended because a deadline passed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timed_out: Option<bool>,
+    /// The run's budget (`--max-cost`) and what its tree has spent, written by its runner as
+    /// the cost grows; absent for a run without a budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetRecord>,
     /// The chain step being run (0-based).
     #[serde(default)]
     pub current_step: Option<usize>,
@@ -656,6 +678,7 @@ impl RunRecord {
             error: None,
             failure: None,
             timed_out: None,
+            budget: None,
             current_step: None,
             chain_step_count: None,
             session_dir: None,

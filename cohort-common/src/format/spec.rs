@@ -477,6 +477,16 @@ pub struct RunOptions {
     /// --slots N`); absent: it starts at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueSpec>,
+    /// The runs this run waits for before it starts (`cohort-spawn --after ID`), full run ids:
+    /// it starts once every one has ended, if all of them completed; otherwise it ends `failed`
+    /// (`dependency-failed`) without starting. Empty: it waits for none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<String>,
+    /// The budget of the run's whole tree, nested runs included, in US dollars
+    /// (`cohort-spawn --max-cost USD`): once its cost passes it, the run is stopped (`budget`).
+    /// Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_usd: Option<f64>,
     /// How long a child's blocking request of its supervisor (`contact_supervisor`,
     /// `intercom`) waits for `cohort-spawn --reply`, ms (`--reply-timeout`). Absent: the
     /// step's agent's `timeoutMs`, else
@@ -589,6 +599,8 @@ impl Default for RunOptions {
             on_exit_timeout_ms: None,
             limits: Limits::default(),
             queue: None,
+            after: Vec::new(),
+            max_cost_usd: None,
             reply_timeout_ms: None,
             max_turns: None,
         }

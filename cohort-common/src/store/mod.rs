@@ -10,6 +10,7 @@
 //! - [`answer`]: a run's answer, read from its steps' final texts;
 //! - [`debris`]: leftovers that are not runs and that no run refers to (temp files of the
 //!   state root, orphan session dirs, routes and worktree dirs);
+//! - [`queue`]: the queues' directories and tickets, and who of a queue holds a slot;
 //! - [`links`]: the state root's own directories that are symlinks (a layout spawn refuses).
 //!
 //! Built on [`crate::format`](mod@crate::format) (what the files hold), [`crate::os`] (how they
@@ -22,6 +23,7 @@ pub mod discover;
 pub mod index;
 pub mod links;
 pub mod observe;
+pub mod queue;
 pub mod scan;
 pub mod wait;
 

@@ -72,6 +72,7 @@ impl Supervisor {
         self.handle_pending();
         self.check_deadlines();
         self.tracker.look(&mut self.active);
+        self.check_budget();
         if self.last_session_look.elapsed() >= self.session_interval
             && session::awaits_new_session(&self.active, &self.rec.steps)
         {
@@ -141,7 +142,7 @@ impl Supervisor {
                     a.swept(escaped);
                 }
             }
-            Msg::QueueTurn(_) => {}
+            Msg::Waited(_) => {}
             Msg::Control => self.take_control(),
             Msg::Stream(i, Report::TurnLimit { action, turn }) => self.turn_limit(i, action, turn),
             Msg::Stream(i, Report::Ask { ui_id, ask }) => self.asked(i, ui_id, ask),

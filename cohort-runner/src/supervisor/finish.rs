@@ -34,7 +34,8 @@ impl Supervisor {
                 .as_deref()
                 .is_some_and(|f| f.ends_with(step::INTERRUPTED));
         let ending = self.stop.or(interrupted.then_some(step::Ending::Interrupt));
-        let outcome = step::run_outcome(ending, failure, self.spec.options.timeout_ms);
+        let mut outcome = step::run_outcome(ending, failure, self.spec.options.timeout_ms);
+        self.budget_outcome(&mut outcome);
         outcome.close_unstarted(&mut self.rec.steps);
         if outcome.timed_out {
             self.rec.timed_out = Some(true);

@@ -19,8 +19,10 @@ pub(super) enum Msg {
     Stream(usize, Report),
     /// Step `.0`'s sweep ended; these processes escaped it.
     SweepDone(usize, Vec<String>),
-    /// A queued run's turn came (`None`) or its wait failed (why).
-    QueueTurn(Option<String>),
+    /// A queued run's wait (for the runs of `--after`, or its turn in its queue) ended:
+    /// `Ok(None)` it may go on, `Ok(Some(why))` a run it waited for did not complete (`"run ID
+    /// ended STATE"`), `Err(why)` the wait itself failed.
+    Waited(std::result::Result<Option<String>, String>),
     /// A control message was renamed into the run's inbox (`control/`).
     Control,
 }

@@ -19,6 +19,8 @@
 //! This file holds the run's state and the chain's order; its parts, one job each, are its
 //! private modules:
 //!
+//! - `queued`: a queued run's waits before it starts (the runs of `--after`, its queue's turn),
+//!   and its end when it never starts;
 //! - `messages`: what wakes the loop (the message type) and the signal thread;
 //! - `event_loop`: one turn of the loop: a message or a deadline, reaping, stops, deadlines,
 //!   the sweep of a finished step, session locks, the coalesced progress write;
@@ -32,10 +34,13 @@
 //! - `attempt`: an attempt's child started and recorded `running`, its end recorded;
 //! - `fallback`: a failed attempt retried on the agent's next fallback model;
 //! - `finish`: the terminal record and the on-exit hook;
+//! - `budget`: `--max-cost`: the tree's spending looked at as the run goes, and the stop once
+//!   it passes the budget;
 //! - `talk`: control messages (steer, follow-up, interrupt, reply) and the children's requests
 //!   of their supervisor.
 
 mod attempt;
+mod budget;
 mod event_loop;
 mod fallback;
 mod fanout;
@@ -95,9 +100,9 @@ pub fn run(
     if let Err(e) = start_signal_thread(tx.clone()) {
         return Err(start::fail_queued(dir, rec, e));
     }
-    let (rec, _ticket) = match queued::wait(dir, rec, &tx, &rx) {
-        Ok(queued::Waited::Start(rec, ticket)) => (*rec, ticket),
-        Ok(queued::Waited::Stopped) => return Ok(RunState::Stopped),
+    let (rec, place) = match queued::wait(dir, rec, &tx, &rx) {
+        Ok(queued::Waited::Start(rec, place)) => (*rec, place),
+        Ok(queued::Waited::Ended(state)) => return Ok(state),
         Err(e) => {
             let rec = record::load(&dir.status())?;
             return Err(start::fail_queued(dir, rec, e));
@@ -108,6 +113,9 @@ pub fn run(
     sup.open_inbox();
     let state = sup.run_chain();
     sup.run_on_exit(state);
+    // The run and its hook have ended: its queue's next run may start while this runner
+    // tears down (its cgroups, its lock).
+    drop(place);
     Ok(state)
 }
 
@@ -162,6 +170,8 @@ struct Supervisor {
     session_interval: Duration,
     /// Why the runner is ending the run, once it is: a stop, or the run's deadline.
     stop: Option<Ending>,
+    /// The run's budget (`--max-cost`), when it has one.
+    budget: Option<budget::Watch>,
     run_deadline: Option<Instant>,
     /// The inbox, the live steps' stdin, and the children's pending requests.
     talk: talk::Talk,
@@ -178,6 +188,10 @@ impl Supervisor {
             cgroup,
         } = running;
         let nested_runs = state_root.nested_runs_dir(&tree.root_run_id);
+        let budget = spec
+            .options
+            .max_cost_usd
+            .map(|max| budget::Watch::new(max, nested_runs.clone()));
         let worktrees_dir = state_root.worktrees_dir();
         let since = rec.pid_start_time.unwrap_or(0);
         Supervisor {
@@ -203,6 +217,7 @@ impl Supervisor {
             last_session_look: Instant::now(),
             session_interval: event_loop::SESSION_INTERVAL,
             stop: None,
+            budget,
             run_deadline: None,
             talk: talk::Talk::default(),
         }

@@ -9,6 +9,12 @@
 //! it does natively. Until then the run is `queued` with a free lock, and readers ask Slurm
 //! about the job ([`cohort_common::backend::slurm`]).
 //!
+//! `--after` becomes `--dependency=afterany:JOBID…` over the dependencies that are Slurm runs
+//! ([`dependency_arg`]), so the job waits pending, on no node, until they have ended; the
+//! runner then applies the rule as natively. `--queue` has no Slurm equivalent (a queue's
+//! slots are locks on one machine; Slurm's `singleton` only gives a width of one) and is
+//! refused at spawn, naming the backend.
+//!
 //! The script `exec`s the runner (`--backend slurm`), so the runner is the job's batch process
 //! and stays in its process group: `scancel --signal=TERM --full JOBID` reaches it, and the run
 //! ends through the runner's usual stop (children TERM, grace, KILL, `stopped` recorded).
@@ -69,13 +75,12 @@ impl Submit for Slurm {
     /// synced first (spawn's publication syncs nothing; a job on the cluster must find them).
     fn start(&self, s: &Start<'_>, rec: &mut RunRecord) -> Result<()> {
         files::sync_together(&[&s.dir.spec(), s.parent])?;
-        let job = submit(
-            s.root,
-            s.dir,
-            &rec.run_id,
-            s.runner,
-            &common::sbatch_args(s.launch),
-        )?;
+        let user = common::sbatch_args(s.launch);
+        let mut args: Vec<String> = dependency_arg(&after_jobs(s.root, s.dir)?, &user)
+            .into_iter()
+            .collect();
+        args.extend(user);
+        let job = submit(s.root, s.dir, &rec.run_id, s.runner, &args)?;
         rec.set_backend(Some(common::handle(Some(&job))));
         rec.last_update = Some(record::now_ms());
         record::store(&s.dir.status(), rec)?;
@@ -86,6 +91,62 @@ impl Submit for Slurm {
         let _ = events::append_once(&s.dir.events(), EventKind::RunSubmitted, fields);
         Ok(())
     }
+}
+
+/// The runs of the launch spec's `after` (`--after`) that a Slurm dependency can stand for:
+/// each one not yet ended, with its job when it is a Slurm run whose job is recorded (`None`
+/// for a native run, which the runner waits for on the node).
+///
+/// Errors: the launch spec cannot be read, or a run of `after` is gone.
+fn after_jobs(root: &StateRoot, dir: &RunDir) -> Result<Vec<Option<common::Job>>> {
+    let spec: spec::LaunchSpec = files::read_json(&dir.spec())?;
+    let mut out = Vec::new();
+    for id in &spec.options.after {
+        let found = cohort_common::store::discover::find(root, id)?;
+        let rec = record::load(&found.dir.status())?;
+        if !rec.state.is_terminal() {
+            out.push(rec.backend.as_ref().and_then(common::job_of));
+        }
+    }
+    Ok(out)
+}
+
+/// The cluster `sbatch` is sent to by the user's options (pure): the last `--clusters=X`,
+/// `--clusters X`, `-M X` or `-MX`; `None` for the default cluster.
+fn cluster_of(user: &[String]) -> Option<String> {
+    let mut cluster = None;
+    let mut it = user.iter();
+    while let Some(a) = it.next() {
+        if let Some(v) = a.strip_prefix("--clusters=") {
+            cluster = Some(v.to_string());
+        } else if a == "--clusters" || a == "-M" {
+            cluster = it.next().cloned();
+        } else if let Some(v) = a.strip_prefix("-M").filter(|v| !v.is_empty()) {
+            cluster = Some(v.to_string());
+        }
+    }
+    cluster
+}
+
+/// The `sbatch` dependency for `--after` (pure): `--dependency=afterany:J1:J2` over the jobs
+/// of the dependencies not yet ended (`deps`, one each, `None` for one without a job) on the
+/// cluster the job goes to (`user`'s options say which), so Slurm keeps the job pending, on no
+/// node, until they have ended. `afterany`, not `afterok`: the runner then decides as natively (start if
+/// every one completed, else end `failed`, `dependency-failed`); with `afterok` a failed
+/// dependency would leave the job pending for ever (`DependencyNeverSatisfied`) and a stopped
+/// one could not be told from a failed one. A dependency without a job here (a native run, a
+/// job on another cluster) has no Slurm equivalent: the runner waits for it on the node.
+/// `None` when no job is left to depend on. The user's own `--dependency`, which comes later,
+/// wins.
+pub fn dependency_arg(deps: &[Option<common::Job>], user: &[String]) -> Option<String> {
+    let cluster = cluster_of(user);
+    let ids: Vec<&str> = deps
+        .iter()
+        .flatten()
+        .filter(|j| j.cluster == cluster)
+        .map(|j| j.id.as_str())
+        .collect();
+    (!ids.is_empty()).then(|| format!("--dependency=afterany:{}", ids.join(":")))
 }
 
 /// Quote `path` for `sh` (pure). Errors on a path that is not UTF-8 or holds a NUL.
@@ -216,6 +277,38 @@ pub fn submit(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn after_maps_onto_afterany_over_the_jobs_on_the_same_cluster() {
+        let job = |id: &str, cluster: Option<&str>| {
+            Some(common::Job {
+                id: id.into(),
+                cluster: cluster.map(String::from),
+            })
+        };
+        let deps = [job("7", None), None, job("9", None), job("11", Some("b"))];
+        assert_eq!(
+            dependency_arg(&deps, &[]),
+            Some("--dependency=afterany:7:9".into())
+        );
+        let on_b = ["--clusters=b".to_string()];
+        assert_eq!(
+            dependency_arg(&deps, &on_b),
+            Some("--dependency=afterany:11".into())
+        );
+        let on_b = ["-M".to_string(), "b".to_string()];
+        assert_eq!(
+            dependency_arg(&deps, &on_b).as_deref(),
+            Some("--dependency=afterany:11")
+        );
+        assert_eq!(cluster_of(&["-Mc".to_string()]).as_deref(), Some("c"));
+        assert_eq!(
+            dependency_arg(&[None], &[]),
+            None,
+            "a native run: the runner waits"
+        );
+        assert_eq!(dependency_arg(&[], &[]), None);
+    }
 
     #[test]
     fn job_ids_are_read_from_parsable_output() {

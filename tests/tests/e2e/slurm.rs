@@ -629,3 +629,104 @@ fn a_job_on_a_named_cluster_is_asked_about_there_stays_pending_and_runs_when_it_
     let answer = env.run("cohort-status", &["--output", &id]);
     assert_eq!(stdout(&answer), "ECHO: hello B\n");
 }
+
+/// Slurm's dependency string and pending reason of `job` (`squeue -o %E|%r`), once it is known.
+fn dependency_of(cluster: &Cluster, job: &str) -> (String, String) {
+    let out = cluster.client("squeue", &["-h", "-j", job, "-o", "%E|%r"]);
+    let text = stdout(&out);
+    let (dep, reason) = text.trim().split_once('|').unwrap_or(("", ""));
+    (dep.to_string(), reason.to_string())
+}
+
+#[test]
+fn after_a_slurm_run_is_a_slurm_dependency_and_the_run_starts_once_it_completed() {
+    let Some((cluster, env)) = world() else {
+        return;
+    };
+    let gate = env.tmp.path().join("go");
+    let task = format!(
+        "RUN: while [ ! -e {} ]; do sleep 0.05; done",
+        gate.display()
+    );
+    let first = spawn(
+        &env,
+        cluster,
+        &["--backend", "slurm", "--model", "fake/tool", &task],
+    );
+    let first_job = job_id(&env, &first);
+    let second = spawn(
+        &env,
+        cluster,
+        &[
+            "--backend",
+            "slurm",
+            "--after",
+            &first,
+            "--model",
+            "fake/plain",
+            "next",
+        ],
+    );
+    let second_job = job_id(&env, &second);
+    let (dep, reason) = dependency_of(cluster, &second_job);
+    assert!(dep.contains(&format!("afterany:{first_job}")), "{dep:?}");
+    assert_eq!(reason, "Dependency");
+    assert_eq!(env.record(&second)["state"], "queued");
+    std::fs::write(&gate, "").unwrap();
+    let a = env.wait_terminal(&first, 90);
+    let b = env.wait_terminal(&second, 90);
+    assert_eq!(a["state"], "complete", "{a:#}");
+    assert_eq!(b["state"], "complete", "{b:#}");
+    assert!(b["steps"][0]["startedAt"].as_u64() >= a["endedAt"].as_u64());
+}
+
+#[test]
+fn after_a_slurm_run_that_was_stopped_fails_without_starting_and_queue_is_refused() {
+    let Some((cluster, env)) = world() else {
+        return;
+    };
+    let first = spawn(
+        &env,
+        cluster,
+        &["--backend", "slurm", "--model", "fake/slow", "tick"],
+    );
+    let first_job = job_id(&env, &first);
+    env.child_pid(&first, 0);
+    let second = spawn(
+        &env,
+        cluster,
+        &[
+            "--backend",
+            "slurm",
+            "--after",
+            &first,
+            "--model",
+            "fake/plain",
+            "next",
+        ],
+    );
+    let out = cluster.client("scancel", &["--signal=TERM", "--full", &first_job]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(env.wait_terminal(&first, 60)["state"], "stopped");
+    let b = env.wait_terminal(&second, 90);
+    assert_eq!(b["state"], "failed", "{b:#}");
+    assert_eq!(b["failure"], "dependency-failed", "{b:#}");
+    assert!(b["error"].as_str().unwrap_or("").contains(&first), "{b:#}");
+    assert!(b["steps"][0]["startedAt"].is_null(), "{b:#}");
+    let out = run(
+        &env,
+        cluster,
+        "cohort-spawn",
+        &[
+            "--backend",
+            "slurm",
+            "--queue",
+            "q",
+            "--model",
+            "fake/plain",
+            "hi",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("slurm"), "{}", stderr(&out));
+}

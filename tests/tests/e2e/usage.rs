@@ -150,3 +150,100 @@ fn a_tree_counts_the_nested_runs_its_steps_started() {
         .unwrap();
     assert!(close(&metered["cost"], child_cost), "{by_model:#?}");
 }
+
+/// A bash command that waits for `gate` to exist (a test that never creates it keeps the step
+/// running until something stops it).
+fn wait_on(gate: &std::path::Path) -> String {
+    format!("while [ ! -e {} ]; do sleep 0.05; done", gate.display())
+}
+
+#[test]
+fn a_run_past_its_budget_is_stopped_and_records_what_it_spent() {
+    let env = TestEnv::new();
+    let gate = env.tmp.path().join("never");
+    // The first reply (the tool call) costs about $0.0052; the tool then waits for ever.
+    let task = format!("RUN: {}", wait_on(&gate));
+    let id = env.spawn(&["--max-cost", "0.001", "--model", "fake/meteredtool", &task]);
+    let rec = env.wait_terminal(&id, 60);
+    assert_eq!(rec["state"], "stopped", "{rec:#}");
+    assert_eq!(rec["failure"], "budget", "{rec:#}");
+    let spent = rec["budget"]["spentUsd"].as_f64().unwrap_or(0.0);
+    let step_cost = rec["steps"][0]["usage"]["cost"].as_f64().unwrap_or(-1.0);
+    assert!(
+        spent > 0.001 && (spent - step_cost).abs() < 1e-12,
+        "{rec:#}"
+    );
+    assert_eq!(rec["budget"]["maxCostUsd"], 0.001);
+    assert_eq!(rec["budget"]["exceeded"], true);
+    assert!(
+        rec["error"].as_str().unwrap_or("").contains("--max-cost"),
+        "{rec:#}"
+    );
+    assert_eq!(
+        rec["steps"][0]["status"], "stopped",
+        "the step got TERM: {rec:#}"
+    );
+    let view = stdout(&env.run("cohort-status", &[&id]));
+    assert!(
+        view.contains("of $0.001 spent (the run's tree), passed: the run was stopped"),
+        "{view}"
+    );
+}
+
+#[test]
+fn a_run_within_its_budget_completes_and_records_what_it_spent() {
+    let env = TestEnv::new();
+    let id = env.spawn(&[
+        "--max-cost",
+        "1",
+        "--model",
+        "fake/meteredtool",
+        "RUN: echo hi",
+    ]);
+    let rec = env.wait_terminal(&id, 60);
+    assert_eq!(rec["state"], "complete", "{rec:#}");
+    assert!(rec.get("failure").is_none(), "{rec:#}");
+    let cost = rec["steps"][0]["usage"]["cost"].as_f64().unwrap();
+    assert!(close(&rec["budget"]["spentUsd"], cost), "{rec:#}");
+    assert_eq!(rec["budget"]["exceeded"], false);
+}
+
+#[test]
+fn the_budget_counts_the_nested_runs_of_the_tree() {
+    let env = TestEnv::new();
+    let gate = env.tmp.path().join("never");
+    // The root's tool call costs about $0.0052, under the budget; the nested run's reply
+    // costs as much again, which passes it while the root's tool still waits.
+    let nested = format!(
+        "{} --wait --model fake/metered 'below' -- {}",
+        bin_dir().join("cohort-spawn").display(),
+        HERMETIC.join(" ")
+    );
+    let task = format!("RUN: {nested}; {}", wait_on(&gate));
+    let id = env.spawn(&["--max-cost", "0.008", "--model", "fake/meteredtool", &task]);
+    let rec = env.wait_terminal(&id, 90);
+    assert_eq!(rec["state"], "stopped", "{rec:#}");
+    assert_eq!(rec["failure"], "budget", "{rec:#}");
+    let own = rec["steps"][0]["usage"]["cost"].as_f64().unwrap();
+    assert!(own < 0.008, "the root alone stayed under: {rec:#}");
+    let spent = rec["budget"]["spentUsd"].as_f64().unwrap();
+    assert!(spent > 0.008 && spent > own, "{rec:#}");
+}
+
+#[test]
+fn a_budget_over_a_model_without_a_price_is_refused_at_spawn() {
+    let env = TestEnv::new();
+    let out = env.spawn_raw(&["--max-cost", "1", "--model", "fake/plain", "hi"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("fake/plain"), "{err}");
+    let out = env.spawn_raw(&["--max-cost", "1", "hi"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("default model"), "{}", stderr(&out));
+    for bad in ["0", "-1", "x", "inf"] {
+        let out = env.spawn_raw(&["--max-cost", bad, "--model", "fake/metered", "hi"]);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+    }
+    assert_eq!(env.run_count(), 0);
+}
