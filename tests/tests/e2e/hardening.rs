@@ -15,6 +15,13 @@ fn a_runner_killed_with_sigkill_takes_its_pi_child_down() {
     let runner = env.runner_pid(&id);
     signal(runner, nix::sys::signal::Signal::SIGKILL);
     wait_for(Duration::from_secs(10), || !alive(child)).expect("Pi dies with its runner");
+    // Pi's parent-death signal comes as the runner's threads exit, which can be before the
+    // kernel has closed the runner's descriptors (its lock among them): wait for the lock.
+    let lock = env.run_dir(&id).join("runner.lock");
+    wait_for(Duration::from_secs(10), || {
+        !cohort_common::os::lock::probe(&lock).is_ok_and(|l| l.is_alive())
+    })
+    .expect("the runner's lock is let go");
     // The run is reconciled as lost on the next look.
     let out = env.run("cohort-status", &["--json", &id]);
     let rec: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
