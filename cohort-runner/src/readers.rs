@@ -52,7 +52,7 @@ pub enum Report {
         ask: crate::rpc::Ask,
     },
     /// The step's turn limit (`--max-turns`) acted: the wrap-up was steered in, or the session
-    /// was ended after its last turn; `turn` is the number of turns done.
+    /// was ended as its last turn called tools; `turn` is the number of turns done.
     TurnLimit {
         /// What it did.
         action: crate::rpc::TurnLimit,

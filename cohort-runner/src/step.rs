@@ -63,7 +63,7 @@ pub enum Ending {
     /// Its supervisor interrupted it (`cohort-spawn --interrupt`): Pi was sent `abort`, not a
     /// signal, and saves its session as it ends.
     Interrupt,
-    /// It was still working after its last turn under `--max-turns`: Pi was sent `abort`.
+    /// Its last turn under `--max-turns` called tools all the same: Pi was sent `abort`.
     TurnLimit,
 }
 
@@ -492,7 +492,7 @@ pub const INTERRUPTED: &str =
 
 /// The error of a step ended at its turn limit.
 pub const TURN_LIMIT: &str =
-    "the step reached its turn limit (--max-turns) still working, and was ended after its last turn";
+    "the step reached its turn limit (--max-turns) and was ended as its last turn called tools again";
 
 /// Decide how a finished step is recorded (pure): a step the runner ended is recorded for why
 /// it ended it; otherwise Pi's verdict ([`decide_step`]) from its exit, stream and stderr.
