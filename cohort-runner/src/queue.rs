@@ -26,8 +26,6 @@ use cohort_common::os::files;
 use cohort_common::os::lock::{self, LockKind, RUNNER_LOCK_WAIT};
 use cohort_common::store::queue;
 
-pub use cohort_common::format::spec::{default_queue, DEFAULT_QUEUE};
-
 /// A run's ticket in its queue and the lock its runner holds on it: exclusive while the run
 /// waits (the runs behind it wait for this one, not for the runs before it), shared once it
 /// holds a slot ([`Place::admitted`]). Dropped when the run and its on-exit hook have ended: the
@@ -157,14 +155,6 @@ mod tests {
     use cohort_common::os::files;
     use cohort_common::os::lock::RunLock;
     use std::time::Duration;
-
-    #[test]
-    fn global_limit_sets_the_default_queue() {
-        assert_eq!(default_queue(None), None);
-        assert_eq!(default_queue(Some(0)), None);
-        let q = default_queue(Some(3)).unwrap();
-        assert_eq!((q.name.as_str(), q.slots), (DEFAULT_QUEUE, 3));
-    }
 
     fn held_run(root: &StateRoot) -> (String, RunLock) {
         let id = RunId::new().to_string();

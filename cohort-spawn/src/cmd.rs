@@ -651,7 +651,7 @@ fn request(
     };
     let top_level = placement.is_none();
     let default_queue = (top_level && backend.kind.is_native())
-        .then(|| spec::default_queue(config.global_concurrency_limit))
+        .then(|| crate::agents::governance::default_queue(config.global_concurrency_limit))
         .flatten();
     SpawnRequest {
         chain: built.chain,

@@ -510,22 +510,6 @@ pub struct QueueSpec {
     pub slots: u32,
 }
 
-/// The width of the default queue every top-level run joins: pi-subagents'
-/// `globalConcurrencyLimit` (`extensions/subagent/config.json`), when it is set and positive
-/// (pure). The queue is named [`DEFAULT_QUEUE`]. Spawn gives it to a top-level run that names
-/// no `--queue` (`cohort-spawn/src/agents/governance.rs`).
-pub fn default_queue(global_concurrency_limit: Option<u32>) -> Option<QueueSpec> {
-    global_concurrency_limit
-        .filter(|n| *n > 0)
-        .map(|slots| QueueSpec {
-            name: DEFAULT_QUEUE.into(),
-            slots,
-        })
-}
-
-/// The name of the queue `globalConcurrencyLimit` sets the width of.
-pub const DEFAULT_QUEUE: &str = "default";
-
 /// Whether `name` is a valid queue name (pure): 1 to 64 of `[A-Za-z0-9._-]`, not starting with
 /// `.`, so it is one path component under `R/queues/`. Spawn and the runner both check it.
 pub fn valid_queue_name(name: &str) -> bool {

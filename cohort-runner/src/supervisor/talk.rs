@@ -154,6 +154,17 @@ impl Supervisor {
 
     /// Act on every message in the inbox.
     pub(super) fn take_control(&mut self) {
+        self.answer_inbox(None);
+    }
+
+    /// Refuse what waits in the inbox: the run is ending.
+    pub(super) fn refuse_control(&mut self, why: &str) {
+        self.answer_inbox(Some(why));
+    }
+
+    /// Answer every message in the inbox: refuse it for `ending` (or a stop in progress), else
+    /// act on it; a file that could not be trusted is refused unread.
+    fn answer_inbox(&mut self, ending: Option<&str>) {
         let Some(inbox) = &self.talk.inbox else {
             return;
         };
@@ -166,28 +177,14 @@ impl Supervisor {
                 Err(usage(format!("refused unread: {}", r.error))),
             );
         }
+        let ending = ending.or(self.stop.is_some().then_some("the run is being stopped"));
         for m in taken.messages {
-            let outcome = if self.stop.is_some() {
-                Err(Refusal::from("the run is being stopped".to_string()))
-            } else {
-                self.act(&m)
+            let outcome = match ending {
+                Some(why) => Err(Refusal::from(why.to_string())),
+                None => self.act(&m),
             };
             let step = outcome.as_ref().ok().copied();
             self.answer(&m.id, Some(m.kind), step, outcome);
-        }
-    }
-
-    /// Refuse what waits in the inbox: the run is ending.
-    pub(super) fn refuse_control(&mut self, why: &str) {
-        let Some(inbox) = &self.talk.inbox else {
-            return;
-        };
-        let taken = inbox.take();
-        for r in taken.refused {
-            self.answer(&r.id, None, None, Err(usage(r.error)));
-        }
-        for m in taken.messages {
-            self.answer(&m.id, Some(m.kind), None, Err(why.to_string().into()));
         }
     }
 

@@ -8,7 +8,7 @@
 //!   ([`parse_config`]): `timeoutMs` (the deadline of a single-agent run), `maxSubagentDepth`
 //!   (how deep nested runs may go), `parallel.concurrency` and `parallel.maxTasks` (a parallel
 //!   group's width and size), `globalConcurrencyLimit` (the width of the default queue every
-//!   top-level run joins, `cohort_common::format::spec::default_queue`), and
+//!   top-level run joins, [`default_queue`]), and
 //!   `worktreeSetupHook` (read with the runner's worktrees,
 //!   `cohort_common::worktree::load_setup_hook`). Every other key it documents shapes
 //!   pi-subagents' own UI or in-session runs and is named in one warning; an unknown key gets a
@@ -20,7 +20,7 @@
 
 use std::path::{Path, PathBuf};
 
-use cohort_common::format::spec::{ChainStep, TaskSpec};
+use cohort_common::format::spec::{ChainStep, QueueSpec, TaskSpec};
 use serde_json::Value as Json;
 
 use crate::agents::fields::THINKING_LEVELS;
@@ -269,6 +269,22 @@ pub fn load(profile: &Path, cwd: &Path) -> cohort_common::Result<Governance> {
     Ok(Governance::of(&user, project.as_ref(), config, file))
 }
 
+/// The width of the default queue every top-level run joins: pi-subagents'
+/// `globalConcurrencyLimit` (`extensions/subagent/config.json`), when it is set and positive
+/// (pure). The queue is named [`DEFAULT_QUEUE`]. Spawn gives it to a top-level run that names
+/// no `--queue`.
+pub fn default_queue(global_concurrency_limit: Option<u32>) -> Option<QueueSpec> {
+    global_concurrency_limit
+        .filter(|n| *n > 0)
+        .map(|slots| QueueSpec {
+            name: DEFAULT_QUEUE.into(),
+            slots,
+        })
+}
+
+/// The name of the queue `globalConcurrencyLimit` sets the width of.
+pub const DEFAULT_QUEUE: &str = "default";
+
 /// The rank of thinking level `level` in [`THINKING_LEVELS`] (pure; `None` for another word).
 pub fn thinking_rank(level: &str) -> Option<usize> {
     THINKING_LEVELS.iter().position(|l| *l == level)
@@ -464,6 +480,14 @@ pub fn config_keys() -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn global_limit_sets_the_default_queue() {
+        assert_eq!(default_queue(None), None);
+        assert_eq!(default_queue(Some(0)), None);
+        let q = default_queue(Some(3)).unwrap();
+        assert_eq!((q.name.as_str(), q.slots), (DEFAULT_QUEUE, 3));
+    }
     use cohort_common::format::spec::{ParallelSpec, TaskSpec};
 
     fn task(agent: Option<&str>, model: Option<&str>, thinking: Option<&str>) -> ChainStep {
