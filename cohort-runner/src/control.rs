@@ -2,9 +2,10 @@
 //! `--follow-up`, `--interrupt` and `--reply` leave their messages
 //! ([`cohort_common::format::control`]), and where the runner answers each.
 //!
-//! The runner makes the directory (0700) before it publishes `running`, and a thread of its own
-//! blocks in the kernel on an inotify watch of it: a message renamed in wakes the supervisor's
-//! loop at once, and an idle run costs nothing more than before. [`Inbox::take`] reads every
+//! The runner makes the directory (0700) and its wake FIFO ([`control::WAKE_FIFO`]) before it
+//! publishes `running`, and a thread of its own blocks in the kernel reading the FIFO: spawn's
+//! byte after a message is renamed in wakes the supervisor's loop at once, and an idle run
+//! costs nothing more than before. [`Inbox::take`] reads every
 //! message there and removes it; a file the runner cannot prove came from its own user (a
 //! link, not a regular file, another owner, readable by others, too large) is removed
 //! unread and refused. Deciding what a message does is the supervisor's (`supervisor/talk.rs`).
@@ -15,7 +16,6 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use nix::fcntl::OFlag;
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use nix::sys::stat::Mode;
 
 use cohort_common::error::{Error, Result};
@@ -52,42 +52,31 @@ impl Inbox {
     /// Make (0700, never through a link) and open `control/` of `run`, and start the thread
     /// that calls `wake` each time a message is renamed into it.
     ///
-    /// Errors: the directory cannot be made or opened, inotify cannot watch it, or the thread
+    /// Errors: the directory cannot be made or opened, its wake FIFO cannot be made, or the thread
     /// cannot start.
     pub fn open(run: &RunDir, wake: impl Fn() -> bool + Send + 'static) -> Result<Inbox> {
         let path = run.control_dir();
         let dir = files::open_dir(&path, true)?;
-        let inotify = Inotify::init(InitFlags::IN_CLOEXEC).map_err(|e| Error::Io {
-            action: "watch",
+        let fifo = open_wake_fifo(&dir).map_err(|e| Error::Io {
+            action: "make the wake FIFO in",
             path: path.clone(),
             source: e.into(),
         })?;
-        inotify
-            .add_watch(
-                &path,
-                AddWatchFlags::IN_MOVED_TO
-                    | AddWatchFlags::IN_ONLYDIR
-                    | AddWatchFlags::IN_DONT_FOLLOW,
-            )
-            .map_err(|e| Error::Io {
-                action: "watch",
-                path: path.clone(),
-                source: e.into(),
-            })?;
         std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {
-                // Blocks in the kernel until a file is renamed in; ends with the runner.
-                while let Ok(events) = inotify.read_events() {
-                    let message = events.iter().any(|e| {
-                        e.name
-                            .as_deref()
-                            .and_then(|n| n.to_str())
-                            .and_then(control::message_id)
-                            .is_some()
-                    });
-                    if message && !wake() {
-                        break;
+                // Blocks in the kernel until spawn writes a byte (a message was renamed in);
+                // the runner holds a write end itself, so this never reads an end of file.
+                let mut buf = [0u8; 64];
+                loop {
+                    match nix::unistd::read(&fifo, &mut buf) {
+                        Ok(n) if n > 0 => {
+                            if !wake() {
+                                break;
+                            }
+                        }
+                        Err(nix::errno::Errno::EINTR) => continue,
+                        _ => break,
                     }
                 }
             })
@@ -165,6 +154,48 @@ impl Inbox {
     pub fn path(&self) -> &std::path::Path {
         &self.path
     }
+}
+
+/// Make [`control::WAKE_FIFO`] in the control directory `dir` (0600; an entry of that name
+/// that is not this user's FIFO is removed first) and open it for reading and writing, never
+/// through a link, blocking.
+fn open_wake_fifo(dir: &OwnedFd) -> nix::Result<OwnedFd> {
+    let name = control::WAKE_FIFO;
+    let open = || {
+        nix::fcntl::openat(
+            dir,
+            name,
+            OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let ours = |fd: &OwnedFd| {
+        nix::sys::stat::fstat(fd).is_ok_and(|st| {
+            st.st_mode & libc::S_IFMT == libc::S_IFIFO
+                && st.st_uid == nix::unistd::geteuid().as_raw()
+                && st.st_mode & 0o077 == 0
+        })
+    };
+    let fd = match nix::unistd::mkfifoat(dir, name, Mode::from_bits_truncate(0o600)) {
+        Ok(()) => open()?,
+        Err(nix::errno::Errno::EEXIST) => match open() {
+            Ok(fd) if ours(&fd) => fd,
+            _ => {
+                let _ = nix::unistd::unlinkat(dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+                nix::unistd::mkfifoat(dir, name, Mode::from_bits_truncate(0o600))?;
+                open()?
+            }
+        },
+        Err(e) => return Err(e),
+    };
+    if !ours(&fd) {
+        return Err(nix::errno::Errno::EPERM);
+    }
+    // Opened without blocking (a FIFO's open may wait for its other end); read blocking.
+    let flags = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL)?;
+    let flags = OFlag::from_bits_truncate(flags) & !OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(flags))?;
+    Ok(fd)
 }
 
 /// Whether a message file may be read (pure): a regular file owned by the runner's own user
@@ -290,9 +321,10 @@ mod tests {
         );
         write(&late);
         write(&early);
-        // The watch wakes the loop for a message renamed in.
+        // Spawn's byte on the FIFO wakes the loop for a message renamed in.
+        control::poke(&dir);
         rx.recv_timeout(std::time::Duration::from_secs(10))
-            .expect("woken by the rename");
+            .expect("woken by the poke");
         let bad = "c00000000000000c3";
         std::fs::write(dir.join(control::message_file(bad)), b"{}").unwrap();
         std::fs::set_permissions(
@@ -311,7 +343,13 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(left, [name("notes.txt")], "messages are removed once taken");
+        let mut left = left;
+        left.sort();
+        assert_eq!(
+            left,
+            [name(control::WAKE_FIFO), name("notes.txt")],
+            "messages are removed once taken"
+        );
         inbox.answer(
             "c00000000000000a1",
             &ControlAnswer {
@@ -326,5 +364,22 @@ mod tests {
         )
         .unwrap();
         assert!(a.accepted);
+    }
+
+    #[test]
+    fn a_planted_wake_entry_is_replaced_by_the_runners_own_fifo() {
+        use std::os::unix::fs::FileTypeExt;
+        let t = tempfile::tempdir().unwrap();
+        let run = RunDir::new(t.path().to_path_buf());
+        let dir = run.control_dir();
+        std::fs::create_dir(&dir).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.join(control::WAKE_FIFO)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _inbox = Inbox::open(&run, move || tx.send(()).is_ok()).unwrap();
+        let m = std::fs::symlink_metadata(dir.join(control::WAKE_FIFO)).unwrap();
+        assert!(m.file_type().is_fifo(), "{m:?}");
+        control::poke(&dir);
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("woken through the new FIFO");
     }
 }

@@ -41,6 +41,8 @@ pub struct Launch<'a> {
     /// The step's cgroup leaf, when the run has a cgroup: the child is placed in it before it
     /// executes.
     pub cgroup: Option<&'a Path>,
+    /// The sync of the run's start, joined before the child is made.
+    pub durable: &'a crate::start::Durable,
 }
 
 /// A Pi child just started, and what its step holds while it runs.
@@ -125,6 +127,8 @@ pub fn start(
     let tmp = private_tmp(l.dir).map_err(|e| e.to_string())?;
     let prompt = crate::rpc::prompt_line(&read_task(task_in, &l.dir.task_file(i))?);
     let mut cmd = pi_command(l, &rt, &args, &tmp, step);
+    // Nothing of the user's work starts before the run survives a power loss.
+    l.durable.wait()?;
     let cannot =
         |e: &dyn std::fmt::Display| format!("cannot start {}: {e}", rt.node_exec_path.display());
     let (pid, stdin, stdout, stderr) = match l.cgroup {

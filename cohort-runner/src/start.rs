@@ -7,9 +7,10 @@
 //! ([`crate::cgroup`]), publishes `running` with the runner's pid
 //! identity and the run's containment, and then reads what the chain needs; a failure after
 //! `running` is published is recorded (`failed`, with a `run.failed` event) and returned.
-//! Spawn syncs nothing; the runner makes the run durable (launch spec, the directory
-//! entries, then the `running` record) before its first child, so nothing of the user's work
-//! exists before the run survives a power loss.
+//! Spawn syncs nothing; the runner publishes `running` and the route, then makes the run
+//! durable (launch spec, record and the directory entries, in one round of syncs, on a thread
+//! while the first step is prepared: [`Durable`]) before its first child, so nothing of the
+//! user's work exists before the run survives a power loss.
 //! A runner that dies between the two leaves a `queued` run with a free lock: the next reader
 //! settles it `failed` ("start abandoned") and removes the cgroup the runner made but no record
 //! names, when it is empty (`cohort_common::os::cgroup::remove_leftovers`).
@@ -44,6 +45,58 @@ pub struct Running {
     pub tree: Placement,
     /// The run's cgroup, where one could be made (the record's `containment` says which).
     pub cgroup: Option<RunCgroup>,
+    /// The sync of the start, joined before the first child ([`Durable::wait`]).
+    pub durable: Durable,
+}
+
+/// The sync that makes a run's start durable ([`make_durable`]), running on a thread of its
+/// own while the first step is prepared, so that its latency (a journal commit) overlaps that
+/// work. [`Durable::wait`] joins it; whatever starts the run's first process (a Pi child, a
+/// worktree's `git`) calls it first.
+#[derive(Debug)]
+pub struct Durable(std::sync::Mutex<Syncing>);
+
+#[derive(Debug)]
+enum Syncing {
+    Running(std::thread::JoinHandle<Result<()>>),
+    Done(std::result::Result<(), String>),
+}
+
+impl Durable {
+    /// Start syncing `dir`'s start; where no thread can be made, sync here.
+    fn start(dir: &RunDir) -> Durable {
+        let owned = dir.clone();
+        let state = match std::thread::Builder::new()
+            .name("sync".into())
+            .spawn(move || make_durable(&owned))
+        {
+            Ok(handle) => Syncing::Running(handle),
+            Err(_) => Syncing::Done(make_durable(dir).map_err(|e| e.to_string())),
+        };
+        Durable(std::sync::Mutex::new(state))
+    }
+
+    /// Block until the start is durable (at once after the first call).
+    ///
+    /// Errors: a sync failed, one line naming its path (the same each call).
+    pub fn wait(&self) -> std::result::Result<(), String> {
+        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Syncing::Running(_) = &*state {
+            let Syncing::Running(handle) = std::mem::replace(&mut *state, Syncing::Done(Ok(())))
+            else {
+                unreachable!("matched just above")
+            };
+            let done = match handle.join() {
+                Ok(r) => r.map_err(|e| format!("cannot make the run durable: {e}")),
+                Err(_) => Err("cannot make the run durable: its sync thread panicked".into()),
+            };
+            *state = Syncing::Done(done);
+        }
+        match &*state {
+            Syncing::Done(r) => r.clone(),
+            Syncing::Running(_) => unreachable!("joined above"),
+        }
+    }
 }
 
 /// Take the runner lock of `dir` (`inherited`, the held lock spawn handed down, or a fresh
@@ -106,9 +159,6 @@ pub fn into_running(dir: &RunDir, mut rec: RunRecord) -> Result<Running> {
         Ok(s) => s,
         Err(e) => return fail(rec, format!("cannot read the launch spec: {e}"), e),
     };
-    if let Err(e) = make_durable(dir) {
-        return fail(rec, format!("cannot make the run durable: {e}"), e);
-    }
     // The runner is in its own cgroup (born there, or moved in where it could not be) before
     // `running` is published and before any child exists, so every process of the run is born
     // in it.
@@ -134,6 +184,7 @@ pub fn into_running(dir: &RunDir, mut rec: RunRecord) -> Result<Running> {
         Ok(t) => t,
         Err(e) => return fail(rec, format!("cannot create the run's route: {e}"), e),
     };
+    let durable = Durable::start(dir);
     Ok(Running {
         rec,
         spec,
@@ -141,29 +192,33 @@ pub fn into_running(dir: &RunDir, mut rec: RunRecord) -> Result<Running> {
         state_root,
         tree,
         cgroup,
+        durable,
     })
 }
 
-/// Sync what spawn published without syncing (docs/format.md, "Writes"): the launch spec and
-/// the directories whose entries name the run (its parent, where spawn renamed
-/// it into place, and that one's parent, which a first run or a tree's first nested run made),
-/// together (one journal commit). The `running` record that follows is written durably
-/// ([`record::store`]: file and run directory), so once it is published, before any child
-/// exists, a power loss keeps the run whole.
+/// Sync, in one round, what spawn published without syncing and the `running` record
+/// published since (docs/format.md, "Writes"): the launch spec, the record, and the
+/// directories whose entries name them (the run directory, its parent, where spawn renamed it
+/// into place, and that one's parent, which a first run or a tree's first nested run made),
+/// together (one journal commit on ext4 and XFS, [`files::sync_together`]). Called before the
+/// first child, so nothing of the user's work exists before the run survives a power loss;
+/// until then a power loss leaves an abandoned start (an empty, torn or `queued` record and a
+/// free lock), which readers settle.
 ///
 /// Errors: a sync fails, naming its path.
 fn make_durable(dir: &RunDir) -> Result<()> {
     let parent = dir.path().parent();
     let grandparent = parent.and_then(|p| p.parent());
-    let spec = dir.spec();
-    let mut paths = vec![spec.as_path()];
+    let (spec, status) = (dir.spec(), dir.status());
+    let mut paths = vec![spec.as_path(), status.as_path(), dir.path()];
     paths.extend(parent);
     paths.extend(grandparent);
     files::sync_together(&paths)
 }
 
 /// Publish `running` with the runner's pid identity (`cohort-status --pid` waits for it while
-/// the run is starting), the chain at its first step.
+/// the run is starting), the chain at its first step. Not synced here: [`make_durable`] syncs
+/// it with the rest of the start before the first child.
 fn publish_running(dir: &RunDir, rec: &mut RunRecord) -> Result<()> {
     let me = procinfo::own_identity();
     rec.state = RunState::Running;
@@ -172,7 +227,7 @@ fn publish_running(dir: &RunDir, rec: &mut RunRecord) -> Result<()> {
     rec.boot_id = me.map(|m| m.boot_id);
     rec.last_update = Some(now_ms());
     rec.current_step = Some(0);
-    record::store(&dir.status(), rec)
+    record::store_unsynced(&dir.status(), rec)
 }
 
 /// The route of the run's tree: a nested run passes its tree's route on (in its spec); a

@@ -150,6 +150,7 @@ pub fn send(root: &StateRoot, req: &Request, json: bool) -> anyhow::Result<u8> {
     watch.add_watch(&dir, AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_ONLYDIR)?;
     let file = dir.join(control::message_file(&message.id));
     files::replace_unsynced(&file, &serde_json::to_vec(&message)?)?;
+    control::poke(&dir);
     let answer = wait_answer(&watch, &dir, &message.id, &found.dir.lock());
     let Some(answer) = answer else {
         // Not taken: take it back, so no runner acts on it later.

@@ -8,7 +8,7 @@
 //! the run record ([`PendingRequest`], `pending`) and names the supervisor tools it gives
 //! ([`SUPERVISOR_TOOLS`]). Each file is written 0600 through the directory's descriptor (a
 //! temp file created `O_EXCL`, then renamed), never through a link; nothing listens on a
-//! socket. The bounds here ([`MAX_MESSAGE_BYTES`], [`DEFAULT_REPLY_TIMEOUT_MS`]) are
+//! socket; the runner is woken through a FIFO ([`WAKE_FIFO`]). The bounds here ([`MAX_MESSAGE_BYTES`], [`DEFAULT_REPLY_TIMEOUT_MS`]) are
 //! pi-subagents 0.67's own (`src/intercom/native-supervisor-channel.ts`: `MAX_MESSAGE_BYTES`,
 //! `DEFAULT_ASK_TIMEOUT_MS`).
 
@@ -16,6 +16,35 @@ use serde::{Deserialize, Serialize};
 
 /// The control directory in a run directory (0700, made by the runner before `running`).
 pub const CONTROL_DIR: &str = "control";
+
+/// The FIFO in `control/` (0600, made by the runner with the directory) that wakes the
+/// runner: spawn writes a byte to it after it renames a message in. The runner holds it open
+/// for reading and writing and a thread of its own blocks reading it, so a wake costs nothing
+/// while the run is idle, and the runner's exit does not wait for the kernel to drop a watch
+/// (closing an inotify instance that watched something waits for an SRCU grace period,
+/// 10–20 ms measured; docs/benchmarks.md). A dot name: the inbox's look skips it.
+pub const WAKE_FIFO: &str = ".wake";
+
+/// Wake the runner whose control directory is `control_dir` after a message was renamed in:
+/// one byte written to its [`WAKE_FIFO`], opened without blocking and never through a link,
+/// and only when it is a FIFO of this user's. Nothing is reported: a runner that is gone, or
+/// whose FIFO is full (a wake is pending then), needs no wake.
+pub fn poke(control_dir: &std::path::Path) {
+    use nix::fcntl::OFlag;
+    let Ok(fd) = nix::fcntl::open(
+        &control_dir.join(WAKE_FIFO),
+        OFlag::O_WRONLY | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) else {
+        return;
+    };
+    let fifo_of_ours = nix::sys::stat::fstat(&fd).is_ok_and(|st| {
+        st.st_mode & libc::S_IFMT == libc::S_IFIFO && st.st_uid == nix::unistd::geteuid().as_raw()
+    });
+    if fifo_of_ours {
+        let _ = nix::unistd::write(&fd, b"\n");
+    }
+}
 
 /// The largest message text a control message or a child's request may carry, in bytes of
 /// UTF-8 (64 KiB, as pi-subagents bounds a supervisor request). A larger one is refused.

@@ -104,9 +104,12 @@ pub fn load(path: &Path) -> Result<Tracked> {
     Ok(t)
 }
 
-/// Write `processes.json` atomically and durably (the runner; [`files::write_json_atomic`]).
+/// Write `processes.json` atomically, not durably (the runner; [`files::replace_unsynced`]):
+/// it is read when a runner died and its processes may have outlived it, and a power loss
+/// ends every process it could name (its `bootId` is then another boot's), so a sync would
+/// buy nothing.
 pub fn store(path: &Path, t: &Tracked) -> Result<()> {
-    files::write_json_atomic(path, t)
+    files::replace_unsynced(path, &files::json_bytes(path, t)?)
 }
 
 /// The tracked processes that are still the run's (pure): on the recorded boot (`boot_id` is

@@ -114,9 +114,10 @@ pub fn create(
         max_nested,
         created_at: now_ms(),
     };
-    // Read only while the tree lives (a crash ends it): the content is synced, so the file is
-    // never torn, but its directory is not, off the path to the run's first child.
-    files::write_atomic_dir_unsynced(&path, &files::json_bytes(&path, &file)?)?;
+    // Read only while the tree lives, and a power loss ends the tree: nothing is synced (a
+    // reader sees the whole file or none, as the rename gives), off the path to the run's
+    // first child.
+    files::replace_unsynced(&path, &files::json_bytes(&path, &file)?)?;
     Ok(file)
 }
 

@@ -145,6 +145,7 @@ impl Supervisor {
             tree: &self.tree,
             run_id: &self.rec.run_id,
             depth: self.rec.depth,
+            durable: &self.durable,
         };
         launch::start(
             &l,

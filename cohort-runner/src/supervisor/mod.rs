@@ -175,6 +175,8 @@ struct Supervisor {
     run_deadline: Option<Instant>,
     /// The inbox, the live steps' stdin, and the children's pending requests.
     talk: talk::Talk,
+    /// The sync of the run's start, joined before its first process.
+    durable: start::Durable,
 }
 
 impl Supervisor {
@@ -186,6 +188,7 @@ impl Supervisor {
             state_root,
             tree,
             cgroup,
+            durable,
         } = running;
         let nested_runs = state_root.nested_runs_dir(&tree.root_run_id);
         let budget = spec
@@ -220,6 +223,7 @@ impl Supervisor {
             budget,
             run_deadline: None,
             talk: talk::Talk::default(),
+            durable,
         }
     }
 

@@ -29,6 +29,8 @@ impl Supervisor {
 
     /// Make the worktrees of a `worktree: true` group's members ([`crate::worktree::prepare`]).
     fn make_worktrees(&mut self, members: &mut [FlatStep]) -> std::result::Result<(), String> {
+        // `git` changes the user's repository: not before the run survives a power loss.
+        self.durable.wait()?;
         let at = crate::worktree::Place {
             run_id: &self.spec.run_id,
             run_cwd: &self.spec.cwd,
