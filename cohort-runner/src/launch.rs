@@ -41,7 +41,7 @@ pub struct Launch<'a> {
     /// The step's cgroup leaf, when the run has a cgroup: the child is placed in it before it
     /// executes.
     pub cgroup: Option<&'a Path>,
-    /// The sync of the run's start, joined before the child is made.
+    /// The sync of the run's start, done (once) before the child is made.
     pub durable: &'a crate::start::Durable,
 }
 

@@ -8,9 +8,9 @@
 //! identity and the run's containment, and then reads what the chain needs; a failure after
 //! `running` is published is recorded (`failed`, with a `run.failed` event) and returned.
 //! Spawn syncs nothing; the runner publishes `running` and the route, then makes the run
-//! durable (launch spec, record and the directory entries, in one round of syncs, on a thread
-//! while the first step is prepared: [`Durable`]) before its first child, so nothing of the
-//! user's work exists before the run survives a power loss.
+//! durable (launch spec, record and the directory entries, in one round of syncs, once the
+//! first step is prepared: [`Durable`]) before its first child, so nothing of the user's work
+//! exists before the run survives a power loss.
 //! A runner that dies between the two leaves a `queued` run with a free lock: the next reader
 //! settles it `failed` ("start abandoned") and removes the cgroup the runner made but no record
 //! names, when it is empty (`cohort_common::os::cgroup::remove_leftovers`).
@@ -45,57 +45,39 @@ pub struct Running {
     pub tree: Placement,
     /// The run's cgroup, where one could be made (the record's `containment` says which).
     pub cgroup: Option<RunCgroup>,
-    /// The sync of the start, joined before the first child ([`Durable::wait`]).
+    /// The sync of the start, done before the first child ([`Durable::wait`]).
     pub durable: Durable,
 }
 
-/// The sync that makes a run's start durable ([`make_durable`]), running on a thread of its
-/// own while the first step is prepared, so that its latency (a journal commit) overlaps that
-/// work. [`Durable::wait`] joins it; whatever starts the run's first process (a Pi child, a
-/// worktree's `git`) calls it first.
+/// The sync that makes a run's start durable ([`make_durable`]), done once, by whatever starts
+/// the run's first process (a Pi child, a worktree's `git`), after that step's files are
+/// written: the files, directories and route the preparation made go into the same journal
+/// commit, and no metadata write of the preparation waits behind a commit in progress (on
+/// ext4 a commit holds new operations until it is under way; syncing on a thread beside the
+/// preparation measured slower).
 #[derive(Debug)]
-pub struct Durable(std::sync::Mutex<Syncing>);
-
-#[derive(Debug)]
-enum Syncing {
-    Running(std::thread::JoinHandle<Result<()>>),
-    Done(std::result::Result<(), String>),
+pub struct Durable {
+    dir: RunDir,
+    done: std::sync::OnceLock<std::result::Result<(), String>>,
 }
 
 impl Durable {
-    /// Start syncing `dir`'s start; where no thread can be made, sync here.
-    fn start(dir: &RunDir) -> Durable {
-        let owned = dir.clone();
-        let state = match std::thread::Builder::new()
-            .name("sync".into())
-            .spawn(move || make_durable(&owned))
-        {
-            Ok(handle) => Syncing::Running(handle),
-            Err(_) => Syncing::Done(make_durable(dir).map_err(|e| e.to_string())),
-        };
-        Durable(std::sync::Mutex::new(state))
+    fn new(dir: &RunDir) -> Durable {
+        Durable {
+            dir: dir.clone(),
+            done: std::sync::OnceLock::new(),
+        }
     }
 
-    /// Block until the start is durable (at once after the first call).
+    /// Make the start durable, on the first call; later calls return its outcome.
     ///
     /// Errors: a sync failed, one line naming its path (the same each call).
     pub fn wait(&self) -> std::result::Result<(), String> {
-        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Syncing::Running(_) = &*state {
-            let Syncing::Running(handle) = std::mem::replace(&mut *state, Syncing::Done(Ok(())))
-            else {
-                unreachable!("matched just above")
-            };
-            let done = match handle.join() {
-                Ok(r) => r.map_err(|e| format!("cannot make the run durable: {e}")),
-                Err(_) => Err("cannot make the run durable: its sync thread panicked".into()),
-            };
-            *state = Syncing::Done(done);
-        }
-        match &*state {
-            Syncing::Done(r) => r.clone(),
-            Syncing::Running(_) => unreachable!("joined above"),
-        }
+        self.done
+            .get_or_init(|| {
+                make_durable(&self.dir).map_err(|e| format!("cannot make the run durable: {e}"))
+            })
+            .clone()
     }
 }
 
@@ -184,7 +166,7 @@ pub fn into_running(dir: &RunDir, mut rec: RunRecord) -> Result<Running> {
         Ok(t) => t,
         Err(e) => return fail(rec, format!("cannot create the run's route: {e}"), e),
     };
-    let durable = Durable::start(dir);
+    let durable = Durable::new(dir);
     Ok(Running {
         rec,
         spec,

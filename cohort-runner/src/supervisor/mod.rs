@@ -175,7 +175,7 @@ struct Supervisor {
     run_deadline: Option<Instant>,
     /// The inbox, the live steps' stdin, and the children's pending requests.
     talk: talk::Talk,
-    /// The sync of the run's start, joined before its first process.
+    /// The sync of the run's start, done before its first process.
     durable: start::Durable,
 }
 
