@@ -2,7 +2,7 @@
 //! spec, event log and tree route (`docs/architecture.md`, "The runner").
 //!
 //! [`take_queued`] takes the runner lock and refuses a record that is not `queued`; nothing is
-//! written yet, so a failure there is returned alone. [`into_running`] reads the launch spec,
+//! written yet, so a failure there is returned alone. [`into_running`] takes the launch spec,
 //! finds the run's cgroup (spawn made it and started the runner in it) or makes it
 //! ([`crate::cgroup`]), publishes `running` with the runner's pid
 //! identity and the run's containment, and then reads what the chain needs; a failure after
@@ -124,22 +124,20 @@ pub fn fail_queued(dir: &RunDir, mut rec: RunRecord, e: Error) -> Error {
     e
 }
 
-/// Publish `running` for the queued `rec` of `dir`, then read the launch spec, open the event
-/// log and find or create the tree's route.
+/// Publish `running` for the queued `rec` of `dir`, whose launch spec is `spec` (read by the
+/// queue's wait), in the run's cgroup, then open the event log and find or create the tree's
+/// route. The start is made durable later, before the first child ([`Running::durable`]).
 ///
-/// Errors: the `running` record cannot be stored; after that, the spec, the event log or the
-/// route fail, and the run is recorded `failed` with the reason before the error is returned.
-pub fn into_running(dir: &RunDir, mut rec: RunRecord) -> Result<Running> {
+/// Errors: the cgroup cannot be made with the run's limits, or the `running` record cannot be
+/// stored; after that, the event log or the route fail, and the run is recorded `failed` with
+/// the reason before the error is returned.
+pub fn into_running(dir: &RunDir, mut rec: RunRecord, spec: LaunchSpec) -> Result<Running> {
     // From here on a failure is recorded in the record and returned.
     let fail = |mut rec: RunRecord, why: String, e: Error| -> Result<Running> {
         rec.fail(Failure::StartFailed, why.clone());
         record::store(&dir.status(), &rec)?;
         let _ = events::append_once(&dir.events(), EventKind::RunFailed, json!({"error": why}));
         Err(e)
-    };
-    let spec: LaunchSpec = match files::read_json(&dir.spec()) {
-        Ok(s) => s,
-        Err(e) => return fail(rec, format!("cannot read the launch spec: {e}"), e),
     };
     // The runner is in its own cgroup (born there, or moved in where it could not be) before
     // `running` is published and before any child exists, so every process of the run is born

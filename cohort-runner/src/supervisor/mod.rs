@@ -100,15 +100,15 @@ pub fn run(
     if let Err(e) = start_signal_thread(tx.clone()) {
         return Err(start::fail_queued(dir, rec, e));
     }
-    let (rec, place) = match queued::wait(dir, rec, &tx, &rx) {
-        Ok(queued::Waited::Start(rec, place)) => (*rec, place),
+    let (rec, spec, place) = match queued::wait(dir, rec, &tx, &rx) {
+        Ok(queued::Waited::Start(rec, spec, place)) => (*rec, *spec, place),
         Ok(queued::Waited::Ended(state)) => return Ok(state),
         Err(e) => {
             let rec = record::load(&dir.status())?;
             return Err(start::fail_queued(dir, rec, e));
         }
     };
-    let running = start::into_running(dir, rec)?;
+    let running = start::into_running(dir, rec, spec)?;
     let mut sup = Supervisor::new(dir, running, (tx, rx));
     sup.open_inbox();
     let state = sup.run_chain();

@@ -28,7 +28,7 @@ use crate::sweep::StepTrack;
 pub(super) enum Waited {
     /// Its dependencies completed and its turn came (or it has neither): start it, holding its
     /// place in its queue (if any) until the run has ended.
-    Start(Box<RunRecord>, Option<queue::Place>),
+    Start(Box<RunRecord>, Box<LaunchSpec>, Option<queue::Place>),
     /// It ended before it started (stopped, or a dependency failed); the record is stored.
     Ended(RunState),
 }
@@ -65,7 +65,7 @@ pub(super) fn wait(
     let spec: LaunchSpec = files::read_json(&dir.spec())?;
     let after = spec.options.after.clone();
     if after.is_empty() && spec.options.queue.is_none() {
-        return Ok(Waited::Start(Box::new(rec), None));
+        return Ok(Waited::Start(Box::new(rec), Box::new(spec), None));
     }
     let me = procinfo::own_identity();
     rec.pid = Some(std::process::id());
@@ -103,7 +103,7 @@ pub(super) fn wait(
         }
     }
     let Some(q) = spec.options.queue.clone() else {
-        return Ok(Waited::Start(Box::new(rec), None));
+        return Ok(Waited::Start(Box::new(rec), Box::new(spec), None));
     };
     let root_run_id = spec.placement.as_ref().map(|p| p.root_run_id.clone());
     let place = queue::take_place(&root, &q, &rec.run_id, root_run_id.as_deref())?;
@@ -124,7 +124,7 @@ pub(super) fn wait(
                 EventKind::RunAdmitted,
                 json!({"queue": q.name}),
             );
-            Ok(Waited::Start(Box::new(rec), Some(place)))
+            Ok(Waited::Start(Box::new(rec), Box::new(spec), Some(place)))
         }
         Answer::Stopped => end_unstarted(dir, &spec, rec, Ending::Stopped),
         Answer::Refused(why) => Err(Error::State(why)),
