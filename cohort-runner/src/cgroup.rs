@@ -201,7 +201,7 @@ pub fn signal_step(leaf: &Path, nested_runs: &Path, kill: bool) {
 }
 
 /// End what is left in step leaf `leaf` after its Pi child was reaped: TERM to every member,
-/// up to `grace` for the leaf to empty (watched on its `cgroup.events`, not polled), then
+/// up to `grace` for the leaf to empty ([`cgroup::wait_empty`] on its `cgroup.events`), then
 /// `cgroup.kill` and up to 1 s more. Returns the members still alive after that
 /// (`"<pid> <cmdline>"`). Costs a few small reads whatever else runs on the host.
 pub fn sweep_step(leaf: &Path, nested_runs: &Path, grace: Duration) -> Vec<String> {

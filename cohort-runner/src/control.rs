@@ -5,10 +5,9 @@
 //! The runner makes the directory (0700) and its wake FIFO ([`control::WAKE_FIFO`]) before it
 //! publishes `running`, and a thread of its own blocks in the kernel reading the FIFO: spawn's
 //! byte after a message is renamed in wakes the supervisor's loop at once, and an idle run
-//! costs nothing more than before. [`Inbox::take`] reads every
-//! message there and removes it; a file the runner cannot prove came from its own user (a
-//! link, not a regular file, another owner, readable by others, too large) is removed
-//! unread and refused. Deciding what a message does is the supervisor's (`supervisor/talk.rs`).
+//! costs nothing more than before. [`Inbox::take`] reads every message there and removes it;
+//! a file the runner cannot prove came from its own user (a link, not a regular file, another
+//! owner, readable by others, too large) is removed unread and refused. Deciding what a message does is the supervisor's (`supervisor/talk.rs`).
 
 use std::ffi::OsStr;
 use std::io::Read;
@@ -49,11 +48,12 @@ pub struct Taken {
 }
 
 impl Inbox {
-    /// Make (0700, never through a link) and open `control/` of `run`, and start the thread
-    /// that calls `wake` each time a message is renamed into it.
+    /// Make (0700, never through a link) and open `control/` of `run` with its wake FIFO, and
+    /// start the thread that calls `wake` each time spawn pokes the FIFO (after renaming a
+    /// message in).
     ///
-    /// Errors: the directory cannot be made or opened, its wake FIFO cannot be made, or the thread
-    /// cannot start.
+    /// Errors: the directory cannot be made or opened, its wake FIFO cannot be made, or the
+    /// thread cannot start.
     pub fn open(run: &RunDir, wake: impl Fn() -> bool + Send + 'static) -> Result<Inbox> {
         let path = run.control_dir();
         let dir = files::open_dir(&path, true)?;

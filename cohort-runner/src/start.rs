@@ -49,12 +49,12 @@ pub struct Running {
     pub durable: Durable,
 }
 
-/// The sync that makes a run's start durable ([`make_durable`]), done once, by whatever starts
-/// the run's first process (a Pi child, a worktree's `git`), after that step's files are
-/// written: the files, directories and route the preparation made go into the same journal
-/// commit, and no metadata write of the preparation waits behind a commit in progress (on
-/// ext4 a commit holds new operations until it is under way; syncing on a thread beside the
-/// preparation measured slower).
+/// The sync that makes a run's start durable (the launch spec, the record and the directories
+/// that name the run, synced together), done once, by whatever starts the run's first process
+/// (a Pi child, a worktree's `git`), after that step's files are written: what the preparation
+/// made goes into the same journal commit, and no metadata write of the preparation waits
+/// behind a commit that is starting (syncing on a thread beside the preparation measured no
+/// better; docs/benchmarks.md, "Where a run's fixed cost goes").
 #[derive(Debug)]
 pub struct Durable {
     dir: RunDir,
@@ -227,4 +227,25 @@ fn tree_placement(spec: &LaunchSpec, state_root: &StateRoot, run_id: &str) -> Re
         route_dir: state_root.route_dir(run_id),
         capability_token: file.capability_token,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_is_synced_once_and_a_failure_names_its_path_each_time() {
+        let t = tempfile::tempdir().unwrap();
+        let runs = t.path().join("async-subagent-runs");
+        let dir = RunDir::new(runs.join("r1"));
+        std::fs::create_dir_all(dir.path()).unwrap();
+        std::fs::write(dir.status(), b"{}").unwrap();
+        // No launch spec: the sync fails on it, and says so on every call.
+        let durable = Durable::new(&dir);
+        let first = durable.wait().unwrap_err();
+        assert!(first.contains("launch.json"), "{first}");
+        std::fs::write(dir.spec(), b"{}").unwrap();
+        assert_eq!(durable.wait().unwrap_err(), first, "done once");
+        assert_eq!(Durable::new(&dir).wait(), Ok(()));
+    }
 }

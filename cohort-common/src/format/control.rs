@@ -8,9 +8,9 @@
 //! the run record ([`PendingRequest`], `pending`) and names the supervisor tools it gives
 //! ([`SUPERVISOR_TOOLS`]). Each file is written 0600 through the directory's descriptor (a
 //! temp file created `O_EXCL`, then renamed), never through a link; nothing listens on a
-//! socket; the runner is woken through a FIFO ([`WAKE_FIFO`]). The bounds here ([`MAX_MESSAGE_BYTES`], [`DEFAULT_REPLY_TIMEOUT_MS`]) are
-//! pi-subagents 0.67's own (`src/intercom/native-supervisor-channel.ts`: `MAX_MESSAGE_BYTES`,
-//! `DEFAULT_ASK_TIMEOUT_MS`).
+//! socket, and the runner is woken through a FIFO ([`WAKE_FIFO`]). The bounds here
+//! ([`MAX_MESSAGE_BYTES`], [`DEFAULT_REPLY_TIMEOUT_MS`]) are pi-subagents 0.67's own
+//! (`src/intercom/native-supervisor-channel.ts`: `MAX_MESSAGE_BYTES`, `DEFAULT_ASK_TIMEOUT_MS`).
 
 use serde::{Deserialize, Serialize};
 
