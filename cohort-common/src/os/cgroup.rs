@@ -1065,9 +1065,13 @@ mod tests {
         let (pid, placed) = unsafe { crate::os::child::fork_into(Some(leaf.as_fd())) }.unwrap();
         if pid == 0 {
             let mut b = [0u8; 1];
+            let keep = std::os::fd::AsRawFd::as_raw_fd(&r) as u32;
             unsafe {
-                // The child's copy of the write end, closed: the parent's drop ends the read.
-                libc::close(std::os::fd::AsRawFd::as_raw_fd(&w));
+                // Every other descriptor closed at once, the write end's copy among them (the
+                // parent's drop then ends the read), and the other tests' too: a lock file this
+                // process's threads hold must not stay held by this child while it waits.
+                libc::syscall(libc::SYS_close_range, 3u32, keep - 1, 0u32);
+                libc::syscall(libc::SYS_close_range, keep + 1, u32::MAX, 0u32);
                 libc::read(
                     std::os::fd::AsRawFd::as_raw_fd(&r),
                     b.as_mut_ptr().cast(),
