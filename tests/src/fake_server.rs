@@ -17,7 +17,7 @@
 //! | `ask` | calls `contact_supervisor` with `reason` `need_decision` and the last user message as `message`; once the tool has answered, replies `GOT: <tool result>` |
 //! | `intercom` | calls `intercom` with `action` `ask`, `to` `supervisor` and the last user message as `message`; once the tool has answered, replies `GOT: <tool result>` |
 //! | `report` | calls `contact_supervisor` with `reason` `progress_update` and the last user message as `message`; once the tool has answered, replies `GOT: <tool result>` |
-//! | `busy` | calls `bash` (`echo BUSY`) every turn; but when the task (the first user message) says `OBEY` and the last message is a user message saying `one turn left` (`--max-turns`' wrap-up), replies `WRAPPED UP after N tool calls` |
+//! | `busy` | after 100 ms (a model's latency), calls `bash` (`echo BUSY`) every turn; but when the task (the first user message) says `OBEY` and the last message is a user message saying `one turn left` (`--max-turns`' wrap-up), replies `WRAPPED UP after N tool calls` |
 //! | `metered` | replies as `plain`, reporting 1000 prompt tokens of which 300 were cached, and 200 completion tokens; the profile gives it prices ([`METERED_PRICES`]) |
 //! | `meteredtool` | behaves as `tool`, reporting `metered`'s tokens on each of its two replies, at `metered`'s prices |
 //! | `delegate` | delegates as the `cohort` skill teaches: first `read`s the skill's file, from the `<location>` of the skill named `cohort` in the system prompt (no such skill: replies `NO COHORT SKILL`); then runs with `bash` the skill's first `cohort-spawn --wait "TASK"` line, `TASK` replaced by the text after `DELEGATE:` in the user's message (no such line: replies `NO WAIT EXAMPLE`); then replies `DELEGATED: <bash output>` |
@@ -389,6 +389,9 @@ fn respond(out: &mut TcpStream, model: &str, req: &Value) -> std::io::Result<()>
             Some(answer) => reply(out, model, &format!("GOT: {}", answer.trim())),
         },
         "busy" => {
+            // A model's latency: the runner's reaction to a turn (its `--max-turns` abort) is
+            // not raced against an instant loop, which a loaded machine can lose by turns.
+            std::thread::sleep(Duration::from_millis(100));
             let first_user = messages
                 .iter()
                 .find(|m| m["role"] == "user")
