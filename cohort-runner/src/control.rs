@@ -254,6 +254,19 @@ fn name(s: &str) -> &OsStr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What spawn does after renaming a message in: one byte on the wake FIFO.
+    fn poke(dir: &std::path::Path) {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(dir.join(control::WAKE_FIFO))
+            .unwrap()
+            .write_all(b"\n")
+            .unwrap();
+    }
     use cohort_common::format::control::ControlKind;
 
     fn msg(id: &str, kind: ControlKind, text: Option<&str>, at: u64) -> ControlMessage {
@@ -322,7 +335,7 @@ mod tests {
         write(&late);
         write(&early);
         // Spawn's byte on the FIFO wakes the loop for a message renamed in.
-        control::poke(&dir);
+        poke(&dir);
         rx.recv_timeout(std::time::Duration::from_secs(10))
             .expect("woken by the poke");
         let bad = "c00000000000000c3";
@@ -378,7 +391,7 @@ mod tests {
         let _inbox = Inbox::open(&run, move || tx.send(()).is_ok()).unwrap();
         let m = std::fs::symlink_metadata(dir.join(control::WAKE_FIFO)).unwrap();
         assert!(m.file_type().is_fifo(), "{m:?}");
-        control::poke(&dir);
+        poke(&dir);
         rx.recv_timeout(std::time::Duration::from_secs(10))
             .expect("woken through the new FIFO");
     }

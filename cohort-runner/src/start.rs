@@ -207,7 +207,10 @@ fn publish_running(dir: &RunDir, rec: &mut RunRecord) -> Result<()> {
     rec.boot_id = me.map(|m| m.boot_id);
     rec.last_update = Some(now_ms());
     rec.current_step = Some(0);
-    record::store_unsynced(&dir.status(), rec)
+    // Temp file and rename without syncs: readers see the old record or the new one.
+    let path = dir.status();
+    record::check_writable(&path)?;
+    files::replace_unsynced(&path, &files::json_bytes(&path, rec)?)
 }
 
 /// The route of the run's tree: a nested run passes its tree's route on (in its spec); a

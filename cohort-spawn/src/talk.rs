@@ -150,7 +150,7 @@ pub fn send(root: &StateRoot, req: &Request, json: bool) -> anyhow::Result<u8> {
     watch.add_watch(&dir, AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_ONLYDIR)?;
     let file = dir.join(control::message_file(&message.id));
     files::replace_unsynced(&file, &serde_json::to_vec(&message)?)?;
-    control::poke(&dir);
+    poke(&dir);
     let answer = wait_answer(&watch, &dir, &message.id, &found.dir.lock());
     let Some(answer) = answer else {
         // Not taken: take it back, so no runner acts on it later.
@@ -254,6 +254,27 @@ fn check_owner(root: &Path, run: &Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Wake the runner whose control directory is `control_dir` after a message was renamed in:
+/// one byte written to its [`control::WAKE_FIFO`], opened without blocking and never through a link,
+/// and only when it is a FIFO of this user's. Nothing is reported: a runner that is gone, or
+/// whose FIFO is full (a wake is pending then), needs no wake.
+fn poke(control_dir: &std::path::Path) {
+    use nix::fcntl::OFlag;
+    let Ok(fd) = nix::fcntl::open(
+        &control_dir.join(control::WAKE_FIFO),
+        OFlag::O_WRONLY | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) else {
+        return;
+    };
+    let fifo_of_ours = nix::sys::stat::fstat(&fd).is_ok_and(|st| {
+        st.st_mode & libc::S_IFMT == libc::S_IFIFO && st.st_uid == nix::unistd::geteuid().as_raw()
+    });
+    if fifo_of_ours {
+        let _ = nix::unistd::write(&fd, b"\n");
+    }
 }
 
 #[cfg(test)]

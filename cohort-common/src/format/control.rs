@@ -25,27 +25,6 @@ pub const CONTROL_DIR: &str = "control";
 /// 10–20 ms measured; docs/benchmarks.md). A dot name: the inbox's look skips it.
 pub const WAKE_FIFO: &str = ".wake";
 
-/// Wake the runner whose control directory is `control_dir` after a message was renamed in:
-/// one byte written to its [`WAKE_FIFO`], opened without blocking and never through a link,
-/// and only when it is a FIFO of this user's. Nothing is reported: a runner that is gone, or
-/// whose FIFO is full (a wake is pending then), needs no wake.
-pub fn poke(control_dir: &std::path::Path) {
-    use nix::fcntl::OFlag;
-    let Ok(fd) = nix::fcntl::open(
-        &control_dir.join(WAKE_FIFO),
-        OFlag::O_WRONLY | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    ) else {
-        return;
-    };
-    let fifo_of_ours = nix::sys::stat::fstat(&fd).is_ok_and(|st| {
-        st.st_mode & libc::S_IFMT == libc::S_IFIFO && st.st_uid == nix::unistd::geteuid().as_raw()
-    });
-    if fifo_of_ours {
-        let _ = nix::unistd::write(&fd, b"\n");
-    }
-}
-
 /// The largest message text a control message or a child's request may carry, in bytes of
 /// UTF-8 (64 KiB, as pi-subagents bounds a supervisor request). A larger one is refused.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;

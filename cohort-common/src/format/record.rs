@@ -886,16 +886,6 @@ pub fn store(path: &Path, record: &RunRecord) -> Result<()> {
     store_measured(path, record).map(drop)
 }
 
-/// [`store`] without its syncs (temp file and rename): readers see the old record or the new
-/// one, never a torn one, but a power loss may lose it. For the runner's `running` record,
-/// which it syncs with the rest of the run's start before its first child.
-///
-/// Errors: as [`store`].
-pub fn store_unsynced(path: &Path, record: &RunRecord) -> Result<()> {
-    check_writable(path)?;
-    files::replace_unsynced(path, &files::json_bytes(path, record)?)
-}
-
 /// [`store`], returning how many bytes the record took on the disk (the runner's write budget).
 pub fn store_measured(path: &Path, record: &RunRecord) -> Result<u64> {
     check_writable(path)?;
