@@ -2,7 +2,8 @@
 //! harmless (`docs/reap.md`, "Crash safety").
 //!
 //! - [`recover`]: finish what an interrupted reap left in the trash (put back, delete);
-//! - [`remove_staging`]: remove the staging directories of starts that are provably over;
+//! - [`remove_staging`]: remove the staging directories of starts that are provably over, and
+//!   the empty cgroups they left;
 //! - [`Trash::move_in`]: move one cleared unit into the trash, subtree first, then the run dir
 //!   (the commit point: the run leaves the listing in that one rename);
 //! - [`Trash::delete`]: one fsync of the directories involved, then delete every unit moved in.
@@ -22,9 +23,9 @@ use std::path::{Path, PathBuf};
 
 use cohort_common::error::{Error, IoContext, Result};
 use cohort_common::fault;
-use cohort_common::format::layout::{RunDir, StateRoot};
+use cohort_common::format::layout::{RunDir, StateRoot, STAGING_PREFIX};
 use cohort_common::os::files;
-use cohort_common::os::{lock, tree};
+use cohort_common::os::{cgroup, lock, tree};
 
 use crate::decide::Refusal;
 use crate::plan::Unit;
@@ -81,14 +82,21 @@ pub fn recover(
 
 /// Remove the staging directories of abandoned starts ([`cohort_common::store::discover::abandoned_staging`]),
 /// each while holding its (free) lock, so no probe can mistake a half-removed directory for a
-/// start in progress. A removal that fails is noted in the report.
+/// start in progress, and the empty cgroup such a start may have left (native spawn makes the
+/// run's cgroup and forks the runner into it before it publishes the run; a spawn killed
+/// before then leaves it: [`cgroup::remove_leftovers`], nothing in it signalled). A removal
+/// that fails is noted in the report.
 pub fn remove_staging(staging: Vec<RunDir>, report: &mut Report) {
+    let facts = (!staging.is_empty()).then(cgroup::facts);
     for dir in staging {
         let _held = lock::RunLock::try_acquire(&dir.lock()).ok().flatten();
         let parent = dir.path().parent().unwrap_or(Path::new("/"));
         match tree::remove_entry(parent, &dir.name(), &mut || {}) {
             Ok(_) => report.staging_removed.push(dir.path().to_path_buf()),
             Err(e) => report.cleanup_failed(dir.path(), &e),
+        }
+        if let (Some(facts), Some(id)) = (&facts, dir.name().strip_prefix(STAGING_PREFIX)) {
+            cgroup::remove_leftovers(facts, id, None);
         }
     }
 }

@@ -14,7 +14,7 @@ use clap::Parser;
 use cohort_cli as cli;
 use cohort_common::backend::BackendKind;
 use cohort_common::format::layout::RunDir;
-use cohort_common::format::spec::{LOCK_FD_ENV, READY_LINE};
+use cohort_common::format::spec::{GO_FD_ENV, LOCK_FD_ENV, READY_LINE};
 
 use crate::{process, supervisor};
 
@@ -35,9 +35,28 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     // The held run lock spawn handed down, if it did (a runner started by hand has none and
     // takes the lock itself). Read before anything else is opened, and kept open below.
-    let inherited = inherited_lock();
-    process::close_inherited_fds(inherited.as_ref().map(|fd| fd.as_raw_fd()));
+    let inherited = inherited_fd(LOCK_FD_ENV);
+    let go = inherited_fd(GO_FD_ENV);
+    let keep: Vec<i32> = [&inherited, &go]
+        .into_iter()
+        .flatten()
+        .map(|fd| fd.as_raw_fd())
+        .collect();
+    process::close_inherited_fds(&keep);
     process::detach(args.backend).context("cannot detach")?;
+    // Forked before its run was published: nothing of the run is looked at before spawn says
+    // go. An end of file instead means spawn refused the start or died before it published
+    // the run, so there is nothing to run and nothing to touch.
+    if let Some(go) = go {
+        if !process::wait_for_go(go) {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "cohort-runner: spawn did not start the run; exiting untouched"
+            );
+            return Ok(());
+        }
+    }
     let dir = RunDir::new(&args.run_dir);
     supervisor::run(&dir, inherited, || {
         // Say we hold the lock (a scheduler job's output shows it), then stop writing there.
@@ -50,12 +69,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The descriptor named by [`LOCK_FD_ENV`], taken over (the variable is removed so no child
-/// sees it). `None` when the variable is absent or names no open descriptor.
-fn inherited_lock() -> Option<OwnedFd> {
-    let fd: i32 = std::env::var(LOCK_FD_ENV).ok()?.parse().ok()?;
+/// The descriptor named by the environment variable `var` ([`LOCK_FD_ENV`], [`GO_FD_ENV`]),
+/// taken over (the variable is removed so no child inherits it); `None` when it is not set,
+/// names stdio or is not open.
+fn inherited_fd(var: &str) -> Option<OwnedFd> {
+    let fd: i32 = std::env::var(var).ok()?.parse().ok()?;
     // Single-threaded here: nothing else reads the environment concurrently.
-    std::env::remove_var(LOCK_FD_ENV);
+    std::env::remove_var(var);
     // SAFETY: F_GETFD only reads the descriptor's flags; an fd that is not open fails (EBADF).
     if fd <= 2 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
         return None;

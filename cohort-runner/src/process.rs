@@ -28,19 +28,58 @@ fn take<F>(slot: &std::sync::Mutex<Option<F>>) -> Option<F> {
 /// have passed any, e.g. a `flock` fd in a shell script): a detached runner and its Pi children
 /// must not keep the caller's files open, let alone its locks. Called first thing by
 /// `cohort-runner`, before it opens anything itself.
-/// `keep` is the one inherited descriptor to leave open (the run lock spawn handed down).
-pub fn close_inherited_fds(keep: Option<i32>) {
+/// `keep` are the inherited descriptors to leave open (the run lock and the go pipe spawn
+/// handed down). One `close_range(2)` per gap between them; where the kernel has none (before
+/// Linux 5.9), each descriptor `/proc/self/fd` lists.
+pub fn close_inherited_fds(keep: &[i32]) {
+    let mut keep: Vec<u32> = keep
+        .iter()
+        .filter_map(|&fd| u32::try_from(fd).ok())
+        .collect();
+    keep.sort_unstable();
+    let close = |first: u32, last: u32| {
+        // SAFETY: close_range(2) of descriptors this process inherited and nothing in it
+        // uses: none is opened by Rust code yet (called first thing).
+        first > last || unsafe { libc::close_range(first, last, 0) } == 0
+    };
+    let mut from = 3u32;
+    let mut ranged = true;
+    for &k in keep.iter().filter(|&&k| k >= 3) {
+        if k > from {
+            ranged &= close(from, k - 1);
+        }
+        from = from.max(k.saturating_add(1));
+    }
+    ranged &= close(from, u32::MAX);
+    if ranged {
+        return;
+    }
     let fds: Vec<i32> = match std::fs::read_dir("/proc/self/fd") {
         Ok(rd) => rd
             .flatten()
             .filter_map(|e| e.file_name().to_str()?.parse().ok())
-            .filter(|&fd| fd > 2 && Some(fd) != keep)
+            .filter(|&fd: &i32| fd > 2 && !keep.contains(&(fd as u32)))
             .collect(),
         Err(_) => return,
     };
     // The directory's own descriptor is closed by now; closing it again fails harmlessly.
     for fd in fds {
         let _ = nix::unistd::close(fd);
+    }
+}
+
+/// Wait on the go pipe spawn handed down ([`cohort_common::format::spec::GO_FD`]) for the
+/// byte it writes once the run is published and its start checked, then close the pipe.
+/// Returns whether it came: an end of file (spawn refused the start, or died first) or
+/// anything else is no.
+pub fn wait_for_go(go: std::os::fd::OwnedFd) -> bool {
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::unistd::read(&go, &mut byte) {
+            Ok(1) => return byte[0] == cohort_common::format::spec::GO_BYTE,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) | Err(_) => return false,
+        }
     }
 }
 

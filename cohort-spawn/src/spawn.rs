@@ -4,11 +4,13 @@
 //! run dir is assembled under a hidden name with its lock file already held; cwd, runtime and
 //! session rules are checked, and a start they refuse makes no run (the hidden directory is
 //! removed; the exit code says which check refused it); the `queued` record and the launch
-//! spec are written durably beside the lock and the directory is renamed into view (a
+//! spec are written beside the lock (unsynced: the runner makes the run durable) and the directory is renamed into view (a
 //! top-level run is then journaled for the listing index,
 //! [`cohort_common::store::index::note_spawned`]).
-//! Then the run's backend starts the runner ([`crate::backend`]): natively the detached runner
-//! is started with the held lock, and spawn returns once it has adopted it; under a scheduler
+//! The run's backend may begin its start as soon as the lock is held ([`crate::backend`]'s
+//! `begin`): natively the detached runner is forked then with the held lock, and waits on a go
+//! pipe while spawn validates and publishes the run. Then the backend starts the runner:
+//! natively spawn says "go" once the runner leads a session of its own; under a scheduler
 //! the runner is submitted as a job whose handle is recorded before spawn lets go of the run
 //! lock. If anything after publication fails, the record is rewritten `failed` with the
 //! reason.
@@ -197,6 +199,16 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
     let lock = RunLock::create_held(&staging.lock())?;
     drop(turn);
     fault::point("spawn.staged");
+    // The runner starts up while the run is validated and published (native: forked now,
+    // held at its go pipe); dropped unused, it ends untouched.
+    let early = submit.begin(&backend::Begin {
+        root,
+        dir: &dir,
+        staging: &staging,
+        runner: &req.runner,
+        lock: &lock,
+        limits: &req.options.limits,
+    });
 
     // Validate before publishing: the record appears once, already `queued` with its runtime,
     // or already `failed` with the reason.
@@ -257,6 +269,7 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         lock: &lock,
         launch: &req.backend,
         limits: &req.options.limits,
+        early: std::cell::Cell::new(early),
     };
     let started =
         check_published(root, &rec, &req, &rt).and_then(|()| submit.start(&start, &mut rec));

@@ -20,6 +20,17 @@ pub const READY_LINE: &str = "cohort-runner: ready";
 pub const LOCK_FD_ENV: &str = "COHORT_LOCK_FD";
 /// The descriptor spawn hands the held run lock to the runner as.
 pub const LOCK_FD: i32 = 3;
+/// The environment variable through which native spawn tells the runner that it inherits the
+/// read end of the go pipe, and as which descriptor. Spawn forks the runner before it has
+/// validated and published the run, so that the runner's `exec` and start-up overlap spawn's
+/// own work; the runner reads one byte ([`GO_BYTE`]) before it looks at the run directory, and
+/// an end of file instead (spawn refused the start, or died before it published the run) makes
+/// it exit without touching anything.
+pub const GO_FD_ENV: &str = "COHORT_GO_FD";
+/// The descriptor spawn hands the go pipe's read end to the runner as.
+pub const GO_FD: i32 = 4;
+/// What spawn writes on the go pipe once the run is published and its start checked.
+pub const GO_BYTE: u8 = b'g';
 use crate::format::record::{AgentScope, AgentSource, ParallelGroup, RunMode};
 use crate::identity::runtime::Runtime;
 

@@ -50,6 +50,15 @@ pub trait Submit: Sync {
         None
     }
 
+    /// Begin the start before the run is validated and published, once its staging directory
+    /// and held run lock exist: what this returns is handed to [`Submit::start`] in
+    /// [`Start::early`], and undoes itself when dropped unused (the start was refused).
+    /// `None`: nothing begins early (a scheduler backend). The native backend forks its runner
+    /// here ([`native::fork_runner`]), so that the runner's start-up overlaps spawn's work.
+    fn begin(&self, _begin: &Begin<'_>) -> Option<native::Early> {
+        None
+    }
+
     /// Start the run's runner, and record in `rec` (and on disk) what a reader needs to ask
     /// about it later.
     ///
@@ -74,6 +83,24 @@ pub struct Start<'a> {
     pub launch: &'a LaunchBackend,
     /// The run's limits (`--memory-max`, `--pids-max`, `--cpu-max`), for the cgroup a native
     /// start makes.
+    pub limits: &'a Limits,
+    /// What [`Submit::begin`] returned, for the start to take.
+    pub early: std::cell::Cell<Option<native::Early>>,
+}
+
+/// What [`Submit::begin`] works with: the run as it is being assembled.
+pub struct Begin<'a> {
+    /// The state root the run belongs to.
+    pub root: &'a StateRoot,
+    /// The run directory as it will be published (not there yet).
+    pub dir: &'a RunDir,
+    /// Its staging directory, where the run is assembled.
+    pub staging: &'a RunDir,
+    /// The path of `cohort-runner`.
+    pub runner: &'a Path,
+    /// The run lock, held.
+    pub lock: &'a RunLock,
+    /// The run's limits, for the cgroup a native start makes.
     pub limits: &'a Limits,
 }
 

@@ -1,10 +1,16 @@
 //! The native backend: the runner detached on this machine (`docs/backends.md`).
 //!
-//! Spawn forks `cohort-runner RUN_DIR` with the held run lock as an inherited descriptor, so
-//! the lock is never free between the run's publication and the runner's end, and returns as
-//! soon as the runner exists ([`start_runner`]): once `fork(2)` has returned the child holds the
-//! lock, and spawn waits only until the child says it leads a session of its own, not for its
-//! `exec`, so nothing of the runner's start-up is on spawn's path. The record names no backend.
+//! Spawn forks `cohort-runner RUN_DIR` as soon as the run's staging directory and its held run
+//! lock exist ([`fork_runner`], called through [`Submit::begin`]), before it validates and
+//! publishes the run, so that the runner's `exec` and start-up overlap spawn's own work. The
+//! child inherits the lock as a descriptor, so the lock is never free between the run's
+//! publication and the runner's end, and the read end of a go pipe: the runner reads one byte
+//! ([`spec::GO_BYTE`]) before it looks at the run directory. Once the run is published and its
+//! start checked, spawn waits until the child says it leads a session of its own (it said so
+//! long before, on a quiet machine) and writes that byte ([`Forked::go`]); a start refused or
+//! failed after the fork closes the pipe instead, and the runner exits without touching
+//! anything ([`Forked`]'s drop waits for it and removes its cgroup). The record names no
+//! backend.
 //!
 //! Where a cgroup can be made, spawn makes the run's (`<base>/<run-id>/runner/`, with its
 //! limits) and the runner is born in its `runner` leaf (`clone3` with `CLONE_INTO_CGROUP`,
@@ -21,14 +27,14 @@ use std::path::{Path, PathBuf};
 
 use cohort_common::backend::BackendKind;
 use cohort_common::error::{Error, Result};
-use cohort_common::format::layout::{RunDir, StateRoot, PROFILE_ENV};
+use cohort_common::format::layout::{StateRoot, PROFILE_ENV};
 use cohort_common::format::record::RunRecord;
 use cohort_common::format::route;
-use cohort_common::format::spec::{self, Limits, LOCK_FD, LOCK_FD_ENV};
+use cohort_common::format::spec::{self, Limits, GO_FD, GO_FD_ENV, LOCK_FD, LOCK_FD_ENV};
 use cohort_common::os::lock::RunLock;
 use cohort_common::os::{cgroup, child, files};
 
-use super::{Start, Submit};
+use super::{Begin, Start, Submit};
 
 /// Starting native runs.
 pub struct Native;
@@ -38,76 +44,140 @@ impl Submit for Native {
         BackendKind::native()
     }
 
+    fn begin(&self, b: &Begin<'_>) -> Option<Early> {
+        Some(fork_runner(b))
+    }
+
     fn start(&self, s: &Start<'_>, _rec: &mut RunRecord) -> Result<()> {
-        start_runner(s.root, s.dir, s.runner, s.lock, s.limits)
+        match s.early.take() {
+            Some(Ok(forked)) => forked.go(),
+            Some(Err(why)) => Err(why),
+            // Not begun (a caller that skipped `begin`): fork now, and go at once.
+            None => fork_runner(&Begin {
+                root: s.root,
+                dir: s.dir,
+                staging: s.dir,
+                runner: s.runner,
+                lock: s.lock,
+                limits: s.limits,
+            })?
+            .go(),
+        }
     }
 }
 
-/// Start the detached runner for `dir`, handing it the held run lock as descriptor
-/// [`LOCK_FD`] (named in [`LOCK_FD_ENV`]). Nothing is synced: the runner makes the run durable
-/// before its first child (docs/format.md, "Writes"). Returns once the runner exists in a session of its own: `fork(2)` has returned, the
-/// child holds the lock (the same open file as spawn's, so it stays held when spawn exits), and
-/// it has said on a pipe that its `setsid` succeeded (`wait_for_session`), so spawn's exit
-/// (the hang-up of a terminal it led) or a signal to its process group cannot end it. Neither
-/// its `exec` nor its start-up is waited for: a runner that fails later records its own
-/// `failed` record, and one that cannot be executed (the check below passed, the `exec` did not)
-/// writes why to `runner.log` and exits 127, leaving a `queued` run with a free lock, which the
-/// next reader settles `failed` ("start abandoned").
+/// The runner forked by [`fork_runner`], or why it could not be: the start reports the error
+/// once the run is published, so the run is recorded `failed` with it.
+pub type Early = std::result::Result<Forked, Error>;
+
+/// A runner forked before its run was published, held at its go pipe.
 ///
-/// The runner is born in the `runner` leaf of the run's cgroup, made here with `limits`
-/// ([`cgroup::create_run`]), where that can be done; else it starts in spawn's cgroup.
+/// [`Forked::go`] lets it run. Dropped without that (the start was refused, or failed before
+/// the go), the pipe is closed, the runner exits without touching anything (it has looked at
+/// nothing yet), spawn waits for it, and its cgroup is removed.
+pub struct Forked {
+    pid: libc::pid_t,
+    /// The go pipe's write end; `None` once the byte is written.
+    go: Option<OwnedFd>,
+    /// Where the child says that it leads a session of its own.
+    in_session: OwnedFd,
+    /// The run's cgroup the child was born in, removed when the start does not go.
+    cgroup: Option<PathBuf>,
+    /// The runner's path, for the error.
+    runner: PathBuf,
+}
+
+impl Forked {
+    /// Let the runner run: wait until it leads a session of its own (its first act after the
+    /// fork: spawn's exit, a hang-up of spawn's terminal or a signal to spawn's process group
+    /// cannot end it from then on), then write [`spec::GO_BYTE`]. Neither the runner's `exec`
+    /// nor its start-up is waited for: a runner that fails later records its own `failed`
+    /// record, and one that could not be executed wrote why to `runner.log` and exited 127,
+    /// leaving a `queued` run with a free lock, which the next reader settles `failed` ("start
+    /// abandoned"), as it does a runner that died before it read the byte (the write then
+    /// finds no reader and fails, which changes nothing).
+    ///
+    /// Errors ([`Error::Usage`]): the child could not start a session and exited.
+    pub fn go(mut self) -> Result<()> {
+        wait_for_session(&self.in_session).map_err(|why| cannot(&self.runner, &why))?;
+        if let Some(go) = self.go.take() {
+            let _ = nix::unistd::write(&go, &[spec::GO_BYTE]);
+        }
+        // The runner leads its own session, and runs; it is reparented when spawn exits.
+        self.cgroup = None;
+        Ok(())
+    }
+}
+
+impl Drop for Forked {
+    fn drop(&mut self) {
+        let Some(go) = self.go.take() else { return };
+        drop(go);
+        // SAFETY: waitpid(2) of the child this process forked, which nothing else waits for;
+        // with the go pipe closed it exits without doing anything.
+        unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), 0) };
+        if let Some(path) = self.cgroup.take() {
+            let _ = cgroup::remove_tree(&path);
+        }
+    }
+}
+
+fn cannot(runner: &Path, why: &dyn std::fmt::Display) -> Error {
+    Error::Usage(format!(
+        "cannot start the runner {}: {why}",
+        runner.display()
+    ))
+}
+
+/// Fork the detached runner for the run `b.dir` will be published as, holding it at its go
+/// pipe ([`Forked`]). The child inherits the held run lock as descriptor [`LOCK_FD`] (named in
+/// [`LOCK_FD_ENV`]; the same open file as spawn's, so it stays held when spawn exits) and the
+/// go pipe's read end as [`GO_FD`] (named in [`GO_FD_ENV`]); its stderr is `runner.log`,
+/// opened in the staging directory (the file moves with the directory's rename). Its first act
+/// is to start a session of its own and say so on a pipe, so by the time spawn has published
+/// the run it has usually said so. Nothing is synced: the runner makes the run durable before
+/// its first child (docs/format.md, "Writes").
 ///
-/// Errors ([`Error::Usage`]): the runner is not an executable file (searched on `PATH` when
-/// `runner` has no `/`), or cannot be forked (the process limit), with the reason.
-pub fn start_runner(
-    root: &StateRoot,
-    dir: &RunDir,
-    runner: &Path,
-    lock: &RunLock,
-    limits: &Limits,
-) -> Result<()> {
-    let cannot = |why: &dyn std::fmt::Display| {
-        Error::Usage(format!(
-            "cannot start the runner {}: {why}",
-            runner.display()
-        ))
-    };
-    let program = executable(runner).map_err(|e| cannot(&e))?;
-    let log = files::open_append(&dir.runner_log())?;
-    let image = ExecImage::new(&program, dir.path(), root, lock, &log).map_err(|e| cannot(&e))?;
+/// The runner is born in the `runner` leaf of the run's cgroup, made here with the run's
+/// limits ([`cgroup::create_run`]), where that can be done; else it starts in spawn's cgroup.
+///
+/// Errors ([`Error::Usage`], reported by the start): the runner is not an executable file
+/// (searched on `PATH` when it has no `/`), or cannot be forked (the process limit), with the
+/// reason.
+pub fn fork_runner(b: &Begin<'_>) -> Early {
+    let program = executable(b.runner).map_err(|e| cannot(b.runner, &e))?;
+    let log = files::open_append(&b.staging.runner_log())?;
+    let (go_read, go) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cannot(b.runner, &e))?;
+    let image = ExecImage::new(&program, b.dir.path(), b.root, b.lock, &log, &go_read)
+        .map_err(|e| cannot(b.runner, &e))?;
+    drop(go_read);
     // The child says on this pipe (close-on-exec) that it leads its own session.
     let (in_session, told) =
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cannot(&e))?;
-    let cgroup = run_cgroup(&dir.name(), limits);
-    let unmade = || {
-        if let Some((path, _)) = &cgroup {
-            let _ = cgroup::remove_tree(path);
-        }
-    };
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cannot(b.runner, &e))?;
+    let cgroup = run_cgroup(&b.dir.name(), b.limits);
     // SAFETY: a fork in a process whose other threads (if any) hold no lock the child needs:
     // the child calls only async-signal-safe functions ([`ExecImage::exec`]) and allocates
     // nothing, then executes the runner or exits.
     let forked = unsafe { child::fork_into(cgroup.as_ref().map(|(_, fd)| fd.as_fd())) };
+    let cgroup = cgroup.map(|(path, _)| path);
     match forked {
         Err(e) => {
-            unmade();
-            Err(cannot(&e))
+            if let Some(path) = &cgroup {
+                let _ = cgroup::remove_tree(path);
+            }
+            Err(cannot(b.runner, &e))
         }
         Ok((0, _)) => image.exec(told.as_raw_fd()),
         // Born in its leaf, or (clone3 refused) in spawn's cgroup: then the runner moves itself
         // in (`cohort-runner`'s `cgroup::make`), and finds the cgroup made.
-        Ok((pid, _placement)) => {
-            drop(told);
-            if let Err(why) = wait_for_session(&in_session) {
-                // SAFETY: waitpid(2) of the child forked just above, which has exited (its
-                // end of the pipe is closed) and is not waited for elsewhere.
-                unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
-                unmade();
-                return Err(cannot(&why));
-            }
-            // The runner leads its own session; it is reparented when spawn exits.
-            Ok(())
-        }
+        Ok((pid, _placement)) => Ok(Forked {
+            pid,
+            go: Some(go),
+            in_session,
+            cgroup,
+            runner: b.runner.to_path_buf(),
+        }),
     }
 }
 
@@ -130,7 +200,8 @@ fn run_cgroup(run_id: &str, limits: &Limits) -> Option<(PathBuf, OwnedFd)> {
 
 /// Block until the forked child has written its byte on `pipe` (it leads its own session now,
 /// so no signal to spawn's process group, and no hang-up of spawn's terminal, reaches it),
-/// which takes microseconds of the child's time, not its `exec`.
+/// which takes microseconds of the child's time, not its `exec`, and was usually done while
+/// spawn published the run.
 ///
 /// Errors: the pipe was closed first (the child could not start a session and exited).
 fn wait_for_session(pipe: &OwnedFd) -> Result<(), String> {
@@ -173,9 +244,9 @@ fn executable(runner: &Path) -> std::io::Result<PathBuf> {
 
 /// Everything the forked child needs, built before the fork so the child allocates nothing:
 /// the exec path, argv (`cohort-runner RUN_DIR`), the environment (spawn's, with the profile
-/// and [`LOCK_FD_ENV`] set, without the route variables and the on-exit hook), and the
-/// descriptors it puts at 0–3, each first duplicated to 10 or above (close-on-exec) so that
-/// placing one never overwrites another.
+/// and [`LOCK_FD_ENV`] and [`GO_FD_ENV`] set, without the route variables and the on-exit
+/// hook), and the descriptors it puts at 0–4, each first duplicated to 10 or above
+/// (close-on-exec) so that placing one never overwrites another.
 struct ExecImage {
     program: CString,
     /// argv's and the environment's strings, owned here; `argv_ptrs` and `envp_ptrs` point
@@ -185,9 +256,9 @@ struct ExecImage {
     argv_ptrs: Vec<*const libc::c_char>,
     /// `[NAME=VALUE…, NULL]`.
     envp_ptrs: Vec<*const libc::c_char>,
-    /// stdin, stdout, stderr (`runner.log`) and the run lock, in the order of their targets
-    /// 0, 1, 2 and [`LOCK_FD`].
-    fds: [OwnedFd; 4],
+    /// stdin, stdout, stderr (`runner.log`), the run lock and the go pipe's read end, in the
+    /// order of their targets 0, 1, 2, [`LOCK_FD`] and [`GO_FD`].
+    fds: [OwnedFd; 5],
     /// The message written to stderr when the exec fails, before the child exits 127.
     failed: CString,
 }
@@ -199,6 +270,7 @@ impl ExecImage {
         root: &StateRoot,
         lock: &RunLock,
         log: &std::fs::File,
+        go: &OwnedFd,
     ) -> std::io::Result<ExecImage> {
         use std::os::unix::ffi::OsStrExt;
         let c = |b: &[u8]| CString::new(b).map_err(|_| std::io::ErrorKind::InvalidInput);
@@ -213,6 +285,7 @@ impl ExecImage {
         }
         env.insert(PROFILE_ENV.into(), root.profile().into());
         env.insert(LOCK_FD_ENV.into(), LOCK_FD.to_string().into());
+        env.insert(GO_FD_ENV.into(), GO_FD.to_string().into());
         let envp: Vec<CString> = env
             .iter()
             .map(|(k, v)| c(&[k.as_bytes(), b"=", v.as_bytes()].concat()))
@@ -247,6 +320,7 @@ impl ExecImage {
             high(null(true)?.as_fd())?,
             high(log.as_fd())?,
             high(lock.file().as_fd())?,
+            high(go.as_fd())?,
         ];
         Ok(ExecImage {
             program: c(program.as_os_str().as_bytes())?,
@@ -265,8 +339,8 @@ impl ExecImage {
     /// In the forked child: start a session of its own (the forked child leads no group, so
     /// setsid succeeds; from then on no signal to the spawner's process group or terminal
     /// reaches it) and say so with one byte on `told` (close-on-exec; [`wait_for_session`]),
-    /// put the descriptors at 0–3 (dup2 clears close-on-exec on the copy, so the
-    /// runner inherits the held lock, the same open file), restore `SIGPIPE` (the Rust runtime
+    /// put the descriptors at 0–4 (dup2 clears close-on-exec on the copy, so the runner
+    /// inherits the held lock, the same open file, and the go pipe), restore `SIGPIPE` (the Rust runtime
     /// ignores it, and the disposition would be inherited) and an empty signal mask (a mask is
     /// inherited too), and execute the runner; if that fails, say so on stderr with the
     /// error number and exit 127. Only async-signal-safe calls, no allocation.
@@ -281,7 +355,7 @@ impl ExecImage {
             let mut none = std::mem::zeroed::<libc::sigset_t>();
             libc::sigemptyset(&mut none);
             libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-            for (target, fd) in [0, 1, 2, LOCK_FD].into_iter().zip(&self.fds) {
+            for (target, fd) in [0, 1, 2, LOCK_FD, GO_FD].into_iter().zip(&self.fds) {
                 if libc::dup2(fd.as_raw_fd(), target) < 0 {
                     libc::_exit(127);
                 }

@@ -207,7 +207,22 @@ fn spawn_crash_points() {
             let rows = rows(&env);
             assert_eq!(rows.len(), 1, "{point}: {rows:?}");
         }
+        // The run's id, published or still in its staging directory: a spawn killed after it
+        // forked the runner (before publishing, too) left the run's cgroup, which the reap
+        // below removes with the rest.
+        let ids: Vec<String> = std::fs::read_dir(env.state_root().runs_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .map(|n| n.trim_start_matches(".spawn-").to_string())
+            .collect();
         check_invariants(&env, point);
+        if let Ok(base) = cgroup::locate_here() {
+            for id in &ids {
+                let cg = base.join(id);
+                assert!(!cg.exists(), "{point}: {} survived the reap", cg.display());
+            }
+        }
     }
 }
 

@@ -1,5 +1,6 @@
-//! End-to-end: what `cohort-spawn` waits for. It returns once the runner exists, holding the
-//! run lock it was handed at fork in a session of its own, not after the runner's start-up: a
+//! End-to-end: what `cohort-spawn` waits for. It forks the runner before it validates the
+//! start, and returns once the runner exists, holding the run lock it was handed at fork in a
+//! session of its own, and has been told to go, not after the runner's start-up: a
 //! runner held up before its first instruction of its own (a wrapper that waits) does not hold
 //! spawn up. Every guarantee stays: the run is found right after spawn (`queued`, its lock
 //! held), a runner that then starts runs it, and one that dies before it could leaves a run
@@ -162,6 +163,66 @@ fn a_runner_that_cannot_be_executed_after_the_fork_says_why_and_its_run_settles_
     settles_abandoned(&env, &id);
     let log = std::fs::read_to_string(env.run_dir(&id).join("runner.log")).unwrap();
     assert!(log.contains("cannot execute the runner"), "{log:?}");
+}
+
+/// Spawn forks the runner before it validates the start: a start refused after the fork (here
+/// a `--cwd` that does not exist) leaves no process and no cgroup. The runner, told nothing on
+/// its go pipe, exits without touching anything, spawn waits for it and removes the cgroup it
+/// was born in, and no run or staging directory is left.
+#[test]
+fn a_start_refused_after_the_runner_was_forked_leaves_nothing_running() {
+    let env = TestEnv::new();
+    let seen = env.tmp.path().join("seen");
+    let wrapper = env.tmp.path().join("noting-runner.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n{{ echo $$; grep '^0::' /proc/self/cgroup; }} > '{}'\nexec '{}' \"$@\"\n",
+            seen.display(),
+            bin_dir().join("cohort-runner").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let missing = env.tmp.path().join("missing");
+    let out = env
+        .cmd("cohort-spawn")
+        .env("COHORT_RUNNER", &wrapper)
+        .args(["--cwd", missing.to_str().unwrap()])
+        .args(["--model", "fake/plain", "never runs", "--"])
+        .args(HERMETIC)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("is not usable"), "{}", stderr(&out));
+    // Spawn returned after the forked runner had run its wrapper and ended: it is gone, not
+    // even a zombie (spawn waited for it).
+    let noted = std::fs::read_to_string(&seen).expect("the runner was forked");
+    let mut lines = noted.lines();
+    let pid: u32 = lines.next().unwrap().trim().parse().unwrap();
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the forked runner {pid} is still there"
+    );
+    // Born in its run's cgroup (where runs get one here), which is removed again.
+    let cg = lines.next().unwrap().trim_start_matches("0::").to_string();
+    if let (Some(mount), true) = (
+        cohort_common::os::cgroup::mount(),
+        cohort_common::os::cgroup::locate_here().is_ok(),
+    ) {
+        let dir = mount.join(cg.trim_start_matches('/'));
+        assert!(cg.ends_with("/runner"), "born outside a run's leaf: {cg}");
+        assert!(!dir.exists(), "{} was left", dir.display());
+    }
+    let runs = env.state_root().runs_dir();
+    let left: Vec<_> = std::fs::read_dir(&runs)
+        .map(|rd| rd.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left in {}: {left:?}", runs.display());
 }
 
 /// What a power loss leaves of a start spawn published without syncing, before its runner made
