@@ -68,7 +68,8 @@ pub const REAP_POINTS: [&str; 6] = [
 
 /// The points where a crash leaves something that is not a run, in any program: the atomic
 /// writer (`os::files`) after its temp file exists and before it is written (a 0-byte
-/// `.tmp-*`; spawn reaches it first writing `R/.last-run-id`), and `cohort-reap --sessions`
+/// `.tmp-*`; a run's runner reaches it first, writing its `running` record; spawn writes
+/// none), and `cohort-reap --sessions`
 /// after its first session file is removed (the rest of the run's sessions, its nested runs'
 /// and its route left behind).
 pub const DEBRIS_POINTS: [&str; 2] = ["files.temp-created", "reap.during-sessions"];

@@ -31,6 +31,20 @@ pub struct RunCgroup {
     path: PathBuf,
 }
 
+/// This process's cgroup facts ([`cgroup::facts`]: the cgroup2 mount and the cgroup it is in),
+/// read once: the runner reads them before its run is known ([`warm_up`]), while spawn is
+/// still publishing the run, and [`make`] uses them. The runner does not move between the two
+/// (it moves, where it must, only in `make`).
+fn facts() -> &'static cgroup::Facts {
+    static FACTS: std::sync::OnceLock<cgroup::Facts> = std::sync::OnceLock::new();
+    FACTS.get_or_init(cgroup::facts)
+}
+
+/// Read this process's cgroup facts now, before the run is known ([`facts`]).
+pub fn warm_up() {
+    let _ = facts();
+}
+
 /// The run's cgroup for `run_id`: the one this process (the runner) was born in, when spawn
 /// made it and started the runner in its `runner` leaf (its limits written); else made here
 /// with `limits` and this process moved into its `runner` leaf (the one migration, where
@@ -43,7 +57,7 @@ pub fn make(
     run_id: &str,
     limits: &Limits,
 ) -> std::result::Result<(Option<RunCgroup>, Containment), String> {
-    let facts = cgroup::facts();
+    let facts = facts();
     let born = facts
         .mount
         .as_deref()
@@ -55,7 +69,7 @@ pub fn make(
             Containment::Cgroup { path },
         ));
     }
-    let base = cgroup::locate(&facts, cgroup::why_not_writable);
+    let base = cgroup::locate(facts, cgroup::why_not_writable);
     let asked = limits.values();
     let available = match &base {
         Ok(b) => cgroup::available_under(b),

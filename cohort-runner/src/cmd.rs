@@ -44,21 +44,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .collect();
     process::close_inherited_fds(&keep);
     process::detach(args.backend).context("cannot detach")?;
+    let dir = RunDir::new(&args.run_dir);
     // Forked before its run was published: nothing of the run is looked at before spawn says
     // go. An end of file instead means spawn refused the start or died before it published
     // the run, so there is nothing to run and nothing to touch.
-    if let Some(go) = go {
-        if !process::wait_for_go(go) {
+    let go = move || {
+        let Some(go) = go else { return true };
+        let told = process::wait_for_go(go);
+        if !told {
             use std::io::Write;
             let _ = writeln!(
                 std::io::stderr(),
                 "cohort-runner: spawn did not start the run; exiting untouched"
             );
-            return Ok(());
         }
-    }
-    let dir = RunDir::new(&args.run_dir);
-    supervisor::run(&dir, inherited, || {
+        told
+    };
+    supervisor::run(&dir, inherited, go, || {
         // Say we hold the lock (a scheduler job's output shows it), then stop writing there.
         let _ = cli::out(&format!("{READY_LINE}\n"));
         if let Ok(null) = std::fs::File::open("/dev/null") {

@@ -111,6 +111,13 @@ pub fn take_queued(
     Ok((lock, rec))
 }
 
+/// Read what the start needs of this process itself (its cgroup facts, the boot id), before
+/// the run is known: the runner does this while native spawn is still publishing the run.
+pub fn warm_up() {
+    crate::cgroup::warm_up();
+    let _ = procinfo::boot_id();
+}
+
 /// End the queued `rec` of `dir` `failed` before it ran (the runner could not set itself up:
 /// no thread for its signals), with `e` as the reason and a `run.failed` event; returns `e`,
 /// or the error of storing the record.

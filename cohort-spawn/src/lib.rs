@@ -19,6 +19,8 @@
 //! - [`skills`]: the skills an agent or a chain step names, found as Pi finds them;
 //! - [`spawn`]: the start itself, in the order the format requires (`queued` first, a `failed`
 //!   record for every start that fails after it);
+//! - [`last_id`]: a new run's id, never sorting before the newest one (`R/.last-run-id`,
+//!   rewritten in place under a lock);
 //! - [`route`]: a nested start's inherited route variables, checked before any record exists;
 //! - [`revive`]: continuing a finished run's session on its recorded runtime;
 //! - [`backend`]: starting the runner, one module per execution backend (natively the detached
@@ -42,6 +44,7 @@ pub mod chains;
 pub mod cmd;
 pub mod complete;
 pub mod frontmatter;
+pub mod last_id;
 pub mod limits;
 pub mod revive;
 pub mod route;

@@ -151,15 +151,7 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         return Err(Error::Usage(linked.refusal()).into());
     }
     // Never sort before the newest run, even when the wall clock has stepped back.
-    let floor: Option<RunId> = files::read_regular(&root.last_run_id())
-        .ok()
-        .and_then(|b| String::from_utf8(b).ok())
-        .and_then(|t| t.trim().parse().ok());
-    let run_id = RunId::after(floor.as_ref(), record::now_ms());
-    if files::create_dir_all_private(root.path()).is_ok() {
-        // A hint, not a record: losing it after a crash only loosens the ordering.
-        let _ = files::replace_unsynced(&root.last_run_id(), run_id.to_string().as_bytes());
-    }
+    let run_id = crate::last_id::next(root, record::now_ms());
     let dir = match &req.placement {
         Some(p) => {
             files::create_dir_all_private(&root.nested_runs_dir(&p.root_run_id))?;

@@ -557,11 +557,12 @@ pub fn signal(dir: &Path, sig: nix::sys::signal::Signal) {
 /// its `cgroup.events` after 0.25 ms, then twice as long each time, at most every 16 ms.
 /// Returns whether it is empty.
 ///
-/// Polled, not watched: the wait is short (a runner's exit after it let its lock go takes
-/// about a millisecond), and closing an inotify instance that watched a file waits for an SRCU
-/// grace period (10–20 ms measured), which would cost every waiter more than it saves.
+/// Polled, not watched: the wait is short (a runner's lock is let go by the kernel as the
+/// runner exits, right before it leaves its cgroup), and closing an inotify instance that
+/// watched a file waits for an SRCU grace period (10–20 ms measured), which would cost every
+/// waiter more than it saves. The first pause is 0.1 ms, doubling to 16 ms.
 pub fn wait_empty(dir: &Path, deadline: Instant) -> bool {
-    let mut pause = Duration::from_micros(250);
+    let mut pause = Duration::from_micros(100);
     loop {
         if populated(dir) != Some(true) {
             return true;

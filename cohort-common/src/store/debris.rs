@@ -2,9 +2,10 @@
 //! `cohort-status --doctor` lists and `cohort-reap` removes (`docs/reap.md`, "Leftovers").
 //!
 //! - **Temp files of the state root** (`R/.tmp-*`): an atomic write of `R/.last-run-id` whose
-//!   writer was killed between creating its temp file and renaming it. That file is a hint
-//!   (its loss only loosens the ordering of ids), and its writer ignores a failed rename, so
-//!   removing a temp file from under a live writer costs nothing: every reap removes them.
+//!   writer (a spawn of an earlier version: spawn now rewrites the hint in place) was killed
+//!   between creating its temp file and renaming it. That file is a hint (its loss only
+//!   loosens the ordering of ids), and its writer ignored a failed rename, so removing a temp
+//!   file from under a live writer costs nothing: every reap removes them.
 //! - **Orphan session dirs** (`R/sessions/async-<runId>/`) and **orphan routes**
 //!   (`R/nested-subagent-events/<rootRunId>/`): left by runs reaped without `--sessions`, or
 //!   by a `cohort-reap --sessions` killed after its commit point. One is an orphan when no run

@@ -79,9 +79,13 @@ use plan::StepPlan;
 
 /// Run the run in `dir` to its end. `inherited` is the held run lock spawn handed down (taken
 /// over with [`RunLock::adopt`](cohort_common::os::lock::RunLock::adopt)); without it the
-/// runner takes the lock itself. `ready` is called as soon as the lock is held (the binary uses
-/// it to tell spawn the runner is up; `running`, the route, the event log and the children come
-/// after). Returns the final state.
+/// runner takes the lock itself. `go` is called before anything of the run directory is looked
+/// at (native spawn forks the runner before it publishes the run, and the binary waits there
+/// for spawn's go): what needs no run (the signal thread, the process's cgroup and identity
+/// facts) is set up before it, while spawn works, and `false` ends the runner at once with
+/// `Ok(None)`, touching nothing. `ready` is called as soon as the lock is held (the binary
+/// uses it to tell a scheduler's job log that the runner is up; `running`, the route, the event
+/// log and the children come after). Returns the final state.
 ///
 /// Errors: [`Error::LockBusy`] (another runner), [`Error::State`] (the record is not `queued`),
 /// I/O and JSON errors on the run dir. Once `running` is published every failure is recorded in
@@ -92,17 +96,27 @@ use plan::StepPlan;
 pub fn run(
     dir: &RunDir,
     inherited: Option<std::os::fd::OwnedFd>,
+    go: impl FnOnce() -> bool,
     ready: impl FnOnce(),
-) -> Result<RunState> {
-    let (_lock, rec) = start::take_queued(dir, inherited, ready)?;
-    // SIGTERM stops the run from the moment its pid is published.
+) -> Result<Option<RunState>> {
+    // SIGTERM stops the run from the moment its pid is published; the thread that turns it
+    // into a message exists before that, and a signal before the takeover waits in the channel.
     let (tx, rx) = mpsc::channel();
-    if let Err(e) = start_signal_thread(tx.clone()) {
+    let signals = start_signal_thread(tx.clone());
+    start::warm_up();
+    if !go() {
+        return Ok(None);
+    }
+    let (lock, rec) = start::take_queued(dir, inherited, ready)?;
+    if let Err(e) = signals {
         return Err(start::fail_queued(dir, rec, e));
     }
     let (rec, spec, place) = match queued::wait(dir, rec, &tx, &rx) {
         Ok(queued::Waited::Start(rec, spec, place)) => (*rec, *spec, place),
-        Ok(queued::Waited::Ended(state)) => return Ok(state),
+        Ok(queued::Waited::Ended(state)) => {
+            hold_until_exit(lock);
+            return Ok(Some(state));
+        }
         Err(e) => {
             let rec = record::load(&dir.status())?;
             return Err(start::fail_queued(dir, rec, e));
@@ -116,7 +130,17 @@ pub fn run(
     // The run and its hook have ended: its queue's next run may start while this runner
     // tears down (its cgroups, its lock).
     drop(place);
-    Ok(state)
+    hold_until_exit(lock);
+    Ok(Some(state))
+}
+
+/// Keep the run lock held until this process exits: the kernel lets it go while the process
+/// exits, after its memory is torn down and right before it leaves its cgroup, so a waiter the
+/// release wakes finds the run's cgroup empty, or all but empty, and removes it without waiting
+/// (`cohort_common::store::wait`). Let go in Rust instead, the lock would be free for the
+/// whole of the exit (about a millisecond here) while the cgroup still held the runner.
+fn hold_until_exit(lock: cohort_common::os::lock::RunLock) {
+    std::mem::forget(lock);
 }
 
 /// Flat step `index` of chain step `chain_index`, running `spec`.

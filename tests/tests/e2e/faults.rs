@@ -318,9 +318,10 @@ fn reap_crash_points() {
     }
 }
 
-/// A spawn killed in its first atomic write (`R/.last-run-id`, a 0-byte temp file left), and a
-/// `--sessions` reap killed after its first session file: `--doctor` lists what they left,
-/// and the next reap leaves the state root as after a clean run.
+/// A runner killed in its first atomic write (a 0-byte temp file left in its run directory),
+/// beside the temp file an earlier spawn killed in its atomic write of `R/.last-run-id` left,
+/// and a `--sessions` reap killed after its first session file: `--doctor` lists what they
+/// left in the state root, and the next reap leaves it as after a clean run.
 #[test]
 fn debris_crash_points() {
     for point in fault::DEBRIS_POINTS {
@@ -328,11 +329,21 @@ fn debris_crash_points() {
         let root = env.state_root();
         let listed_by_doctor = match point {
             "files.temp-created" => {
-                assert!(
-                    spawn_with_crash(&env, point),
-                    "{point}: spawn was not killed"
-                );
-                let temps: Vec<_> = std::fs::read_dir(root.path())
+                // Spawn makes no temp file (the id hint is rewritten in place): the runner it
+                // starts is killed at its first atomic write, the `running` record, which
+                // leaves a 0-byte temp file in the run directory.
+                assert!(!spawn_with_crash(&env, point), "{point}: spawn was killed");
+                let runs: Vec<_> = std::fs::read_dir(root.runs_dir())
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.path())
+                    .collect();
+                assert_eq!(runs.len(), 1, "{point}: {runs:?}");
+                wait_for(Duration::from_secs(60), || {
+                    lock::probe(&runs[0].join("runner.lock")).is_ok_and(|l| !l.is_alive())
+                })
+                .unwrap_or_else(|_| panic!("{point}: the runner never died"));
+                let temps: Vec<_> = std::fs::read_dir(&runs[0])
                     .unwrap()
                     .flatten()
                     .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
@@ -340,7 +351,11 @@ fn debris_crash_points() {
                     .collect();
                 assert_eq!(temps.len(), 1, "{point}: {temps:?}");
                 assert_eq!(std::fs::metadata(&temps[0]).unwrap().len(), 0);
-                temps[0].display().to_string()
+                // What a spawn of an earlier version killed in its atomic write of
+                // `R/.last-run-id` left: `--doctor` lists it and the reap removes it.
+                let planted = root.path().join(".tmp-0123456789abcdef");
+                std::fs::write(&planted, b"").unwrap();
+                planted.display().to_string()
             }
             "reap.during-sessions" => {
                 let id = env.spawn(&["--model", "fake/plain", "a run with sessions"]);

@@ -63,13 +63,16 @@ fn check_schema(v: &Value) {
 fn a_run_goes_queued_running_complete_and_prints_its_reply() {
     let env = TestEnv::new();
     // A runner wrapper that snapshots the record spawn published before handing over to the
-    // real runner: this is how the test sees `queued` without a hook in the product.
+    // real runner: this is how the test sees `queued` without a hook in the product. Spawn
+    // forks the runner before it publishes the run, so the wrapper waits (at most 30 s) for
+    // the record to appear; the real runner then waits for spawn's go.
     let snap = env.tmp.path().join("queued-snapshot.json");
     let wrapper = env.tmp.path().join("runner-wrapper.sh");
     std::fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\ncp \"$1/status.json\" '{0}.part' && mv '{0}.part' '{0}'\nexec '{1}' \"$@\"\n",
+            "#!/bin/sh\nn=0\nwhile [ ! -s \"$1/status.json\" ] && [ $n -lt 3000 ]; do sleep 0.01; n=$((n+1)); done\n\
+             cp \"$1/status.json\" '{0}.part' && mv '{0}.part' '{0}'\nexec '{1}' \"$@\"\n",
             snap.display(),
             cohort_e2e::harness::bin_dir()
                 .join("cohort-runner")
