@@ -40,7 +40,8 @@ fn facts() -> &'static cgroup::Facts {
     FACTS.get_or_init(cgroup::facts)
 }
 
-/// Read this process's cgroup facts now, before the run is known ([`facts`]).
+/// Read this process's cgroup facts ([`cgroup::facts`]) now, before the run is known, for
+/// [`make`] to use.
 pub fn warm_up() {
     let _ = facts();
 }
