@@ -335,10 +335,11 @@ pub fn mount() -> Option<&'static Path> {
 /// Remove the cgroup of an ended run, as the reader that comes after its runner does
 /// (`docs/architecture.md`, "Containment": the runner never moves itself out, so it cannot
 /// remove the cgroup it is in): `recorded`, the cgroup its record names, by
-/// [`remove_if_empty`]. A runner exits after its lock is released, so its leaf may hold it
-/// for a moment more: with `wait` above zero, a populated cgroup is waited for that long
-/// ([`wait_empty`], on `cgroup.events`) before giving up. Costs one `stat` when the cgroup is
-/// gone already. Returns whether it is gone now.
+/// [`remove_if_empty`]. A runner's lock is let go in its exit, a moment before the kernel
+/// takes it out of its leaf, so the leaf may hold it for that moment: with `wait` above zero,
+/// a populated cgroup is waited for that long ([`wait_empty`], on `cgroup.events`) before
+/// giving up. Costs one `stat` when the cgroup is gone already. Returns whether it is gone
+/// now.
 pub fn remove_ended(recorded: &Path, run_id: &str, wait: Duration) -> bool {
     match fs::symlink_metadata(recorded) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return true,
@@ -554,13 +555,13 @@ pub fn signal(dir: &Path, sig: nix::sys::signal::Signal) {
 }
 
 /// Wait until cgroup `dir` holds no process (or is gone), at most until `deadline`, looking at
-/// its `cgroup.events` after 0.25 ms, then twice as long each time, at most every 16 ms.
+/// its `cgroup.events` after 0.1 ms, then twice as long each time, at most every 16 ms.
 /// Returns whether it is empty.
 ///
 /// Polled, not watched: the wait is short (a runner's lock is let go by the kernel as the
 /// runner exits, right before it leaves its cgroup), and closing an inotify instance that
 /// watched a file waits for an SRCU grace period (10–20 ms measured), which would cost every
-/// waiter more than it saves. The first pause is 0.1 ms, doubling to 16 ms.
+/// waiter more than it saves.
 pub fn wait_empty(dir: &Path, deadline: Instant) -> bool {
     let mut pause = Duration::from_micros(100);
     loop {
