@@ -30,10 +30,14 @@ if ! command -v nq >/dev/null; then
     sudo apt-get install -y -qq nq >/dev/null
   fi
 fi
-cargo build --quiet --release -p cohort-spawn -p cohort-runner -p cohort-status
+cargo build --quiet --release -p cohort-spawn -p cohort-runner -p cohort-status -p cohort-reap
 # pi-install and fake-model-server, for the row with the real, pinned Pi.
 cargo build --quiet --release -p cohort-e2e --bins
-W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+W=$(mktemp -d)
+# Reaped before the profile goes: a run's empty cgroup is removed by the reader that comes
+# after it, and once the profile is deleted no reader ever comes.
+BIN_="${CARGO_TARGET_DIR:-$PWD/target}/release"
+trap 'PI_CODING_AGENT_DIR="$W/profile" "$BIN_/cohort-reap" --all-terminal >/dev/null 2>&1; rm -rf "$W"' EXIT
 BIN="${CARGO_TARGET_DIR:-$PWD/target}/release" W="$W" SIZES="${SIZES-0 10000 100000}" REPS="${REPS:-21}" \
   IDLE_PROCS="${IDLE_PROCS:-3000}" IDLE_S="${IDLE_S:-10}" exec python3 - <<'PY'
 import json, os, random, shutil, statistics, subprocess, sys, time
