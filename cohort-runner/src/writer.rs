@@ -65,13 +65,14 @@ pub struct RecordWriter {
     /// The last write succeeded (after [`RecordWriter::flush_final`]: the terminal record is
     /// durable).
     stored: bool,
-    /// Disk space held back for the terminal record.
+    /// Disk space held back for the terminal record, once the first child has started
+    /// ([`RecordWriter::hold_reserve`]).
     reserve: Reserve,
 }
 
 impl RecordWriter {
-    /// The writer of the record of `dir`, whose last write (the `running` record) was just now;
-    /// allocates the run's disk reserve.
+    /// The writer of the record of `dir`, whose last write (the `running` record) was just now.
+    /// The run's disk reserve comes later ([`RecordWriter::hold_reserve`]).
     pub fn new(dir: &RunDir) -> RecordWriter {
         RecordWriter {
             path: dir.status(),
@@ -80,8 +81,16 @@ impl RecordWriter {
             written: Written::default(),
             dirty: false,
             stored: true,
-            reserve: Reserve::create(&dir.reserve(), RESERVE_BYTES),
+            reserve: Reserve::none(&dir.reserve()),
         }
+    }
+
+    /// Allocate the run's disk reserve, once: the supervisor calls this right after it started
+    /// a child, so that the allocation (a file made and 1 MiB of blocks, about 0.2 ms here) is
+    /// off the path to the first child and out of the start's sync, and is made while that
+    /// child starts up, before anything of Pi's fills the disk.
+    pub fn hold_reserve(&mut self) {
+        self.reserve.hold(RESERVE_BYTES);
     }
 
     /// The writes made so far.

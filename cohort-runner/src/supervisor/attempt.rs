@@ -147,13 +147,17 @@ impl Supervisor {
             depth: self.rec.depth,
             durable: &self.durable,
         };
-        launch::start(
+        let started = launch::start(
             &l,
             step,
             self.rec.steps[i].session_file.as_deref(),
             task,
             which,
-        )
+        );
+        if started.is_ok() {
+            self.writer.hold_reserve();
+        }
+        started
     }
 
     /// Start the reader threads of step `i`'s child `pid`: its task on its stdin (`talk`), its
