@@ -4,8 +4,8 @@
 //! run dir is assembled under a hidden name with its lock file already held; cwd, runtime and
 //! session rules are checked, and a start they refuse makes no run (the hidden directory is
 //! removed; the exit code says which check refused it); the `queued` record and the launch
-//! spec are written beside the lock (unsynced: the runner makes the run durable) and the directory is renamed into view (a
-//! top-level run is then journaled for the listing index,
+//! spec are written beside the lock (unsynced: the runner makes the run durable) and the
+//! directory is renamed into view (a top-level run is then journaled for the listing index,
 //! [`cohort_common::store::index::note_spawned`]).
 //! The run's backend may begin its start as soon as the lock is held ([`crate::backend`]'s
 //! `begin`): natively the detached runner is forked then with the held lock, and waits on a go

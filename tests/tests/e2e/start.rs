@@ -208,12 +208,13 @@ fn a_start_refused_after_the_runner_was_forked_leaves_nothing_running() {
         !std::path::Path::new(&format!("/proc/{pid}")).exists(),
         "the forked runner {pid} is still there"
     );
-    // Born in its run's cgroup (where runs get one here), which is removed again.
+    // Born in its run's cgroup (where runs get one here and children are placed at birth),
+    // which is removed again.
     let cg = lines.next().unwrap().trim_start_matches("0::").to_string();
-    if let (Some(mount), true) = (
-        cohort_common::os::cgroup::mount(),
-        cohort_common::os::cgroup::locate_here().is_ok(),
-    ) {
+    let doctor = env.run("cohort-status", &["--doctor", "--json"]);
+    let doctor: Value = serde_json::from_str(stdout(&doctor).trim()).unwrap_or_default();
+    let at_birth = doctor["containment"]["placement"] == "at birth";
+    if let (Some(mount), true) = (cohort_common::os::cgroup::mount(), at_birth) {
         let dir = mount.join(cg.trim_start_matches('/'));
         assert!(cg.ends_with("/runner"), "born outside a run's leaf: {cg}");
         assert!(!dir.exists(), "{} was left", dir.display());
