@@ -27,19 +27,18 @@ pub fn next(root: &StateRoot, now_ms: u64) -> RunId {
         return RunId::after(None, now_ms);
     }
     let path = root.last_run_id();
-    let opened = std::fs::OpenOptions::new()
-        .read(true)
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true)
         .write(true)
         .create(true)
-        .mode(files::FILE_MODE)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path);
-    let Ok(mut file) = opened else {
+        .mode(files::FILE_MODE);
+    let Ok(mut file) = files::open_no_follow(&mut opts, &path, "open") else {
         return RunId::after(None, now_ms);
     };
-    let ours = file
-        .metadata()
-        .is_ok_and(|m| m.file_type().is_file() && m.uid() == nix::unistd::geteuid().as_raw());
+    let ours = files::ensure_regular(&file, &path).is_ok()
+        && file
+            .metadata()
+            .is_ok_and(|m| m.uid() == nix::unistd::geteuid().as_raw());
     if !ours {
         return RunId::after(None, now_ms);
     }

@@ -260,7 +260,6 @@ pub fn spawn(root: &StateRoot, req: SpawnRequest) -> std::result::Result<Spawned
         runner: &req.runner,
         lock: &lock,
         launch: &req.backend,
-        limits: &req.options.limits,
         early: std::cell::Cell::new(early),
     };
     let started =

@@ -81,9 +81,6 @@ pub struct Start<'a> {
     pub lock: &'a RunLock,
     /// The launch spec's `backend`: the backend and its options.
     pub launch: &'a LaunchBackend,
-    /// The run's limits (`--memory-max`, `--pids-max`, `--cpu-max`), for the cgroup a native
-    /// start makes.
-    pub limits: &'a Limits,
     /// What [`Submit::begin`] returned, for the start to take.
     pub early: std::cell::Cell<Option<native::Early>>,
 }
@@ -100,7 +97,8 @@ pub struct Begin<'a> {
     pub runner: &'a Path,
     /// The run lock, held.
     pub lock: &'a RunLock,
-    /// The run's limits, for the cgroup a native start makes.
+    /// The run's limits (`--memory-max`, `--pids-max`, `--cpu-max`), for the cgroup a native
+    /// start makes.
     pub limits: &'a Limits,
 }
 

@@ -50,18 +50,10 @@ impl Submit for Native {
 
     fn start(&self, s: &Start<'_>, _rec: &mut RunRecord) -> Result<()> {
         match s.early.take() {
-            Some(Ok(forked)) => forked.go(),
-            Some(Err(why)) => Err(why),
-            // Not begun (a caller that skipped `begin`): fork now, and go at once.
-            None => fork_runner(&Begin {
-                root: s.root,
-                dir: s.dir,
-                staging: s.dir,
-                runner: s.runner,
-                lock: s.lock,
-                limits: s.limits,
-            })?
-            .go(),
+            Some(forked) => forked?.go(),
+            None => Err(Error::State(
+                "no runner was forked for this start (`Submit::begin` was not called)".into(),
+            )),
         }
     }
 }
