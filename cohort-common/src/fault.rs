@@ -43,11 +43,13 @@ pub const SPAWN_POINTS: [&str; 4] = [
 
 /// cohort-runner's fault points, in the order a run passes them: after it took the lock, after
 /// it made the run's cgroup (or chose `/proc` tracking) and before `running` names it, after
-/// `running`, after a child started, after a step ended, before the final record.
-pub const RUNNER_POINTS: [&str; 6] = [
+/// `running`, after the first child was born and before the run is durable (the child has no
+/// task yet), after a child started, after a step ended, before the final record.
+pub const RUNNER_POINTS: [&str; 7] = [
     "runner.locked",
     "runner.cgroup-made",
     "runner.running",
+    "runner.child-born",
     "runner.child-started",
     "runner.step-ended",
     "runner.before-final",

@@ -127,8 +127,6 @@ pub fn start(
     let tmp = private_tmp(l.dir).map_err(|e| e.to_string())?;
     let prompt = crate::rpc::prompt_line(&read_task(task_in, &l.dir.task_file(i))?);
     let mut cmd = pi_command(l, &rt, &args, &tmp, step);
-    // Nothing of the user's work starts before the run survives a power loss.
-    l.durable.wait()?;
     let cannot =
         |e: &dyn std::fmt::Display| format!("cannot start {}: {e}", rt.node_exec_path.display());
     let (pid, stdin, stdout, stderr) = match l.cgroup {
@@ -143,6 +141,16 @@ pub fn start(
             (child.id(), input, out, err)
         }
     };
+    // The run is made durable while Node starts up (it has no task yet: that is the `prompt`
+    // below, written to its stdin by the caller once this returns), so nothing of the user's
+    // work starts before the run survives a power loss, and the sync is off the child's start.
+    cohort_common::fault::point("runner.child-born");
+    if let Err(e) = l.durable.wait() {
+        // Never given its task: end it (its own process group, made before its exec, which
+        // the start waited for); the SIGCHLD reaper collects it.
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+        return Err(e);
+    }
     Ok(Started {
         pid,
         stdin,

@@ -9,8 +9,9 @@
 //! `running` is published is recorded (`failed`, with a `run.failed` event) and returned.
 //! Spawn syncs nothing; the runner publishes `running` and the route, then makes the run
 //! durable (launch spec, record and the directory entries, in one round of syncs, once the
-//! first step is prepared: [`Durable`]) before its first child, so nothing of the user's work
-//! exists before the run survives a power loss.
+//! first step is prepared: [`Durable`]) before its first child is given its task (the child
+//! starts up meanwhile) or a worktree's `git` runs, so nothing of the user's work exists before
+//! the run survives a power loss.
 //! A runner that dies between the two leaves a `queued` run with a free lock: the next reader
 //! settles it `failed` ("start abandoned") and removes the cgroup the runner made but no record
 //! names, when it is empty (`cohort_common::os::cgroup::remove_leftovers`).
@@ -45,15 +46,16 @@ pub struct Running {
     pub tree: Placement,
     /// The run's cgroup, where one could be made (the record's `containment` says which).
     pub cgroup: Option<RunCgroup>,
-    /// The sync of the start, done before the first child ([`Durable::wait`]).
+    /// The sync of the start, done before the first child has its task ([`Durable::wait`]).
     pub durable: Durable,
 }
 
 /// The sync that makes a run's start durable (the launch spec, the record and the directories
-/// that name the run, synced together), done once, by whatever starts the run's first process
-/// (a Pi child, a worktree's `git`), after that step's files are written: what the preparation
-/// made goes into the same journal commit, and no metadata write of the preparation waits
-/// behind a commit that is starting (syncing on a thread beside the preparation measured no
+/// that name the run, synced together), done once, by whatever starts the run's first work,
+/// after that step's files are written: a Pi child once it is born and before it is given its
+/// task (the sync overlaps Node's start-up, `launch::start`), a worktree's `git` before it runs.
+/// What the preparation made goes into the same journal commit, and no metadata write of the
+/// preparation waits behind a commit that is starting (syncing on a thread beside the preparation measured no
 /// better; docs/benchmarks.md, "Where a run's fixed cost goes").
 #[derive(Debug)]
 pub struct Durable {
@@ -133,7 +135,8 @@ pub fn fail_queued(dir: &RunDir, mut rec: RunRecord, e: Error) -> Error {
 
 /// Publish `running` for the queued `rec` of `dir`, whose launch spec is `spec` (read by the
 /// queue's wait), in the run's cgroup, then open the event log and find or create the tree's
-/// route. The start is made durable later, before the first child ([`Running::durable`]).
+/// route. The start is made durable later, before the first child has its task
+/// ([`Running::durable`]).
 ///
 /// Errors: the cgroup cannot be made with the run's limits, or the `running` record cannot be
 /// stored; after that, the event log or the route fail, and the run is recorded `failed` with
@@ -188,7 +191,8 @@ pub fn into_running(dir: &RunDir, mut rec: RunRecord, spec: LaunchSpec) -> Resul
 /// directories whose entries name them (the run directory, its parent, where spawn renamed it
 /// into place, and that one's parent, which a first run or a tree's first nested run made),
 /// together (one journal commit on ext4 and XFS, [`files::sync_together`]). Called before the
-/// first child, so nothing of the user's work exists before the run survives a power loss;
+/// first child is given its task, so nothing of the user's work exists before the run survives
+/// a power loss;
 /// until then a power loss leaves an abandoned start (an empty, torn or `queued` record and a
 /// free lock), which readers settle.
 ///
@@ -205,7 +209,7 @@ fn make_durable(dir: &RunDir) -> Result<()> {
 
 /// Publish `running` with the runner's pid identity (`cohort-status --pid` waits for it while
 /// the run is starting), the chain at its first step. Not synced here: [`make_durable`] syncs
-/// it with the rest of the start before the first child.
+/// it with the rest of the start before the first child has its task.
 fn publish_running(dir: &RunDir, rec: &mut RunRecord) -> Result<()> {
     let me = procinfo::own_identity();
     rec.state = RunState::Running;

@@ -303,8 +303,8 @@ impl Drop for Unpublished {
 /// Make the assembled run visible: the record and the launch spec written into the staging dir
 /// with `run.queued` in its event log, then the dir renamed into place without replacing
 /// anything. Nothing is synced here: the printed id promises the run to every reader while the
-/// machine stays up, and the runner makes the run durable before it starts the first child
-/// (`cohort-runner`'s `start`); after a power loss before then, a run whose record is empty or
+/// machine stays up, and the runner makes the run durable before the first child has its
+/// task (`cohort-runner`'s `start`); after a power loss before then, a run whose record is empty or
 /// torn and whose lock is free is an abandoned start (`store::observe`, docs/format.md
 /// "Writes"). A scheduler backend syncs what it submits (`backend::slurm`).
 fn publish(staging: &RunDir, dir: &RunDir, rec: &RunRecord, spec: &LaunchSpec) -> Result<()> {

@@ -569,7 +569,7 @@ pub fn record_lost(dir: &RunDir) -> bool {
 /// A run whose record could not be read (`e`): when the record is lost ([`record_lost`]) and
 /// the run's lock file exists and is free, the start is provably abandoned (spawn held the lock
 /// from the directory's first appearance, and the runner makes the run durable before its
-/// first child), so it is settled as such: under the lock, re-checked, the record is replaced
+/// first child has its task), so it is settled as such: under the lock, re-checked, the record is replaced
 /// by [`record::lost_record`] with a `run.abandoned` event, the writer's temp files and the
 /// unnamed empty cgroup removed, as [`settle`] does for a `queued` run. A reader that may not
 /// write settles it in memory. Anything else is `e`, the error row it was.

@@ -128,7 +128,7 @@ fn cannot(runner: &Path, why: &dyn std::fmt::Display) -> Error {
 /// opened in the staging directory (the file moves with the directory's rename). Its first act
 /// is to start a session of its own and say so on a pipe, so by the time spawn has published
 /// the run it has usually said so. Nothing is synced: the runner makes the run durable before
-/// its first child (docs/format.md, "Writes").
+/// its first child has its task (docs/format.md, "Writes").
 ///
 /// The runner is born in the `runner` leaf of the run's cgroup, made here with the run's
 /// limits ([`cgroup::create_run`]), where that can be done; else it starts in spawn's cgroup.

@@ -276,6 +276,12 @@ fn runner_crash_points() {
         .unwrap_or_else(|_| panic!("{point}: the run was never settled"));
         let rec = env.record(&id);
         assert_eq!(rec["state"], "failed", "{point}: {rec:#}");
+        if point == "runner.child-born" {
+            // Born before the run was durable, the child never had its task: no request
+            // reached the model, and its runner's death ended it (checked below).
+            let sent = env.server.requests();
+            assert!(sent.is_empty(), "{point}: the child had its task: {sent:?}");
+        }
         if let Some(cg) = &cg {
             // The settling reader removed the run's cgroup, named or not.
             assert!(!cg.exists(), "{point}: the listing left {}", cg.display());
