@@ -10,7 +10,10 @@
 //! parent-death signal, an empty signal mask and `SIGPIPE` at its default, then `execve`.
 //! Everything the child needs is built before the clone, and the child calls only
 //! async-signal-safe system calls, allocates nothing, and reports a failure as its stage and
-//! `errno` on a close-on-exec pipe, which the parent turns into a [`SpawnError`].
+//! `errno` on a close-on-exec pipe, which the parent turns into a [`SpawnError`]. On x86_64 the
+//! child shares the caller's memory on a stack of its own until its `exec`, the caller's thread
+//! suspended meanwhile (`CLONE_VM | CLONE_VFORK`, [`clone_image`]), so a start copies none of
+//! the caller's page tables, with or without a cgroup.
 //!
 //! Where `clone3` or `CLONE_INTO_CGROUP` is unavailable (a kernel older than 5.7, a seccomp
 //! filter that answers `ENOSYS` or `EPERM`), the child is forked and writes itself into the
@@ -276,7 +279,7 @@ impl Command {
     /// missing program or cwd, `EACCES` for one that may not be executed, `EAGAIN` at the
     /// process limit, …). A child that failed after the clone has been reaped.
     pub fn spawn(&mut self) -> Result<Child, SpawnError> {
-        let use_clone3 = self.cgroup.is_some() && clone3_usable();
+        let use_clone3 = clone3_usable();
         match self.spawn_with(use_clone3) {
             Err(e) if use_clone3 && e.stage == Stage::Clone && falls_back(&e.source) => {
                 CLONE3.store(REFUSED, Ordering::Relaxed);
@@ -355,22 +358,20 @@ impl Command {
             report: report_w.as_raw_fd(),
         };
         let pid = if use_clone3 {
-            let cg = self.cgroup.as_ref().expect("clone3 only with a cgroup");
-            clone3_into(cg.as_fd())
+            clone_image(self.cgroup.as_ref().map(|c| c.as_fd()), &image)
         } else {
             // SAFETY: fork(2); the child runs only `Image::run` (async-signal-safe, no
             // allocation) and never returns.
-            unsafe { libc::fork() }
-        };
-        match pid {
-            -1 => {
-                return Err(SpawnError {
-                    stage: Stage::Clone,
-                    source: std::io::Error::last_os_error(),
-                })
+            match unsafe { libc::fork() } {
+                0 => image.run(),
+                pid => pid,
             }
-            0 => image.run(),
-            _ => {}
+        };
+        if pid == -1 {
+            return Err(SpawnError {
+                stage: Stage::Clone,
+                source: std::io::Error::last_os_error(),
+            });
         }
         drop(report_w);
         drop(sources);
@@ -397,7 +398,8 @@ impl Command {
     }
 }
 
-/// What the child needs, borrowed from the parent's memory (which the child has a copy of).
+/// What the child needs, borrowed from the parent's memory (which the child shares, suspended,
+/// or has a copy of: [`clone_image`]).
 struct Image<'a> {
     program: &'a CString,
     argv: &'a [*const libc::c_char],
@@ -454,8 +456,19 @@ impl Image<'_> {
                     fail(Stage::ParentDeath);
                 }
             }
-            // Rust ignores SIGPIPE and a mask is inherited through exec: the program gets the
-            // defaults.
+            // A handler of the parent's must not run here, where the parent's memory may be
+            // this child's own (signals are blocked until now): every caught signal goes back
+            // to its default, as `execve` would do. Rust ignores SIGPIPE and a mask is
+            // inherited through exec: the program gets the defaults.
+            for sig in 1..=libc::SIGRTMAX() {
+                let mut old = std::mem::zeroed::<libc::sigaction>();
+                if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                    && old.sa_sigaction != libc::SIG_DFL
+                    && old.sa_sigaction != libc::SIG_IGN
+                {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+            }
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
             let mut none = std::mem::zeroed::<libc::sigset_t>();
             libc::sigemptyset(&mut none);
@@ -538,15 +551,157 @@ struct CloneArgs {
 
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
-/// `clone3(CLONE_INTO_CGROUP)` like `fork(2)` (no new stack: the child runs on a copy of the
-/// caller's): the child's pid in the parent, 0 in the child, -1 with `errno` set.
-fn clone3_into(cgroup: BorrowedFd<'_>) -> libc::pid_t {
-    let args = CloneArgs {
-        flags: CLONE_INTO_CGROUP,
+/// `clone3(2)`'s arguments for a child that gets `SIGCHLD` at its end, born in `cgroup` if one
+/// is given, with `flags` besides.
+fn clone_args(cgroup: Option<BorrowedFd<'_>>, flags: u64) -> CloneArgs {
+    CloneArgs {
+        flags: flags | cgroup.map_or(0, |_| CLONE_INTO_CGROUP),
         exit_signal: libc::SIGCHLD as u64,
-        cgroup: cgroup.as_raw_fd() as u64,
+        cgroup: cgroup.map_or(0, |c| c.as_raw_fd() as u64),
         ..Default::default()
-    };
+    }
+}
+
+/// Start the child of `image` by `clone3(2)`, born in `cgroup` if one is given; returns its pid,
+/// or -1 with `errno` set, once the child has executed its program or failed.
+///
+/// On x86_64 the child shares the caller's memory and runs on a small stack of its own while
+/// the calling thread is suspended (`CLONE_VM | CLONE_VFORK`, as glibc's `posix_spawn` does):
+/// nothing of the caller's page tables is copied, and neither side takes copy-on-write faults
+/// afterwards. All signals are blocked on the calling thread across the clone, and the child
+/// returns every caught signal to its default before it unblocks them ([`Image::run`]), so no
+/// handler of the caller's runs on the shared memory. Elsewhere, or when the stack cannot be
+/// mapped, the child is a copy of the caller, like `fork(2)`.
+fn clone_image(cgroup: Option<BorrowedFd<'_>>, image: &Image<'_>) -> libc::pid_t {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(stack) = ChildStack::map() {
+        // SAFETY: `image` outlives the child's use of it: this thread is suspended until the
+        // child has executed or exited, and `stack` is unmapped only after that.
+        return unsafe { vfork_image(cgroup, image, &stack) };
+    }
+    match clone3_into(cgroup) {
+        0 => image.run(),
+        pid => pid,
+    }
+}
+
+/// The stack a child started by [`vfork_image`] runs on until its `exec`: [`Self::SIZE`] bytes
+/// above a guard page, unmapped on drop.
+#[cfg(target_arch = "x86_64")]
+struct ChildStack {
+    base: *mut libc::c_void,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl ChildStack {
+    /// Usable bytes: [`Image::run`]'s frames and the C library calls it makes need a few KiB.
+    const SIZE: usize = 64 * 1024;
+    const GUARD: usize = 4096;
+
+    /// Map one, or `None` when the memory cannot be had (the caller then forks).
+    fn map() -> Option<ChildStack> {
+        // SAFETY: a fresh private anonymous mapping, made usable above its guard page below;
+        // unmapped only by `drop`.
+        unsafe {
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                Self::GUARD + Self::SIZE,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            );
+            if base == libc::MAP_FAILED {
+                return None;
+            }
+            let stack = ChildStack { base };
+            let usable = base.cast::<u8>().add(Self::GUARD).cast();
+            (libc::mprotect(usable, Self::SIZE, libc::PROT_READ | libc::PROT_WRITE) == 0)
+                .then_some(stack)
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made by `map`, no longer used by any child.
+        unsafe { libc::munmap(self.base, Self::GUARD + Self::SIZE) };
+    }
+}
+
+/// The first function of a child started by [`vfork_image`], on its own stack.
+#[cfg(target_arch = "x86_64")]
+extern "C" fn run_image(image: *const Image<'_>) -> ! {
+    // SAFETY: the pointer `vfork_image` passed, to an `Image` its suspended caller keeps alive.
+    unsafe { (*image).run() }
+}
+
+/// `clone3(CLONE_VM | CLONE_VFORK [| CLONE_INTO_CGROUP])` with the child on `stack`, calling
+/// [`run_image`]: the child's pid, or -1 with `errno` set, returned once the child has executed
+/// or exited ([`clone_image`]).
+///
+/// # Safety
+///
+/// `image` and `stack` must stay valid until this returns; the child's code must be
+/// async-signal-safe and never return ([`Image::run`]).
+#[cfg(target_arch = "x86_64")]
+unsafe fn vfork_image(
+    cgroup: Option<BorrowedFd<'_>>,
+    image: &Image<'_>,
+    stack: &ChildStack,
+) -> libc::pid_t {
+    let mut args = clone_args(cgroup, (libc::CLONE_VM | libc::CLONE_VFORK) as u64);
+    args.stack = stack.base as u64 + ChildStack::GUARD as u64;
+    // A multiple of 16: the kernel starts the child with its stack pointer at the top, aligned
+    // as a call expects.
+    args.stack_size = ChildStack::SIZE as u64;
+    // SAFETY: sigset and mask of this thread, restored below once the child is gone from the
+    // shared memory.
+    let mut all = unsafe { std::mem::zeroed::<libc::sigset_t>() };
+    let mut old = unsafe { std::mem::zeroed::<libc::sigset_t>() };
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+    }
+    let ret: i64;
+    // SAFETY: clone3(2) with valid arguments of the size given. The parent falls through with
+    // the pid or -errno in rax. The child (rax 0) is on its new stack with no frame to return
+    // to: it calls `run_image(image)`, which never returns. r12 and r13 are preserved by the
+    // syscall; rcx and r11 are clobbered by it.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "xor ebp, ebp",
+            "mov rdi, r12",
+            "call r13",
+            "ud2",
+            "2:",
+            inlateout("rax") libc::SYS_clone3 => ret,
+            in("rdi") &args as *const CloneArgs,
+            in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("r12") image as *const Image<'_>,
+            in("r13") run_image as *const () as usize,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+    if ret < 0 {
+        // SAFETY: this thread's errno.
+        unsafe { *libc::__errno_location() = (-ret) as libc::c_int };
+        return -1;
+    }
+    ret as libc::pid_t
+}
+
+/// `clone3` like `fork(2)` (no new stack: the child runs on a copy of the caller's), born in
+/// `cgroup` if one is given: the child's pid in the parent, 0 in the child, -1 with `errno` set.
+fn clone3_into(cgroup: Option<BorrowedFd<'_>>) -> libc::pid_t {
+    let args = clone_args(cgroup, 0);
     // SAFETY: clone3(2) with a valid `clone_args` of the size given, no stack (fork-like);
     // the caller's child branch runs only async-signal-safe code and never returns.
     unsafe {
@@ -596,7 +751,7 @@ pub unsafe fn fork_into(
     cgroup: Option<BorrowedFd<'_>>,
 ) -> std::io::Result<(libc::pid_t, Placement)> {
     if let Some(cg) = cgroup.filter(|_| clone3_usable()) {
-        match clone3_into(cg) {
+        match clone3_into(Some(cg)) {
             -1 => {
                 if falls_back(&std::io::Error::last_os_error()) {
                     CLONE3.store(REFUSED, Ordering::Relaxed);

@@ -56,7 +56,22 @@ fn the_signal_mask_is_empty_and_sigpipe_is_at_its_default() {
         libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old);
     }
     let (out, _) = output(Command::new("/bin/cat").arg("/proc/self/status"));
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    // The start blocks every signal on this thread across its clone: this thread's own mask
+    // is back as it was, SIGUSR1 blocked and nothing else added.
+    let mut now = unsafe { std::mem::zeroed::<libc::sigset_t>() };
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut now);
+        assert_eq!(libc::sigismember(&now, libc::SIGUSR1), 1);
+        assert_eq!(
+            libc::sigismember(&now, libc::SIGUSR2),
+            libc::sigismember(&old, libc::SIGUSR2)
+        );
+        assert_eq!(
+            libc::sigismember(&now, libc::SIGTERM),
+            libc::sigismember(&old, libc::SIGTERM)
+        );
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
     let field = |name: &str| {
         out.lines()
             .find_map(|l| l.strip_prefix(name))
