@@ -456,19 +456,8 @@ impl Image<'_> {
                     fail(Stage::ParentDeath);
                 }
             }
-            // A handler of the parent's must not run here, where the parent's memory may be
-            // this child's own (signals are blocked until now): every caught signal goes back
-            // to its default, as `execve` would do. Rust ignores SIGPIPE and a mask is
-            // inherited through exec: the program gets the defaults.
-            for sig in 1..=libc::SIGRTMAX() {
-                let mut old = std::mem::zeroed::<libc::sigaction>();
-                if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
-                    && old.sa_sigaction != libc::SIG_DFL
-                    && old.sa_sigaction != libc::SIG_IGN
-                {
-                    libc::signal(sig, libc::SIG_DFL);
-                }
-            }
+            // Rust ignores SIGPIPE and a mask is inherited through exec: the program gets the
+            // defaults.
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
             let mut none = std::mem::zeroed::<libc::sigset_t>();
             libc::sigemptyset(&mut none);
@@ -576,8 +565,9 @@ fn clone_image(cgroup: Option<BorrowedFd<'_>>, image: &Image<'_>) -> libc::pid_t
     #[cfg(target_arch = "x86_64")]
     if let Some(stack) = ChildStack::map() {
         // SAFETY: `image` outlives the child's use of it: this thread is suspended until the
-        // child has executed or exited, and `stack` is unmapped only after that.
-        return unsafe { vfork_image(cgroup, image, &stack) };
+        // child has executed or exited, and `stack` is unmapped only after that. `Image::run`
+        // is async-signal-safe and never returns.
+        return unsafe { vfork_run(cgroup, &|| image.run(), &stack) };
     }
     match clone3_into(cgroup) {
         0 => image.run(),
@@ -585,7 +575,7 @@ fn clone_image(cgroup: Option<BorrowedFd<'_>>, image: &Image<'_>) -> libc::pid_t
     }
 }
 
-/// The stack a child started by [`vfork_image`] runs on until its `exec`: [`Self::SIZE`] bytes
+/// The stack a child started by [`vfork_run`] runs on until its `exec`: [`Self::SIZE`] bytes
 /// above a guard page, unmapped on drop.
 #[cfg(target_arch = "x86_64")]
 struct ChildStack {
@@ -630,25 +620,42 @@ impl Drop for ChildStack {
     }
 }
 
-/// The first function of a child started by [`vfork_image`], on its own stack.
+/// The first function of a child started by [`vfork_run`], on its own stack, with every signal
+/// blocked: a handler of the parent's must not run here, on the parent's memory, so every
+/// caught signal goes back to its default (as `execve` would do) before `run` may unblock
+/// them; then `run`.
 #[cfg(target_arch = "x86_64")]
-extern "C" fn run_image(image: *const Image<'_>) -> ! {
-    // SAFETY: the pointer `vfork_image` passed, to an `Image` its suspended caller keeps alive.
-    unsafe { (*image).run() }
+extern "C" fn run_closure(run: *const &dyn Fn()) -> ! {
+    // SAFETY: sigaction(2) and signal(2) are async-signal-safe; `run` is the pointer
+    // `vfork_run` passed, to a closure its suspended caller keeps alive.
+    unsafe {
+        for sig in 1..=libc::SIGRTMAX() {
+            let mut old = std::mem::zeroed::<libc::sigaction>();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction != libc::SIG_DFL
+                && old.sa_sigaction != libc::SIG_IGN
+            {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+        (*run)();
+        // `run` executes a program or exits; should it return, the child ends here.
+        libc::_exit(127)
+    }
 }
 
 /// `clone3(CLONE_VM | CLONE_VFORK [| CLONE_INTO_CGROUP])` with the child on `stack`, calling
-/// [`run_image`]: the child's pid, or -1 with `errno` set, returned once the child has executed
-/// or exited ([`clone_image`]).
+/// `run` there ([`run_closure`]): the child's pid, or -1 with `errno` set, returned once the
+/// child has executed or exited ([`clone_image`], [`fork_into`]).
 ///
 /// # Safety
 ///
-/// `image` and `stack` must stay valid until this returns; the child's code must be
-/// async-signal-safe and never return ([`Image::run`]).
+/// `run` and `stack` must stay valid until this returns; `run` must be async-signal-safe,
+/// allocate nothing, and execute a program or exit (the child exits 127 should it return).
 #[cfg(target_arch = "x86_64")]
-unsafe fn vfork_image(
+unsafe fn vfork_run(
     cgroup: Option<BorrowedFd<'_>>,
-    image: &Image<'_>,
+    run: &dyn Fn(),
     stack: &ChildStack,
 ) -> libc::pid_t {
     let mut args = clone_args(cgroup, (libc::CLONE_VM | libc::CLONE_VFORK) as u64);
@@ -665,9 +672,10 @@ unsafe fn vfork_image(
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
     }
     let ret: i64;
+    let run: *const &dyn Fn() = &run;
     // SAFETY: clone3(2) with valid arguments of the size given. The parent falls through with
     // the pid or -errno in rax. The child (rax 0) is on its new stack with no frame to return
-    // to: it calls `run_image(image)`, which never returns. r12 and r13 are preserved by the
+    // to: it calls `run_closure(run)`, which never returns. r12 and r13 are preserved by the
     // syscall; rcx and r11 are clobbered by it.
     unsafe {
         std::arch::asm!(
@@ -682,8 +690,8 @@ unsafe fn vfork_image(
             inlateout("rax") libc::SYS_clone3 => ret,
             in("rdi") &args as *const CloneArgs,
             in("rsi") std::mem::size_of::<CloneArgs>(),
-            in("r12") image as *const Image<'_>,
-            in("r13") run_image as *const () as usize,
+            in("r12") run,
+            in("r13") run_closure as *const () as usize,
             lateout("rcx") _,
             lateout("r11") _,
             options(nostack),
@@ -764,6 +772,56 @@ pub unsafe fn fork_into(
     match unsafe { libc::fork() } {
         -1 => Err(std::io::Error::last_os_error()),
         pid => Ok((pid, Placement::Inherited)),
+    }
+}
+
+/// Start a child of this process that runs `run` and is born in cgroup `cgroup` where one is
+/// given, as [`fork_into`] places it; returns the child's pid and its [`Placement`].
+///
+/// On x86_64 the child shares this process's memory on a stack of its own, this thread
+/// suspended until the child has executed a program or exited (`CLONE_VM | CLONE_VFORK`, as
+/// [`Command::spawn`] starts one): none of this process's page tables are copied. Elsewhere,
+/// and where `clone3` is refused, the child is forked ([`fork_into`]) and this returns at once.
+///
+/// Errors: `clone3(2)`'s or `fork(2)`'s (`EAGAIN` at the process limit).
+///
+/// # Safety
+///
+/// `run` must call only async-signal-safe functions, allocate nothing, and execute a program
+/// or exit (the child exits 127 should it return).
+pub unsafe fn start_into(
+    cgroup: Option<BorrowedFd<'_>>,
+    run: &dyn Fn(),
+) -> std::io::Result<(libc::pid_t, Placement)> {
+    #[cfg(target_arch = "x86_64")]
+    if clone3_usable() {
+        if let Some(stack) = ChildStack::map() {
+            // SAFETY: the caller's contract for `run`; `stack` lives until the child is done
+            // with it.
+            match unsafe { vfork_run(cgroup, run, &stack) } {
+                -1 => {
+                    if falls_back(&std::io::Error::last_os_error()) {
+                        CLONE3.store(REFUSED, Ordering::Relaxed);
+                    }
+                }
+                pid => {
+                    let placed = match cgroup {
+                        Some(_) => Placement::AtBirth,
+                        None => Placement::Inherited,
+                    };
+                    return Ok((pid, placed));
+                }
+            }
+        }
+    }
+    // SAFETY: the caller's contract for `run`, as fork_into's for its child branch.
+    match unsafe { fork_into(cgroup) }? {
+        (0, _) => {
+            run();
+            // SAFETY: _exit(2) in the child.
+            unsafe { libc::_exit(127) }
+        }
+        started => Ok(started),
     }
 }
 

@@ -14,7 +14,9 @@
 //!
 //! Where a cgroup can be made, spawn makes the run's (`<base>/<run-id>/runner/`, with its
 //! limits) and the runner is born in its `runner` leaf (`clone3` with `CLONE_INTO_CGROUP`,
-//! [`cohort_common::os::child::fork_into`]): no process is ever migrated on the start path
+//! [`cohort_common::os::child::start_into`]; on x86_64 the child shares spawn's memory until
+//! its `exec`, spawn suspended meanwhile, so none of spawn's page tables are copied and the
+//! child's session byte is written before spawn goes on): no process is ever migrated on the start path
 //! (a migration stalls every fork on the host, `docs/architecture.md`, "Containment"). Where
 //! that is unavailable the runner is forked in spawn's cgroup and moves itself into its leaf;
 //! where no cgroup can be made here, the runner finds out why itself and keeps `/proc`
@@ -148,19 +150,22 @@ pub fn fork_runner(b: &Begin<'_>) -> Early {
     let (in_session, told) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cannot(b.runner, &e))?;
     let cgroup = run_cgroup(&b.dir.name(), b.limits);
-    // SAFETY: a fork in a process whose other threads (if any) hold no lock the child needs:
-    // the child calls only async-signal-safe functions ([`ExecImage::exec`]) and allocates
-    // nothing, then executes the runner or exits.
-    let forked = unsafe { child::fork_into(cgroup.as_ref().map(|(_, fd)| fd.as_fd())) };
+    let told = told.as_raw_fd();
+    // SAFETY: the child calls only async-signal-safe functions ([`ExecImage::exec`]) and
+    // allocates nothing, then executes the runner or exits.
+    let started = unsafe {
+        child::start_into(cgroup.as_ref().map(|(_, fd)| fd.as_fd()), &|| {
+            image.exec(told)
+        })
+    };
     let cgroup = cgroup.map(|(path, _)| path);
-    match forked {
+    match started {
         Err(e) => {
             if let Some(path) = &cgroup {
                 let _ = cgroup::remove_tree(path);
             }
             Err(cannot(b.runner, &e))
         }
-        Ok((0, _)) => image.exec(told.as_raw_fd()),
         // Born in its leaf, or (clone3 refused) in spawn's cgroup: then the runner moves itself
         // in (`cohort-runner`'s `cgroup::make`), and finds the cgroup made.
         Ok((pid, _placement)) => Ok(Forked {
