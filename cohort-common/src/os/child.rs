@@ -558,7 +558,7 @@ fn clone_args(cgroup: Option<BorrowedFd<'_>>, flags: u64) -> CloneArgs {
 /// the calling thread is suspended (`CLONE_VM | CLONE_VFORK`, as glibc's `posix_spawn` does):
 /// nothing of the caller's page tables is copied, and neither side takes copy-on-write faults
 /// afterwards. All signals are blocked on the calling thread across the clone, and the child
-/// returns every caught signal to its default before it unblocks them ([`Image::run`]), so no
+/// returns every caught signal to its default before it unblocks them ([`run_closure`]), so no
 /// handler of the caller's runs on the shared memory. Elsewhere, or when the stack cannot be
 /// mapped, the child is a copy of the caller, like `fork(2)`.
 fn clone_image(cgroup: Option<BorrowedFd<'_>>, image: &Image<'_>) -> libc::pid_t {

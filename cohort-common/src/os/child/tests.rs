@@ -307,3 +307,60 @@ fn a_cgroup_that_cannot_take_the_child_is_an_error_with_its_errno() {
         assert_eq!(e.source.raw_os_error(), Some(libc::ENOENT), "{e:?}");
     }
 }
+
+#[test]
+fn start_into_returns_once_the_child_has_executed_its_program() {
+    let (r, w) = pipe().unwrap();
+    // Read without waiting: the byte must be there when the call returns.
+    // SAFETY: F_SETFL of a descriptor this test owns.
+    unsafe { libc::fcntl(r.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+    let (w, program) = (w.as_raw_fd(), c"/bin/sleep");
+    let argv = [program.as_ptr(), c"5".as_ptr(), std::ptr::null()];
+    let envp = [std::ptr::null::<libc::c_char>()];
+    // SAFETY: the child makes async-signal-safe calls only, into memory built above.
+    let (pid, placed) = unsafe {
+        start_into(None, &|| {
+            libc::write(w, b"x".as_ptr().cast(), 1);
+            libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            libc::_exit(126);
+        })
+    }
+    .unwrap();
+    assert_eq!(placed, Placement::Inherited);
+    if cfg!(target_arch = "x86_64") {
+        // The call returned after the child's exec: its byte is there, and it runs sleep.
+        let mut byte = [0u8; 1];
+        let n = nix::unistd::read(&r, &mut byte).unwrap();
+        assert_eq!((n, byte[0]), (1, b'x'));
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+        assert_eq!(comm.trim(), "sleep");
+    }
+    // SAFETY: signal and reap the child started above.
+    let mut status = 0;
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, &mut status, 0);
+    }
+    assert!(libc::WIFSIGNALED(status), "{status:#x}");
+}
+
+#[test]
+fn a_child_of_start_into_that_cannot_exec_exits_127() {
+    let program = c"/nonexistent/cohort-child-test";
+    let argv = [program.as_ptr(), std::ptr::null()];
+    let envp = [std::ptr::null::<libc::c_char>()];
+    // SAFETY: as above; the closure returns after a failed exec, and the child exits 127.
+    let (pid, _) = unsafe {
+        start_into(None, &|| {
+            libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr());
+        })
+    }
+    .unwrap();
+    let mut status = 0;
+    // SAFETY: reap the child started above.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 127,
+        "{status:#x}"
+    );
+}
