@@ -552,7 +552,8 @@ fn clone_args(cgroup: Option<BorrowedFd<'_>>, flags: u64) -> CloneArgs {
 }
 
 /// Start the child of `image` by `clone3(2)`, born in `cgroup` if one is given; returns its pid,
-/// or -1 with `errno` set, once the child has executed its program or failed.
+/// or -1 with `errno` set, once the child's `exec` has taken it off the caller's memory (on
+/// x86_64; right after the clone elsewhere) or it failed.
 ///
 /// On x86_64 the child shares the caller's memory and runs on a small stack of its own while
 /// the calling thread is suspended (`CLONE_VM | CLONE_VFORK`, as glibc's `posix_spawn` does):
@@ -565,7 +566,8 @@ fn clone_image(cgroup: Option<BorrowedFd<'_>>, image: &Image<'_>) -> libc::pid_t
     #[cfg(target_arch = "x86_64")]
     if let Some(stack) = ChildStack::map() {
         // SAFETY: `image` outlives the child's use of it: this thread is suspended until the
-        // child has executed or exited, and `stack` is unmapped only after that. `Image::run`
+        // child's exec has replaced its memory or it exited, and `stack` is unmapped only after
+        // that. `Image::run`
         // is async-signal-safe and never returns.
         return unsafe { vfork_run(cgroup, &|| image.run(), &stack) };
     }
@@ -646,7 +648,7 @@ extern "C" fn run_closure(run: *const &dyn Fn()) -> ! {
 
 /// `clone3(CLONE_VM | CLONE_VFORK [| CLONE_INTO_CGROUP])` with the child on `stack`, calling
 /// `run` there ([`run_closure`]): the child's pid, or -1 with `errno` set, returned once the
-/// child has executed or exited ([`clone_image`], [`fork_into`]).
+/// child's `exec` has replaced its memory or it exited ([`clone_image`], [`start_into`]).
 ///
 /// # Safety
 ///
@@ -779,9 +781,10 @@ pub unsafe fn fork_into(
 /// given, as [`fork_into`] places it; returns the child's pid and its [`Placement`].
 ///
 /// On x86_64 the child shares this process's memory on a stack of its own, this thread
-/// suspended until the child has executed a program or exited (`CLONE_VM | CLONE_VFORK`, as
-/// [`Command::spawn`] starts one): none of this process's page tables are copied. Elsewhere,
-/// and where `clone3` is refused, the child is forked ([`fork_into`]) and this returns at once.
+/// suspended until the child's `exec` has replaced its memory or it exited (`CLONE_VM |
+/// CLONE_VFORK`, as [`Command::spawn`] starts one): none of this process's page tables are
+/// copied. Elsewhere, and where `clone3` is refused, the child is forked ([`fork_into`]) and
+/// this returns at once.
 ///
 /// Errors: `clone3(2)`'s or `fork(2)`'s (`EAGAIN` at the process limit).
 ///

@@ -309,7 +309,7 @@ fn a_cgroup_that_cannot_take_the_child_is_an_error_with_its_errno() {
 }
 
 #[test]
-fn start_into_returns_once_the_child_has_executed_its_program() {
+fn start_into_returns_once_the_child_is_executing_its_program() {
     let (r, w) = pipe().unwrap();
     // Read without waiting: the byte must be there when the call returns.
     // SAFETY: F_SETFL of a descriptor this test owns.
@@ -328,12 +328,11 @@ fn start_into_returns_once_the_child_has_executed_its_program() {
     .unwrap();
     assert_eq!(placed, Placement::Inherited);
     if cfg!(target_arch = "x86_64") {
-        // The call returned after the child's exec: its byte is there, and it runs sleep.
+        // The call returned once the child's exec had taken it off this process's memory:
+        // what it did before the exec is done.
         let mut byte = [0u8; 1];
         let n = nix::unistd::read(&r, &mut byte).unwrap();
         assert_eq!((n, byte[0]), (1, b'x'));
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
-        assert_eq!(comm.trim(), "sleep");
     }
     // SAFETY: signal and reap the child started above.
     let mut status = 0;
