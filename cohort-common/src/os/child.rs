@@ -12,8 +12,8 @@
 //! async-signal-safe system calls, allocates nothing, and reports a failure as its stage and
 //! `errno` on a close-on-exec pipe, which the parent turns into a [`SpawnError`]. On x86_64 the
 //! child shares the caller's memory on a stack of its own until its `exec`, the caller's thread
-//! suspended meanwhile (`CLONE_VM | CLONE_VFORK`, [`clone_image`]), so a start copies none of
-//! the caller's page tables, with or without a cgroup.
+//! suspended meanwhile (`CLONE_VM | CLONE_VFORK`: [`Command::spawn`], [`start_into`]), so a
+//! start copies none of the caller's page tables, with or without a cgroup.
 //!
 //! Where `clone3` or `CLONE_INTO_CGROUP` is unavailable (a kernel older than 5.7, a seccomp
 //! filter that answers `ENOSYS` or `EPERM`), the child is forked and writes itself into the
