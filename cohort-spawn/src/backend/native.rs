@@ -16,11 +16,11 @@
 //! limits) and the runner is born in its `runner` leaf (`clone3` with `CLONE_INTO_CGROUP`,
 //! [`cohort_common::os::child::start_into`]; on x86_64 the child shares spawn's memory until
 //! its `exec`, spawn suspended meanwhile, so none of spawn's page tables are copied and the
-//! child's session byte is written before spawn goes on): no process is ever migrated on the start path
-//! (a migration stalls every fork on the host, `docs/architecture.md`, "Containment"). Where
-//! that is unavailable the runner is forked in spawn's cgroup and moves itself into its leaf;
-//! where no cgroup can be made here, the runner finds out why itself and keeps `/proc`
-//! tracking.
+//! child's session byte is written before spawn goes on): no process is ever migrated on the
+//! start path (a migration stalls every fork on the host, `docs/architecture.md`,
+//! "Containment"). Where that is unavailable the runner is forked in spawn's cgroup and moves
+//! itself into its leaf; where no cgroup can be made here, the runner finds out why itself and
+//! keeps `/proc` tracking.
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsString};
@@ -150,12 +150,13 @@ pub fn fork_runner(b: &Begin<'_>) -> Early {
     let (in_session, told) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| cannot(b.runner, &e))?;
     let cgroup = run_cgroup(&b.dir.name(), b.limits);
-    let told = told.as_raw_fd();
+    // The write end stays open here until this returns, so the child's byte is never lost.
+    let told_fd = told.as_raw_fd();
     // SAFETY: the child calls only async-signal-safe functions ([`ExecImage::exec`]) and
     // allocates nothing, then executes the runner or exits.
     let started = unsafe {
         child::start_into(cgroup.as_ref().map(|(_, fd)| fd.as_fd()), &|| {
-            image.exec(told)
+            image.exec(told_fd)
         })
     };
     let cgroup = cgroup.map(|(path, _)| path);
