@@ -745,9 +745,9 @@ fn clone3_usable() -> bool {
 /// Fork this process like `fork(2)`, the child born in cgroup `cgroup` (a cgroup2 directory
 /// opened as [`open_cgroup`] does) by `clone3(CLONE_INTO_CGROUP)`, or, where that fails (it,
 /// or the flag, is unavailable: remembered as [`Command::spawn`] does; or the kernel refuses
-/// the cgroup), forked in the caller's cgroup, for the child to place itself. For a caller that
-/// runs its own child branch ([`Command`] is the whole start; this is for one that must return
-/// before the child's `exec`). Returns the child's pid (0 in the child) and how it was placed:
+/// the cgroup), forked in the caller's cgroup, for the child to place itself. The fork-like
+/// start behind [`start_into`] where the child cannot share the caller's memory (and the
+/// cgroup tests'). Returns the child's pid (0 in the child) and how it was placed:
 /// [`Placement::AtBirth`], or [`Placement::Inherited`] (also without a cgroup).
 ///
 /// Errors: `fork(2)`'s (`EAGAIN` at the process limit).
@@ -757,7 +757,7 @@ fn clone3_usable() -> bool {
 /// As for `fork(2)` in a process that may have other threads: until it executes or exits, the
 /// child may call only async-signal-safe functions, and must not allocate or return into code
 /// that does.
-pub unsafe fn fork_into(
+pub(crate) unsafe fn fork_into(
     cgroup: Option<BorrowedFd<'_>>,
 ) -> std::io::Result<(libc::pid_t, Placement)> {
     if let Some(cg) = cgroup.filter(|_| clone3_usable()) {
@@ -778,13 +778,17 @@ pub unsafe fn fork_into(
 }
 
 /// Start a child of this process that runs `run` and is born in cgroup `cgroup` where one is
-/// given, as [`fork_into`] places it; returns the child's pid and its [`Placement`].
+/// given (by `clone3(CLONE_INTO_CGROUP)`; where that is refused, in the caller's cgroup, for the
+/// child to place itself); returns the child's pid and its [`Placement`].
 ///
 /// On x86_64 the child shares this process's memory on a stack of its own, this thread
 /// suspended until the child's `exec` has replaced its memory or it exited (`CLONE_VM |
 /// CLONE_VFORK`, as [`Command::spawn`] starts one): none of this process's page tables are
-/// copied. Elsewhere, and where `clone3` is refused, the child is forked ([`fork_into`]) and
-/// this returns at once.
+/// copied. Elsewhere, and where `clone3` is refused, the child is forked and this returns at
+/// once.
+///
+/// Spawn alone starts its runner this way; it lives here beside [`Command`] because both are
+/// the same start (its stack, its signal handling, the memory of a refused `clone3`).
 ///
 /// Errors: `clone3(2)`'s or `fork(2)`'s (`EAGAIN` at the process limit).
 ///
@@ -808,10 +812,7 @@ pub unsafe fn start_into(
                     }
                 }
                 pid => {
-                    let placed = match cgroup {
-                        Some(_) => Placement::AtBirth,
-                        None => Placement::Inherited,
-                    };
+                    let placed = cgroup.map_or(Placement::Inherited, |_| Placement::AtBirth);
                     return Ok((pid, placed));
                 }
             }

@@ -196,10 +196,11 @@ fn run_cgroup(run_id: &str, limits: &Limits) -> Option<(PathBuf, OwnedFd)> {
     }
 }
 
-/// Block until the forked child has written its byte on `pipe` (it leads its own session now,
-/// so no signal to spawn's process group, and no hang-up of spawn's terminal, reaches it),
-/// which takes microseconds of the child's time, not its `exec`, and was usually done while
-/// spawn published the run.
+/// Block until the child has written its byte on `pipe` (it leads its own session now, so no
+/// signal to spawn's process group, and no hang-up of spawn's terminal, reaches it). On x86_64
+/// the byte is there before the start returns ([`child::start_into`]); where the child is
+/// forked it takes microseconds of the child's time, not its `exec`, and was usually done
+/// while spawn published the run.
 ///
 /// Errors: the pipe was closed first (the child could not start a session and exited).
 fn wait_for_session(pipe: &OwnedFd) -> Result<(), String> {
